@@ -1,0 +1,2 @@
+//! The space command: client commands and space server.
+fn main() {}

@@ -1,0 +1,1 @@
+//! Control plane: HTTP API, authentication, database, reconciler.

@@ -1,0 +1,146 @@
+//! Machine-readable error codes shared by the API, the node and the guest protocol.
+//!
+//! An error that reaches a client is always `{ "code": "...", "message": "..." }` with an
+//! HTTP status derived from the code, so the same failure reads the same at every layer.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong, as a stable string a program can match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request is malformed (bad JSON, bad field, bad id).
+    InvalidRequest,
+    /// A path in a file or process request is not acceptable.
+    InvalidPath,
+    /// No API key, or an unknown one.
+    Unauthenticated,
+    /// The key is valid but may not do this.
+    Forbidden,
+    /// The sandbox, template, process or file does not exist (or is not yours).
+    NotFound,
+    /// The operation is not allowed in the resource's current state.
+    Conflict,
+    /// The target already exists.
+    AlreadyExists,
+    /// The body is larger than allowed.
+    PayloadTooLarge,
+    /// The node cannot fit the requested resources.
+    InsufficientCapacity,
+    /// Permission denied inside the sandbox.
+    PermissionDenied,
+    /// The program to execute does not exist or cannot be executed.
+    ExecFailed,
+    /// The operation took too long.
+    Timeout,
+    /// The sandbox is broken (VM gone, daemon unreachable or misbehaving).
+    SandboxFailed,
+    /// Too many requests or streams at once.
+    TooManyRequests,
+    /// A bug or an unexpected failure on the platform side.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status for this code.
+    pub fn http_status(self) -> u16 {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest | InvalidPath => 400,
+            Unauthenticated => 401,
+            Forbidden | PermissionDenied => 403,
+            NotFound => 404,
+            Conflict | AlreadyExists => 409,
+            PayloadTooLarge => 413,
+            ExecFailed => 422,
+            TooManyRequests => 429,
+            InsufficientCapacity => 507,
+            Timeout => 504,
+            SandboxFailed => 502,
+            Internal => 500,
+        }
+    }
+
+    /// The snake_case name, as serialised.
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest => "invalid_request",
+            InvalidPath => "invalid_path",
+            Unauthenticated => "unauthenticated",
+            Forbidden => "forbidden",
+            NotFound => "not_found",
+            Conflict => "conflict",
+            AlreadyExists => "already_exists",
+            PayloadTooLarge => "payload_too_large",
+            InsufficientCapacity => "insufficient_capacity",
+            PermissionDenied => "permission_denied",
+            ExecFailed => "exec_failed",
+            Timeout => "timeout",
+            SandboxFailed => "sandbox_failed",
+            TooManyRequests => "too_many_requests",
+            Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The body of every error response: at the API, and from the guest daemon to the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[error("{code}: {message}")]
+pub struct ErrorBody {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+/// Longest error message accepted from an untrusted peer; longer ones are cut.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+
+impl ErrorBody {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    /// Cuts the message to [`MAX_ERROR_MESSAGE`] bytes (at a char boundary) and strips
+    /// control characters: used on errors that came from a guest.
+    pub fn sanitised(mut self) -> Self {
+        let mut cut = self.message.len().min(MAX_ERROR_MESSAGE);
+        while !self.message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.message.truncate(cut);
+        self.message.retain(|c| !c.is_control());
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialises_as_snake_case() {
+        let body = ErrorBody::new(ErrorCode::InsufficientCapacity, "x");
+        let json = serde_json::to_string(&body).unwrap();
+        assert_eq!(json, r#"{"code":"insufficient_capacity","message":"x"}"#);
+    }
+
+    #[test]
+    fn sanitise_bounds_messages() {
+        let body = ErrorBody::new(ErrorCode::Internal, "é".repeat(2000) + "\n\x1b").sanitised();
+        assert!(body.message.len() <= MAX_ERROR_MESSAGE);
+        assert!(!body.message.contains('\n'));
+    }
+}

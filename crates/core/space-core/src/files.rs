@@ -1,0 +1,142 @@
+//! Files inside a sandbox: path rules and the metadata the file API returns.
+//!
+//! File operations never touch the host: the node forwards them to the guest daemon,
+//! which runs them as the requesting user. Paths are still checked at both ends, so a
+//! traversal attempt is refused with a clear `invalid_path` error rather than resolved.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest path accepted.
+pub const MAX_PATH: usize = 4096;
+/// Deepest recursive listing.
+pub const MAX_LIST_DEPTH: u32 = 16;
+/// Most entries one listing returns (then `truncated` is set).
+pub const MAX_LIST_ENTRIES: usize = 10_000;
+
+/// Why a path was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// Empty path.
+    #[error("path is empty")]
+    Empty,
+    /// Longer than [`MAX_PATH`].
+    #[error("path is longer than {MAX_PATH} bytes")]
+    TooLong,
+    /// Contains a NUL byte.
+    #[error("path contains a NUL byte")]
+    Nul,
+    /// Contains a `..` component.
+    #[error("path may not contain '..' components")]
+    Traversal,
+}
+
+/// Checks a guest path: absolute, or relative to the user's home; no `..`, no NUL.
+pub fn validate_path(path: &str) -> Result<(), PathError> {
+    if path.is_empty() {
+        return Err(PathError::Empty);
+    }
+    if path.len() > MAX_PATH {
+        return Err(PathError::TooLong);
+    }
+    if path.contains('\0') {
+        return Err(PathError::Nul);
+    }
+    if path.split('/').any(|c| c == "..") {
+        return Err(PathError::Traversal);
+    }
+    Ok(())
+}
+
+/// Kind of a file system entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Anything else (device, socket, fifo).
+    Other,
+}
+
+/// Metadata of one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileStat {
+    /// Absolute path in the guest.
+    pub path: String,
+    /// Last component.
+    pub name: String,
+    /// Kind.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (e.g. 0o644 = 420).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// Modification time, ms since the Unix epoch.
+    pub modified_ms: i64,
+    /// Target, for symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+/// A directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileList {
+    /// Entries, depth-first, sorted by path.
+    pub entries: Vec<FileStat>,
+    /// More entries existed than [`MAX_LIST_ENTRIES`].
+    pub truncated: bool,
+}
+
+/// Create a directory and its parents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MkdirRequest {
+    /// Directory to create (with parents, like `mkdir -p`).
+    pub path: String,
+    /// Permission bits; default 0o755.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    /// User to act as; default the sandbox's default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// Rename (move) within the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    /// Existing path.
+    pub from: String,
+    /// New path; replaced if it is a file.
+    pub to: String,
+    /// User to act as; default the sandbox's default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traversal_and_nul_are_refused() {
+        assert_eq!(validate_path("../etc/passwd"), Err(PathError::Traversal));
+        assert_eq!(validate_path("/home/user/../../etc"), Err(PathError::Traversal));
+        assert_eq!(validate_path("a\0b"), Err(PathError::Nul));
+        assert_eq!(validate_path(""), Err(PathError::Empty));
+        assert!(validate_path("/home/user/a..b/c").is_ok());
+        assert!(validate_path("notes.txt").is_ok());
+    }
+}

@@ -1,0 +1,23 @@
+//! The SPACE domain, without I/O.
+//!
+//! Everything the three layers (control plane, node services, sandbox) must agree on lives
+//! here: typed ids, sandbox resources, the lifecycle state machine (one transition table),
+//! machine-readable error codes, and the process/file types that travel from the API through
+//! the node to the guest daemon unchanged.
+//!
+//! Architecture invariant: this crate performs no I/O and depends on no runtime. It is
+//! shared by the guest daemon, so it must stay small.
+
+pub mod error;
+pub mod files;
+pub mod id;
+pub mod lifecycle;
+pub mod process;
+pub mod resources;
+pub mod sandbox;
+pub mod template;
+
+pub use error::{ErrorBody, ErrorCode};
+pub use id::{IdError, SandboxId, TenantId};
+pub use lifecycle::{LifecycleError, SandboxEvent, SandboxState};
+pub use resources::{NodeCapacity, Resources, ResourcesError};

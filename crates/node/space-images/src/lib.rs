@@ -1,0 +1,1 @@
+//! Builds guest artifacts: the kernel bundle (kernel + initramfs with spaced) and template root filesystems.

@@ -1,0 +1,1 @@
+//! Node storage: the btrfs store, template images, sandbox disks (reflinks).

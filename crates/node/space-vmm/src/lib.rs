@@ -1,0 +1,1 @@
+//! The Vmm backend trait and its QEMU microvm implementation.
