@@ -1,0 +1,30 @@
+//! Bounds both ends of the channel enforce. The guest is hostile: the host applies these to
+//! everything it reads, and a peer that exceeds them fails its own sandbox, nothing else.
+
+/// Longest handshake line, newline included.
+pub const MAX_HANDSHAKE_LINE: usize = 256;
+/// Bytes the host discards while waiting for `SPACE-READY` before giving up.
+pub const MAX_HANDSHAKE_DISCARD: usize = 64 * 1024;
+/// HTTP/2 frame payload (the protocol minimum, 16 KiB).
+pub const MAX_FRAME_SIZE: u32 = 16 * 1024;
+/// HTTP/2 header list, either direction.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
+/// Concurrent HTTP/2 streams the guest accepts.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// Per-stream flow-control window.
+pub const STREAM_WINDOW: u32 = 256 * 1024;
+/// Connection flow-control window.
+pub const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Largest JSON request or response body.
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+/// Bytes of output events a process keeps for clients that (re)connect later.
+pub const OUTPUT_REPLAY_BYTES: usize = 1024 * 1024;
+/// Finished processes whose status and output are kept for late readers.
+pub const MAX_FINISHED_PROCESSES: usize = 256;
+/// Processes that may run at once.
+pub const MAX_RUNNING_PROCESSES: usize = 1024;
+/// HTTP/2 keep-alive ping interval, seconds; a guest that does not answer within
+/// [`KEEPALIVE_TIMEOUT_SECS`] is considered gone.
+pub const KEEPALIVE_INTERVAL_SECS: u64 = 10;
+/// See [`KEEPALIVE_INTERVAL_SECS`].
+pub const KEEPALIVE_TIMEOUT_SECS: u64 = 20;
