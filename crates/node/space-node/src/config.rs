@@ -1,0 +1,72 @@
+//! Node configuration and the capacity a node offers by default.
+
+use std::path::PathBuf;
+
+use space_core::NodeCapacity;
+
+/// How to run this node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Name reported in sandbox records.
+    pub node_name: String,
+    /// Data directory (on btrfs, or a loop-mounted btrfs image is created in it).
+    pub data_dir: PathBuf,
+    /// What sandboxes may use in total; `None` = derived from the host.
+    pub capacity: Option<NodeCapacity>,
+    /// Accelerator override: "kvm" or "tcg"; `None` = detect.
+    pub accel: Option<String>,
+    /// Size of the sparse btrfs image when the data dir is not on btrfs.
+    pub loop_size_bytes: u64,
+    /// Seconds a booting sandbox has to report ready.
+    pub ready_timeout_secs: u64,
+    /// TCG translation cache per VM, MiB (bounds VMM memory under TCG).
+    pub tcg_tb_size_mib: Option<u32>,
+}
+
+impl NodeConfig {
+    /// A config with defaults for everything but the data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node_name: "local".into(),
+            data_dir: data_dir.into(),
+            capacity: None,
+            accel: None,
+            loop_size_bytes: 64 << 30,
+            ready_timeout_secs: 120,
+            tcg_tb_size_mib: Some(64),
+        }
+    }
+}
+
+/// Longest data directory path: sandbox sockets live under `<data_dir>/run/<id>/`, and
+/// Unix socket paths are limited to 107 bytes.
+pub const MAX_DATA_DIR_LEN: usize = 60;
+
+/// Default capacity: vCPUs overcommitted 4× the host's cores, 80 % of host memory, and the
+/// store's size for disks (sandbox disks are sparse reflinks, this bounds the worst case).
+pub fn default_capacity(store_bytes: u64) -> NodeCapacity {
+    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| parse_mem_total_kib(&s))
+        .unwrap_or(1 << 20);
+    NodeCapacity { vcpus: cores * 4, memory_mib: mem_kib / 1024 * 8 / 10, disk_mib: store_bytes >> 20 }
+}
+
+fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_meminfo() {
+        assert_eq!(parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000));
+        assert_eq!(parse_mem_total_kib("nothing"), None);
+    }
+}

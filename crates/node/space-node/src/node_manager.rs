@@ -1,0 +1,122 @@
+//! The node manager: every privileged operation of a node, behind one interface.
+//!
+//! Mounting the btrfs store, cloning and removing disks, and starting or killing VMMs need
+//! root. The sandbox manager never does these itself; it asks a [`NodeManager`]. Today the
+//! only implementation, [`LocalNodeManager`], runs in the same process; the interface is the
+//! seam along which it moves into its own root process while the rest runs unprivileged.
+//!
+//! Architecture invariant: no other module of the node calls `mount`, `FICLONE`, or spawns
+//! or signals a VMM.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use space_core::SandboxId;
+use space_storage::Store;
+use space_vmm::{Vm, VmConfig, Vmm};
+
+/// Why a privileged operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeManagerError {
+    /// Store (btrfs, disks) failure.
+    #[error(transparent)]
+    Storage(#[from] space_storage::StorageError),
+    /// VMM failure.
+    #[error(transparent)]
+    Vmm(#[from] space_vmm::VmmError),
+    /// File system failure on run directories.
+    #[error("{what} {path}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Privileged operations of a node.
+#[async_trait]
+pub trait NodeManager: Send + Sync + 'static {
+    /// Opens the btrfs store under `data_dir`, loop-mounting an image if needed.
+    fn open_store(&self, data_dir: &Path, loop_size: u64) -> Result<Store, NodeManagerError>;
+    /// Clones a template image into a sandbox disk of `disk_mib` (reflink, no data copied).
+    fn create_sandbox_disk(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        image: &Path,
+        disk_mib: u32,
+    ) -> Result<PathBuf, NodeManagerError>;
+    /// Removes a sandbox's disk directory and run directory. Idempotent.
+    fn remove_sandbox_files(&self, store: &Store, id: &SandboxId, run_dir: &Path) -> Result<(), NodeManagerError>;
+    /// Starts a VM.
+    async fn launch_vm(&self, cfg: &VmConfig) -> Result<Vm, NodeManagerError>;
+    /// Re-attaches to a VM started before this process.
+    async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError>;
+    /// Stops a VM for good.
+    async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
+}
+
+/// The in-process node manager (this process must run as root).
+pub struct LocalNodeManager {
+    vmm: Arc<dyn Vmm>,
+}
+
+impl LocalNodeManager {
+    /// A node manager that starts VMs with `vmm`.
+    pub fn new(vmm: Arc<dyn Vmm>) -> Self {
+        Self { vmm }
+    }
+}
+
+/// How long a VMM gets to quit before it is killed.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+
+#[async_trait]
+impl NodeManager for LocalNodeManager {
+    fn open_store(&self, data_dir: &Path, loop_size: u64) -> Result<Store, NodeManagerError> {
+        Ok(Store::open(data_dir, loop_size)?)
+    }
+
+    fn create_sandbox_disk(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        image: &Path,
+        disk_mib: u32,
+    ) -> Result<PathBuf, NodeManagerError> {
+        Ok(store.create_sandbox_disk(id, image, disk_mib)?)
+    }
+
+    fn remove_sandbox_files(&self, store: &Store, id: &SandboxId, run_dir: &Path) -> Result<(), NodeManagerError> {
+        store.remove_sandbox_dir(id)?;
+        match std::fs::remove_dir_all(run_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(NodeManagerError::Io { what: "cannot remove run directory", path: run_dir.to_owned(), source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn launch_vm(&self, cfg: &VmConfig) -> Result<Vm, NodeManagerError> {
+        std::fs::create_dir_all(&cfg.run_dir).map_err(|e| NodeManagerError::Io {
+            what: "cannot create run directory",
+            path: cfg.run_dir.clone(),
+            source: e,
+        })?;
+        Ok(self.vmm.launch(cfg).await?)
+    }
+
+    async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError> {
+        Ok(self.vmm.adopt(name, run_dir).await?)
+    }
+
+    async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError> {
+        Ok(vm.kill(KILL_GRACE).await?)
+    }
+}

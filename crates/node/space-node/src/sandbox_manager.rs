@@ -1,0 +1,583 @@
+//! The sandbox manager: creates, watches, re-adopts and deletes sandboxes.
+//!
+//! Every state change goes through [`Inner::transition`], which applies the lifecycle
+//! table and persists the record before anything else sees the new state. Operations on one
+//! sandbox are serialised by its own lock; different sandboxes never wait for each other.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use space_core::template::TemplateInfo;
+use space_core::{NodeCapacity, SandboxEvent, SandboxId, SandboxState};
+use space_guest_client::GuestClient;
+use space_guest_proto::GuestConfig;
+use space_storage::Store;
+use space_vmm::{Accel, QemuVmm, Vm, VmConfig};
+use tokio::task::AbortHandle;
+
+use crate::config::{default_capacity, NodeConfig, MAX_DATA_DIR_LEN};
+use crate::node_manager::{LocalNodeManager, NodeManager};
+use crate::records::RecordStore;
+use crate::{CreateSandbox, NodeError, SandboxRecord};
+
+/// Bytes of serial console attached to a failure reason.
+const FAILURE_CONSOLE_TAIL: usize = 2048;
+/// Deleted records older than this are pruned at start.
+const DELETED_RECORD_RETENTION_MS: i64 = 24 * 3600 * 1000;
+/// How long a re-adopted daemon has to answer after a node restart.
+const READOPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running node: the sandbox manager plus its store. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: NodeConfig,
+    store: Store,
+    nm: Arc<dyn NodeManager>,
+    records: RecordStore,
+    accel: Accel,
+    capacity: NodeCapacity,
+    run_root: PathBuf,
+    sandboxes: Mutex<HashMap<SandboxId, Entry>>,
+}
+
+/// Live state of one sandbox.
+struct Entry {
+    record: SandboxRecord,
+    vm: Option<Arc<Vm>>,
+    guest: Option<GuestClient>,
+    /// Serialises create/delete of this sandbox.
+    op: Arc<tokio::sync::Mutex<()>>,
+    monitor: Option<AbortHandle>,
+}
+
+impl Entry {
+    fn new(record: SandboxRecord) -> Self {
+        Entry { record, vm: None, guest: None, op: Arc::default(), monitor: None }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> NodeError {
+    NodeError::Internal(format!("{what}: {e}"))
+}
+
+impl Node {
+    /// Opens the store (through the node manager), loads the sandbox records, re-adopts the
+    /// VMs that should be running and cleans up anything left over from a crash.
+    pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
+        let data_dir = std::path::absolute(&cfg.data_dir).map_err(|e| internal("bad data directory", e))?;
+        if data_dir.as_os_str().len() > MAX_DATA_DIR_LEN {
+            return Err(NodeError::Invalid(format!(
+                "data directory {} is longer than {MAX_DATA_DIR_LEN} bytes (sandbox socket paths would exceed the Unix limit)",
+                data_dir.display()
+            )));
+        }
+        std::fs::create_dir_all(&data_dir).map_err(|e| internal("cannot create data directory", e))?;
+        let accel = match &cfg.accel {
+            Some(a) => a.parse::<Accel>().map_err(|e| NodeError::Invalid(format!("bad accelerator: {e}")))?,
+            None => space_vmm::detect_accel(),
+        };
+        tracing::info!(%accel, "VMs will run under {accel}");
+        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::new(Arc::new(QemuVmm::default())));
+        let store = {
+            let nm = nm.clone();
+            let (dir, size) = (data_dir.clone(), cfg.loop_size_bytes);
+            tokio::task::spawn_blocking(move || nm.open_store(&dir, size))
+                .await
+                .map_err(|e| internal("store task", e))??
+        };
+        let records = RecordStore::open(&store.root().join("records")).map_err(|e| internal("cannot open records", e))?;
+        let capacity = cfg.capacity.unwrap_or_else(|| default_capacity(fs_size(store.root())));
+        let run_root = data_dir.join("run");
+        std::fs::create_dir_all(&run_root).map_err(|e| internal("cannot create run directory", e))?;
+        let node = Node {
+            inner: Arc::new(Inner {
+                cfg: NodeConfig { data_dir, ..cfg },
+                store,
+                nm,
+                records,
+                accel,
+                capacity,
+                run_root,
+                sandboxes: Mutex::new(HashMap::new()),
+            }),
+        };
+        node.recover().await?;
+        Ok(node)
+    }
+
+    /// Node name.
+    pub fn name(&self) -> &str {
+        &self.inner.cfg.node_name
+    }
+
+    /// The accelerator VMs run under.
+    pub fn accel(&self) -> Accel {
+        self.inner.accel
+    }
+
+    /// The btrfs store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Total capacity.
+    pub fn capacity(&self) -> NodeCapacity {
+        self.inner.capacity
+    }
+
+    /// Capacity held by sandboxes.
+    pub fn used(&self) -> NodeCapacity {
+        let map = self.inner.lock();
+        NodeCapacity::sum(map.values().filter(|e| e.record.state.holds_resources()).map(|e| &e.record.resources))
+    }
+
+    /// Templates on this node.
+    pub fn templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
+        self.inner.store.templates().list().map_err(|e| internal("cannot list templates", e))
+    }
+
+    /// One template.
+    pub fn template(&self, name: &str) -> Result<TemplateInfo, NodeError> {
+        self.inner
+            .store
+            .templates()
+            .get(name)
+            .map_err(|e| internal("cannot read template", e))?
+            .ok_or_else(|| NodeError::TemplateNotFound(name.to_owned()))
+    }
+
+    /// Live record of one sandbox.
+    pub fn sandbox(&self, id: &SandboxId) -> Option<SandboxRecord> {
+        self.inner.lock().get(id).map(|e| e.record.clone())
+    }
+
+    /// All records, deleted ones included until they are pruned.
+    pub fn sandboxes(&self) -> Vec<SandboxRecord> {
+        self.inner.lock().values().map(|e| e.record.clone()).collect()
+    }
+
+    /// The node's channel to a running sandbox's daemon.
+    pub fn guest(&self, id: &SandboxId) -> Result<GuestClient, NodeError> {
+        let map = self.inner.lock();
+        let entry = map.get(id).filter(|e| e.record.state != SandboxState::Deleted);
+        let entry = entry.ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        match (&entry.guest, entry.record.state) {
+            (Some(g), SandboxState::Running) => Ok(g.clone()),
+            (_, state) => Err(NodeError::Lifecycle(space_core::LifecycleError {
+                state,
+                event: SandboxEvent::Ready,
+            })),
+        }
+    }
+
+    /// Last `max_bytes` of the sandbox's serial console.
+    pub fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> Result<String, NodeError> {
+        match self.sandbox(id) {
+            Some(r) if r.state != SandboxState::Deleted => {}
+            _ => return Err(NodeError::SandboxNotFound(id.clone())),
+        }
+        let path = space_vmm::VmPaths::new(&self.inner.run_dir(id)).console_log;
+        match space_vmm::console_tail(&path, max_bytes) {
+            Ok(s) => Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(e) => Err(internal("cannot read console log", e)),
+        }
+    }
+
+    /// Creates a sandbox and returns when its daemon is ready (`running`), or fails it.
+    pub async fn create_sandbox(&self, req: CreateSandbox) -> Result<SandboxRecord, NodeError> {
+        let started = Instant::now();
+        let tpl = self.template(&req.template)?;
+        let resources = req.resources.resolve(tpl.default_resources);
+        resources.validate(tpl.image_size_mib).map_err(NodeError::Capacity)?;
+        space_core::process::validate_env(&req.env)
+            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
+        let record = SandboxRecord {
+            id: req.id.clone(),
+            template: tpl.name.clone(),
+            template_digest: tpl.digest.clone(),
+            resources,
+            state: SandboxState::Creating,
+            failure_reason: None,
+            created_at_ms: now_ms(),
+            create_latency_ms: None,
+            vmm_pid: None,
+        };
+        let op = self.inner.admit(record)?;
+        let _guard = op.lock().await;
+        match self.boot(&req, &tpl).await {
+            Ok((vm, guest)) => {
+                let latency = started.elapsed().as_millis() as u64;
+                let pid = vm.pid();
+                let vm = Arc::new(vm);
+                let rec = self.inner.transition(&req.id, SandboxEvent::Ready, |r| {
+                    r.create_latency_ms = Some(latency);
+                    r.vmm_pid = Some(pid);
+                })?;
+                self.attach(&req.id, vm, guest);
+                tracing::info!(id = %req.id, latency_ms = latency, "sandbox ready");
+                Ok(rec)
+            }
+            Err((err, vm)) => {
+                let reason = err.to_string();
+                self.inner.fail(&req.id, vm.as_ref(), &reason).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Clones the disk, boots the VM, connects to and configures the daemon. On error, returns
+    /// the VM (if one was started) so the caller can kill it.
+    async fn boot(&self, req: &CreateSandbox, tpl: &TemplateInfo) -> Result<(Vm, GuestClient), (NodeError, Option<Vm>)> {
+        let inner = &self.inner;
+        let rec = inner.record(&req.id).map_err(|e| (e, None))?;
+        let kernel = inner.store.kernels().get(&tpl.kernel_digest).map_err(|e| (internal("cannot read kernel bundle", e), None))?;
+        let kernel = kernel.ok_or_else(|| {
+            (NodeError::Internal(format!("kernel bundle {} of template '{}' is missing; rebuild the template", tpl.kernel_digest, tpl.name)), None)
+        })?;
+        let image = inner.store.templates().image_path(tpl);
+        let disk = {
+            let (nm, store, id, size) = (inner.nm.clone(), inner.store.clone(), req.id.clone(), rec.resources.disk_mib);
+            tokio::task::spawn_blocking(move || nm.create_sandbox_disk(&store, &id, &image, size))
+                .await
+                .map_err(|e| (internal("disk task", e), None))?
+                .map_err(|e| (NodeError::from(e), None))?
+        };
+        let cfg = VmConfig {
+            name: req.id.to_string(),
+            vcpus: rec.resources.vcpus,
+            memory_mib: rec.resources.memory_mib,
+            kernel: kernel.vmlinuz.clone(),
+            initrd: kernel.initramfs.clone(),
+            cmdline: space_images::kernel_cmdline(),
+            root_disk: disk,
+            run_dir: inner.run_dir(&req.id),
+            accel: inner.accel,
+            tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
+        };
+        let vm = inner.nm.launch_vm(&cfg).await.map_err(|e| (NodeError::from(e), None))?;
+        let deadline = Duration::from_secs(inner.cfg.ready_timeout_secs);
+        let channel = vm.paths().channel.clone();
+        let exited = vm.exited();
+        let guest_config = GuestConfig {
+            hostname: req.id.to_string(),
+            env: req.env.clone(),
+            default_user: tpl.default_user.clone(),
+            resize_root: rec.resources.disk_mib > tpl.image_size_mib,
+            time_unix_ms: now_ms(),
+        };
+        let ready = async {
+            let guest = GuestClient::connect(&channel, deadline).await?;
+            guest.configure(&guest_config).await?;
+            Ok::<_, space_guest_client::GuestError>(guest)
+        };
+        let outcome = tokio::select! {
+            r = ready => r.map_err(NodeError::from),
+            exit = exited => Err(NodeError::SandboxFailed(format!("VM exited during boot: {}", exit.reason))),
+        };
+        match outcome {
+            Ok(guest) => Ok((vm, guest)),
+            Err(e) => Err((e, Some(vm))),
+        }
+    }
+
+    /// Keeps the VM and channel of a running sandbox and starts watching them.
+    fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: GuestClient) {
+        let weak = Arc::downgrade(&self.inner);
+        let monitor = tokio::spawn(watch(weak, id.clone(), vm.clone(), guest.clone()));
+        let mut map = self.inner.lock();
+        if let Some(e) = map.get_mut(id) {
+            e.vm = Some(vm);
+            e.guest = Some(guest);
+            if let Some(old) = e.monitor.replace(monitor.abort_handle()) {
+                old.abort();
+            }
+        }
+    }
+
+    /// Deletes a sandbox: kills the VMM, removes disk, sockets and logs, marks the record
+    /// deleted. Safe to repeat after a failure.
+    pub async fn delete_sandbox(&self, id: &SandboxId) -> Result<(), NodeError> {
+        let op = {
+            let map = self.inner.lock();
+            match map.get(id) {
+                Some(e) if e.record.state != SandboxState::Deleted => e.op.clone(),
+                _ => return Err(NodeError::SandboxNotFound(id.clone())),
+            }
+        };
+        let _guard = op.lock().await;
+        self.inner.transition(id, SandboxEvent::Delete, |_| {})?;
+        let vm = {
+            let mut map = self.inner.lock();
+            map.get_mut(id).and_then(|e| {
+                if let Some(m) = e.monitor.take() {
+                    m.abort();
+                }
+                e.guest = None;
+                e.vm.take()
+            })
+        };
+        match self.inner.teardown(id, vm).await {
+            Ok(()) => {
+                self.inner.transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+                tracing::info!(%id, "sandbox deleted");
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!("delete failed: {e}");
+                self.inner.transition(id, SandboxEvent::Fail, |r| r.failure_reason = Some(reason))?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops watching sandboxes; running VMs keep running and are re-adopted by the next start.
+    pub async fn shutdown(&self) {
+        let mut map = self.inner.lock();
+        for e in map.values_mut() {
+            if let Some(m) = e.monitor.take() {
+                m.abort();
+            }
+            e.guest = None;
+            e.vm = None;
+        }
+    }
+
+    /// After a restart: re-adopt, finish or fail every sandbox, then remove leftovers.
+    async fn recover(&self) -> Result<(), NodeError> {
+        let records = self.inner.records.load_all().map_err(|e| internal("cannot load records", e))?;
+        let now = now_ms();
+        let mut work = Vec::new();
+        for rec in records {
+            if rec.state == SandboxState::Deleted && now - rec.created_at_ms > DELETED_RECORD_RETENTION_MS {
+                let _ = self.inner.records.remove(&rec.id);
+                continue;
+            }
+            let id = rec.id.clone();
+            let state = rec.state;
+            self.inner.lock().insert(id.clone(), Entry::new(rec));
+            work.push(async move { self.recover_one(&id, state).await });
+        }
+        futures::future::join_all(work).await;
+        self.remove_orphans().await;
+        Ok(())
+    }
+
+    async fn recover_one(&self, id: &SandboxId, state: SandboxState) {
+        let run_dir = self.inner.run_dir(id);
+        match state {
+            SandboxState::Running => match self.readopt(id, &run_dir).await {
+                Ok(()) => tracing::info!(%id, "re-adopted running sandbox"),
+                Err(reason) => {
+                    tracing::warn!(%id, %reason, "cannot re-adopt sandbox");
+                    let vm = self.inner.nm.adopt_vm(id.as_str(), &run_dir).await.ok();
+                    self.inner.fail(id, vm.as_ref(), &reason).await;
+                }
+            },
+            SandboxState::Creating => {
+                let vm = self.inner.nm.adopt_vm(id.as_str(), &run_dir).await.ok();
+                self.inner.fail(id, vm.as_ref(), "the node restarted while the sandbox was being created").await;
+            }
+            SandboxState::Deleting => {
+                if let Err(e) = self.delete_resumed(id).await {
+                    tracing::warn!(%id, error = %e, "cannot finish interrupted delete");
+                }
+            }
+            SandboxState::Failed | SandboxState::Deleted => {}
+        }
+    }
+
+    async fn readopt(&self, id: &SandboxId, run_dir: &Path) -> Result<(), String> {
+        let vm = self.inner.nm.adopt_vm(id.as_str(), run_dir).await.map_err(|e| format!("VMM gone after node restart: {e}"))?;
+        let connect = async {
+            let guest = GuestClient::connect(&vm.paths().channel, READOPT_TIMEOUT).await?;
+            guest.health().await?;
+            Ok::<_, space_guest_client::GuestError>(guest)
+        };
+        match connect.await {
+            Ok(guest) => {
+                let pid = vm.pid();
+                let _ = self.inner.set_pid(id, pid);
+                self.attach(id, Arc::new(vm), guest);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.inner.nm.kill_vm(&vm).await;
+                Err(format!("daemon did not answer after node restart: {e}"))
+            }
+        }
+    }
+
+    /// Finishes a delete that a crash interrupted (the record is already `deleting`).
+    async fn delete_resumed(&self, id: &SandboxId) -> Result<(), NodeError> {
+        let vm = self.inner.nm.adopt_vm(id.as_str(), &self.inner.run_dir(id)).await.ok().map(Arc::new);
+        self.inner.teardown(id, vm).await?;
+        self.inner.transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+        Ok(())
+    }
+
+    /// Kills VMs and removes directories that belong to no live sandbox.
+    async fn remove_orphans(&self) {
+        let live: std::collections::HashSet<String> = self
+            .inner
+            .lock()
+            .values()
+            .filter(|e| e.record.state != SandboxState::Deleted)
+            .map(|e| e.record.id.to_string())
+            .collect();
+        for root in [self.inner.run_root.clone(), self.inner.store.sandboxes_root()] {
+            let Ok(dir) = std::fs::read_dir(&root) else { continue };
+            for entry in dir.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if live.contains(&name) {
+                    continue;
+                }
+                let Ok(id) = name.parse::<SandboxId>() else {
+                    tracing::warn!(path = %entry.path().display(), "unexpected entry in node directory; leaving it");
+                    continue;
+                };
+                tracing::warn!(%id, "removing orphaned sandbox leftovers");
+                if let Ok(vm) = self.inner.nm.adopt_vm(id.as_str(), &self.inner.run_dir(&id)).await {
+                    let _ = self.inner.nm.kill_vm(&vm).await;
+                }
+                if let Err(e) = self.inner.nm.remove_sandbox_files(&self.inner.store, &id, &self.inner.run_dir(&id)) {
+                    tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
+                }
+            }
+        }
+    }
+}
+
+/// Watches a running sandbox until its VM exits or its channel breaks, then fails it.
+async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient) {
+    let reason = tokio::select! {
+        exit = vm.exited() => format!("VM exited: {}", exit.reason),
+        err = guest.closed() => format!("daemon channel broke: {err}"),
+    };
+    let Some(inner) = node.upgrade() else { return };
+    let running = inner.lock().get(&id).is_some_and(|e| e.record.state == SandboxState::Running);
+    if running {
+        tracing::warn!(%id, %reason, "sandbox failed");
+        inner.fail(&id, Some(vm.as_ref()), &reason).await;
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
+        // A panic while holding this lock is a bug; the map itself stays consistent
+        // because every mutation is a single insert/update.
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn run_dir(&self, id: &SandboxId) -> PathBuf {
+        self.run_root.join(id.as_str())
+    }
+
+    fn record(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+        self.lock().get(id).map(|e| e.record.clone()).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
+    }
+
+    /// Checks capacity and inserts a new `creating` record, atomically.
+    fn admit(&self, record: SandboxRecord) -> Result<Arc<tokio::sync::Mutex<()>>, NodeError> {
+        let mut map = self.lock();
+        if map.contains_key(&record.id) {
+            return Err(NodeError::Invalid(format!("sandbox {} already exists", record.id)));
+        }
+        let used = NodeCapacity::sum(map.values().filter(|e| e.record.state.holds_resources()).map(|e| &e.record.resources));
+        self.capacity.admit(&used, &record.resources).map_err(NodeError::Capacity)?;
+        self.records.save(&record).map_err(|e| internal("cannot persist sandbox record", e))?;
+        let entry = Entry::new(record);
+        let op = entry.op.clone();
+        map.insert(entry.record.id.clone(), entry);
+        Ok(op)
+    }
+
+    /// Applies `event` through the lifecycle table, lets `edit` adjust the record, persists it.
+    fn transition(
+        &self,
+        id: &SandboxId,
+        event: SandboxEvent,
+        edit: impl FnOnce(&mut SandboxRecord),
+    ) -> Result<SandboxRecord, NodeError> {
+        let mut map = self.lock();
+        let entry = map.get_mut(id).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let mut next = entry.record.clone();
+        next.state = entry.record.state.apply(event)?;
+        edit(&mut next);
+        self.records.save(&next).map_err(|e| internal("cannot persist sandbox record", e))?;
+        tracing::debug!(%id, from = %entry.record.state, to = %next.state, "transition");
+        entry.record = next.clone();
+        Ok(next)
+    }
+
+    fn set_pid(&self, id: &SandboxId, pid: u32) -> Result<(), NodeError> {
+        let mut map = self.lock();
+        let entry = map.get_mut(id).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        entry.record.vmm_pid = Some(pid);
+        self.records.save(&entry.record).map_err(|e| internal("cannot persist sandbox record", e))
+    }
+
+    /// Kills the VM (if any) and marks the sandbox failed with `reason` plus the console tail.
+    /// The disk and console log stay until the sandbox is deleted.
+    async fn fail(&self, id: &SandboxId, vm: Option<&Vm>, reason: &str) {
+        if let Some(vm) = vm {
+            if let Err(e) = self.nm.kill_vm(vm).await {
+                tracing::error!(%id, error = %e, "cannot kill VM of failed sandbox");
+            }
+        }
+        let console = space_vmm::console_tail(&space_vmm::VmPaths::new(&self.run_dir(id)).console_log, FAILURE_CONSOLE_TAIL)
+            .unwrap_or_default();
+        let full = if console.trim().is_empty() {
+            reason.to_owned()
+        } else {
+            format!("{reason}\n--- console tail ---\n{console}")
+        };
+        {
+            let mut map = self.lock();
+            if let Some(e) = map.get_mut(id) {
+                if let Some(m) = e.monitor.take() {
+                    m.abort();
+                }
+                e.guest = None;
+                e.vm = None;
+            }
+        }
+        if let Err(e) = self.transition(id, SandboxEvent::Fail, |r| {
+            r.failure_reason = Some(full);
+            r.vmm_pid = None;
+        }) {
+            tracing::warn!(%id, error = %e, "cannot mark sandbox failed");
+        }
+    }
+
+    /// Kills the VM (if any) and removes the sandbox's files.
+    async fn teardown(&self, id: &SandboxId, vm: Option<Arc<Vm>>) -> Result<(), NodeError> {
+        let run_dir = self.run_dir(id);
+        let vm = match vm {
+            Some(vm) => Some(vm),
+            None => self.nm.adopt_vm(id.as_str(), &run_dir).await.ok().map(Arc::new),
+        };
+        if let Some(vm) = vm {
+            self.nm.kill_vm(&vm).await?;
+        }
+        self.nm.remove_sandbox_files(&self.store, id, &run_dir)?;
+        Ok(())
+    }
+}
+
+fn fs_size(path: &Path) -> u64 {
+    nix::sys::statvfs::statvfs(path)
+        .map(|s| s.blocks() as u64 * s.fragment_size() as u64)
+        .unwrap_or(0)
+}
+

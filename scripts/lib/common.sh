@@ -1,0 +1,53 @@
+# Shared by the scripts in scripts/: finding the repo, installing what is missing, building.
+# Sourced, not run.
+
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}"
+# spaced runs inside guests whose root file system may have no C library: link it statically.
+SPACED_TARGET=x86_64-unknown-linux-gnu
+SPACED_BIN="$TARGET_DIR/$SPACED_TARGET/release/spaced"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# Debian packages SPACE needs on a node. Kept in one list so install and docs agree.
+APT_PACKAGES=(
+    qemu-system-x86      # the VMM (QEMU microvm)
+    linux-image-cloud-amd64  # guest kernel for the kernel bundle
+    btrfs-progs          # node store (mkfs.btrfs)
+    e2fsprogs            # template images (mkfs.ext4 -d)
+    debootstrap          # the `base` template
+    busybox-static       # initramfs and the `busybox` template
+    util-linux           # losetup, mount
+    kmod                 # modules.dep of the guest kernel
+    ca-certificates
+)
+
+# Installs the Debian packages that are missing (needs root).
+install_packages() {
+    local missing=()
+    for p in "${APT_PACKAGES[@]}" "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        say "installing ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
+# Builds the static guest daemon.
+build_spaced() {
+    say "building spaced (static)"
+    (cd "$REPO" && CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+        cargo build --quiet --release -p spaced --target "$SPACED_TARGET")
+    export SPACE_SPACED_BIN="$SPACED_BIN"
+}
+
+require_root() {
+    if [[ $EUID -ne 0 ]]; then
+        echo "error: $0 must run as root (it installs packages, mounts btrfs and starts VMs)" >&2
+        exit 1
+    fi
+}
