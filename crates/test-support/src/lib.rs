@@ -1,1 +1,274 @@
-//! Test infrastructure: shared btrfs store and template, server start, wait_until, leak checks.
+//! Test infrastructure for end-to-end scenarios that boot real VMs.
+//!
+//! - One btrfs store for the whole suite ([`shared_store`]): a loop-mounted image under
+//!   [`test_root`], created on first use and shared by every test process (nextest runs each
+//!   test in its own process; a file lock makes set-up happen once).
+//! - One built kernel bundle and `busybox` template ([`cache_store`]), imported into each
+//!   test node by reflink, so no test builds or boots more than it needs.
+//! - [`TestServer`]: control plane + node on a private data directory and a free port.
+//! - [`wait_until`] and the leak checks the suite ends with.
+
+pub mod leaks;
+mod wait;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use space_cli::client::SpaceClient;
+use space_control::{Server, ServerConfig};
+use space_storage::Store;
+
+pub use wait::wait_until;
+
+/// Template every scenario uses unless it says otherwise.
+pub const TEST_TEMPLATE: &str = "busybox";
+
+/// Size of the shared test btrfs image (sparse).
+const SHARED_STORE_BYTES: u64 = 32 << 30;
+
+/// Root of everything the tests create on the machine: `$SPACE_TEST_ROOT` or `/var/tmp/space-test`.
+pub fn test_root() -> PathBuf {
+    std::env::var_os("SPACE_TEST_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"))
+}
+
+/// The workspace's target directory.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
+
+/// The static guest daemon: `$SPACE_SPACED_BIN`, or what `scripts/test` builds.
+pub fn spaced_binary() -> PathBuf {
+    std::env::var_os("SPACE_SPACED_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("x86_64-unknown-linux-gnu/release/spaced"))
+}
+
+/// Runs `f` holding an exclusive lock shared by all test processes.
+fn with_setup_lock<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let root = test_root();
+    std::fs::create_dir_all(&root)?;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(".setup.lock"))?;
+    fs4::fs_std::FileExt::lock_exclusive(&file)?;
+    let out = f();
+    let _ = fs4::fs_std::FileExt::unlock(&file);
+    out
+}
+
+/// The suite's btrfs store, mounted on first use.
+pub fn shared_store() -> &'static Store {
+    static STORE: OnceLock<Store> = OnceLock::new();
+    STORE.get_or_init(|| {
+        with_setup_lock(|| Store::open(&test_root(), SHARED_STORE_BYTES).context("cannot open the shared test store"))
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    })
+}
+
+/// Unmounts the shared store if it is mounted (the leak check calls this last).
+pub fn unmount_shared_store() -> Result<()> {
+    let root = test_root();
+    let mounted = leaks::mounts_under(&root).iter().any(|m| Path::new(m) == root.join("store"));
+    if mounted {
+        Store::open(&root, SHARED_STORE_BYTES)?.unmount()?;
+    }
+    Ok(())
+}
+
+/// Sandbox disks or run directories left in any test node's data directory.
+pub fn leftover_sandbox_dirs() -> Vec<PathBuf> {
+    let nodes = test_root().join("store/nodes");
+    let mut out = Vec::new();
+    for node in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
+        for sub in ["store/sandboxes", "run"] {
+            for e in std::fs::read_dir(node.path().join(sub)).into_iter().flatten().flatten() {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// A store holding the suite's kernel bundle and `busybox` template, built once.
+pub fn cache_store() -> &'static Store {
+    static CACHE: OnceLock<Store> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let shared = shared_store();
+        with_setup_lock(|| {
+            let store = Store::open(&shared.root().join("cache"), SHARED_STORE_BYTES)?;
+            let spaced = spaced_binary();
+            anyhow::ensure!(
+                spaced.exists(),
+                "no static spaced at {} — run ./scripts/test, or build it as scripts/lib/common.sh does",
+                spaced.display()
+            );
+            let quiet = |_: &str| {};
+            let kernel = space_images::build_kernel_bundle(&store, &space_images::KernelOpts::new(&spaced), &quiet)?;
+            space_images::build_template(&store, TEST_TEMPLATE, &kernel.digest, &space_images::BuildOpts::default(), &quiet)?;
+            Ok(store)
+        })
+        .unwrap_or_else(|e| panic!("cannot build the test template: {e:#}"))
+    })
+}
+
+/// Makes `template` (and its kernel bundle) from the cache available in `store`, by reflink.
+pub fn import_template(store: &Store, template: &str) -> Result<()> {
+    let cache = cache_store();
+    let info = cache.templates().get(template)?.with_context(|| format!("template {template} not in the cache"))?;
+    store.kernels().import(&cache.kernels(), &info.kernel_digest)?;
+    store.templates().import(&cache.templates(), template)?;
+    Ok(())
+}
+
+/// A fresh data directory for one test node, on the shared btrfs (short: socket paths).
+pub fn new_data_dir() -> PathBuf {
+    let id: String = {
+        use rand::Rng;
+        let mut rng = rand::thread_rng();
+        (0..8).map(|_| char::from(b'a' + rng.gen_range(0..26))).collect()
+    };
+    let dir = shared_store().root().join("nodes").join(id);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir
+}
+
+/// Logs to the test's output (shown for failing tests), once per process.
+pub fn init_logging() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("SPACE_TEST_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// Control plane and node on their own data directory, SQLite database and free port.
+pub struct TestServer {
+    server: Option<Server>,
+    /// Client authenticated with the bootstrap key of the `default` tenant.
+    pub client: SpaceClient,
+    /// The bootstrap API key.
+    pub api_key: String,
+    /// Data directory (removed when the server is dropped).
+    pub data_dir: PathBuf,
+    config: ServerConfig,
+}
+
+impl TestServer {
+    /// Starts a server with the test template imported.
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts a server after `adjust` has changed its configuration.
+    pub async fn start_with(adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        init_logging();
+        let data_dir = new_data_dir();
+        let mut config = ServerConfig::new(&data_dir);
+        config.listen = "127.0.0.1:0".parse().expect("literal address");
+        adjust(&mut config);
+        let store = Store::open(&data_dir, 1 << 30).expect("test data dir is on btrfs");
+        import_template(&store, TEST_TEMPLATE).expect("import test template");
+        Self::boot(config, data_dir).await
+    }
+
+    async fn boot(config: ServerConfig, data_dir: PathBuf) -> TestServer {
+        let server = Server::start(config.clone()).await.unwrap_or_else(|e| panic!("server start: {e:#}"));
+        let api_key = match server.first_api_key() {
+            Some(k) => k.to_owned(),
+            None => std::fs::read_to_string(server.api_key_file()).expect("api key file").trim().to_owned(),
+        };
+        let client = SpaceClient::new(&server.url(), Some(api_key.clone())).expect("client");
+        TestServer { server: Some(server), client, api_key, data_dir, config }
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> String {
+        self.server.as_ref().map(|s| s.url()).unwrap_or_default()
+    }
+
+    /// The running server.
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().expect("server is running")
+    }
+
+    /// A client with another API key (or none).
+    pub fn client_with_key(&self, key: Option<&str>) -> SpaceClient {
+        SpaceClient::new(&self.url(), key.map(str::to_owned)).expect("client")
+    }
+
+    /// Stops the server (VMs keep running) and starts it again on the same data directory
+    /// and database: what `space server` does after a restart.
+    pub async fn restart(mut self) -> TestServer {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+        let data_dir = std::mem::take(&mut self.data_dir);
+        let mut config = self.config.clone();
+        // A new port: the old one may linger in TIME_WAIT.
+        config.listen = "127.0.0.1:0".parse().expect("literal address");
+        std::mem::forget(self);
+        Self::boot(config, data_dir).await
+    }
+
+    /// Stops the server without touching its VMs (to simulate a crash, then `restart`-like
+    /// recovery with [`TestServer::start_on`]).
+    pub async fn stop_keep_vms(mut self) -> (PathBuf, ServerConfig) {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+        let out = (std::mem::take(&mut self.data_dir), self.config.clone());
+        std::mem::forget(self);
+        out
+    }
+
+    /// Starts a server on an existing data directory and configuration.
+    pub async fn start_on(data_dir: PathBuf, mut config: ServerConfig) -> TestServer {
+        init_logging();
+        config.listen = "127.0.0.1:0".parse().expect("literal address");
+        Self::boot(config, data_dir).await
+    }
+
+    /// Deletes every sandbox through the API, stops the server, removes the data directory.
+    pub async fn stop(mut self) {
+        if let Ok(list) = self.client.list_sandboxes(&[]).await {
+            for sb in list.sandboxes {
+                let _ = self.client.delete_sandbox(sb.id.as_str()).await;
+            }
+        }
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+        cleanup_data_dir(&self.data_dir);
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        // A test that panicked: make sure no VM outlives it.
+        cleanup_data_dir(&self.data_dir);
+    }
+}
+
+/// Kills every VMM whose pidfile is in `data_dir/run/*/`, then removes `data_dir`.
+pub fn cleanup_data_dir(data_dir: &Path) {
+    if data_dir.as_os_str().is_empty() {
+        return;
+    }
+    for run in std::fs::read_dir(data_dir.join("run")).into_iter().flatten().flatten() {
+        if let Some(pid) = std::fs::read_to_string(run.path().join("vmm.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            let is_ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&*run.file_name().to_string_lossy()))
+                .unwrap_or(false);
+            if is_ours {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(data_dir);
+}

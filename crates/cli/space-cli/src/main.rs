@@ -1,2 +1,125 @@
-//! The space command: client commands and space server.
-fn main() {}
+//! `space`: the SPACE command line. `space server` runs the platform; the other commands
+//! talk to a server over its HTTP API (`--url`, `--api-key`), except the local admin
+//! commands (`key`, `template build|rm`) that work on the data directory directly.
+
+mod cmd;
+mod render;
+mod term;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use space_cli::client::{ClientError, SpaceClient};
+
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/space";
+
+#[derive(Parser, Debug)]
+#[command(name = "space", version, about = "SPACE: sandboxes for AI agents, each a microVM")]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command understands.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Server URL.
+    #[arg(long, global = true, env = "SPACE_URL", default_value = "http://127.0.0.1:7070")]
+    pub url: String,
+    /// API key (default: the key file in the data directory, if readable).
+    #[arg(long, global = true, env = "SPACE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Data directory (database, first API key, node store).
+    #[arg(long, global = true, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the control plane and a local node.
+    Server(cmd::server::ServerArgs),
+    /// Templates: list (API), build and remove (local store).
+    #[command(subcommand)]
+    Template(cmd::template::TemplateCmd),
+    /// Sandboxes: create, list, get, rm, timeout.
+    #[command(subcommand)]
+    Sandbox(cmd::sandbox::SandboxCmd),
+    /// Run a command in a sandbox; exits with its exit code.
+    Exec(cmd::exec::ExecArgs),
+    /// Interactive shell in a sandbox.
+    Shell(cmd::shell::ShellArgs),
+    /// Files in a sandbox.
+    #[command(subcommand)]
+    Files(cmd::files::FilesCmd),
+    /// The tail of a sandbox's serial console.
+    Console(cmd::sandbox::ConsoleArgs),
+    /// API keys (local admin on the database).
+    #[command(subcommand)]
+    Key(cmd::key::KeyCmd),
+}
+
+impl Global {
+    /// The API key: flag or env, else the data directory's key file.
+    pub fn api_key(&self) -> Option<String> {
+        if let Some(k) = &self.api_key {
+            return Some(k.trim().to_owned());
+        }
+        let path = space_control::bootstrap::api_key_path(&self.data_dir);
+        std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+    }
+
+    /// A client for `--url`.
+    pub fn client(&self) -> Result<SpaceClient, ClientError> {
+        SpaceClient::new(&self.url, self.api_key())
+    }
+}
+
+fn init_logging(verbose_default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPACE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbose_default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Prints an error the CLI way: `error: <message> (<code>)`.
+pub fn print_error(err: &anyhow::Error) {
+    match err.downcast_ref::<ClientError>() {
+        Some(ClientError::Api { body, .. }) => eprintln!("error: {} ({})", body.message, body.code),
+        Some(ClientError::Http(e)) if e.is_connect() => eprintln!("error: cannot connect to the server: {e} (is `space server` running? see --url)"),
+        _ => eprintln!("error: {err:#}"),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    init_logging(if matches!(cli.command, Command::Server(_)) { "info" } else { "warn" });
+    let g = cli.global;
+    let result = match cli.command {
+        Command::Server(a) => cmd::server::run(&g, a).await,
+        Command::Template(c) => cmd::template::run(&g, c).await,
+        Command::Sandbox(c) => cmd::sandbox::run(&g, c).await,
+        Command::Exec(a) => cmd::exec::run(&g, a).await,
+        Command::Shell(a) => cmd::shell::run(&g, a).await,
+        Command::Files(c) => cmd::files::run(&g, c).await,
+        Command::Console(a) => cmd::sandbox::console(&g, a).await,
+        Command::Key(c) => cmd::key::run(&g, c).await,
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => {
+            print_error(&e);
+            1
+        }
+    };
+    // Exit here rather than return: a thread blocked reading our stdin (exec --stdin, shell)
+    // would otherwise keep the runtime, and the process, alive.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(i32::from(code));
+}

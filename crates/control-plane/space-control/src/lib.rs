@@ -1,1 +1,20 @@
 //! Control plane: HTTP API, authentication, database, reconciler.
+//!
+//! - [`api`]: the `/v1` HTTP API (axum) and its OpenAPI document.
+//! - [`db`]: desired state, tenants and API keys (SQLite or PostgreSQL).
+//! - [`reconciler`]: converges the node's live state to the desired state (TTL, orphans).
+//! - [`server`]: runs it all ([`serve`], or [`Server`] for tests and the CLI).
+//!
+//! Architecture invariants: the database holds desired state and the node live state; every
+//! `/v1` request is authenticated and sees only its tenant's sandboxes; API keys are stored
+//! only as hashes and never logged.
+
+pub mod api;
+pub mod bootstrap;
+pub mod db;
+pub mod keys;
+pub mod reconciler;
+pub mod server;
+
+pub use api::{build_app, AppState};
+pub use server::{serve, Server, ServerConfig};

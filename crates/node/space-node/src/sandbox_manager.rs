@@ -269,15 +269,16 @@ impl Node {
         let deadline = Duration::from_secs(inner.cfg.ready_timeout_secs);
         let channel = vm.paths().channel.clone();
         let exited = vm.exited();
-        let guest_config = GuestConfig {
-            hostname: req.id.to_string(),
-            env: req.env.clone(),
-            default_user: tpl.default_user.clone(),
-            resize_root: rec.resources.disk_mib > tpl.image_size_mib,
-            time_unix_ms: now_ms(),
-        };
         let ready = async {
             let guest = GuestClient::connect(&channel, deadline).await?;
+            // The clock is read now, not before boot: the guest sets its clock from it.
+            let guest_config = GuestConfig {
+                hostname: req.id.to_string(),
+                env: req.env.clone(),
+                default_user: tpl.default_user.clone(),
+                resize_root: rec.resources.disk_mib > tpl.image_size_mib,
+                time_unix_ms: now_ms(),
+            };
             guest.configure(&guest_config).await?;
             Ok::<_, space_guest_client::GuestError>(guest)
         };

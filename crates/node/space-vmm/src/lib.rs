@@ -1,1 +1,45 @@
-//! The Vmm backend trait and its QEMU microvm implementation.
+//! The `Vmm` backend trait and its QEMU microvm implementation.
+//!
+//! A [`Vmm`] starts VMs ([`Vmm::launch`]) and re-attaches to VMs an earlier node process
+//! started ([`Vmm::adopt`]); both give a [`Vm`] handle for status, exit notification and
+//! killing. [`QemuVmm`] runs `qemu-system-x86_64 -M microvm` with virtio-mmio devices, driven
+//! over QMP. QEMU runs in its own session, so VMs outlive a restart of the node.
+
+mod accel;
+mod config;
+mod console;
+mod error;
+mod exit;
+mod process;
+mod procfs;
+mod qemu;
+mod qemu_args;
+mod qmp;
+mod tsc;
+mod vm;
+
+use std::path::Path;
+
+pub use accel::{accel_for, detect_accel, Accel, ParseAccelError};
+pub use config::{validate_name, VmConfig, VmPaths, MAX_KERNEL_CMDLINE_LEN, MAX_NAME_LEN};
+pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
+pub use error::VmmError;
+pub use exit::VmExit;
+pub use qemu::QemuVmm;
+pub use qemu_args::AGENT_PORT_NAME;
+pub use vm::{Vm, VmStatus};
+
+/// A VMM backend (QEMU today; Firecracker could be another).
+#[async_trait::async_trait]
+pub trait Vmm: Send + Sync + 'static {
+    /// Short backend name, e.g. "qemu".
+    fn kind(&self) -> &'static str;
+
+    /// Starts the VMM and returns once it answers on its control socket and the guest runs.
+    async fn launch(&self, cfg: &VmConfig) -> Result<Vm, VmmError>;
+
+    /// Re-attaches to a VM started by an earlier process (after `space server` restarts): reads
+    /// the pidfile, checks the pid is alive and really is our VMM for `name` (guarding against
+    /// pid reuse), and reconnects the control socket and the console.
+    async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError>;
+}

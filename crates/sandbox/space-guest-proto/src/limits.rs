@@ -13,8 +13,11 @@ pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Per-stream flow-control window.
 pub const STREAM_WINDOW: u32 = 256 * 1024;
-/// Connection flow-control window.
-pub const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Connection flow-control window. Must be many stream windows wide: HTTP/2 returns
+/// connection window only as data is read, so a few streams nobody reads (an unread process
+/// output, stdin to a process that does not read it) would otherwise stall every call on the
+/// channel, health checks included.
+pub const CONNECTION_WINDOW: u32 = 64 * STREAM_WINDOW;
 /// Largest JSON request or response body.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 /// Bytes of output events a process keeps for clients that (re)connect later.

@@ -1,0 +1,94 @@
+//! `space key`: API keys, administered directly on the database (local admin).
+
+use clap::Subcommand;
+use comfy_table::presets::NOTHING;
+use comfy_table::Table;
+use space_control::db::{Db, DbError};
+
+use crate::{render, Global};
+
+/// Key commands.
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Create a key for a tenant (the tenant is created if missing); prints the key once.
+    Create {
+        /// Tenant name.
+        #[arg(long)]
+        tenant: String,
+        /// Database (default: SQLite in the data directory).
+        #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
+    /// List keys (prefixes only).
+    List {
+        /// Database (default: SQLite in the data directory).
+        #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
+    /// Revoke a key by id or prefix.
+    Revoke {
+        /// Key id (`key-...`) or display prefix (`space_1a2b3c4d`).
+        key: String,
+        /// Database (default: SQLite in the data directory).
+        #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
+}
+
+async fn open(g: &Global, url: Option<String>) -> anyhow::Result<Db> {
+    let cfg = space_control::ServerConfig { database_url: url, ..space_control::ServerConfig::new(&g.data_dir) };
+    if cfg.database_url.is_none() && !g.data_dir.join("control.db").exists() {
+        anyhow::bail!("no database in {} (start `space server` once, or pass --database-url / --data-dir)", g.data_dir.display());
+    }
+    Ok(Db::connect(&cfg.database_url()).await?)
+}
+
+/// Runs a key command.
+pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
+    match c {
+        KeyCmd::Create { tenant, database_url } => {
+            let db = open(g, database_url).await?;
+            let t = match db.tenant_by_name(&tenant).await? {
+                Some(t) => t,
+                None => match db.create_tenant(&tenant).await {
+                    Ok(t) => t,
+                    Err(DbError::AlreadyExists(_)) => db.tenant_by_name(&tenant).await?.ok_or_else(|| anyhow::anyhow!("tenant vanished"))?,
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            let key = db.create_api_key(&t.id).await?;
+            if g.json {
+                render::json(&serde_json::json!({"tenant": t.name, "tenant_id": t.id, "key_id": key.info.id, "api_key": key.plaintext.0}))?;
+            } else {
+                eprintln!("created key {} for tenant {} (shown once):", key.info.id, t.name);
+                println!("{}", key.plaintext.0);
+            }
+        }
+        KeyCmd::List { database_url } => {
+            let db = open(g, database_url).await?;
+            let tenants = db.tenants().await?;
+            let keys = db.api_keys(None).await?;
+            let name = |id: &space_core::TenantId| tenants.iter().find(|t| &t.id == id).map_or("?".to_owned(), |t| t.name.clone());
+            if g.json {
+                let v: Vec<_> = keys
+                    .iter()
+                    .map(|k| serde_json::json!({"id": k.id, "tenant": name(&k.tenant_id), "prefix": k.prefix, "created_at_ms": k.created_at_ms, "revoked_at_ms": k.revoked_at_ms}))
+                    .collect();
+                render::json(&v)?;
+            } else {
+                let mut t = Table::new();
+                t.load_preset(NOTHING).set_header(vec!["ID", "TENANT", "PREFIX", "CREATED", "REVOKED"]);
+                for k in &keys {
+                    t.add_row(vec![k.id.clone(), name(&k.tenant_id), k.prefix.clone(), render::relative(k.created_at_ms), k.revoked_at_ms.map(render::relative).unwrap_or_default()]);
+                }
+                println!("{t}");
+            }
+        }
+        KeyCmd::Revoke { key, database_url } => {
+            let db = open(g, database_url).await?;
+            let k = db.revoke_api_key(&key).await?;
+            println!("revoked {} ({})", k.id, k.prefix);
+        }
+    }
+    Ok(0)
+}

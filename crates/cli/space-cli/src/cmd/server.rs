@@ -1,0 +1,73 @@
+//! `space server`: runs the control plane with a local node until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+use space_control::api::DEFAULT_MAX_UPLOAD_BYTES;
+use space_control::{Server, ServerConfig};
+
+use crate::Global;
+
+/// Options of `space server`.
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = space_control::server::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Database: sqlite:PATH or postgres://... (default: SQLite in the data directory).
+    #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Accelerator (default: KVM when the CPU has hardware virtualisation, else TCG).
+    #[arg(long, value_parser = ["kvm", "tcg"])]
+    accel: Option<String>,
+    /// Largest file upload, bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
+    max_upload_bytes: u64,
+    /// Node name shown in sandbox records.
+    #[arg(long)]
+    node_name: Option<String>,
+}
+
+/// Runs the server.
+pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
+    let mut cfg = ServerConfig::new(&g.data_dir);
+    cfg.listen = a.listen;
+    cfg.database_url = a.database_url;
+    cfg.max_upload_bytes = a.max_upload_bytes;
+    cfg.node.accel = a.accel;
+    if let Some(name) = a.node_name {
+        cfg.node.node_name = name;
+    }
+    let server = Server::start(cfg).await?;
+    let url = server.url();
+    println!("SPACE listening on {url}");
+    let key_file = server.api_key_file().display().to_string();
+    match server.first_api_key() {
+        Some(key) => {
+            println!();
+            println!("API key (shown once; also saved to {key_file}, mode 0600):");
+            println!("  {key}");
+        }
+        None => println!("API key: in {key_file} (created on first start), or make one with `space key create --tenant NAME`"),
+    }
+    let templates = server.state().node.templates().unwrap_or_default();
+    println!();
+    println!("Try it:");
+    if !url.ends_with(":7070") || !url.contains("127.0.0.1") {
+        println!("  export SPACE_URL={url}");
+    }
+    println!("  export SPACE_API_KEY=$(cat {key_file})");
+    match templates.first() {
+        Some(t) => println!("  ID=$(space sandbox create --template {} --quiet)", t.name),
+        None => {
+            println!("  space template build base          # no templates yet");
+            println!("  ID=$(space sandbox create --template base --quiet)");
+        }
+    }
+    println!("  space exec $ID -- uname -a");
+    println!("  space shell $ID");
+    println!("  space sandbox rm $ID");
+    println!();
+    server.run_until_signal().await?;
+    Ok(0)
+}

@@ -1,0 +1,200 @@
+//! Human output: tables (comfy-table), sizes and times; `--json` prints the API's JSON.
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{ContentArrangement, Table};
+use serde::Serialize;
+use space_core::files::{FileKind, FileStat};
+use space_core::process::ProcessInfo;
+use space_core::sandbox::SandboxInfo;
+use space_core::template::TemplateInfo;
+
+/// Prints a value as pretty JSON.
+pub fn json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(NOTHING).set_content_arrangement(ContentArrangement::Dynamic).set_header(header.to_vec());
+    t
+}
+
+fn now_ms() -> i64 {
+    space_control::db::now_ms()
+}
+
+/// `3m ago`, `in 2h`...
+pub fn relative(ms: i64) -> String {
+    let delta = ms - now_ms();
+    let secs = delta.unsigned_abs() / 1000;
+    let amount = match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m", secs / 60),
+        3600..=86399 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    };
+    if delta >= 0 {
+        format!("in {amount}")
+    } else {
+        format!("{amount} ago")
+    }
+}
+
+/// `1.5 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn labels(info: &SandboxInfo) -> String {
+    info.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// A sandbox list.
+pub fn sandboxes(list: &[SandboxInfo]) {
+    let mut t = table(&["ID", "TEMPLATE", "STATE", "VCPUS", "MEMORY", "DISK", "LABELS", "CREATED", "EXPIRES"]);
+    for s in list {
+        t.add_row(vec![
+            s.id.to_string(),
+            s.template.clone(),
+            s.state.to_string(),
+            s.resources.vcpus.to_string(),
+            format!("{} MiB", s.resources.memory_mib),
+            format!("{} MiB", s.resources.disk_mib),
+            labels(s),
+            relative(s.created_at_ms),
+            relative(s.expires_at_ms),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// One sandbox, as `key: value` lines.
+pub fn sandbox(s: &SandboxInfo) {
+    let mut lines = vec![
+        ("id", s.id.to_string()),
+        ("state", s.state.to_string()),
+        ("template", format!("{} ({})", s.template, short(&s.template_digest))),
+        ("resources", format!("{} vCPU, {} MiB memory, {} MiB disk", s.resources.vcpus, s.resources.memory_mib, s.resources.disk_mib)),
+        ("node", s.node.clone()),
+        ("created", relative(s.created_at_ms)),
+        ("expires", relative(s.expires_at_ms)),
+    ];
+    if let Some(ms) = s.create_latency_ms {
+        lines.push(("create latency", format!("{ms} ms")));
+    }
+    if !s.labels.is_empty() {
+        lines.push(("labels", labels(s)));
+    }
+    if !s.env_keys.is_empty() {
+        lines.push(("env", s.env_keys.join(", ")));
+    }
+    if let Some(r) = &s.failure_reason {
+        lines.push(("failure", r.clone()));
+    }
+    for (k, v) in lines {
+        println!("{k:>15}: {v}");
+    }
+}
+
+/// The first 12 characters of a digest.
+pub fn short(digest: &str) -> &str {
+    let d = digest.strip_prefix("sha256:").unwrap_or(digest);
+    &d[..d.len().min(12)]
+}
+
+/// Templates.
+pub fn templates(list: &[TemplateInfo]) {
+    let mut t = table(&["NAME", "DIGEST", "SIZE", "DEFAULTS", "USER", "BUILT", "DESCRIPTION"]);
+    for i in list {
+        t.add_row(vec![
+            i.name.clone(),
+            short(&i.digest).to_owned(),
+            format!("{} MiB", i.image_size_mib),
+            format!("{} vCPU, {} MiB, {} MiB disk", i.default_resources.vcpus, i.default_resources.memory_mib, i.default_resources.disk_mib),
+            i.default_user.clone(),
+            relative(i.built_at_ms),
+            i.description.clone(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// Processes.
+pub fn processes(list: &[ProcessInfo]) {
+    let mut t = table(&["ID", "PID", "USER", "STATUS", "COMMAND"]);
+    for p in list {
+        let status = match &p.exit {
+            None => "running".to_owned(),
+            Some(e) => match (e.exit_code, e.signal) {
+                (Some(c), _) => format!("exited {c}"),
+                (None, Some(s)) => format!("killed by signal {s}"),
+                _ => "exited".to_owned(),
+            },
+        };
+        t.add_row(vec![p.id.to_string(), p.pid.to_string(), p.user.clone(), status, p.argv.join(" ")]);
+    }
+    println!("{t}");
+}
+
+fn kind(k: FileKind) -> &'static str {
+    match k {
+        FileKind::File => "file",
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        FileKind::Other => "other",
+    }
+}
+
+/// A directory listing.
+pub fn files(list: &[FileStat], truncated: bool) {
+    let mut t = table(&["MODE", "UID", "GID", "SIZE", "MODIFIED", "PATH"]);
+    for f in list {
+        let path = match &f.symlink_target {
+            Some(target) => format!("{} -> {target}", f.path),
+            None if f.kind == FileKind::Dir => format!("{}/", f.path),
+            None => f.path.clone(),
+        };
+        t.add_row(vec![format!("{:04o}", f.mode & 0o7777), f.uid.to_string(), f.gid.to_string(), f.size.to_string(), relative(f.modified_ms), path]);
+    }
+    println!("{t}");
+    if truncated {
+        eprintln!("(listing truncated)");
+    }
+}
+
+/// One entry.
+pub fn stat(f: &FileStat) {
+    println!("{:>9}: {}", "path", f.path);
+    println!("{:>9}: {}", "kind", kind(f.kind));
+    println!("{:>9}: {} ({})", "size", f.size, bytes(f.size));
+    println!("{:>9}: {:04o}", "mode", f.mode & 0o7777);
+    println!("{:>9}: {}:{}", "owner", f.uid, f.gid);
+    println!("{:>9}: {}", "modified", relative(f.modified_ms));
+    if let Some(t) = &f.symlink_target {
+        println!("{:>9}: {t}", "target");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes(10), "10 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(short("sha256:0123456789abcdef"), "0123456789ab");
+    }
+}

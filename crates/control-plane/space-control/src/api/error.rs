@@ -1,0 +1,127 @@
+//! API errors: every failure leaves the server as an `ErrorBody` with the status of its code.
+//!
+//! Node, guest and database errors are mapped here, in one place, so a failure reads the
+//! same whichever handler hit it. Internal details (SQL, file paths) are logged, not sent.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use space_core::{ErrorBody, ErrorCode, SandboxId};
+use space_node::{GuestError, NodeError};
+
+use crate::db::DbError;
+
+/// An error response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status (normally `body.code.http_status()`).
+    pub status: StatusCode,
+    /// What the client sees.
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    /// An error whose status follows from its code.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self { status, body: ErrorBody::new(code, message) }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    /// 400 `invalid_path`.
+    pub fn invalid_path(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidPath, message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    /// 404 for a sandbox that is missing, deleted or another tenant's (indistinguishable).
+    pub fn sandbox_not_found(id: &SandboxId) -> Self {
+        Self::not_found(format!("sandbox {id} not found"))
+    }
+
+    /// 413 `payload_too_large`.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::PayloadTooLarge, message)
+    }
+
+    /// 401 `unauthenticated`.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unauthenticated, message)
+    }
+
+    /// 500 `internal`, with the detail logged rather than sent.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(ErrorCode::Internal, "internal error (see the server log)")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Invalid(m) => ApiError::invalid(m),
+            DbError::NotFound(m) => ApiError::not_found(format!("{m} not found")),
+            DbError::AlreadyExists(m) => ApiError::new(ErrorCode::AlreadyExists, format!("{m} already exists")),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<NodeError> for ApiError {
+    fn from(e: NodeError) -> Self {
+        match &e {
+            NodeError::Internal(_) => ApiError::internal(&e),
+            NodeError::Guest(g) => {
+                // The message came from (or through) the guest: bound and clean it.
+                let body = g.to_error_body().sanitised();
+                ApiError::new(body.code, body.message)
+            }
+            _ => {
+                let body = e.body();
+                ApiError::new(body.code, body.message)
+            }
+        }
+    }
+}
+
+impl From<GuestError> for ApiError {
+    fn from(e: GuestError) -> Self {
+        ApiError::from(NodeError::Guest(e))
+    }
+}
+
+/// Handler result.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_follows_code() {
+        assert_eq!(ApiError::invalid("x").status, StatusCode::BAD_REQUEST);
+        assert_eq!(ApiError::new(ErrorCode::InsufficientCapacity, "x").status.as_u16(), 507);
+        assert_eq!(ApiError::from(NodeError::TemplateNotFound("t".into())).body.message, "template 't' not found");
+    }
+
+    #[test]
+    fn internal_errors_hide_details() {
+        let e = ApiError::from(DbError::Corrupt { table: "t", reason: "secret detail".into() });
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!e.body.message.contains("secret"));
+    }
+}

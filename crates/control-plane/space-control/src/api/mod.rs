@@ -1,0 +1,132 @@
+//! The HTTP API: state, router, and one module per resource.
+//!
+//! Every `/v1` route is authenticated by the [`auth`] middleware (a route cannot forget it),
+//! scoped to the caller's tenant, and documented: the router and the OpenAPI document are
+//! built from the same annotated handlers ([`openapi`]), so they cannot drift apart.
+
+pub mod auth;
+pub mod error;
+pub mod extract;
+pub mod files;
+pub mod openapi;
+pub mod processes;
+pub mod sandboxes;
+pub mod templates;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Router;
+use space_core::{ErrorCode, SandboxId, TenantId};
+use space_node::{GuestClient, Node};
+
+use crate::db::{Db, DesiredState, SandboxRow};
+use error::ApiError;
+
+/// Default upper bound on a file upload.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// Everything a handler needs. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Desired state, tenants, keys.
+    pub db: Db,
+    /// The local node (live state, guests).
+    pub node: Node,
+    /// Largest file upload accepted.
+    pub max_upload_bytes: u64,
+    /// Sandboxes whose creation is under way in this process.
+    pub creating: InFlight,
+}
+
+impl AppState {
+    /// State for a node and a database.
+    pub fn new(db: Db, node: Node, max_upload_bytes: u64) -> Self {
+        Self { db, node, max_upload_bytes, creating: InFlight::default() }
+    }
+
+    /// A tenant's sandbox in any desired state, or 404 (also for another tenant's).
+    pub async fn find_sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRow, ApiError> {
+        self.db.sandbox(tenant, id).await?.ok_or_else(|| ApiError::sandbox_not_found(id))
+    }
+
+    /// A tenant's sandbox that has not been deleted, or 404.
+    pub async fn live_sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRow, ApiError> {
+        let row = self.find_sandbox(tenant, id).await?;
+        if row.desired_state != DesiredState::Running {
+            return Err(ApiError::sandbox_not_found(id));
+        }
+        Ok(row)
+    }
+
+    /// The channel to a tenant's live sandbox.
+    pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
+        self.live_sandbox(tenant, id).await?;
+        Ok(self.node.guest(id)?)
+    }
+}
+
+/// The set of sandbox ids being created right now, so the reconciler leaves them alone.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<Mutex<HashSet<SandboxId>>>);
+
+impl InFlight {
+    /// Adds `id` until the guard is dropped.
+    pub fn enter(&self, id: &SandboxId) -> InFlightGuard {
+        self.lock().insert(id.clone());
+        InFlightGuard { set: self.clone(), id: id.clone() }
+    }
+
+    /// Whether `id` is being created.
+    pub fn contains(&self, id: &SandboxId) -> bool {
+        self.lock().contains(id)
+    }
+
+    /// A copy of the set.
+    pub fn snapshot(&self) -> HashSet<SandboxId> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<SandboxId>> {
+        // A panic while holding this lock cannot leave the set inconsistent (single inserts
+        // and removes), so a poisoned lock is still usable.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Removes its id from the [`InFlight`] set when dropped.
+pub struct InFlightGuard {
+    set: InFlight,
+    id: SandboxId,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.id);
+    }
+}
+
+/// The whole application: documented routes, auth, error-format fallbacks.
+pub fn build_app(state: AppState) -> Router {
+    let (router, doc) = openapi::router_and_doc(state.clone());
+    let doc = Arc::new(doc);
+    router
+        .layer(axum::Extension(openapi::OpenApiDocument(doc)))
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+async fn fallback(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn method_not_allowed(req: Request) -> impl IntoResponse {
+    // No error code means "method not allowed"; keep the body format and the honest status.
+    let mut err = ApiError::new(ErrorCode::InvalidRequest, format!("method {} is not allowed on {}", req.method(), req.uri().path()));
+    err.status = StatusCode::METHOD_NOT_ALLOWED;
+    err
+}

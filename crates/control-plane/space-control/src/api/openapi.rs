@@ -1,0 +1,121 @@
+//! The OpenAPI document and the router, built together from the annotated handlers, plus the
+//! two unauthenticated endpoints (`/healthz`, `/openapi.json`).
+//!
+//! Every route is registered through `utoipa_axum::routes!`, which takes its method and path
+//! from the handler's `#[utoipa::path]`: a route cannot exist without being documented.
+
+use std::sync::Arc;
+
+use axum::extract::Extension;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::{middleware, Json, Router};
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{auth, files, processes, sandboxes, templates, AppState};
+
+/// The generated document, shared with the `/openapi.json` handler.
+#[derive(Clone)]
+pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "SPACE API",
+        description = "Sandboxes for AI agents: each sandbox is a microVM. Authenticate with `Authorization: Bearer <api key>`. Every error is `{\"code\": ..., \"message\": ...}`.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "meta", description = "Health and this document"),
+        (name = "templates", description = "Templates sandboxes start from"),
+        (name = "sandboxes", description = "Sandbox lifecycle"),
+        (name = "processes", description = "Processes inside a sandbox"),
+        (name = "files", description = "Files inside a sandbox"),
+    ),
+    components(schemas(space_core::ErrorBody, space_core::ErrorCode))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("api_key", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` when the server answers.
+    pub status: String,
+    /// Server version.
+    pub version: String,
+}
+
+/// Liveness check (no authentication).
+#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "Serving", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() })
+}
+
+/// This document (no authentication).
+#[utoipa::path(get, path = "/openapi.json", tag = "meta", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json")))]
+pub async fn openapi_json(Extension(doc): Extension<OpenApiDocument>) -> Response {
+    match doc.0.to_json() {
+        Ok(json) => ([(CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => super::error::ApiError::internal(e).into_response(),
+    }
+}
+
+/// The authenticated `/v1` routes.
+fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(templates::list_templates))
+        .routes(routes!(sandboxes::create_sandbox, sandboxes::list_sandboxes))
+        .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
+        .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::console))
+        .routes(routes!(processes::start_process, processes::list_processes))
+        .routes(routes!(processes::get_process))
+        .routes(routes!(processes::output))
+        .routes(routes!(processes::stdin))
+        .routes(routes!(processes::signal))
+        .routes(routes!(processes::resize))
+        .routes(routes!(processes::exec))
+        .routes(routes!(files::read_file, files::write_file, files::remove))
+        .routes(routes!(files::stat))
+        .routes(routes!(files::list))
+        .routes(routes!(files::mkdir))
+        .routes(routes!(files::rename))
+}
+
+/// The public routes.
+fn public_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(openapi_json))
+}
+
+/// The router (with state applied) and its OpenAPI document.
+pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
+    let (v1, v1_doc) = v1_routes().split_for_parts();
+    // route_layer: only matched routes authenticate, so unknown paths stay 404.
+    let v1 = v1.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+    let (public, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(public_routes()).split_for_parts();
+    doc.merge(v1_doc);
+    (public.merge(v1).with_state(state), doc)
+}
+
+/// The document alone (for tooling and tests).
+pub fn document() -> OpenApiDoc {
+    let (_, v1_doc) = v1_routes().split_for_parts();
+    let (_, mut doc) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi()).merge(public_routes()).split_for_parts();
+    doc.merge(v1_doc);
+    doc
+}

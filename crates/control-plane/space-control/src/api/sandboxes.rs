@@ -1,0 +1,499 @@
+//! Sandboxes: create, list, get, delete, timeout, console.
+//!
+//! The database row (desired state, owner, labels) is merged with the node's live record
+//! ([`sandbox_info`]). Creation records the desired state *before* asking the node, so a
+//! crash in between leaves a row the reconciler resolves; node calls run in their own task,
+//! so a client that hangs up cannot cancel a half-done create or delete.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use space_core::process::validate_env;
+use space_core::sandbox::{
+    validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList, SetTimeoutRequest, MAX_LABELS,
+    MAX_TIMEOUT_SECS,
+};
+use space_core::template::validate_template_name;
+use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState};
+use space_node::{CreateSandbox, NodeError, SandboxRecord};
+use utoipa::IntoParams;
+
+use super::auth::AuthTenant;
+use super::error::{ApiError, ApiResult};
+use super::extract::{ApiJson, ApiQuery, SandboxPath};
+use super::AppState;
+use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+
+/// Timeout when a create request gives none.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
+/// Default and largest console tail.
+pub const DEFAULT_CONSOLE_BYTES: usize = 16 * 1024;
+/// Largest console tail a request may ask for.
+pub const MAX_CONSOLE_BYTES: usize = 1024 * 1024;
+
+/// The API view of a sandbox: the desired state from the database merged with the node's
+/// live record. `creating` says the create call is still under way in this process.
+pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxRecord>, creating: bool) -> SandboxInfo {
+    let (state, failure_reason) = match (row.desired_state, record) {
+        (DesiredState::Deleted, Some(r)) if r.state != SandboxState::Deleted => (SandboxState::Deleting, None),
+        (DesiredState::Deleted, _) => (SandboxState::Deleted, None),
+        (DesiredState::Running, Some(r)) if r.state == SandboxState::Deleted => {
+            (SandboxState::Failed, Some("the sandbox was deleted on its node".to_owned()))
+        }
+        (DesiredState::Running, Some(r)) => (r.state, r.failure_reason.clone()),
+        (DesiredState::Running, None) if creating => (SandboxState::Creating, None),
+        (DesiredState::Running, None) => (SandboxState::Failed, Some("its node has no record of this sandbox".to_owned())),
+    };
+    SandboxInfo {
+        id: row.id.clone(),
+        template: row.template.clone(),
+        template_digest: record.map_or_else(|| row.template_digest.clone(), |r| r.template_digest.clone()),
+        state,
+        resources: record.map_or(row.spec.resources, |r| r.resources),
+        labels: row.labels.clone(),
+        env_keys: row.spec.env_keys.clone(),
+        node: row.node.clone(),
+        created_at_ms: row.created_at_ms,
+        expires_at_ms: row.expires_at_ms,
+        create_latency_ms: row.create_latency_ms.and_then(|v| u64::try_from(v).ok()),
+        failure_reason,
+    }
+}
+
+fn info_now(st: &AppState, row: &SandboxRow) -> SandboxInfo {
+    sandbox_info(row, st.node.sandbox(&row.id).as_ref(), st.creating.contains(&row.id))
+}
+
+/// Checks the parts of a create request that need no template.
+pub fn validate_create(req: &CreateSandboxRequest) -> Result<(), ApiError> {
+    validate_labels(&req.labels).map_err(ApiError::invalid)?;
+    validate_env(&req.env).map_err(|name| {
+        ApiError::invalid(format!(
+            "bad environment variable {name:?}: names are [A-Za-z_][A-Za-z0-9_]*, values at most {} bytes without NUL, at most {} variables",
+            space_core::process::MAX_ENV_VALUE,
+            space_core::process::MAX_ENV
+        ))
+    })?;
+    if let Some(t) = req.timeout_secs {
+        validate_timeout(t)?;
+    }
+    Ok(())
+}
+
+/// A sandbox timeout must be 1..=[`MAX_TIMEOUT_SECS`].
+pub fn validate_timeout(secs: u64) -> Result<(), ApiError> {
+    if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {
+        return Err(ApiError::invalid(format!("timeout_secs must be between 1 and {MAX_TIMEOUT_SECS}, got {secs}")));
+    }
+    Ok(())
+}
+
+fn template_not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!("template '{}' not found", name.chars().take(64).collect::<String>()))
+}
+
+/// Create a sandbox; returns once its daemon is ready.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes",
+    tag = "sandboxes",
+    request_body = CreateSandboxRequest,
+    responses(
+        (status = 201, description = "Created and running", body = SandboxInfo),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 413, description = "Body larger than 1 MiB", body = ErrorBody),
+        (status = 502, description = "The sandbox failed to start", body = ErrorBody),
+        (status = 507, description = "Not enough capacity on the node", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create_sandbox(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
+    let started = Instant::now();
+    validate_create(&req)?;
+    if !validate_template_name(&req.template) {
+        return Err(template_not_found(&req.template));
+    }
+    let node = st.node.clone();
+    let name = req.template.clone();
+    let template = tokio::task::spawn_blocking(move || node.template(&name)).await.map_err(ApiError::internal)?;
+    let template = match template {
+        Ok(t) => t,
+        Err(NodeError::TemplateNotFound(_)) => return Err(template_not_found(&req.template)),
+        Err(e) => return Err(e.into()),
+    };
+    let resources = req.resources.resolve(template.default_resources);
+    resources.validate(template.image_size_mib).map_err(|e| ApiError::invalid(e.to_string()))?;
+
+    let now = now_ms();
+    let timeout_ms = i64::try_from(req.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
+    let id = SandboxId::generate();
+    let row = SandboxRow {
+        id: id.clone(),
+        tenant_id: tenant.id.clone(),
+        node: st.node.name().to_owned(),
+        template: template.name.clone(),
+        template_digest: template.digest.clone(),
+        spec: SandboxSpec { resources, env_keys: req.env.keys().cloned().collect() },
+        labels: req.labels.clone(),
+        desired_state: DesiredState::Running,
+        created_at_ms: now,
+        expires_at_ms: now.saturating_add(timeout_ms),
+        deleted_at_ms: None,
+        create_latency_ms: None,
+    };
+    let guard = st.creating.enter(&id);
+    st.db.insert_sandbox(&row).await?;
+    tracing::info!(sandbox = %id, tenant = %tenant.name, template = %row.template, "creating sandbox");
+
+    let create = CreateSandbox {
+        id: id.clone(),
+        template: row.template.clone(),
+        resources: ResourcesRequest {
+            vcpus: Some(resources.vcpus),
+            memory_mib: Some(resources.memory_mib),
+            disk_mib: Some(resources.disk_mib),
+        },
+        env: req.env,
+    };
+    let task_state = st.clone();
+    let task = tokio::spawn(async move {
+        let result = task_state.node.create_sandbox(create).await;
+        let outcome = finish_create(&task_state, row, result, started).await;
+        drop(guard);
+        outcome
+    });
+    let info = task.await.map_err(ApiError::internal)??;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+async fn finish_create(
+    st: &AppState,
+    mut row: SandboxRow,
+    result: Result<SandboxRecord, NodeError>,
+    started: Instant,
+) -> ApiResult<SandboxInfo> {
+    let latency = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    let failure = match result {
+        Ok(record) if record.state == SandboxState::Running => {
+            row.spec.resources = record.resources;
+            st.db.set_created(&row.id, &record.template_digest, &row.spec, latency).await?;
+            tracing::info!(sandbox = %row.id, latency_ms = latency, "sandbox running");
+            let row = st.db.sandbox_any_tenant(&row.id).await?.ok_or_else(|| ApiError::sandbox_not_found(&row.id))?;
+            return Ok(sandbox_info(&row, Some(&record), false));
+        }
+        Ok(record) => ApiError::new(
+            ErrorCode::SandboxFailed,
+            format!(
+                "sandbox failed to start ({}): {}",
+                record.state,
+                record.failure_reason.as_deref().unwrap_or("no reason recorded")
+            ),
+        ),
+        Err(e) => ApiError::from(e),
+    };
+    tracing::warn!(sandbox = %row.id, error = %failure.body, "sandbox creation failed");
+    // Nothing is left half-made: the row stops being desired and the node releases whatever
+    // it allocated (the reconciler retries if this fails too).
+    st.db.mark_deleted(&row.id, now_ms()).await?;
+    match st.node.delete_sandbox(&row.id).await {
+        Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
+        Err(e) => tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry"),
+    }
+    Err(failure)
+}
+
+/// Filters of `GET /v1/sandboxes` (the query is parsed by hand: `label` repeats).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// `key=value` pairs that must all match.
+    pub labels: Vec<(String, String)>,
+    /// Only sandboxes in this state.
+    pub state: Option<SandboxState>,
+}
+
+/// Parses `label=k=v&label=k2=v2&state=running`.
+pub fn parse_list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
+    let mut out = ListQuery::default();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*k {
+            "label" => {
+                let (lk, lv) = v.split_once('=').ok_or_else(|| ApiError::invalid("label filters are label=KEY=VALUE"))?;
+                if out.labels.len() >= MAX_LABELS {
+                    return Err(ApiError::invalid(format!("at most {MAX_LABELS} label filters")));
+                }
+                out.labels.push((lk.to_owned(), lv.to_owned()));
+            }
+            "state" => {
+                out.state = Some(SandboxState::parse(&v).ok_or_else(|| {
+                    ApiError::invalid(format!("unknown state {:?}", v.chars().take(32).collect::<String>()))
+                })?);
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {:?}",
+                    other.chars().take(32).collect::<String>()
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Query parameters of `GET /v1/sandboxes`, for the OpenAPI document.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct ListParams {
+    /// `KEY=VALUE`; repeat for several labels, all must match.
+    label: Option<Vec<String>>,
+    /// Only sandboxes in this state (default: all that are not deleted).
+    state: Option<SandboxState>,
+}
+
+/// List the caller's sandboxes, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes",
+    tag = "sandboxes",
+    params(ListParams),
+    responses(
+        (status = 200, description = "Matching sandboxes", body = SandboxList),
+        (status = 400, description = "Bad filter", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_sandboxes(State(st): State<AppState>, tenant: AuthTenant, uri: Uri) -> ApiResult<Json<SandboxList>> {
+    let query = parse_list_query(uri.query())?;
+    let filter = match query.state {
+        None => SandboxFilter::Live,
+        Some(SandboxState::Deleted | SandboxState::Deleting) => SandboxFilter::All,
+        Some(_) => SandboxFilter::Live,
+    };
+    let rows = st.db.sandboxes(&tenant.id, filter).await?;
+    let sandboxes = rows
+        .iter()
+        .filter(|row| query.labels.iter().all(|(k, v)| row.labels.get(k) == Some(v)))
+        .map(|row| info_now(&st, row))
+        .filter(|info| query.state.is_none_or(|s| info.state == s))
+        .collect();
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+/// One sandbox (deleted ones too, with state `deleted`).
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The sandbox", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_sandbox(State(st): State<AppState>, tenant: AuthTenant, SandboxPath(id): SandboxPath) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.find_sandbox(&tenant.id, &id).await?;
+    Ok(Json(info_now(&st, &row)))
+}
+
+/// Delete a sandbox: the VM is stopped and its disk removed.
+#[utoipa::path(
+    delete,
+    path = "/v1/sandboxes/{id}",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox, or already deleted", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_sandbox(State(st): State<AppState>, tenant: AuthTenant, SandboxPath(id): SandboxPath) -> ApiResult<StatusCode> {
+    st.live_sandbox(&tenant.id, &id).await?;
+    if !st.db.mark_deleted(&id, now_ms()).await? {
+        // Someone else (another request, the TTL) won the race.
+        return Err(ApiError::sandbox_not_found(&id));
+    }
+    tracing::info!(sandbox = %id, tenant = %tenant.name, "deleting sandbox");
+    let node = st.node.clone();
+    let task_id = id.clone();
+    let result = tokio::spawn(async move { node.delete_sandbox(&task_id).await }).await;
+    match result {
+        Ok(Ok(())) | Ok(Err(NodeError::SandboxNotFound(_))) => {}
+        // The desired state is recorded; the reconciler retries the node side.
+        Ok(Err(e)) => tracing::warn!(sandbox = %id, error = %e, "node delete failed; the reconciler will retry"),
+        Err(e) => tracing::warn!(sandbox = %id, error = %e, "node delete task failed; the reconciler will retry"),
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Set the sandbox timeout: it is deleted automatically `timeout_secs` from now.
+#[utoipa::path(
+    put,
+    path = "/v1/sandboxes/{id}/timeout",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = SetTimeoutRequest,
+    responses(
+        (status = 200, description = "The sandbox with its new expiry", body = SandboxInfo),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn set_timeout(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+    ApiJson(req): ApiJson<SetTimeoutRequest>,
+) -> ApiResult<Json<SandboxInfo>> {
+    validate_timeout(req.timeout_secs)?;
+    st.live_sandbox(&tenant.id, &id).await?;
+    let expires = now_ms().saturating_add(i64::try_from(req.timeout_secs * 1000).unwrap_or(i64::MAX));
+    if !st.db.set_expiry(&id, expires).await? {
+        return Err(ApiError::sandbox_not_found(&id));
+    }
+    let row = st.find_sandbox(&tenant.id, &id).await?;
+    Ok(Json(info_now(&st, &row)))
+}
+
+/// Query of the console endpoint.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleQuery {
+    /// Bytes of the tail to return (default 16384, at most 1048576).
+    pub bytes: Option<usize>,
+}
+
+/// The tail of the sandbox's serial console (kernel and boot messages).
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/console",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), ConsoleQuery),
+    responses(
+        (status = 200, description = "Console text", body = String, content_type = "text/plain"),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn console(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+    ApiQuery(q): ApiQuery<ConsoleQuery>,
+) -> ApiResult<Response> {
+    let bytes = q.bytes.unwrap_or(DEFAULT_CONSOLE_BYTES);
+    if !(1..=MAX_CONSOLE_BYTES).contains(&bytes) {
+        return Err(ApiError::invalid(format!("bytes must be between 1 and {MAX_CONSOLE_BYTES}")));
+    }
+    st.live_sandbox(&tenant.id, &id).await?;
+    let node = st.node.clone();
+    let text = tokio::task::spawn_blocking(move || node.console_tail(&id, bytes)).await.map_err(ApiError::internal)??;
+    Ok(([(CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from(text)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use space_core::Resources;
+
+    use super::*;
+
+    fn row(desired: DesiredState) -> SandboxRow {
+        SandboxRow {
+            id: SandboxId::generate(),
+            tenant_id: space_core::TenantId::generate(),
+            node: "local".into(),
+            template: "base".into(),
+            template_digest: "d1".into(),
+            spec: SandboxSpec { resources: Resources::default(), env_keys: vec!["A".into()] },
+            labels: BTreeMap::new(),
+            desired_state: desired,
+            created_at_ms: 1,
+            expires_at_ms: 2,
+            deleted_at_ms: None,
+            create_latency_ms: Some(5),
+        }
+    }
+
+    fn record(row: &SandboxRow, state: SandboxState) -> SandboxRecord {
+        SandboxRecord {
+            id: row.id.clone(),
+            template: row.template.clone(),
+            template_digest: "d2".into(),
+            resources: Resources { vcpus: 2, ..Resources::default() },
+            state,
+            failure_reason: (state == SandboxState::Failed).then(|| "boom".into()),
+            created_at_ms: 1,
+            create_latency_ms: Some(3),
+            vmm_pid: Some(1),
+        }
+    }
+
+    #[test]
+    fn merge_prefers_the_live_record() {
+        let r = row(DesiredState::Running);
+        let info = sandbox_info(&r, Some(&record(&r, SandboxState::Running)), false);
+        assert_eq!((info.state, info.template_digest.as_str(), info.resources.vcpus), (SandboxState::Running, "d2", 2));
+        assert_eq!(info.env_keys, vec!["A".to_owned()]);
+        let info = sandbox_info(&r, Some(&record(&r, SandboxState::Failed)), false);
+        assert_eq!((info.state, info.failure_reason.as_deref()), (SandboxState::Failed, Some("boom")));
+    }
+
+    #[test]
+    fn merge_without_a_record() {
+        let r = row(DesiredState::Running);
+        assert_eq!(sandbox_info(&r, None, true).state, SandboxState::Creating);
+        assert_eq!(sandbox_info(&r, None, false).state, SandboxState::Failed);
+        let d = row(DesiredState::Deleted);
+        assert_eq!(sandbox_info(&d, None, false).state, SandboxState::Deleted);
+        assert_eq!(sandbox_info(&d, Some(&record(&d, SandboxState::Running)), false).state, SandboxState::Deleting);
+    }
+
+    #[test]
+    fn list_query() {
+        let q = parse_list_query(Some("label=a%3Db=c&label=x=y&state=running")).unwrap();
+        assert_eq!(q.labels, vec![("a".into(), "b=c".into()), ("x".into(), "y".into())]);
+        assert_eq!(q.state, Some(SandboxState::Running));
+        assert_eq!(parse_list_query(None).unwrap(), ListQuery::default());
+        assert!(parse_list_query(Some("label=nokey")).is_err());
+        assert!(parse_list_query(Some("state=sleepy")).is_err());
+        assert!(parse_list_query(Some("bogus=1")).is_err());
+    }
+
+    #[test]
+    fn create_validation() {
+        let mut req = CreateSandboxRequest { template: "base".into(), ..Default::default() };
+        assert!(validate_create(&req).is_ok());
+        req.timeout_secs = Some(0);
+        assert!(validate_create(&req).is_err());
+        req.timeout_secs = Some(MAX_TIMEOUT_SECS + 1);
+        assert!(validate_create(&req).is_err());
+        req.timeout_secs = None;
+        req.labels.insert("bad key".into(), "v".into());
+        assert!(validate_create(&req).is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! `GET /v1/templates`: the templates sandboxes can be created from.
+
+use axum::extract::State;
+use axum::Json;
+use space_core::template::TemplateInfo;
+use space_core::ErrorBody;
+
+use super::auth::AuthTenant;
+use super::error::ApiResult;
+use super::AppState;
+
+/// List the templates on the node.
+#[utoipa::path(
+    get,
+    path = "/v1/templates",
+    tag = "templates",
+    responses(
+        (status = 200, description = "Templates, by name", body = [TemplateInfo]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_templates(State(st): State<AppState>, _tenant: AuthTenant) -> ApiResult<Json<Vec<TemplateInfo>>> {
+    let node = st.node.clone();
+    // The node reads its template store from disk: keep that off the async workers.
+    let mut templates = tokio::task::spawn_blocking(move || node.templates())
+        .await
+        .map_err(super::error::ApiError::internal)??;
+    templates.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(templates))
+}

@@ -1,0 +1,217 @@
+//! Sandbox rows: the desired state of every sandbox, per tenant.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use space_core::{Resources, SandboxId, TenantId};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use super::{unique_violation, Db, DbError};
+
+/// What the control plane wants for a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DesiredState {
+    /// It should exist (the node may still be creating it, or report it failed).
+    Running,
+    /// It should be gone; the row is kept for listing and auditing.
+    Deleted,
+}
+
+impl DesiredState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DesiredState::Running => "running",
+            DesiredState::Deleted => "deleted",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, DbError> {
+        match s {
+            "running" => Ok(DesiredState::Running),
+            "deleted" => Ok(DesiredState::Deleted),
+            other => Err(DbError::Corrupt { table: "sandboxes", reason: format!("desired_state {other:?}") }),
+        }
+    }
+}
+
+/// The stored creation spec. Environment variable values are secrets and are never
+/// stored: they go to the node at create time only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Resources (template defaults already filled in).
+    pub resources: Resources,
+    /// Names of the sandbox-wide environment variables.
+    pub env_keys: Vec<String>,
+}
+
+/// One row of `sandboxes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRow {
+    /// Id.
+    pub id: SandboxId,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Node it is placed on.
+    pub node: String,
+    /// Template name.
+    pub template: String,
+    /// Template digest (from the template at admission; updated from the node's record).
+    pub template_digest: String,
+    /// Resources and env names.
+    pub spec: SandboxSpec,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Desired state.
+    pub desired_state: DesiredState,
+    /// ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Automatic deletion time, ms since the Unix epoch.
+    pub expires_at_ms: i64,
+    /// When deletion was requested.
+    pub deleted_at_ms: Option<i64>,
+    /// Create request to ready, ms; `None` until created.
+    pub create_latency_ms: Option<i64>,
+}
+
+/// Which rows a listing returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxFilter {
+    /// Desired running.
+    Live,
+    /// Desired deleted.
+    Deleted,
+    /// Both.
+    All,
+}
+
+const COLUMNS: &str = "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
+                       created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms";
+
+fn corrupt(reason: impl std::fmt::Display) -> DbError {
+    DbError::Corrupt { table: "sandboxes", reason: reason.to_string() }
+}
+
+fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
+    let id: String = row.try_get("id")?;
+    let tenant: String = row.try_get("tenant_id")?;
+    let spec: String = row.try_get("spec")?;
+    let labels: String = row.try_get("labels")?;
+    let desired: String = row.try_get("desired_state")?;
+    Ok(SandboxRow {
+        id: id.parse().map_err(corrupt)?,
+        tenant_id: tenant.parse().map_err(corrupt)?,
+        node: row.try_get("node")?,
+        template: row.try_get("template")?,
+        template_digest: row.try_get("template_digest")?,
+        spec: serde_json::from_str(&spec).map_err(corrupt)?,
+        labels: serde_json::from_str(&labels).map_err(corrupt)?,
+        desired_state: DesiredState::parse(&desired)?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        expires_at_ms: row.try_get("expires_at_ms")?,
+        deleted_at_ms: row.try_get("deleted_at_ms")?,
+        create_latency_ms: row.try_get("create_latency_ms")?,
+    })
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
+    serde_json::to_string(v).map_err(|e| DbError::Invalid(e.to_string()))
+}
+
+impl Db {
+    /// Records a new sandbox (before the node is asked to create it).
+    pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)");
+        sqlx::query(&sql)
+            .bind(row.id.as_str())
+            .bind(row.tenant_id.as_str())
+            .bind(&row.node)
+            .bind(&row.template)
+            .bind(&row.template_digest)
+            .bind(to_json(&row.spec)?)
+            .bind(to_json(&row.labels)?)
+            .bind(row.desired_state.as_str())
+            .bind(row.created_at_ms)
+            .bind(row.expires_at_ms)
+            .bind(row.deleted_at_ms)
+            .bind(row.create_latency_ms)
+            .execute(self.pool())
+            .await
+            .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;
+        Ok(())
+    }
+
+    /// One sandbox of a tenant, in any desired state; `None` if missing or another tenant's.
+    pub async fn sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<Option<SandboxRow>, DbError> {
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1 AND tenant_id = $2");
+        let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(self.pool()).await?;
+        row.as_ref().map(row_to_sandbox).transpose()
+    }
+
+    /// One sandbox regardless of tenant (for the reconciler and admin tools).
+    pub async fn sandbox_any_tenant(&self, id: &SandboxId) -> Result<Option<SandboxRow>, DbError> {
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1");
+        let row = sqlx::query(&sql).bind(id.as_str()).fetch_optional(self.pool()).await?;
+        row.as_ref().map(row_to_sandbox).transpose()
+    }
+
+    /// A tenant's sandboxes, newest first.
+    pub async fn sandboxes(&self, tenant: &TenantId, filter: SandboxFilter) -> Result<Vec<SandboxRow>, DbError> {
+        let (cond, state) = match filter {
+            SandboxFilter::Live => ("AND desired_state = $2", Some(DesiredState::Running)),
+            SandboxFilter::Deleted => ("AND desired_state = $2", Some(DesiredState::Deleted)),
+            SandboxFilter::All => ("", None),
+        };
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE tenant_id = $1 {cond} ORDER BY created_at_ms DESC, id DESC");
+        let mut q = sqlx::query(&sql).bind(tenant.as_str());
+        if let Some(state) = state {
+            q = q.bind(state.as_str());
+        }
+        let rows = q.fetch_all(self.pool()).await?;
+        rows.iter().map(row_to_sandbox).collect()
+    }
+
+    /// Every sandbox that should exist, all tenants (the reconciler's input).
+    pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE desired_state = $1 ORDER BY created_at_ms, id");
+        let rows = sqlx::query(&sql).bind(DesiredState::Running.as_str()).fetch_all(self.pool()).await?;
+        rows.iter().map(row_to_sandbox).collect()
+    }
+
+    /// Marks a sandbox deleted. Returns `false` if it already was (or does not exist), so
+    /// exactly one caller wins a race to delete.
+    pub async fn mark_deleted(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
+        let done = sqlx::query("UPDATE sandboxes SET desired_state = $1, deleted_at_ms = $2 WHERE id = $3 AND desired_state = $4")
+            .bind(DesiredState::Deleted.as_str())
+            .bind(now_ms)
+            .bind(id.as_str())
+            .bind(DesiredState::Running.as_str())
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Sets the automatic deletion time of a live sandbox; `false` if it is not live.
+    pub async fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<bool, DbError> {
+        let done = sqlx::query("UPDATE sandboxes SET expires_at_ms = $1 WHERE id = $2 AND desired_state = $3")
+            .bind(expires_at_ms)
+            .bind(id.as_str())
+            .bind(DesiredState::Running.as_str())
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records what the node reported once the sandbox was created.
+    pub async fn set_created(&self, id: &SandboxId, template_digest: &str, spec: &SandboxSpec, create_latency_ms: i64) -> Result<(), DbError> {
+        sqlx::query("UPDATE sandboxes SET template_digest = $1, spec = $2, create_latency_ms = $3 WHERE id = $4")
+            .bind(template_digest)
+            .bind(to_json(spec)?)
+            .bind(create_latency_ms)
+            .bind(id.as_str())
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}

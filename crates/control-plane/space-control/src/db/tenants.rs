@@ -1,0 +1,210 @@
+//! Tenants and their API keys.
+
+use space_core::TenantId;
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use super::{now_ms, unique_violation, Db, DbError};
+use crate::keys;
+
+/// A tenant: owns API keys and sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Id.
+    pub id: TenantId,
+    /// Unique, human-chosen name.
+    pub name: String,
+    /// ms since the Unix epoch.
+    pub created_at_ms: i64,
+}
+
+/// An API key as listed (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyInfo {
+    /// Key id (not secret).
+    pub id: String,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Non-secret display prefix, e.g. `space_1a2b3c4d`.
+    pub prefix: String,
+    /// ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Set once revoked.
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// A key just created: the plaintext exists only here.
+#[derive(Debug, Clone)]
+pub struct NewApiKey {
+    /// What was stored.
+    pub info: ApiKeyInfo,
+    /// `space_...`: show once, never store or log.
+    pub plaintext: Plaintext,
+}
+
+/// A secret string whose `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Plaintext(pub String);
+
+impl std::fmt::Debug for Plaintext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Plaintext(***)")
+    }
+}
+
+/// Longest tenant name.
+pub const MAX_TENANT_NAME: usize = 64;
+
+/// A tenant name: 1-64 of `[a-z0-9_-]`.
+pub fn validate_tenant_name(name: &str) -> Result<(), DbError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_TENANT_NAME
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(DbError::Invalid(format!("tenant name {name:?} must be 1-{MAX_TENANT_NAME} of [a-z0-9_-]")))
+    }
+}
+
+fn tenant_from_row(row: &AnyRow) -> Result<Tenant, DbError> {
+    let id: String = row.try_get("id")?;
+    Ok(Tenant {
+        id: id.parse().map_err(|e| DbError::Corrupt { table: "tenants", reason: format!("{e}") })?,
+        name: row.try_get("name")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+fn key_from_row(row: &AnyRow) -> Result<ApiKeyInfo, DbError> {
+    let tenant: String = row.try_get("tenant_id")?;
+    Ok(ApiKeyInfo {
+        id: row.try_get("id")?,
+        tenant_id: tenant.parse().map_err(|e| DbError::Corrupt { table: "api_keys", reason: format!("{e}") })?,
+        prefix: row.try_get("prefix")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        revoked_at_ms: row.try_get("revoked_at_ms")?,
+    })
+}
+
+impl Db {
+    /// Creates a tenant; `AlreadyExists` if the name is taken.
+    pub async fn create_tenant(&self, name: &str) -> Result<Tenant, DbError> {
+        validate_tenant_name(name)?;
+        let tenant = Tenant { id: TenantId::generate(), name: name.to_owned(), created_at_ms: now_ms() };
+        sqlx::query("INSERT INTO tenants (id, name, created_at_ms) VALUES ($1, $2, $3)")
+            .bind(tenant.id.as_str())
+            .bind(&tenant.name)
+            .bind(tenant.created_at_ms)
+            .execute(self.pool())
+            .await
+            .map_err(|e| unique_violation(e, || format!("tenant '{name}'")))?;
+        Ok(tenant)
+    }
+
+    /// The tenant with this name.
+    pub async fn tenant_by_name(&self, name: &str) -> Result<Option<Tenant>, DbError> {
+        let row = sqlx::query("SELECT id, name, created_at_ms FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    /// The tenant with this id.
+    pub async fn tenant(&self, id: &TenantId) -> Result<Option<Tenant>, DbError> {
+        let row = sqlx::query("SELECT id, name, created_at_ms FROM tenants WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(self.pool())
+            .await?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    /// Every tenant, by name.
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, DbError> {
+        let rows = sqlx::query("SELECT id, name, created_at_ms FROM tenants ORDER BY name").fetch_all(self.pool()).await?;
+        rows.iter().map(tenant_from_row).collect()
+    }
+
+    /// Creates an API key for a tenant; the plaintext is only in the result.
+    pub async fn create_api_key(&self, tenant: &TenantId) -> Result<NewApiKey, DbError> {
+        if self.tenant(tenant).await?.is_none() {
+            return Err(DbError::NotFound(format!("tenant {tenant}")));
+        }
+        let key = keys::generate();
+        let info = ApiKeyInfo {
+            id: format!("key-{}", &key.hash[..16]),
+            tenant_id: tenant.clone(),
+            prefix: key.display_prefix.clone(),
+            created_at_ms: now_ms(),
+            revoked_at_ms: None,
+        };
+        sqlx::query("INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&info.id)
+            .bind(tenant.as_str())
+            .bind(&key.hash)
+            .bind(&info.prefix)
+            .bind(info.created_at_ms)
+            .execute(self.pool())
+            .await
+            .map_err(|e| unique_violation(e, || "api key".to_owned()))?;
+        Ok(NewApiKey { info, plaintext: Plaintext(key.plaintext) })
+    }
+
+    /// The tenant a (well-formed, unrevoked) key belongs to.
+    pub async fn authenticate(&self, key: &str) -> Result<Option<Tenant>, DbError> {
+        if !keys::is_well_formed(key) {
+            return Ok(None);
+        }
+        let row = sqlx::query(
+            "SELECT t.id, t.name, t.created_at_ms FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+             WHERE k.key_hash = $1 AND k.revoked_at_ms IS NULL",
+        )
+        .bind(keys::hash(key))
+        .fetch_optional(self.pool())
+        .await?;
+        row.as_ref().map(tenant_from_row).transpose()
+    }
+
+    /// Keys of one tenant (or all), oldest first.
+    pub async fn api_keys(&self, tenant: Option<&TenantId>) -> Result<Vec<ApiKeyInfo>, DbError> {
+        let rows = match tenant {
+            Some(t) => {
+                sqlx::query("SELECT id, tenant_id, prefix, created_at_ms, revoked_at_ms FROM api_keys WHERE tenant_id = $1 ORDER BY created_at_ms, id")
+                    .bind(t.as_str())
+                    .fetch_all(self.pool())
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT id, tenant_id, prefix, created_at_ms, revoked_at_ms FROM api_keys ORDER BY created_at_ms, id")
+                    .fetch_all(self.pool())
+                    .await?
+            }
+        };
+        rows.iter().map(key_from_row).collect()
+    }
+
+    /// Revokes a key by id or display prefix. `NotFound` if no unrevoked key matches (so
+    /// revoking twice reports `NotFound`), `Invalid` if a prefix matches several keys.
+    pub async fn revoke_api_key(&self, id_or_prefix: &str) -> Result<ApiKeyInfo, DbError> {
+        let row = sqlx::query(
+            "SELECT id, tenant_id, prefix, created_at_ms, revoked_at_ms FROM api_keys
+             WHERE (id = $1 OR prefix = $1) AND revoked_at_ms IS NULL",
+        )
+        .bind(id_or_prefix)
+        .fetch_all(self.pool())
+        .await?;
+        let info = match row.as_slice() {
+            [one] => key_from_row(one)?,
+            [] => return Err(DbError::NotFound(format!("unrevoked api key '{id_or_prefix}'"))),
+            _ => return Err(DbError::Invalid(format!("more than one key matches '{id_or_prefix}'; give the key id"))),
+        };
+        let now = now_ms();
+        sqlx::query("UPDATE api_keys SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL")
+            .bind(now)
+            .bind(&info.id)
+            .execute(self.pool())
+            .await?;
+        Ok(ApiKeyInfo { revoked_at_ms: Some(now), ..info })
+    }
+}

@@ -1,0 +1,201 @@
+//! Running the control plane: database, node, reconciler and HTTP server together, with a
+//! graceful shutdown that leaves the VMs running (the next start re-adopts them).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use space_node::{Node, NodeConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{build_app, AppState, DEFAULT_MAX_UPLOAD_BYTES};
+use crate::bootstrap::{api_key_path, bootstrap};
+use crate::db::{default_sqlite_url, redact_url, Db};
+use crate::reconciler::Reconciler;
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// How long shutdown waits for open requests (output streams can be long) before cutting them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How to run the server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (port 0 picks a free one; see [`Server::addr`]).
+    pub listen: SocketAddr,
+    /// Data directory: the SQLite database (`control.db`), the first API key (`api-key`) and
+    /// the node's data (its store, run directory...).
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH` or `postgres://...`; `None` = `sqlite://<data_dir>/control.db`.
+    pub database_url: Option<String>,
+    /// The local node.
+    pub node: NodeConfig,
+    /// Largest file upload accepted.
+    pub max_upload_bytes: u64,
+    /// Run the reconciler (TTL, orphans); tests that stage inconsistent state turn it off.
+    pub run_reconciler: bool,
+}
+
+impl ServerConfig {
+    /// Defaults for everything but the data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        Self {
+            listen: DEFAULT_LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
+            node: NodeConfig::new(data_dir.clone()),
+            data_dir,
+            database_url: None,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            run_reconciler: true,
+        }
+    }
+
+    /// The database URL in effect.
+    pub fn database_url(&self) -> String {
+        self.database_url.clone().unwrap_or_else(|| default_sqlite_url(&self.data_dir))
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    first_api_key: Option<String>,
+    api_key_file: PathBuf,
+    state: AppState,
+    stop: watch::Sender<bool>,
+    http: JoinHandle<std::io::Result<()>>,
+    reconciler: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Opens (and migrates) the database, starts the node, bootstraps the first key, starts
+    /// the reconciler and the HTTP server. Returns once it is accepting connections.
+    pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
+        create_private_dir(&config.data_dir)?;
+        let url = config.database_url();
+        let db = Db::connect(&url).await.with_context(|| format!("opening database {}", redact_url(&url)))?;
+        let node = Node::start(config.node.clone()).await.context("starting the node")?;
+        Self::start_with(&config, db, node).await
+    }
+
+    /// Like [`Server::start`] with an already open database and running node (tests share
+    /// one node between servers this way); `config.node` and `config.database_url` are not
+    /// used.
+    pub async fn start_with(config: &ServerConfig, db: Db, node: Node) -> anyhow::Result<Server> {
+        create_private_dir(&config.data_dir)?;
+        let data_dir = config.data_dir.as_path();
+        let first_api_key = bootstrap(&db, data_dir).await?;
+        let state = AppState::new(db, node, config.max_upload_bytes);
+        let (stop, stop_rx) = watch::channel(false);
+        let reconciler = if config.run_reconciler {
+            Some(Reconciler::new(state.clone()).spawn(stop_rx.clone()))
+        } else {
+            None
+        };
+        let listen = config.listen;
+        let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let http = spawn_http(listener, build_app(state.clone()), stop_rx);
+        tracing::info!(%addr, "SPACE control plane listening");
+        Ok(Server { addr, first_api_key, api_key_file: api_key_path(data_dir), state, stop, http, reconciler })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The API key created on this start (first start with an empty database only).
+    pub fn first_api_key(&self) -> Option<&str> {
+        self.first_api_key.as_deref()
+    }
+
+    /// Where the first API key was written.
+    pub fn api_key_file(&self) -> &Path {
+        &self.api_key_file
+    }
+
+    /// The application state (database, node).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Stops the HTTP server (open streams get [`SHUTDOWN_GRACE`]), the reconciler and the
+    /// node's background tasks. VMs keep running.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let mut http = self.http;
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Err(_) => {
+                tracing::info!("open requests did not finish in time; closing them");
+                http.abort();
+            }
+        }
+        if let Some(r) = self.reconciler {
+            let _ = r.await;
+        }
+        self.state.node.shutdown().await;
+        self.state.db.close().await;
+    }
+
+    /// Serves until SIGINT or SIGTERM, then shuts down.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        wait_for_signal().await?;
+        tracing::info!("shutting down (sandboxes keep running)");
+        self.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Serves `app` on `listener` until `stop` turns true.
+pub fn spawn_http(listener: TcpListener, app: Router, mut stop: watch::Receiver<bool>) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                while !*stop.borrow() {
+                    if stop.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await
+    })
+}
+
+/// Runs the server until SIGINT/SIGTERM: the whole of `space server`, minus the banner.
+pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    let server = Server::start(config).await?;
+    println!("SPACE listening on {}", server.url());
+    server.run_until_signal().await
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    Ok(())
+}

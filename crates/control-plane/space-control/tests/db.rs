@@ -1,0 +1,194 @@
+//! The database layer against real databases: SQLite always, PostgreSQL when
+//! `SPACE_TEST_POSTGRES_URL` is set (e.g. `postgres://postgres@127.0.0.1:5433/postgres`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+
+use space_control::bootstrap::{api_key_path, bootstrap};
+use space_control::db::{DbError, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+use space_core::{Resources, SandboxId, TenantId};
+
+fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> SandboxRow {
+    SandboxRow {
+        id: SandboxId::generate(),
+        tenant_id: tenant.clone(),
+        node: "local".into(),
+        template: "base".into(),
+        template_digest: "sha256:abc".into(),
+        spec: SandboxSpec { resources: Resources::default(), env_keys: vec!["TOKEN".into()] },
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        desired_state: DesiredState::Running,
+        created_at_ms,
+        expires_at_ms: created_at_ms + 3_600_000,
+        deleted_at_ms: None,
+        create_latency_ms: None,
+    }
+}
+
+#[tokio::test]
+async fn migrations_are_idempotent() {
+    for t in common::test_dbs().await {
+        assert_eq!(t.db.applied_migrations().await.unwrap(), vec![1], "{}", t.label);
+        t.db.migrate().await.unwrap();
+        assert_eq!(t.db.applied_migrations().await.unwrap(), vec![1], "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn sqlite_file_is_created_in_wal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = space_control::db::default_sqlite_url(dir.path());
+    let db = space_control::db::Db::connect(&url).await.unwrap();
+    db.create_tenant("t").await.unwrap();
+    assert!(dir.path().join("control.db").exists());
+    assert!(dir.path().join("control.db-wal").exists(), "WAL journal missing");
+    db.close().await;
+    // Reopening keeps the data.
+    let db = space_control::db::Db::connect(&url).await.unwrap();
+    assert!(db.tenant_by_name("t").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn tenants() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("acme").await.unwrap();
+        assert!(matches!(db.create_tenant("acme").await, Err(DbError::AlreadyExists(_))), "{}", t.label);
+        assert!(matches!(db.create_tenant("Bad Name").await, Err(DbError::Invalid(_))));
+        assert_eq!(db.tenant_by_name("acme").await.unwrap(), Some(a.clone()));
+        assert_eq!(db.tenant(&a.id).await.unwrap(), Some(a.clone()));
+        assert_eq!(db.tenant_by_name("nobody").await.unwrap(), None);
+        db.create_tenant("beta").await.unwrap();
+        let names: Vec<_> = db.tenants().await.unwrap().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, vec!["acme", "beta"]);
+    }
+}
+
+#[tokio::test]
+async fn api_keys() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("acme").await.unwrap();
+        let b = db.create_tenant("beta").await.unwrap();
+        let ka = db.create_api_key(&a.id).await.unwrap();
+        let kb = db.create_api_key(&b.id).await.unwrap();
+        assert!(ka.plaintext.0.starts_with("space_"));
+        assert!(!format!("{ka:?}").contains(&ka.plaintext.0), "Debug leaks the key");
+        assert_eq!(db.authenticate(&ka.plaintext.0).await.unwrap().map(|t| t.id), Some(a.id.clone()));
+        assert_eq!(db.authenticate(&kb.plaintext.0).await.unwrap().map(|t| t.id), Some(b.id.clone()));
+        // Unknown, malformed and empty keys.
+        let unknown = space_control::keys::generate().plaintext;
+        assert_eq!(db.authenticate(&unknown).await.unwrap(), None);
+        assert_eq!(db.authenticate("space_x").await.unwrap(), None);
+        assert_eq!(db.authenticate("").await.unwrap(), None);
+        // Listing shows the prefix only.
+        let listed = db.api_keys(Some(&a.id)).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(ka.plaintext.0.starts_with(&listed[0].prefix) && listed[0].prefix.len() < 20);
+        assert_eq!(db.api_keys(None).await.unwrap().len(), 2);
+        // Revocation by prefix, then by id reports not found.
+        let revoked = db.revoke_api_key(&ka.info.prefix).await.unwrap();
+        assert!(revoked.revoked_at_ms.is_some());
+        assert_eq!(db.authenticate(&ka.plaintext.0).await.unwrap(), None);
+        assert!(matches!(db.revoke_api_key(&ka.info.id).await, Err(DbError::NotFound(_))));
+        assert!(db.authenticate(&kb.plaintext.0).await.unwrap().is_some());
+        // Keys need an existing tenant.
+        assert!(matches!(db.create_api_key(&TenantId::generate()).await, Err(DbError::NotFound(_))), "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn sandboxes_are_scoped_to_their_tenant() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("acme").await.unwrap().id;
+        let b = db.create_tenant("beta").await.unwrap().id;
+        let r1 = row(&a, 1000, &[("team", "x")]);
+        let r2 = row(&a, 2000, &[("team", "y")]);
+        let r3 = row(&b, 1500, &[]);
+        for r in [&r1, &r2, &r3] {
+            db.insert_sandbox(r).await.unwrap();
+        }
+        assert!(matches!(db.insert_sandbox(&r1).await, Err(DbError::AlreadyExists(_))), "{}", t.label);
+        assert_eq!(db.sandbox(&a, &r1.id).await.unwrap().as_ref(), Some(&r1), "{}", t.label);
+        assert_eq!(db.sandbox(&b, &r1.id).await.unwrap(), None, "other tenant's sandbox must be invisible");
+        assert_eq!(db.sandbox_any_tenant(&r3.id).await.unwrap().as_ref(), Some(&r3));
+        // Newest first.
+        let ids: Vec<_> = db.sandboxes(&a, SandboxFilter::Live).await.unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![r2.id.clone(), r1.id.clone()]);
+        // A sandbox row from a missing tenant is refused (foreign key).
+        assert!(db.insert_sandbox(&row(&TenantId::generate(), 1, &[])).await.is_err(), "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn sandbox_lifecycle_updates() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("acme").await.unwrap().id;
+        let r1 = row(&a, 1000, &[]);
+        let r2 = row(&a, 2000, &[]);
+        db.insert_sandbox(&r1).await.unwrap();
+        db.insert_sandbox(&r2).await.unwrap();
+
+        let spec = SandboxSpec { resources: Resources { vcpus: 2, ..Resources::default() }, env_keys: vec!["A".into()] };
+        db.set_created(&r1.id, "sha256:new", &spec, 1234).await.unwrap();
+        let got = db.sandbox(&a, &r1.id).await.unwrap().unwrap();
+        assert_eq!((got.template_digest.as_str(), got.create_latency_ms, &got.spec), ("sha256:new", Some(1234), &spec));
+
+        assert!(db.set_expiry(&r1.id, 99_000).await.unwrap());
+        assert_eq!(db.sandbox(&a, &r1.id).await.unwrap().unwrap().expires_at_ms, 99_000);
+
+        // Exactly one caller wins the delete.
+        assert!(db.mark_deleted(&r1.id, 5000).await.unwrap(), "{}", t.label);
+        assert!(!db.mark_deleted(&r1.id, 6000).await.unwrap());
+        let deleted = db.sandbox(&a, &r1.id).await.unwrap().unwrap();
+        assert_eq!((deleted.desired_state, deleted.deleted_at_ms), (DesiredState::Deleted, Some(5000)));
+        assert!(!db.set_expiry(&r1.id, 1).await.unwrap(), "expiry of a deleted sandbox must not change");
+
+        let live: Vec<_> = db.live_sandboxes().await.unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(live, vec![r2.id.clone()]);
+        let deleted: Vec<_> = db.sandboxes(&a, SandboxFilter::Deleted).await.unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(deleted, vec![r1.id.clone()]);
+        let all: Vec<_> = db.sandboxes(&a, SandboxFilter::All).await.unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(all, vec![r2.id.clone(), r1.id.clone()]);
+    }
+}
+
+#[tokio::test]
+async fn bootstrap_creates_one_key_once() {
+    for t in common::test_dbs().await {
+        let dir = tempfile::tempdir().unwrap();
+        let key = bootstrap(&t.db, dir.path()).await.unwrap().expect("first start creates a key");
+        let path = api_key_path(dir.path());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), key);
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let tenant = t.db.authenticate(&key).await.unwrap().unwrap();
+        assert_eq!(tenant.name, "default");
+        assert!(bootstrap(&t.db, dir.path()).await.unwrap().is_none(), "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_writers_do_not_fail() {
+    // SQLite has one writer at a time: busy_timeout must make writers wait, not fail.
+    for t in common::test_dbs().await {
+        let a = t.db.create_tenant("acme").await.unwrap().id;
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let db = t.db.clone();
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = row(&a, i, &[]);
+                db.insert_sandbox(&r).await.unwrap();
+                db.mark_deleted(&r.id, i).await.unwrap()
+            }));
+        }
+        for task in tasks {
+            assert!(task.await.unwrap());
+        }
+        assert_eq!(t.db.sandboxes(&a, SandboxFilter::Deleted).await.unwrap().len(), 32);
+    }
+}

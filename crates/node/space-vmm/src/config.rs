@@ -1,0 +1,187 @@
+//! What a VM is started with ([`VmConfig`]), where its runtime files live ([`VmPaths`]),
+//! and the checks that reject a bad config before any process is spawned.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::accel::Accel;
+use crate::error::VmmError;
+
+/// Longest VM name we accept (it is a sandbox id, e.g. `sbx-…`).
+pub const MAX_NAME_LEN: usize = 64;
+/// Longest kernel command line we accept; x86 Linux truncates at 2048 bytes and we may append
+/// `tsc_early_khz=…`.
+pub const MAX_KERNEL_CMDLINE_LEN: usize = 1900;
+/// `sun_path` holds 108 bytes including the terminating NUL.
+const MAX_SOCKET_PATH_LEN: usize = 107;
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Sandbox id, e.g. `sbx-…`; goes into `-name` so our QEMU processes can be recognised.
+    pub name: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    /// Kernel command line. Under TCG, `tsc_early_khz=<host TSC kHz>` is appended unless present.
+    pub cmdline: String,
+    /// Raw disk image (ext4); the guest sees it as /dev/vda.
+    pub root_disk: PathBuf,
+    /// Per-VM directory for the sockets, logs and pidfile (see [`VmPaths`]).
+    pub run_dir: PathBuf,
+    pub accel: Accel,
+    /// Under TCG, bounds the translation cache (`-accel tcg,tb-size=N`), which dominates RSS.
+    pub tcg_tb_size_mib: Option<u32>,
+}
+
+/// The runtime files of one VM, all inside its run directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmPaths {
+    pub run_dir: PathBuf,
+    /// QMP control socket (QEMU listens).
+    pub qmp: PathBuf,
+    /// Host end of the `space.agent` virtio-serial port (QEMU listens; the guest client connects).
+    pub channel: PathBuf,
+    /// Serial console socket (QEMU listens; this crate copies it into `console_log`).
+    pub console: PathBuf,
+    /// Guest serial console output, at most [`crate::CONSOLE_LOG_MAX_BYTES`], older output in `console.log.1`.
+    pub console_log: PathBuf,
+    /// QEMU's stdout/stderr.
+    pub vmm_log: PathBuf,
+    /// QEMU writes its pid here (`-pidfile`); used to re-adopt the VM after a restart.
+    pub pidfile: PathBuf,
+}
+
+impl VmPaths {
+    /// The fixed file names inside `run_dir`.
+    pub fn new(run_dir: &Path) -> Self {
+        VmPaths {
+            run_dir: run_dir.to_path_buf(),
+            qmp: run_dir.join("qmp.sock"),
+            channel: run_dir.join("channel.sock"),
+            console: run_dir.join("console.sock"),
+            console_log: run_dir.join("console.log"),
+            vmm_log: run_dir.join("vmm.log"),
+            pidfile: run_dir.join("vmm.pid"),
+        }
+    }
+
+    /// Files that only mean something while QEMU runs; stale after it died by SIGKILL.
+    pub(crate) fn runtime_files(&self) -> [&Path; 4] {
+        [&self.qmp, &self.channel, &self.console, &self.pidfile]
+    }
+
+    /// Removes stale runtime files; missing files are fine.
+    pub(crate) fn remove_runtime_files(&self) {
+        for path in self.runtime_files() {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove stale VM file"),
+            }
+        }
+    }
+}
+
+/// A VM name must be safe inside QEMU's `-name` option and recognisable in /proc/<pid>/cmdline.
+pub fn validate_name(name: &str) -> Result<(), VmmError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(VmmError::InvalidConfig(format!(
+            "VM name must be 1..={MAX_NAME_LEN} bytes, got {}",
+            name.len()
+        )));
+    }
+    if name.starts_with('-')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(VmmError::InvalidConfig(format!(
+            "VM name {name:?} may only contain ASCII letters, digits, '-', '_' and '.' and must not start with '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a config without touching the file system beyond `stat`.
+pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
+    validate_name(&cfg.name)?;
+    if cfg.vcpus == 0 || cfg.vcpus > 255 {
+        return Err(VmmError::InvalidConfig(format!("vcpus must be 1..=255, got {}", cfg.vcpus)));
+    }
+    if cfg.memory_mib < 16 {
+        return Err(VmmError::InvalidConfig(format!(
+            "memory_mib must be at least 16, got {}",
+            cfg.memory_mib
+        )));
+    }
+    if cfg.tcg_tb_size_mib == Some(0) {
+        return Err(VmmError::InvalidConfig("tcg_tb_size_mib must be positive".into()));
+    }
+    if cfg.cmdline.len() > MAX_KERNEL_CMDLINE_LEN || cfg.cmdline.contains('\0') {
+        return Err(VmmError::InvalidConfig(format!(
+            "kernel command line must be at most {MAX_KERNEL_CMDLINE_LEN} bytes without NUL"
+        )));
+    }
+    for (what, path) in [
+        ("kernel", &cfg.kernel),
+        ("initrd", &cfg.initrd),
+        ("root_disk", &cfg.root_disk),
+    ] {
+        if path.as_os_str().as_bytes().contains(&0) {
+            return Err(VmmError::InvalidConfig(format!("{what} path contains NUL")));
+        }
+        if !path.is_file() {
+            return Err(VmmError::InvalidConfig(format!(
+                "{what} {} is not a file",
+                path.display()
+            )));
+        }
+    }
+    if !cfg.run_dir.is_absolute() {
+        return Err(VmmError::InvalidConfig(format!(
+            "run_dir {} must be absolute (QEMU resolves socket paths itself)",
+            cfg.run_dir.display()
+        )));
+    }
+    validate_socket_paths(&VmPaths::new(&cfg.run_dir))
+}
+
+/// Unix socket paths longer than `sun_path` cannot be bound; say so before QEMU does cryptically.
+pub(crate) fn validate_socket_paths(paths: &VmPaths) -> Result<(), VmmError> {
+    for sock in [&paths.qmp, &paths.channel, &paths.console] {
+        let len = sock.as_os_str().len();
+        if len > MAX_SOCKET_PATH_LEN {
+            return Err(VmmError::InvalidConfig(format!(
+                "socket path {} is {len} bytes; Unix sockets allow at most {MAX_SOCKET_PATH_LEN}: use a shorter run_dir",
+                sock.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("sbx-01HXYZ_a.b").is_ok());
+        for bad in ["", "-rf", "a,b", "a=b", "a b", "ü", &"x".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn paths_live_in_run_dir() {
+        let p = VmPaths::new(Path::new("/run/space/sbx-1"));
+        assert_eq!(p.qmp, Path::new("/run/space/sbx-1/qmp.sock"));
+        assert_eq!(p.pidfile, Path::new("/run/space/sbx-1/vmm.pid"));
+        assert_eq!(p.console_log, Path::new("/run/space/sbx-1/console.log"));
+        assert!(validate_socket_paths(&p).is_ok());
+        let long = VmPaths::new(&Path::new("/").join("d".repeat(100)));
+        assert!(validate_socket_paths(&long).is_err());
+    }
+}

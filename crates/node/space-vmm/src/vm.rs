@@ -1,0 +1,291 @@
+//! A running VM: status and lifecycle over QMP, exit notification, and a kill that never
+//! leaves the process behind. Dropping a [`Vm`] stops watching it but leaves QEMU running, so
+//! a restarted node can adopt it again.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use qapi::{qmp, Enum};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::config::VmPaths;
+use crate::error::VmmError;
+use crate::exit::{exit_reason, ProcessEnd, VmExit};
+use crate::process::ProcHandle;
+use crate::qmp::{Qmp, QmpState};
+
+/// How long to wait for the exit after SIGKILL before giving up (D-state processes).
+const KILL_WAIT: Duration = Duration::from_secs(30);
+/// After the process ends, how long to let the event reader catch the final SHUTDOWN event.
+const EVENT_DRAIN: Duration = Duration::from_secs(2);
+
+/// What QMP `query-status` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmStatus {
+    Running,
+    /// Stopped by QMP `stop` (or a pause); memory kept.
+    Paused,
+    /// The guest shut down but QEMU has not exited yet.
+    Shutdown,
+    /// Any other QEMU run state, by its QMP name (e.g. `prelaunch`, `inmigrate`, `internal-error`).
+    Other(String),
+}
+
+/// Where the exit of the process is learned from.
+pub(crate) enum ExitSource {
+    /// We spawned it: the reaper task reports the real exit status.
+    Child(watch::Receiver<Option<ProcessEnd>>),
+    /// Adopted: only the pidfd (or /proc) says it ended.
+    Pidfd,
+}
+
+/// Aborts the VM's background tasks when the [`Vm`] goes away.
+#[derive(Default)]
+pub(crate) struct Tasks(Vec<AbortHandle>);
+
+impl Tasks {
+    pub(crate) fn push(&mut self, handle: AbortHandle) {
+        self.0.push(handle);
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A VM whose QEMU process this node watches.
+pub struct Vm {
+    name: String,
+    paths: VmPaths,
+    proc: Arc<ProcHandle>,
+    qmp: Qmp,
+    exit_rx: watch::Receiver<Option<VmExit>>,
+    kill_lock: tokio::sync::Mutex<()>,
+    /// Set before kill() falls back to SIGKILL, so the exit reason can say so.
+    sigkilled: Arc<AtomicBool>,
+    _tasks: Tasks,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("name", &self.name)
+            .field("pid", &self.proc.pid())
+            .field("run_dir", &self.paths.run_dir)
+            .finish()
+    }
+}
+
+impl Vm {
+    /// Assembles a VM and starts its exit monitor; `tasks` already holds the QMP event reader
+    /// and the console copier.
+    pub(crate) fn new(
+        name: String,
+        paths: VmPaths,
+        proc: Arc<ProcHandle>,
+        qmp: Qmp,
+        qmp_state: Arc<QmpState>,
+        source: ExitSource,
+        mut tasks: Tasks,
+    ) -> Vm {
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let sigkilled = Arc::new(AtomicBool::new(false));
+        let monitor = tokio::spawn(monitor(
+            name.clone(),
+            paths.clone(),
+            proc.clone(),
+            qmp_state,
+            source,
+            sigkilled.clone(),
+            exit_tx,
+        ));
+        tasks.push(monitor.abort_handle());
+        Vm {
+            name,
+            paths,
+            proc,
+            qmp,
+            exit_rx,
+            kill_lock: tokio::sync::Mutex::new(()),
+            sigkilled,
+            _tasks: tasks,
+        }
+    }
+
+    /// The VM name (sandbox id) given at launch.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Pid of the QEMU process.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    pub fn paths(&self) -> &VmPaths {
+        &self.paths
+    }
+
+    /// The exit, if it has already been noticed.
+    pub fn exit_now(&self) -> Option<VmExit> {
+        self.exit_rx.borrow().clone()
+    }
+
+    /// QMP `query-status`. Fails with [`VmmError::Exited`] once the process is gone.
+    pub async fn status(&self) -> Result<VmStatus, VmmError> {
+        self.ensure_running()?;
+        match self.qmp.execute(qmp::query_status {}).await {
+            Ok(info) => Ok(match info.status {
+                qmp::RunState::running => VmStatus::Running,
+                qmp::RunState::paused => VmStatus::Paused,
+                qmp::RunState::shutdown => VmStatus::Shutdown,
+                other => VmStatus::Other(other.name().to_owned()),
+            }),
+            Err(e) => Err(self.explain(e)),
+        }
+    }
+
+    /// Pauses the vCPUs (QMP `stop`); memory stays resident.
+    pub async fn pause(&self) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        self.qmp.execute(qmp::stop {}).await.map(drop).map_err(|e| self.explain(e))
+    }
+
+    /// Resumes paused vCPUs (QMP `cont`).
+    pub async fn resume(&self) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        self.qmp.execute(qmp::cont {}).await.map(drop).map_err(|e| self.explain(e))
+    }
+
+    /// Resolves when the VMM process has exited, with how. Keep the `Vm` alive while waiting:
+    /// once it is dropped nobody watches the process and this resolves with a reason saying so.
+    pub fn exited(&self) -> impl Future<Output = VmExit> + Send + 'static {
+        let mut rx = self.exit_rx.clone();
+        async move {
+            loop {
+                if let Some(exit) = rx.borrow_and_update().clone() {
+                    return exit;
+                }
+                if rx.changed().await.is_err() {
+                    return rx.borrow().clone().unwrap_or_else(|| VmExit {
+                        reason: "exit monitoring stopped: the Vm handle was dropped".into(),
+                        at: SystemTime::now(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Stops the VM for good: QMP `quit`, up to `grace` for QEMU to exit, then SIGKILL and
+    /// wait. Idempotent; returns once the process is gone (and reaped, if it is our child).
+    pub async fn kill(&self, grace: Duration) -> Result<(), VmmError> {
+        let _one_at_a_time = self.kill_lock.lock().await;
+        if self.exit_now().is_some() {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        match tokio::time::timeout_at(deadline, self.qmp.execute(qmp::quit {})).await {
+            Ok(Ok(_)) => tracing::debug!(vm = %self.name, "QMP quit accepted"),
+            // QEMU may close the socket before replying; the exit wait below decides.
+            Ok(Err(e)) => tracing::debug!(vm = %self.name, error = %e, "QMP quit failed"),
+            Err(_) => {}
+        }
+        if tokio::time::timeout_at(deadline, self.wait_exited()).await.is_ok() {
+            return Ok(());
+        }
+        tracing::warn!(vm = %self.name, pid = self.pid(), ?grace, "QEMU did not quit in time; sending SIGKILL");
+        self.sigkilled.store(true, Ordering::SeqCst);
+        self.proc
+            .signal(libc::SIGKILL)
+            .map_err(|e| VmmError::io(format!("SIGKILL pid {}", self.pid()), e))?;
+        tokio::time::timeout(KILL_WAIT, self.wait_exited())
+            .await
+            .map_err(|_| {
+                VmmError::KillFailed(format!(
+                    "pid {} still there {KILL_WAIT:?} after SIGKILL",
+                    self.pid()
+                ))
+            })
+    }
+
+    /// Resident set size of the QEMU process (VmRSS), while it runs.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        if self.exit_now().is_some() {
+            return None;
+        }
+        crate::procfs::rss_bytes(self.pid())
+    }
+
+    async fn wait_exited(&self) {
+        let mut rx = self.exit_rx.clone();
+        if rx.wait_for(Option::is_some).await.is_err() {
+            // The monitor is gone (cannot happen while self lives); fall back to the pidfd.
+            self.proc.wait_exit().await;
+        }
+    }
+
+    fn ensure_running(&self) -> Result<(), VmmError> {
+        match self.exit_now() {
+            Some(exit) => Err(VmmError::Exited(exit.reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// A QMP failure while the process is exiting is better reported as the exit.
+    fn explain(&self, e: VmmError) -> VmmError {
+        match self.exit_now() {
+            Some(exit) => VmmError::Exited(exit.reason),
+            None => e,
+        }
+    }
+}
+
+/// Waits for the process to end, then publishes why (after removing its stale sockets).
+async fn monitor(
+    name: String,
+    paths: VmPaths,
+    proc: Arc<ProcHandle>,
+    qmp_state: Arc<QmpState>,
+    source: ExitSource,
+    sigkilled: Arc<AtomicBool>,
+    exit_tx: watch::Sender<Option<VmExit>>,
+) {
+    let end = match source {
+        ExitSource::Child(mut rx) => {
+            let reported = rx.wait_for(Option::is_some).await.map(|end| *end).ok().flatten();
+            match reported {
+                Some(end) => end,
+                None => {
+                    // The reaper vanished without a status (runtime shutting down): use the pidfd.
+                    proc.wait_exit().await;
+                    ProcessEnd::Unknown
+                }
+            }
+        }
+        ExitSource::Pidfd => {
+            proc.wait_exit().await;
+            ProcessEnd::Unknown
+        }
+    };
+    // QEMU writes SHUTDOWN before exiting, but our reader may not have processed it yet; the
+    // socket is at EOF now, so draining it is quick.
+    let _ = tokio::time::timeout(EVENT_DRAIN, qmp_state.wait_closed()).await;
+    let reason = exit_reason(
+        qmp_state.shutdown().as_ref(),
+        end,
+        sigkilled.load(Ordering::SeqCst),
+    );
+    paths.remove_runtime_files();
+    tracing::info!(vm = %name, pid = proc.pid(), %reason, "VM exited");
+    exit_tx.send_replace(Some(VmExit {
+        reason,
+        at: SystemTime::now(),
+    }));
+}

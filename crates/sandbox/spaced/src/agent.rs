@@ -1,0 +1,72 @@
+//! `spaced agent`: sets up the runtime and serves the channel.
+
+use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::channel::{self, ChannelSpec};
+use crate::process::reaper::Reaper;
+use crate::process::ProcessManager;
+use crate::state::{AppState, RuntimeConfig, INITIAL_DEFAULT_USER};
+
+/// Entry point of `spaced agent`.
+pub fn run(spec: ChannelSpec) -> ExitCode {
+    let filter = EnvFilter::try_from_env("SPACED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Plain text: the console ends up in a log file on the host.
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(false).init();
+
+    // SAFETY: umask and prctl have no memory-safety preconditions.
+    unsafe {
+        libc::umask(0o022);
+        // Orphans of the processes we start are reparented to us and reaped by the reaper,
+        // so they never linger as zombies whatever runs as PID 1.
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper");
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(spec)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "agent failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
+    let reaper = Arc::new(Reaper::default());
+    reaper.clone().start()?;
+    let host_safe = matches!(spec, ChannelSpec::Unix(_));
+    let state = Arc::new(AppState {
+        boot_id: hex::encode(rand::random::<[u8; 16]>()),
+        started: Instant::now(),
+        host_safe,
+        config: RwLock::new(RuntimeConfig { env: Default::default(), default_user: INITIAL_DEFAULT_USER.to_owned() }),
+        processes: ProcessManager::new(reaper),
+    });
+    let chan = tokio::task::block_in_place(|| channel::open(&spec))?;
+    tracing::info!(version = crate::api::DAEMON_VERSION, boot_id = %state.boot_id, channel = %spec, "spaced agent started");
+    let router = crate::api::router(state.clone());
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        res = crate::session::serve(chan, state.clone(), router) => res?,
+        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    state.processes.kill_all();
+    if let ChannelSpec::Unix(path) = &spec {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `GET /v1/health` and `POST /v1/configure`.
+
+use axum::http::StatusCode;
+use axum::Json;
+use space_core::process::{validate_env, validate_user_name};
+use space_guest_proto::{GuestConfig, Health};
+
+use super::{ApiJson, St};
+use crate::error::ApiError;
+use crate::{resize, system};
+
+/// Daemon version reported in READY and health.
+pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub(super) async fn health(axum::extract::State(st): St) -> Json<Health> {
+    Json(Health {
+        version: DAEMON_VERSION.to_owned(),
+        boot_id: st.boot_id.clone(),
+        uptime_ms: st.started.elapsed().as_millis() as u64,
+        processes: st.processes.running() as u32,
+    })
+}
+
+pub(super) async fn configure(axum::extract::State(st): St, ApiJson(cfg): ApiJson<GuestConfig>) -> Result<StatusCode, ApiError> {
+    if !system::valid_hostname(&cfg.hostname) {
+        return Err(ApiError::invalid("hostname must be 1-64 letters, digits, '-' or '.'"));
+    }
+    validate_env(&cfg.env).map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
+    validate_user_name(&cfg.default_user).map_err(|()| ApiError::invalid("bad default_user"))?;
+
+    {
+        let mut c = st.config.write().unwrap_or_else(|p| p.into_inner());
+        c.env = cfg.env;
+        c.default_user = cfg.default_user.clone();
+    }
+    if crate::users::lookup(&cfg.default_user).is_err() {
+        tracing::warn!(user = %cfg.default_user, "default user does not exist; processes will run as root");
+    }
+
+    if st.host_safe {
+        tracing::info!(hostname = %cfg.hostname, resize_root = cfg.resize_root, "development channel: not changing hostname, clock or disks");
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    system::set_hostname(&cfg.hostname).map_err(|e| ApiError::internal(format!("sethostname: {e}")))?;
+    if let Err(e) = system::ensure_hosts_entry(&cfg.hostname) {
+        tracing::warn!(error = %e, "cannot add hostname to /etc/hosts");
+    }
+    if cfg.time_unix_ms > 0 {
+        system::set_clock(cfg.time_unix_ms).map_err(|e| ApiError::internal(format!("clock_settime: {e}")))?;
+    }
+    if cfg.resize_root {
+        let res = tokio::task::spawn_blocking(|| resize::grow(std::path::Path::new("/"))).await?;
+        match res {
+            Ok(r) => tracing::info!(device = %r.device, bytes = r.device_bytes, blocks = r.blocks, "root file system resized"),
+            Err(e @ resize::ResizeError::NotExt4 { .. }) => tracing::warn!(error = %e, "root not resized"),
+            Err(e) => return Err(ApiError::internal(format!("resize root file system: {e}"))),
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,188 @@
+//! The file routes: read, write, remove, stat, list, mkdir, rename. Each operation runs on
+//! a blocking thread acting as the user (see `fsuser`).
+
+use std::path::PathBuf;
+
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use space_core::files::{FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
+use space_core::ErrorCode;
+use space_guest_proto::routes::FILE_SIZE_HEADER;
+use tokio::sync::mpsc;
+
+use super::{ApiJson, ApiQuery, St};
+use crate::error::ApiError;
+use crate::files::ops::{self, AtomicWriter};
+use crate::fsuser::FsUserGuard;
+use crate::users::UserInfo;
+
+/// Chunk size of streamed reads.
+const READ_CHUNK: usize = 64 * 1024;
+/// Chunks in flight between the body and the file thread (bounds memory per transfer).
+const CHANNEL_CHUNKS: usize = 4;
+/// Mode of written files when none is given.
+const DEFAULT_FILE_MODE: u32 = 0o644;
+/// Mode of created directories when none is given.
+const DEFAULT_DIR_MODE: u32 = 0o755;
+
+#[derive(Debug, Deserialize)]
+pub(super) struct FileQuery {
+    path: String,
+    user: Option<String>,
+    mode: Option<String>,
+    #[serde(default)]
+    recursive: bool,
+    depth: Option<u32>,
+}
+
+/// Runs `f` on a blocking thread acting as `user`.
+async fn as_user<T: Send + 'static>(user: UserInfo, f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        let _guard = FsUserGuard::act_as(&user).map_err(|e| ApiError::internal(format!("act as {}: {e}", user.name)))?;
+        f()
+    })
+    .await?
+}
+
+fn target(st: &St, path: &str, user: Option<&str>) -> Result<(UserInfo, PathBuf), ApiError> {
+    let user = st.user(user)?;
+    let path = st.path_for(&user, path)?;
+    Ok((user, path))
+}
+
+fn parse_mode(mode: Option<&str>, default: u32) -> Result<u32, ApiError> {
+    match mode {
+        None => Ok(default),
+        Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| ApiError::invalid(format!("mode must be octal permission bits (e.g. 644), got '{}'", m.escape_debug()))),
+    }
+}
+
+pub(super) async fn read(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Response, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    let p = path.clone();
+    let (mut file, size) = as_user(user, move || ops::open_read(&p)).await?;
+    let (tx, mut rx) = mpsc::channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
+    // The file is open (permission checked); reading it needs no identity.
+    tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            let msg = match ops::read_chunk(&mut file, &mut buf) {
+                Ok(0) => return,
+                Ok(n) => Ok(Bytes::copy_from_slice(&buf[..n])),
+                Err(e) => Err(e),
+            };
+            let failed = msg.is_err();
+            // A closed channel means the reader went away: stop.
+            if tx.blocking_send(msg).is_err() || failed {
+                return;
+            }
+        }
+    });
+    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_owned()), (header::HeaderName::from_static(FILE_SIZE_HEADER), size.to_string())],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+enum WriteMsg {
+    Data(Bytes),
+    End,
+}
+
+pub(super) async fn write(st: St, ApiQuery(q): ApiQuery<FileQuery>, body: Body) -> Result<Json<FileStat>, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    let mode = parse_mode(q.mode.as_deref(), DEFAULT_FILE_MODE)?;
+    let (tx, mut rx) = mpsc::channel::<WriteMsg>(CHANNEL_CHUNKS);
+    // One blocking thread owns the temporary file for the whole upload; dropped without
+    // `End` (the body failed) the writer removes it.
+    let writer = as_user(user, move || {
+        let mut w = AtomicWriter::create(&path, mode)?;
+        loop {
+            match rx.blocking_recv() {
+                Some(WriteMsg::Data(d)) => w.write(&d)?,
+                Some(WriteMsg::End) => return w.commit(),
+                None => return Err(ApiError::invalid("request body ended early; file not written")),
+            }
+        }
+    });
+    let feed = async move {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ApiError::invalid(format!("reading request body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                // A send error means the writer failed; its error is the one to report.
+                if tx.send(WriteMsg::Data(data)).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        let _ = tx.send(WriteMsg::End).await;
+        Ok::<(), ApiError>(())
+    };
+    let (written, fed) = tokio::join!(writer, feed);
+    let stat = written?;
+    fed?;
+    Ok(Json(stat))
+}
+
+pub(super) async fn remove(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<StatusCode, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    let recursive = q.recursive;
+    as_user(user, move || ops::remove(&path, recursive)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub(super) async fn stat(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Json<FileStat>, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    as_user(user, move || ops::stat(&path)).await.map(Json)
+}
+
+pub(super) async fn list(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Json<FileList>, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    let depth = q.depth.unwrap_or(1).clamp(1, MAX_LIST_DEPTH);
+    as_user(user, move || ops::list(&path, depth)).await.map(Json)
+}
+
+pub(super) async fn mkdir(st: St, ApiJson(req): ApiJson<MkdirRequest>) -> Result<Json<FileStat>, ApiError> {
+    let (user, path) = target(&st, &req.path, req.user.as_deref())?;
+    let mode = req.mode.unwrap_or(DEFAULT_DIR_MODE);
+    if mode > 0o7777 {
+        return Err(ApiError::invalid("mode must be at most 0o7777"));
+    }
+    as_user(user, move || ops::mkdir_p(&path, mode)).await.map(Json)
+}
+
+pub(super) async fn rename(st: St, ApiJson(req): ApiJson<RenameRequest>) -> Result<StatusCode, ApiError> {
+    let user = st.user(req.user.as_deref())?;
+    let from = st.path_for(&user, &req.from)?;
+    let to = st.path_for(&user, &req.to)?;
+    if to.starts_with(&from) && to != from {
+        return Err(ApiError::new(ErrorCode::InvalidPath, "cannot move a directory into itself"));
+    }
+    as_user(user, move || ops::rename(&from, &to)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_octal_modes() {
+        assert_eq!(parse_mode(None, 0o644).unwrap(), 0o644);
+        assert_eq!(parse_mode(Some("755"), 0).unwrap(), 0o755);
+        assert_eq!(parse_mode(Some("0600"), 0).unwrap(), 0o600);
+        assert!(parse_mode(Some("9"), 0).is_err());
+        assert!(parse_mode(Some("77777"), 0).is_err());
+    }
+}

@@ -1,0 +1,302 @@
+//! The file operations themselves: blocking, called with the thread already acting as the
+//! user (see `fsuser`). Errors carry the operation and path and map to API error codes.
+
+use std::ffi::OsString;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use space_core::files::{FileKind, FileList, FileStat, MAX_LIST_ENTRIES};
+use space_core::ErrorCode;
+use space_guest_proto::limits::MAX_JSON_BODY;
+
+use crate::error::ApiError;
+
+/// Mode of directories created as parents of a written file.
+const PARENT_DIR_MODE: u32 = 0o755;
+
+/// Metadata as the API reports it (for `path` as given, not following a final symlink).
+pub fn file_stat(path: &Path, md: &Metadata) -> FileStat {
+    let ft = md.file_type();
+    let kind = if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    let symlink_target = ft.is_symlink().then(|| fs::read_link(path).ok()).flatten().map(|t| t.to_string_lossy().into_owned());
+    FileStat {
+        path: path.to_string_lossy().into_owned(),
+        name: path.file_name().map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
+        kind,
+        size: md.size(),
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        modified_ms: md.mtime().saturating_mul(1000).saturating_add(md.mtime_nsec() / 1_000_000),
+        symlink_target,
+    }
+}
+
+/// `lstat`.
+pub fn stat(path: &Path) -> Result<FileStat, ApiError> {
+    let md = fs::symlink_metadata(path).map_err(|e| ApiError::io("stat", path, &e))?;
+    Ok(file_stat(path, &md))
+}
+
+/// Opens a regular file for reading; returns it and its size.
+pub fn open_read(path: &Path) -> Result<(File, u64), ApiError> {
+    // O_NONBLOCK so that opening a FIFO cannot hang a worker; it has no effect on reads
+    // of regular files, the only kind we serve.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| ApiError::io("open", path, &e))?;
+    let md = file.metadata().map_err(|e| ApiError::io("stat", path, &e))?;
+    if md.is_dir() {
+        return Err(ApiError::io("read", path, &io::Error::from_raw_os_error(libc::EISDIR)));
+    }
+    if !md.is_file() {
+        return Err(ApiError::new(ErrorCode::InvalidPath, format!("read {}: not a regular file", path.display())));
+    }
+    Ok((file, md.size()))
+}
+
+/// Reads up to `buf.len()` bytes (a chunk of a streamed read).
+pub fn read_chunk(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match file.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
+
+/// `mkdir -p`; `mode` applies to the directories it creates.
+pub fn mkdir_p(path: &Path, mode: u32) -> Result<FileStat, ApiError> {
+    let existed = fs::symlink_metadata(path).ok();
+    if let Some(md) = &existed {
+        if !md.is_dir() {
+            return Err(ApiError::io("mkdir", path, &io::Error::from_raw_os_error(libc::EEXIST)));
+        }
+        return Ok(file_stat(path, md));
+    }
+    fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| ApiError::io("mkdir", path, &e))?;
+    // The umask may have cut bits off the requested mode.
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| ApiError::io("chmod", path, &e))?;
+    stat(path)
+}
+
+/// Removes a file, symlink or (empty, or with `recursive` any) directory. Never `/`.
+pub fn remove(path: &Path, recursive: bool) -> Result<(), ApiError> {
+    if path == Path::new("/") {
+        return Err(ApiError::new(ErrorCode::InvalidPath, "refusing to remove /"));
+    }
+    let md = fs::symlink_metadata(path).map_err(|e| ApiError::io("remove", path, &e))?;
+    let res = if md.is_dir() {
+        if recursive {
+            // Does not follow symlinks: links inside are removed, not their targets.
+            fs::remove_dir_all(path)
+        } else {
+            fs::remove_dir(path)
+        }
+    } else {
+        fs::remove_file(path)
+    };
+    res.map_err(|e| ApiError::io("remove", path, &e))
+}
+
+/// Renames `from` to `to` (replacing a file at `to`). Across file systems, regular files are
+/// copied and the source removed; directories are refused.
+pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
+    if from == Path::new("/") || to == Path::new("/") {
+        return Err(ApiError::new(ErrorCode::InvalidPath, "cannot rename / or onto /"));
+    }
+    match fs::rename(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let md = fs::symlink_metadata(from).map_err(|e| ApiError::io("rename", from, &e))?;
+            if !md.is_file() {
+                return Err(ApiError::new(ErrorCode::Conflict, format!("rename {}: cannot move a directory or special file across file systems", from.display())));
+            }
+            let mut src = File::open(from).map_err(|e| ApiError::io("open", from, &e))?;
+            let mut w = AtomicWriter::create(to, md.mode() & 0o7777)?;
+            io::copy(&mut src, &mut w.file).map_err(|e| ApiError::io("copy to", to, &e))?;
+            w.commit()?;
+            fs::remove_file(from).map_err(|e| ApiError::io("remove", from, &e))
+        }
+        Err(e) => Err(ApiError::io("rename", from, &e)),
+    }
+}
+
+/// Lists `root` down to `depth` levels, depth-first with each directory's entries sorted by
+/// name (so the whole list is sorted by path, component-wise). Never follows symlinks. Stops
+/// at `MAX_LIST_ENTRIES` entries or when the JSON would exceed `MAX_JSON_BODY`.
+pub fn list(root: &Path, depth: u32) -> Result<FileList, ApiError> {
+    let md = fs::symlink_metadata(root).map_err(|e| ApiError::io("list", root, &e))?;
+    if !md.is_dir() {
+        return Err(ApiError::io("list", root, &io::Error::from_raw_os_error(libc::ENOTDIR)));
+    }
+    let mut lister = Lister { entries: Vec::new(), json_bytes: 64, truncated: false, full: false };
+    lister.walk(root, 1, depth.max(1), true)?;
+    Ok(FileList { entries: lister.entries, truncated: lister.truncated })
+}
+
+struct Lister {
+    entries: Vec<FileStat>,
+    json_bytes: usize,
+    truncated: bool,
+    /// A bound was hit: add nothing more.
+    full: bool,
+}
+
+impl Lister {
+    /// Errors below the top directory (unreadable subdirectories) skip that subtree.
+    fn walk(&mut self, dir: &Path, level: u32, max: u32, top: bool) -> Result<(), ApiError> {
+        let rd = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if top => return Err(ApiError::io("list", dir, &e)),
+            Err(_) => return Ok(()),
+        };
+        // Bound the names held in memory for one huge directory.
+        let mut names: Vec<OsString> = Vec::new();
+        let mut dir_truncated = false;
+        for entry in rd.flatten() {
+            if names.len() >= MAX_LIST_ENTRIES {
+                dir_truncated = true;
+                break;
+            }
+            names.push(entry.file_name());
+        }
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        self.truncated |= dir_truncated;
+        for name in names {
+            if self.full {
+                return Ok(());
+            }
+            let path = dir.join(&name);
+            let Ok(md) = fs::symlink_metadata(&path) else { continue };
+            let entry = file_stat(&path, &md);
+            let size = serde_json::to_vec(&entry).map_or(512, |v| v.len() + 1);
+            if self.entries.len() >= MAX_LIST_ENTRIES || self.json_bytes + size > MAX_JSON_BODY {
+                self.truncated = true;
+                self.full = true;
+                return Ok(());
+            }
+            self.json_bytes += size;
+            self.entries.push(entry);
+            if md.is_dir() && level < max {
+                self.walk(&path, level + 1, max, false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes a file atomically: a temporary file in the target's directory, fsync, rename.
+/// Dropped without `commit`, the temporary file is removed.
+pub struct AtomicWriter {
+    target: PathBuf,
+    tmp: PathBuf,
+    /// The temporary file.
+    pub file: File,
+    committed: bool,
+}
+
+impl AtomicWriter {
+    /// Creates missing parents and the temporary file with `mode`.
+    pub fn create(target: &Path, mode: u32) -> Result<AtomicWriter, ApiError> {
+        let parent = target.parent().ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "cannot write to /"))?;
+        let name = target.file_name().ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "path has no file name"))?;
+        if let Ok(md) = fs::symlink_metadata(target) {
+            if md.is_dir() {
+                return Err(ApiError::io("write", target, &io::Error::from_raw_os_error(libc::EISDIR)));
+            }
+        }
+        fs::DirBuilder::new().recursive(true).mode(PARENT_DIR_MODE).create(parent).map_err(|e| ApiError::io("create directory", parent, &e))?;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".space-tmp-{:016x}", rand::random::<u64>()));
+        let tmp = parent.join(tmp_name);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| ApiError::io("create", target, &e))?;
+        let w = AtomicWriter { target: target.to_owned(), tmp, file, committed: false };
+        // Exact mode regardless of the umask.
+        w.file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| ApiError::io("chmod", target, &e))?;
+        Ok(w)
+    }
+
+    /// Appends a chunk.
+    pub fn write(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        self.file.write_all(data).map_err(|e| ApiError::io("write", &self.target, &e))
+    }
+
+    /// fsync, rename over the target, fsync the directory; returns the new file's metadata.
+    pub fn commit(mut self) -> Result<FileStat, ApiError> {
+        self.file.sync_all().map_err(|e| ApiError::io("fsync", &self.target, &e))?;
+        fs::rename(&self.tmp, &self.target).map_err(|e| ApiError::io("rename into place", &self.target, &e))?;
+        self.committed = true;
+        if let Some(parent) = self.target.parent() {
+            // Best effort: makes the rename itself durable.
+            if let Ok(d) = File::open(parent) {
+                let _ = d.sync_all();
+            }
+        }
+        stat(&self.target)
+    }
+}
+
+impl Drop for AtomicWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_is_sorted_depth_first_and_bounded_by_depth() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        fs::create_dir_all(p.join("a/b/c")).unwrap();
+        fs::write(p.join("a.txt"), "x").unwrap();
+        fs::write(p.join("a/b/f"), "y").unwrap();
+        std::os::unix::fs::symlink("/", p.join("link")).unwrap();
+        let names = |l: FileList| l.entries.into_iter().map(|e| e.path.strip_prefix(p.to_str().unwrap()).unwrap().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names(list(p, 1).unwrap()), vec!["/a", "/a.txt", "/link"]);
+        assert_eq!(names(list(p, 3).unwrap()), vec!["/a", "/a/b", "/a/b/c", "/a/b/f", "/a.txt", "/link"]);
+        let l = list(p, 1).unwrap();
+        assert_eq!(l.entries[2].kind, FileKind::Symlink);
+        assert_eq!(l.entries[2].symlink_target.as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn atomic_writer_replaces_and_cleans_up() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("x/y/file");
+        let mut w = AtomicWriter::create(&target, 0o600).unwrap();
+        w.write(b"hello").unwrap();
+        let st = w.commit().unwrap();
+        assert_eq!((st.size, st.mode), (5, 0o600));
+        let w = AtomicWriter::create(&target, 0o644).unwrap();
+        drop(w);
+        assert_eq!(fs::read_dir(d.path().join("x/y")).unwrap().count(), 1);
+        assert_eq!(fs::read(&target).unwrap(), b"hello");
+        assert_eq!(remove(Path::new("/"), true).unwrap_err().code(), ErrorCode::InvalidPath);
+    }
+}

@@ -1,0 +1,34 @@
+//! Runs after the whole test suite: unmounts the shared test store and fails if any QEMU
+//! process, mount, loop device or sandbox disk of SPACE is left on the machine.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let root = test_support::test_root();
+    let mut problems = Vec::new();
+    for (pid, cmd) in test_support::leaks::sandbox_vmm_processes() {
+        problems.push(format!("stray QEMU process {pid}: {cmd}"));
+    }
+    let leftovers = test_support::leftover_sandbox_dirs();
+    for d in &leftovers {
+        problems.push(format!("stray sandbox directory {}", d.display()));
+    }
+    if let Err(e) = test_support::unmount_shared_store() {
+        problems.push(format!("cannot unmount the shared test store: {e}"));
+    }
+    for m in test_support::leaks::mounts_under(&root) {
+        problems.push(format!("stray mount {m}"));
+    }
+    for l in test_support::leaks::loop_devices_under(&root) {
+        problems.push(format!("stray loop device {l}"));
+    }
+    if problems.is_empty() {
+        println!("leak check: no stray QEMU process, mount, loop device or sandbox disk");
+        ExitCode::SUCCESS
+    } else {
+        for p in &problems {
+            eprintln!("leak check: {p}");
+        }
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,101 @@
+//! End to end through every layer: create a sandbox from a template, run commands, move
+//! files, delete it, and find nothing left behind.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use space_core::process::ProcessSpec;
+use space_core::sandbox::CreateSandboxRequest;
+use space_core::SandboxState;
+use test_support::{TestServer, TEST_TEMPLATE};
+
+fn create_request() -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        env: BTreeMap::from([("GREETING".into(), "hello from env".into())]),
+        labels: BTreeMap::from([("team".into(), "infra".into()), ("purpose".into(), "basics".into())]),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_exec_files_delete() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+
+    let templates = c.templates().await.expect("templates");
+    assert!(templates.iter().any(|t| t.name == TEST_TEMPLATE), "{templates:?}");
+
+    let sb = c.create_sandbox(&create_request()).await.expect("create");
+    assert_eq!(sb.state, SandboxState::Running);
+    assert!(sb.create_latency_ms.is_some_and(|ms| ms > 0));
+    assert_eq!(sb.env_keys, vec!["GREETING".to_owned()]);
+    let id = sb.id.clone();
+
+    // get and list with label filters
+    eprintln!("STEP: get and list with label filters");
+    assert_eq!(c.sandbox(&id).await.expect("get").state, SandboxState::Running);
+    let listed = c.list_sandboxes(&[("team", "infra")]).await.expect("list");
+    assert!(listed.sandboxes.iter().any(|s| s.id == id));
+    let none = c.list_sandboxes(&[("team", "other")]).await.expect("list");
+    assert!(none.sandboxes.iter().all(|s| s.id != id));
+
+    // exec: stdout/stderr apart, env, default user, exit code
+    eprintln!("STEP: exec: stdout/stderr apart, env, default user, exit code");
+    let out = c
+        .run(&id, &ProcessSpec::shell("echo out; echo err >&2; echo \"$GREETING\"; id -u; hostname; exit 3"))
+        .await
+        .expect("run");
+    assert_eq!(out.stdout_str(), format!("out\nhello from env\n1000\n{id}\n"));
+    assert_eq!(out.stderr_str(), "err\n");
+    assert_eq!(out.status.exit_code, Some(3));
+
+    // root when asked, cwd
+    eprintln!("STEP: root when asked, cwd");
+    let mut spec = ProcessSpec::argv(["sh", "-c", "id -u; pwd"]);
+    spec.user = Some("root".into());
+    spec.cwd = Some("/tmp".into());
+    assert_eq!(c.run(&id, &spec).await.expect("run").stdout_str(), "0\n/tmp\n");
+
+    // files: write, read, stat, list, mkdir, rename, remove
+    eprintln!("STEP: files: write, read, stat, list, mkdir, rename, remove");
+    let body = b"line one\nline two\n".to_vec();
+    let st = c.write_file(&id, "notes/a.txt", None, Some(0o600), body.clone()).await.expect("write");
+    assert_eq!(st.path, "/home/user/notes/a.txt");
+    assert_eq!(st.size, body.len() as u64);
+    assert_eq!(st.mode & 0o777, 0o600);
+    assert_eq!(st.uid, 1000);
+    assert_eq!(c.read_file_bytes(&id, "/home/user/notes/a.txt", None).await.expect("read"), body);
+    let out = c.run(&id, &ProcessSpec::shell("cat ~/notes/a.txt | wc -l")).await.expect("run");
+    assert_eq!(out.stdout_str().trim(), "2");
+
+    c.mkdir(&id, &space_core::files::MkdirRequest { path: "/home/user/deep/er/dir".into(), mode: None, user: None })
+        .await
+        .expect("mkdir -p");
+    c.rename(&id, &space_core::files::RenameRequest { from: "notes/a.txt".into(), to: "deep/er/dir/b.txt".into(), user: None })
+        .await
+        .expect("rename");
+    let list = c.list_files(&id, "/home/user/deep", Some(3), None).await.expect("list");
+    let paths: Vec<_> = list.entries.iter().map(|e| e.path.as_str()).collect();
+    assert!(paths.contains(&"/home/user/deep/er/dir/b.txt"), "{paths:?}");
+    let err = c.stat(&id, "notes/a.txt", None).await.expect_err("moved away");
+    assert_eq!(err.code(), Some(space_core::ErrorCode::NotFound));
+    c.remove_file(&id, "/home/user/deep", true, None).await.expect("rm -r");
+    assert!(c.stat(&id, "/home/user/deep", None).await.is_err());
+
+    // console log has the boot
+    eprintln!("STEP: console log has the boot");
+    let console = c.console(&id, Some(64 * 1024)).await.expect("console");
+    assert!(console.contains("space-initramfs"), "console: {console}");
+
+    // delete: gone, and nothing left on the node
+    eprintln!("STEP: delete: gone, and nothing left on the node");
+    c.delete_sandbox(&id).await.expect("delete");
+    let err = c.sandbox(&id).await.expect_err("deleted");
+    assert_eq!(err.code(), Some(space_core::ErrorCode::NotFound));
+    assert!(!ts.data_dir.join("run").join(id.as_str()).exists());
+    assert!(!ts.data_dir.join("store/sandboxes").join(id.as_str()).exists());
+    assert!(test_support::leaks::sandbox_vmm_processes().iter().all(|(_, cmd)| !cmd.contains(id.as_str())));
+    let _ = Duration::from_secs(0);
+    ts.stop().await;
+}
