@@ -202,6 +202,22 @@ impl TestServer {
         SpaceClient::new(&self.url(), key.map(str::to_owned)).expect("client")
     }
 
+    /// A client for a new tenant `name` with its own API key.
+    pub async fn new_tenant_client(&self, name: &str) -> SpaceClient {
+        let db = &self.server().state().db;
+        let tenant = db.create_tenant(name).await.expect("create tenant");
+        let key = db.create_api_key(&tenant.id).await.expect("create key");
+        self.client_with_key(Some(&key.plaintext.0))
+    }
+
+    /// Waits until sandbox `id` is in `state` (or panics after `timeout`).
+    pub async fn wait_state(&self, id: &space_core::SandboxId, state: space_core::SandboxState, timeout: std::time::Duration) -> space_core::sandbox::SandboxInfo {
+        wait_until(timeout, &format!("{id} to be {state}"), || async {
+            self.client.sandbox(id).await.ok().filter(|s| s.state == state)
+        })
+        .await
+    }
+
     /// Stops the server (VMs keep running) and starts it again on the same data directory
     /// and database: what `space server` does after a restart.
     pub async fn restart(mut self) -> TestServer {

@@ -17,8 +17,15 @@ pub fn run(spec: ChannelSpec) -> ExitCode {
     // Plain text: the console ends up in a log file on the host.
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(false).init();
 
-    // SAFETY: umask and prctl have no memory-safety preconditions.
+    // SAFETY: umask, prctl and sigprocmask on a local empty set have no memory-safety
+    // preconditions.
     unsafe {
+        // Start from an empty signal mask whatever our parent blocked (init blocks SIGCHLD
+        // for sigwait, and the mask survives fork and exec): a blocked SIGCHLD here would
+        // leave every finished process a zombie that never reports its exit.
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         libc::umask(0o022);
         // Orphans of the processes we start are reparented to us and reaped by the reaper,
         // so they never linger as zombies whatever runs as PID 1.

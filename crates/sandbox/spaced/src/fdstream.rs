@@ -1,8 +1,9 @@
-//! Non-blocking file descriptors (pipes, pty masters, the virtio-serial port, vsock
-//! sockets) driven by tokio's reactor through `AsyncFd`.
+//! Non-blocking file descriptors (pipes, pty masters, vsock sockets) driven by tokio's
+//! reactor through `AsyncFd`.
 //!
-//! tokio has no types for a pty master, a virtio-serial character device or an AF_VSOCK
-//! socket, but all of them support `O_NONBLOCK` and epoll, so one small wrapper serves all.
+//! tokio has no types for a pty master or an AF_VSOCK socket, but both support `O_NONBLOCK`
+//! and epoll, so one small wrapper serves them. Not for the virtio-serial port: see
+//! `portbridge`.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -121,13 +122,12 @@ impl AsyncRead for FdStream {
             let unfilled = buf.initialize_unfilled();
             match guard.try_io(|fd| raw_read(fd.get_ref(), unfilled)) {
                 Ok(Ok(n)) => {
-                    tracing::trace!(n, "read");
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                 Ok(Err(e)) => return Poll::Ready(Err(e)),
-                Err(_would_block) => tracing::trace!("read would block"),
+                Err(_would_block) => {}
             }
         }
     }
@@ -139,11 +139,8 @@ impl AsyncWrite for FdStream {
             let mut guard = ready!(self.fd.poll_write_ready(cx))?;
             match guard.try_io(|fd| raw_write(fd.get_ref(), buf)) {
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(res) => {
-                    tracing::trace!(len = buf.len(), ?res, "write");
-                    return Poll::Ready(res);
-                }
-                Err(_would_block) => tracing::trace!(len = buf.len(), "write would block"),
+                Ok(res) => return Poll::Ready(res),
+                Err(_would_block) => {}
             }
         }
     }
