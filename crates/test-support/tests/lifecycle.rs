@@ -34,27 +34,35 @@ async fn pty_stdin_signals_and_large_files() {
     let c = &ts.client;
     let id = c.create_sandbox(&CreateSandboxRequest { template: TEST_TEMPLATE.into(), ..Default::default() }).await.expect("create").id;
 
-    // PTY: size, resize, typed input
+    // PTY: size, resize, typed input. Type only at the prompt: an interactive shell may
+    // swallow type-ahead while it queries the terminal.
     let mut spec = ProcessSpec::argv(["sh"]);
     spec.pty = Some(PtySize { rows: 24, cols: 80 });
     spec.stdin = true;
     let p = c.start_process(&id, &spec).await.expect("pty");
-    c.write_stdin(&id, p.id, b"stty size\n".to_vec(), false).await.expect("stdin");
-    c.resize(&id, p.id, PtySize { rows: 50, cols: 132 }).await.expect("resize");
-    c.write_stdin(&id, p.id, b"stty size; exit 7\n".to_vec(), true).await.expect("stdin");
-    let mut out = String::new();
-    let mut code = None;
     let mut events = c.output(&id, p.id, None).await.expect("output");
+    let mut screen = String::new();
+    let mut code = None;
+    let mut step = 0;
     while let Some(ev) = events.next().await {
         let ev = ev.expect("event");
         if let Some((_, b)) = ev.bytes() {
-            out.push_str(&String::from_utf8_lossy(&b));
+            screen.push_str(&String::from_utf8_lossy(&b));
         }
         if let OutputEvent::Exit { status, .. } = ev {
             code = status.exit_code;
+            break;
+        }
+        if step == 0 && screen.contains("$ ") {
+            c.write_stdin(&id, p.id, b"stty size\n".to_vec(), false).await.expect("stdin");
+            step = 1;
+        } else if step == 1 && screen.contains("24 80") && screen.trim_end().ends_with('$') || step == 1 && screen.matches("$ ").count() >= 2 {
+            c.resize(&id, p.id, PtySize { rows: 50, cols: 132 }).await.expect("resize");
+            c.write_stdin(&id, p.id, b"stty size; exit 7\n".to_vec(), false).await.expect("stdin");
+            step = 2;
         }
     }
-    assert!(out.contains("24 80") && out.contains("50 132"), "{out}");
+    assert!(screen.contains("24 80") && screen.contains("50 132"), "{screen}");
     assert_eq!(code, Some(7));
 
     // stdin streaming into a pipe

@@ -5,3 +5,4 @@
 
 pub mod client;
 pub mod ndjson;
+pub mod stats;

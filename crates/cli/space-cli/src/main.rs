@@ -62,6 +62,8 @@ enum Command {
     /// API keys (local admin on the database).
     #[command(subcommand)]
     Key(cmd::key::KeyCmd),
+    /// Measure create latency, exec round trip, file throughput and VMM memory (run on the node).
+    Bench(cmd::bench::BenchArgs),
 }
 
 impl Global {
@@ -108,6 +110,7 @@ async fn main() {
         Command::Files(c) => cmd::files::run(&g, c).await,
         Command::Console(a) => cmd::sandbox::console(&g, a).await,
         Command::Key(c) => cmd::key::run(&g, c).await,
+        Command::Bench(a) => cmd::bench::run(&g, a).await,
     };
     let code = match result {
         Ok(code) => code,

@@ -42,7 +42,11 @@ impl NodeConfig {
 /// Unix socket paths are limited to 107 bytes.
 pub const MAX_DATA_DIR_LEN: usize = 60;
 
-/// Default capacity: vCPUs overcommitted 4× the host's cores, 80 % of host memory, and the
+/// vCPUs handed out per host core by default.
+pub const VCPU_OVERCOMMIT: u32 = 8;
+
+/// Default capacity: vCPUs overcommitted 8× the host's cores (agent sandboxes idle most of
+/// the time), 80 % of host memory, and the
 /// store's size for disks (sandbox disks are sparse reflinks, this bounds the worst case).
 pub fn default_capacity(store_bytes: u64) -> NodeCapacity {
     let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
@@ -50,7 +54,7 @@ pub fn default_capacity(store_bytes: u64) -> NodeCapacity {
         .ok()
         .and_then(|s| parse_mem_total_kib(&s))
         .unwrap_or(1 << 20);
-    NodeCapacity { vcpus: cores * 4, memory_mib: mem_kib / 1024 * 8 / 10, disk_mib: store_bytes >> 20 }
+    NodeCapacity { vcpus: cores * VCPU_OVERCOMMIT, memory_mib: mem_kib / 1024 * 8 / 10, disk_mib: store_bytes >> 20 }
 }
 
 fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {

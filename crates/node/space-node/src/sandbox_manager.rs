@@ -23,11 +23,13 @@ use crate::records::RecordStore;
 use crate::{CreateSandbox, NodeError, SandboxRecord};
 
 /// Bytes of serial console attached to a failure reason.
-const FAILURE_CONSOLE_TAIL: usize = 2048;
+const FAILURE_CONSOLE_TAIL: usize = 4096;
 /// Deleted records older than this are pruned at start.
 const DELETED_RECORD_RETENTION_MS: i64 = 24 * 3600 * 1000;
 /// How long a re-adopted daemon has to answer after a node restart.
-const READOPT_TIMEOUT: Duration = Duration::from_secs(30);
+const READOPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long to wait for the VM to exit after its channel broke, for a better reason.
+const EXIT_AFTER_CHANNEL_LOSS: Duration = Duration::from_secs(3);
 
 /// A running node: the sandbox manager plus its store. Cheap to clone.
 #[derive(Clone)]
@@ -463,7 +465,14 @@ impl Node {
 async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient) {
     let reason = tokio::select! {
         exit = vm.exited() => format!("VM exited: {}", exit.reason),
-        err = guest.closed() => format!("daemon channel broke: {err}"),
+        err = guest.closed() => {
+            // A dying guest usually drops the channel a moment before the VM exits; the
+            // exit says more about why, so give it a little time.
+            match tokio::time::timeout(EXIT_AFTER_CHANNEL_LOSS, vm.exited()).await {
+                Ok(exit) => format!("VM exited: {} (the daemon channel closed first: {err})", exit.reason),
+                Err(_) => format!("daemon channel broke: {err}"),
+            }
+        }
     };
     let Some(inner) = node.upgrade() else { return };
     let running = inner.lock().get(&id).is_some_and(|e| e.record.state == SandboxState::Running);

@@ -174,7 +174,11 @@ pub fn open(spec: &ChannelSpec) -> Result<Channel, ChannelError> {
             Ok(Channel::Vsock(fd))
         }
         ChannelSpec::Unix(path) => {
-            let _ = std::fs::remove_file(path);
+            // Replace a stale socket from an earlier run, but never any other kind of file.
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                let _ = std::fs::remove_file(path);
+            }
             let listener = tokio::net::UnixListener::bind(path)
                 .map_err(|source| ChannelError::Open { what: path.display().to_string(), source })?;
             Ok(Channel::Unix(listener, path.clone()))

@@ -100,18 +100,17 @@ impl SharedFd {
     }
 }
 
-/// A byte stream over a non-blocking descriptor, for the channel.
+/// A byte stream over a non-blocking stream socket (a vsock connection).
 #[derive(Debug)]
 pub struct FdStream {
     fd: AsyncFd<OwnedFd>,
-    is_socket: bool,
 }
 
 impl FdStream {
-    /// Registers `fd` (made non-blocking). `is_socket` makes shutdown half-close it.
-    pub fn new(fd: OwnedFd, is_socket: bool) -> io::Result<Self> {
+    /// Registers the connected socket `fd` (made non-blocking).
+    pub fn new(fd: OwnedFd) -> io::Result<Self> {
         set_nonblocking(&fd)?;
-        Ok(FdStream { fd: register(fd)?, is_socket })
+        Ok(FdStream { fd: register(fd)? })
     }
 }
 
@@ -150,10 +149,8 @@ impl AsyncWrite for FdStream {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.is_socket {
-            // SAFETY: shutdown on a socket we own.
-            unsafe { libc::shutdown(self.fd.get_ref().as_raw_fd(), libc::SHUT_WR) };
-        }
+        // SAFETY: shutdown on a socket we own.
+        unsafe { libc::shutdown(self.fd.get_ref().as_raw_fd(), libc::SHUT_WR) };
         Poll::Ready(Ok(()))
     }
 }

@@ -14,6 +14,7 @@ mod files;
 mod fsuser;
 mod handshake;
 mod init;
+mod portbridge;
 mod process;
 mod resize;
 mod session;

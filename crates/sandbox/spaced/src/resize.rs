@@ -46,7 +46,7 @@ fn unescape(s: &str) -> String {
 
 /// The top-most mount at `mount_point` in `/proc/self/mountinfo` text.
 pub fn find_mount(mountinfo: &str, mount_point: &str) -> Option<MountEntry> {
-    mountinfo.lines().filter_map(parse_line).filter(|m| m.mount_point == mount_point).last()
+    mountinfo.lines().rev().filter_map(parse_line).find(|m| m.mount_point == mount_point)
 }
 
 fn parse_line(line: &str) -> Option<MountEntry> {

@@ -56,6 +56,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, boot_id: &str, 
                         return Err(HandshakeEnd::Closed);
                     }
                     // No host connected: whatever we had buffered belonged to a gone host.
+                    // (The port bridge already paces these reports; the pause is a guard.)
                     scanner = Scanner::new(boot_id, DAEMON_VERSION);
                     tokio::time::sleep(NO_HOST_POLL).await;
                     continue;
@@ -127,7 +128,7 @@ pub async fn serve(channel: Channel, state: Arc<AppState>, router: Router) -> io
     match channel {
         Channel::VirtioSerial { path, fd } => {
             tracing::info!(port = %path.display(), "serving on virtio-serial port");
-            let mut port = FdStream::new(fd, false)?;
+            let mut port = crate::portbridge::PortStream::new(fd)?;
             loop {
                 match handshake(&mut port, &state.boot_id, true).await {
                     Ok(prefix) => {
@@ -149,7 +150,7 @@ pub async fn serve(channel: Channel, state: Arc<AppState>, router: Router) -> io
             loop {
                 let conn = accept(&listener).await?;
                 // One host connection at a time: a second host waits in the backlog.
-                serve_stream(FdStream::new(conn, true)?, state.clone(), router.clone()).await;
+                serve_stream(FdStream::new(conn)?, state.clone(), router.clone()).await;
             }
         }
         Channel::Unix(listener, path) => {

@@ -51,7 +51,7 @@ pub fn ensure_hosts_entry(name: &str) -> io::Result<()> {
     }
     let mut f = std::fs::OpenOptions::new().append(true).create(true).open("/etc/hosts")?;
     let sep = if text.is_empty() || text.ends_with('\n') { "" } else { "\n" };
-    write!(f, "{sep}127.0.1.1\t{name}\n")
+    writeln!(f, "{sep}127.0.1.1\t{name}")
 }
 
 #[cfg(test)]

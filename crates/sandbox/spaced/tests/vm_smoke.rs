@@ -64,11 +64,11 @@ async fn vm_smoke() {
     }
 
     // A pty as the unprivileged user.
-    let mut spec = ProcessSpec::shell("tty; stty size; ls -l $(tty) | cut -d' ' -f3");
+    let mut spec = ProcessSpec::shell("tty; stty size; stat -c %u $(tty)");
     spec.pty = Some(PtySize { rows: 30, cols: 90 });
     let run = c.run(&spec).await;
     let pty = String::from_utf8_lossy(&run.pty).into_owned();
-    assert!(pty.starts_with("/dev/pts/") && pty.contains("30 90") && pty.contains("user"), "{pty:?}");
+    assert!(pty.starts_with("/dev/pts/") && pty.contains("30 90") && pty.contains("1000"), "{pty:?}");
 
     // Files as the user, streamed.
     let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
@@ -78,7 +78,9 @@ async fn vm_smoke() {
     let (s, _, got) = c.call(Method::GET, "/v1/files?path=/home/user/data/blob.bin", empty()).await;
     assert_eq!(s, StatusCode::OK);
     assert!(got[..] == data[..], "file round trip");
-    c.expect_error(Method::GET, "/v1/files?path=/root/x", empty(), 403, "permission_denied").await;
+    let (s, _, _) = c.call(Method::PUT, "/v1/files?path=/root/secret&user=root&mode=600", full("s")).await;
+    assert_eq!(s, StatusCode::OK);
+    c.expect_error(Method::GET, "/v1/files?path=/root/secret", empty(), 403, "permission_denied").await;
 
     // A long-running process survives the host reconnecting; the port is reused.
     let bg = c.start(&ProcessSpec::shell("for i in 1 2 3 4 5; do echo tick $i; sleep 0.2; done")).await;

@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod bench;
 pub mod exec;
 pub mod files;
 pub mod key;

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::Stream;
 use space_core::process::{ExitStatus, OutputStream, ProcessId, ProcessInfo, PtySize, MAX_OUTPUT_CHUNK};
 use space_core::ErrorCode;
-use space_guest_proto::limits::{MAX_FINISHED_PROCESSES, MAX_RUNNING_PROCESSES, OUTPUT_REPLAY_BYTES};
+use space_guest_proto::limits::{MAX_FINISHED_PROCESSES, MAX_JSON_BODY, MAX_RUNNING_PROCESSES, OUTPUT_REPLAY_BYTES};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -232,10 +232,25 @@ impl ProcessManager {
             .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no process {id}")))
     }
 
-    /// Every kept process, by id.
+    /// Kept processes, by id. The listing stays within `MAX_JSON_BODY` (the host refuses
+    /// larger bodies): running processes come first, then finished ones newest first; what
+    /// does not fit is left out (still reachable by id).
     pub fn list(&self) -> Vec<ProcessInfo> {
         let procs: Vec<Arc<Proc>> = lock(&self.table).procs.values().cloned().collect();
-        procs.iter().map(|p| p.info()).collect()
+        let mut infos: Vec<ProcessInfo> = procs.iter().map(|p| p.info()).collect();
+        infos.sort_by_key(|i| (i.exit.is_some(), std::cmp::Reverse(i.id)));
+        let mut budget = MAX_JSON_BODY.saturating_sub(64);
+        infos.retain(|i| {
+            let size = serde_json::to_vec(i).map_or(usize::MAX, |v| v.len() + 1);
+            if size <= budget {
+                budget -= size;
+                true
+            } else {
+                false
+            }
+        });
+        infos.sort_by_key(|i| i.id);
+        infos
     }
 
     /// Kills every running process group (daemon shutdown).

@@ -144,7 +144,7 @@ impl OutputBuffer {
     pub fn read_after(&self, after: u64, max_events: usize) -> ReadResult {
         let mut events = Vec::new();
         let first_kept = self.events.front().map_or(self.next_seq, |(s, _)| *s);
-        if after + 1 < first_kept {
+        if after.saturating_add(1) < first_kept {
             let bytes = self.dropped_data.saturating_sub(self.dropped_through(after));
             events.push(OutputEvent::Lost { seq: first_kept - 1, bytes });
         }

@@ -35,7 +35,7 @@ impl Agent {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("agent.sock");
         let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_spaced"))
+        let child: Child = Command::new(env!("CARGO_BIN_EXE_spaced"))
             .arg("agent")
             .arg("--channel")
             .arg(format!("unix:{}", sock.display()))
@@ -46,9 +46,11 @@ impl Agent {
             .stderr(log)
             .spawn()
             .unwrap();
+        // Owned from here on, so Drop stops (and waits for) the agent even if we panic.
+        let agent = Agent { child, dir, sock };
         for _ in 0..500 {
-            if sock.exists() {
-                return Agent { child, dir, sock };
+            if agent.sock.exists() {
+                return agent;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
