@@ -17,7 +17,7 @@ pub enum TemplateCmd {
         /// Recipe name, e.g. `base`.
         name: String,
         /// The static guest daemon for the kernel bundle (default: `spaced` next to this program).
-        #[arg(long)]
+        #[arg(long, env = "SPACE_SPACED_BIN")]
         spaced: Option<std::path::PathBuf>,
         /// Debian mirror for debootstrap.
         #[arg(long)]
