@@ -61,8 +61,6 @@ pub enum ScanError {
 pub struct ReadyScanner {
     nonce: String,
     line: Vec<u8>,
-    /// The current line passed `MAX_HANDSHAKE_LINE`: skip to its newline.
-    overlong: bool,
     /// Bytes skipped so far (complete lines that were not our READY).
     discarded: usize,
 }
@@ -70,7 +68,7 @@ pub struct ReadyScanner {
 impl ReadyScanner {
     /// A scanner waiting for READY with `nonce`.
     pub fn new(nonce: &str) -> Self {
-        Self { nonce: nonce.to_owned(), line: Vec::with_capacity(MAX_HANDSHAKE_LINE), overlong: false, discarded: 0 }
+        Self { nonce: nonce.to_owned(), line: Vec::with_capacity(MAX_HANDSHAKE_LINE), discarded: 0 }
     }
 
     /// Feeds the next chunk of the stream.
@@ -78,23 +76,20 @@ impl ReadyScanner {
         for (i, &b) in data.iter().enumerate() {
             if b == b'\n' {
                 let len = self.line.len() + 1;
-                if !self.overlong {
-                    if let Some(ready) = self.check_line()? {
-                        return Ok(Scan::Ready(ready, i + 1));
-                    }
+                if let Some(ready) = self.check_line()? {
+                    return Ok(Scan::Ready(ready, i + 1));
                 }
                 self.discarded += len;
                 self.line.clear();
-                self.overlong = false;
-            } else if self.overlong {
-                self.discarded += 1;
-            } else if self.line.len() + 1 < MAX_HANDSHAKE_LINE {
-                self.line.push(b);
             } else {
-                // Too long to be a handshake line (newline included): skip it, counting it.
-                self.discarded += self.line.len() + 1;
-                self.line.clear();
-                self.overlong = true;
+                if self.line.len() + 1 >= MAX_HANDSHAKE_LINE {
+                    // Keep only the tail: the unfinished output of an earlier session (a
+                    // virtio-serial port outlives host connections) may precede READY on the
+                    // same line, and a READY line always fits in the tail.
+                    self.line.remove(0);
+                    self.discarded += 1;
+                }
+                self.line.push(b);
             }
             if self.discarded + self.line.len() > MAX_HANDSHAKE_DISCARD {
                 return Err(ScanError::TooMuchGarbage);
@@ -104,8 +99,9 @@ impl ReadyScanner {
     }
 
     fn check_line(&self) -> Result<Option<Ready>, ScanError> {
-        if self.line.starts_with(READY.as_bytes()) {
-            if let Some(ready) = Ready::parse(&self.line) {
+        let ready_at = self.line.windows(READY.len()).rposition(|w| w == READY.as_bytes());
+        if let Some(at) = ready_at {
+            if let Some(ready) = Ready::parse(&self.line[at..]) {
                 if ready.nonce.eq_ignore_ascii_case(&self.nonce) {
                     if ready.version != PROTOCOL_VERSION {
                         return Err(ScanError::Version(ready.version));
@@ -264,13 +260,18 @@ mod tests {
     }
 
     #[test]
-    fn scanner_ignores_ready_inside_overlong_line() {
+    fn scanner_finds_ready_after_stale_bytes_on_the_same_line() {
+        // What a port shows after a host reconnects: the tail of the last session's HTTP/2
+        // frames, no newline, then READY.
         let mut s = ReadyScanner::new("abcd");
-        let mut line = vec![b'x'; MAX_HANDSHAKE_LINE];
+        let mut line = vec![0u8, 0, 8, 7, 0, 0, 0, 0, 0];
+        line.extend(std::iter::repeat_n(b'x', 3 * MAX_HANDSHAKE_LINE));
         line.extend_from_slice(ready_line("abcd").as_bytes());
-        assert_eq!(s.feed(&line), Ok(Scan::Pending));
-        match s.feed(ready_line("abcd").as_bytes()).unwrap() {
-            Scan::Ready(..) => {}
+        match s.feed(&line).unwrap() {
+            Scan::Ready(r, used) => {
+                assert_eq!(r.nonce, "abcd");
+                assert_eq!(used, line.len());
+            }
             other => panic!("{other:?}"),
         }
     }
