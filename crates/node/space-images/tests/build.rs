@@ -36,29 +36,10 @@ impl Drop for Guard {
                 eprintln!("guard: unmount of {} failed: {e}", s.root().display());
             }
         }
-        release_all_under(self.dir.path());
+        space_storage::mountinfo::release_all_under(self.dir.path());
     }
 }
 
-/// Last-resort cleanup of everything under `dir`: lazy-unmounts its mounts and detaches loop
-/// devices backed by files in it (for when a test failed before its stores were recorded).
-fn release_all_under(dir: &Path) {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
-    if let Ok(mounts) = space_storage::mountinfo::read() {
-        for m in space_storage::mountinfo::mounts_below(&mounts, &dir) {
-            eprintln!("guard: lazily unmounting leftover {}", m.display());
-            let _ = Command::new("umount").arg("-l").arg(&m).status();
-        }
-    }
-    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
-        let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
-        if Path::new(backing.trim_end()).starts_with(&dir) {
-            let dev = format!("/dev/{}", e.file_name().to_string_lossy());
-            eprintln!("guard: detaching leftover {dev}");
-            let _ = Command::new("losetup").arg("-d").arg(&dev).status();
-        }
-    }
-}
 
 /// Kills a child process on drop.
 struct Kill(Child);

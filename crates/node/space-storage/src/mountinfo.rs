@@ -108,6 +108,27 @@ pub fn remove_tree(path: &Path) -> Result<(), StorageError> {
     }
 }
 
+/// Last-resort cleanup of everything under `dir`: lazy-unmounts its mounts and detaches loop
+/// devices backed by files in it Tests and leak checks use it when a test failed before its stores were
+/// recorded; errors are reported on stderr, never fatal.
+pub fn release_all_under(dir: &Path) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    if let Ok(mounts) = read() {
+        for m in mounts_below(&mounts, &dir) {
+            eprintln!("guard: lazily unmounting leftover {}", m.display());
+            let _ = std::process::Command::new("umount").arg("-l").arg(&m).status();
+        }
+    }
+    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+        if Path::new(backing.trim_end()).starts_with(&dir) {
+            let dev = format!("/dev/{}", e.file_name().to_string_lossy());
+            eprintln!("guard: detaching leftover {dev}");
+            let _ = std::process::Command::new("losetup").arg("-d").arg(&dev).status();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
