@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// Throughput runs (each one write and one read).
     #[arg(long, default_value_t = 5)]
     file_runs: usize,
+    /// Disk of the sandbox the exec and file figures are measured in, MiB.
+    #[arg(long, default_value_t = 1024)]
+    disk_mib: u32,
     /// Idle sandboxes whose VMM memory is measured.
     #[arg(long, default_value_t = 5)]
     idle: usize,
@@ -69,7 +72,11 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<u8> {
     push(&mut figures, "create_to_ready_client", "ms", &wall);
     push(&mut figures, "create_to_ready_server", "ms", &server);
 
-    let sb = c.create_sandbox(&req).await?;
+    // The throughput runs replace a file atomically (old and new copy exist at once): give
+    // the disk room for both.
+    let mut roomy = req.clone();
+    roomy.resources.disk_mib = Some(a.disk_mib);
+    let sb = c.create_sandbox(&roomy).await?;
     let result = measure_in_sandbox(&c, &sb.id, &a, &mut figures).await;
     c.delete_sandbox(&sb.id).await?;
     result?;
@@ -129,10 +136,10 @@ async fn measure_in_sandbox(c: &SpaceClient, id: &SandboxId, a: &BenchArgs, figu
     let (mut wr, mut rd) = (Vec::new(), Vec::new());
     for _ in 0..a.file_runs {
         let t = Instant::now();
-        c.write_file(id, "/tmp/bench.bin", None, None, data.clone()).await?;
+        c.write_file(id, "/home/user/bench.bin", None, None, data.clone()).await?;
         wr.push(a.file_mib as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
-        let back = c.read_file_bytes(id, "/tmp/bench.bin", None).await?;
+        let back = c.read_file_bytes(id, "/home/user/bench.bin", None).await?;
         rd.push(a.file_mib as f64 / t.elapsed().as_secs_f64());
         anyhow::ensure!(back.len() == data.len(), "read {} bytes, wrote {}", back.len(), data.len());
     }
