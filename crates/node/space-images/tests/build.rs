@@ -135,13 +135,15 @@ fn busybox_template_image() {
 /// so, QEMU exits, or 90 s pass.
 fn boot(k: &KernelBundleInfo, disk: Option<&Path>, log: &Path, done: impl Fn(&str) -> bool) -> (String, bool) {
     let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(["-M", "microvm", "-accel", "tcg", "-m", "256", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+    // As space-vmm does under TCG: a PIT and a known TSC rate, or a loaded host makes the
+    // guest hang in early boot (TSC calibration).
+    cmd.args(["-M", "microvm,pit=on", "-accel", "tcg", "-m", "256", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
         .arg("-kernel")
         .arg(&k.vmlinuz)
         .arg("-initrd")
         .arg(&k.initramfs)
         .arg("-append")
-        .arg(kernel_cmdline())
+        .arg(format!("{} {}", kernel_cmdline(), tsc_param()))
         .arg("-serial")
         .arg(format!("file:{}", log.display()));
     if let Some(disk) = disk {
@@ -166,6 +168,13 @@ fn boot(k: &KernelBundleInfo, disk: Option<&Path>, log: &Path, done: impl Fn(&st
     let console = std::fs::read_to_string(log).unwrap_or_default();
     eprintln!("console ({} s, exited: {exited}):\n{console}", (Instant::now() + Duration::from_secs(90) - deadline).as_secs_f32());
     (console, exited)
+}
+
+/// `tsc_early_khz=` from the host's CPU clock (`cpu MHz` in /proc/cpuinfo), or nothing.
+fn tsc_param() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let mhz = info.lines().find_map(|l| l.strip_prefix("cpu MHz")?.split(':').nth(1)?.trim().parse::<f64>().ok());
+    mhz.map(|m| format!("tsc_early_khz={}", (m * 1000.0) as u64)).unwrap_or_default()
 }
 
 #[test]

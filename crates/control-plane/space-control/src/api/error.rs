@@ -66,6 +66,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.body.code == ErrorCode::PayloadTooLarge {
+            // The rest of the body was not read: the connection cannot carry another
+            // request, and a client that pooled it would fail its next call.
+            return (self.status, [(axum::http::header::CONNECTION, "close")], Json(self.body)).into_response();
+        }
         (self.status, Json(self.body)).into_response()
     }
 }

@@ -1,0 +1,58 @@
+//! Tidy checks, as ordinary tests: house rules that would otherwise drift.
+
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every Rust file says what it is for in a `//!` module doc on its first line.
+#[test]
+fn every_file_has_a_module_doc() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("crates"), &mut files);
+    assert!(files.len() > 50, "found only {} files", files.len());
+    let missing: Vec<_> = files
+        .iter()
+        .filter(|f| !std::fs::read_to_string(f).unwrap_or_default().starts_with("//!"))
+        .collect();
+    assert!(missing.is_empty(), "files without a //! module doc: {missing:#?}");
+}
+
+/// The guest daemon must not listen on the network: no TCP or UDP listener, and no IP socket
+/// address to bind one to (an `AF_INET` socket is fine for interface ioctls).
+#[test]
+fn guest_daemon_opens_no_network_socket() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("crates/sandbox/spaced/src"), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for needle in ["TcpListener", "UdpSocket", "TcpStream", "sockaddr_in"] {
+            assert!(!text.contains(needle), "{} mentions {needle}: the daemon listens on no network socket", f.display());
+        }
+    }
+}
+
+/// Only the node manager spawns VMMs or mounts: the sandbox manager goes through it.
+#[test]
+fn privileged_calls_stay_in_the_node_manager() {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("crates/node/space-node/src"), &mut files);
+    for f in files.iter().filter(|f| !f.ends_with("node_manager.rs")) {
+        let text = std::fs::read_to_string(f).unwrap_or_default().replace("RecordStore::open(", "");
+        for needle in ["Store::open(", "vmm.launch(", "store.create_sandbox_disk(", "remove_sandbox_dir(", "mount("] {
+            assert!(!text.contains(needle), "{} calls {needle} outside the node manager", f.display());
+        }
+    }
+}
