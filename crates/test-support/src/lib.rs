@@ -29,7 +29,9 @@ const SHARED_STORE_BYTES: u64 = 32 << 30;
 
 /// Root of everything the tests create on the machine: `$SPACE_TEST_ROOT` or `/var/tmp/space-test`.
 pub fn test_root() -> PathBuf {
-    std::env::var_os("SPACE_TEST_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"))
+    std::env::var_os("SPACE_TEST_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"))
 }
 
 /// The workspace's target directory.
@@ -50,7 +52,11 @@ pub fn spaced_binary() -> PathBuf {
 fn with_setup_lock<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     let root = test_root();
     std::fs::create_dir_all(&root)?;
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(".setup.lock"))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(".setup.lock"))?;
     fs4::fs_std::FileExt::lock_exclusive(&file)?;
     let out = f();
     let _ = fs4::fs_std::FileExt::unlock(&file);
@@ -61,15 +67,20 @@ fn with_setup_lock<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
 pub fn shared_store() -> &'static Store {
     static STORE: OnceLock<Store> = OnceLock::new();
     STORE.get_or_init(|| {
-        with_setup_lock(|| Store::open(&test_root(), SHARED_STORE_BYTES).context("cannot open the shared test store"))
-            .unwrap_or_else(|e| panic!("{e:#}"))
+        with_setup_lock(|| {
+            Store::open(&test_root(), SHARED_STORE_BYTES)
+                .context("cannot open the shared test store")
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"))
     })
 }
 
 /// Unmounts the shared store if it is mounted (the leak check calls this last).
 pub fn unmount_shared_store() -> Result<()> {
     let root = test_root();
-    let mounted = leaks::mounts_under(&root).iter().any(|m| Path::new(m) == root.join("store"));
+    let mounted = leaks::mounts_under(&root)
+        .iter()
+        .any(|m| Path::new(m) == root.join("store"));
     if mounted {
         Store::open(&root, SHARED_STORE_BYTES)?.unmount()?;
     }
@@ -82,7 +93,11 @@ pub fn leftover_sandbox_dirs() -> Vec<PathBuf> {
     let mut out = Vec::new();
     for node in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
         for sub in ["store/sandboxes", "run"] {
-            for e in std::fs::read_dir(node.path().join(sub)).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(node.path().join(sub))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 out.push(e.path());
             }
         }
@@ -115,8 +130,13 @@ pub fn cache_store() -> &'static Store {
 /// Makes `template` (and its kernel bundle) from the cache available in `store`, by reflink.
 pub fn import_template(store: &Store, template: &str) -> Result<()> {
     let cache = cache_store();
-    let info = cache.templates().get(template)?.with_context(|| format!("template {template} not in the cache"))?;
-    store.kernels().import(&cache.kernels(), &info.kernel_digest)?;
+    let info = cache
+        .templates()
+        .get(template)?
+        .with_context(|| format!("template {template} not in the cache"))?;
+    store
+        .kernels()
+        .import(&cache.kernels(), &info.kernel_digest)?;
     store.templates().import(&cache.templates(), template)?;
     Ok(())
 }
@@ -126,10 +146,13 @@ pub fn new_data_dir() -> PathBuf {
     let id: String = {
         use rand::Rng;
         let mut rng = rand::thread_rng();
-        (0..8).map(|_| char::from(b'a' + rng.gen_range(0..26))).collect()
+        (0..8)
+            .map(|_| char::from(b'a' + rng.gen_range(0..26)))
+            .collect()
     };
     let dir = shared_store().root().join("nodes").join(id);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     dir
 }
 
@@ -178,13 +201,24 @@ impl TestServer {
     }
 
     async fn boot(config: ServerConfig, data_dir: PathBuf) -> TestServer {
-        let server = Server::start(config.clone()).await.unwrap_or_else(|e| panic!("server start: {e:#}"));
+        let server = Server::start(config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("server start: {e:#}"));
         let api_key = match server.first_api_key() {
             Some(k) => k.to_owned(),
-            None => std::fs::read_to_string(server.api_key_file()).expect("api key file").trim().to_owned(),
+            None => std::fs::read_to_string(server.api_key_file())
+                .expect("api key file")
+                .trim()
+                .to_owned(),
         };
         let client = SpaceClient::new(&server.url(), Some(api_key.clone())).expect("client");
-        TestServer { server: Some(server), client, api_key, data_dir, config }
+        TestServer {
+            server: Some(server),
+            client,
+            api_key,
+            data_dir,
+            config,
+        }
     }
 
     /// The server's base URL.
@@ -211,9 +245,18 @@ impl TestServer {
     }
 
     /// Waits until sandbox `id` is in `state` (or panics after `timeout`).
-    pub async fn wait_state(&self, id: &space_core::SandboxId, state: space_core::SandboxState, timeout: std::time::Duration) -> space_core::sandbox::SandboxInfo {
+    pub async fn wait_state(
+        &self,
+        id: &space_core::SandboxId,
+        state: space_core::SandboxState,
+        timeout: std::time::Duration,
+    ) -> space_core::sandbox::SandboxInfo {
         wait_until(timeout, &format!("{id} to be {state}"), || async {
-            self.client.sandbox(id).await.ok().filter(|s| s.state == state)
+            self.client
+                .sandbox(id)
+                .await
+                .ok()
+                .filter(|s| s.state == state)
         })
         .await
     }
@@ -276,13 +319,23 @@ pub fn cleanup_data_dir(data_dir: &Path) {
     if data_dir.as_os_str().is_empty() {
         return;
     }
-    for run in std::fs::read_dir(data_dir.join("run")).into_iter().flatten().flatten() {
-        if let Some(pid) = std::fs::read_to_string(run.path().join("vmm.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+    for run in std::fs::read_dir(data_dir.join("run"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(pid) = std::fs::read_to_string(run.path().join("vmm.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
             let is_ours = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains(&*run.file_name().to_string_lossy()))
                 .unwrap_or(false);
             if is_ours {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
         }
     }

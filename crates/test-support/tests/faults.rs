@@ -11,7 +11,10 @@ use test_support::{TestServer, TEST_TEMPLATE};
 const FAIL_WITHIN: Duration = Duration::from_secs(90);
 
 fn busybox() -> CreateSandboxRequest {
-    CreateSandboxRequest { template: TEST_TEMPLATE.into(), ..Default::default() }
+    CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        ..Default::default()
+    }
 }
 
 fn as_root(line: &str) -> ProcessSpec {
@@ -25,29 +28,60 @@ async fn kernel_panic_and_daemon_crash_fail_only_their_sandbox() {
     let ts = TestServer::start().await;
     let c = &ts.client;
     let req = busybox();
-    let (panicking, crashing, bystander) = tokio::join!(c.create_sandbox(&req), c.create_sandbox(&req), c.create_sandbox(&req));
-    let (panicking, crashing, bystander) = (panicking.expect("create").id, crashing.expect("create").id, bystander.expect("create").id);
+    let (panicking, crashing, bystander) = tokio::join!(
+        c.create_sandbox(&req),
+        c.create_sandbox(&req),
+        c.create_sandbox(&req)
+    );
+    let (panicking, crashing, bystander) = (
+        panicking.expect("create").id,
+        crashing.expect("create").id,
+        bystander.expect("create").id,
+    );
 
     // The request itself may or may not come back before the VM dies.
-    let _ = c.start_process(&panicking, &as_root("echo c > /proc/sysrq-trigger")).await;
+    let _ = c
+        .start_process(&panicking, &as_root("echo c > /proc/sysrq-trigger"))
+        .await;
     // PID 1 cannot be killed from inside the guest; the agent can.
-    let _ = c.start_process(&crashing, &as_root("kill -KILL $(pidof spaced)")).await;
+    let _ = c
+        .start_process(&crashing, &as_root("kill -KILL $(pidof spaced)"))
+        .await;
 
-    let failed = ts.wait_state(&panicking, SandboxState::Failed, FAIL_WITHIN).await;
+    let failed = ts
+        .wait_state(&panicking, SandboxState::Failed, FAIL_WITHIN)
+        .await;
     let reason = failed.failure_reason.unwrap_or_default();
-    assert!(reason.contains("VM exited") && reason.contains("console tail") && reason.contains("sysrq triggered crash"), "reason: {reason}");
+    assert!(
+        reason.contains("VM exited")
+            && reason.contains("console tail")
+            && reason.contains("sysrq triggered crash"),
+        "reason: {reason}"
+    );
 
-    let failed = ts.wait_state(&crashing, SandboxState::Failed, FAIL_WITHIN).await;
+    let failed = ts
+        .wait_state(&crashing, SandboxState::Failed, FAIL_WITHIN)
+        .await;
     let reason = failed.failure_reason.unwrap_or_default();
     assert!(reason.contains("agent exited"), "reason: {reason}");
 
     // Failed sandboxes refuse work with a clear error and keep their console for diagnosis.
-    let err = c.run(&crashing, &ProcessSpec::argv(["true"])).await.expect_err("failed sandbox");
+    let err = c
+        .run(&crashing, &ProcessSpec::argv(["true"]))
+        .await
+        .expect_err("failed sandbox");
     assert_eq!(err.code(), Some(ErrorCode::Conflict), "{err}");
-    assert!(c.console(&panicking, None).await.expect("console").contains("Kernel panic"));
+    assert!(c
+        .console(&panicking, None)
+        .await
+        .expect("console")
+        .contains("Kernel panic"));
 
     // The bystander never noticed.
-    let out = c.run(&bystander, &ProcessSpec::argv(["echo", "unaffected"])).await.expect("bystander");
+    let out = c
+        .run(&bystander, &ProcessSpec::argv(["echo", "unaffected"]))
+        .await
+        .expect("bystander");
     assert_eq!(out.stdout_str(), "unaffected\n");
 
     for id in [&panicking, &crashing, &bystander] {
@@ -82,18 +116,39 @@ while true; do cat /proc/cpuinfo; done > "$port"
 "#;
 
 /// Boots a sandbox whose kernel bundle carries `script` in place of `spaced`.
-async fn create_hostile(ts: &TestServer, script: &str, name: &str) -> space_cli::client::ClientError {
+async fn create_hostile(
+    ts: &TestServer,
+    script: &str,
+    name: &str,
+) -> space_cli::client::ClientError {
     let dir = ts.data_dir.join(format!("hostile-{name}"));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let path = dir.join("spaced");
     std::fs::write(&path, script).expect("write script");
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
     let store = ts.server().state().node.store().clone();
-    let kernel = space_images::build_kernel_bundle(&store, &space_images::KernelOpts::new(&path), &|_| {}).expect("hostile bundle");
-    let tpl = store.templates().get(TEST_TEMPLATE).expect("read").expect("template");
-    store.templates().set_kernel_digest(&tpl.digest, &kernel.digest).expect("bind hostile kernel");
-    let err = ts.client.create_sandbox(&busybox()).await.expect_err("a hostile guest cannot become ready");
-    store.templates().set_kernel_digest(&tpl.digest, &tpl.kernel_digest).expect("restore kernel");
+    let kernel =
+        space_images::build_kernel_bundle(&store, &space_images::KernelOpts::new(&path), &|_| {})
+            .expect("hostile bundle");
+    let tpl = store
+        .templates()
+        .get(TEST_TEMPLATE)
+        .expect("read")
+        .expect("template");
+    store
+        .templates()
+        .set_kernel_digest(&tpl.digest, &kernel.digest)
+        .expect("bind hostile kernel");
+    let err = ts
+        .client
+        .create_sandbox(&busybox())
+        .await
+        .expect_err("a hostile guest cannot become ready");
+    store
+        .templates()
+        .set_kernel_digest(&tpl.digest, &tpl.kernel_digest)
+        .expect("restore kernel");
     err
 }
 
@@ -103,11 +158,19 @@ async fn hostile_guest_fails_only_itself() {
     let c = &ts.client;
     let bystander = c.create_sandbox(&busybox()).await.expect("create").id;
 
-    for (name, script) in [("after-handshake", GARBAGE_AFTER_HANDSHAKE), ("endless", ENDLESS_GARBAGE)] {
-        let err = tokio::time::timeout(Duration::from_secs(180), create_hostile(&ts, script, name)).await.expect("bounded");
+    for (name, script) in [
+        ("after-handshake", GARBAGE_AFTER_HANDSHAKE),
+        ("endless", ENDLESS_GARBAGE),
+    ] {
+        let err = tokio::time::timeout(Duration::from_secs(180), create_hostile(&ts, script, name))
+            .await
+            .expect("bounded");
         assert_eq!(err.code(), Some(ErrorCode::SandboxFailed), "{name}: {err}");
         // The bystander is fine while and after the hostile guest misbehaves.
-        let out = c.run(&bystander, &ProcessSpec::argv(["echo", name])).await.expect("bystander");
+        let out = c
+            .run(&bystander, &ProcessSpec::argv(["echo", name]))
+            .await
+            .expect("bystander");
         assert_eq!(out.stdout_str(), format!("{name}\n"));
     }
     // The failed creates left nothing behind but the bystander.

@@ -9,17 +9,30 @@ use space_core::SandboxState;
 use test_support::{TestServer, TEST_TEMPLATE};
 
 fn busybox() -> CreateSandboxRequest {
-    CreateSandboxRequest { template: TEST_TEMPLATE.into(), ..Default::default() }
+    CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_readopts_running_and_fails_dead() {
     let ts = TestServer::start().await;
     let req = busybox();
-    let (a, b) = tokio::join!(ts.client.create_sandbox(&req), ts.client.create_sandbox(&req));
+    let (a, b) = tokio::join!(
+        ts.client.create_sandbox(&req),
+        ts.client.create_sandbox(&req)
+    );
     let (a, b) = (a.expect("create a").id, b.expect("create b").id);
-    ts.client.write_file(&a, "state.txt", None, None, b"survives".to_vec()).await.expect("write");
-    let bg = ts.client.start_process(&a, &ProcessSpec::argv(["sleep", "600"])).await.expect("background");
+    ts.client
+        .write_file(&a, "state.txt", None, None, b"survives".to_vec())
+        .await
+        .expect("write");
+    let bg = ts
+        .client
+        .start_process(&a, &ProcessSpec::argv(["sleep", "600"]))
+        .await
+        .expect("background");
 
     let (data_dir, config) = ts.stop_keep_vms().await;
     // While the server is down, b's VMM dies.
@@ -28,23 +41,49 @@ async fn restart_readopts_running_and_fails_dead() {
         .trim()
         .parse()
         .expect("pid");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
 
     let ts = TestServer::start_on(data_dir, config).await;
     let c = &ts.client;
     let info = c.sandbox(&a).await.expect("get a");
     assert_eq!(info.state, SandboxState::Running);
-    assert_eq!(c.read_file_bytes(&a, "state.txt", None).await.expect("read"), b"survives");
-    let out = c.run(&a, &ProcessSpec::argv(["echo", "after restart"])).await.expect("run");
+    assert_eq!(
+        c.read_file_bytes(&a, "state.txt", None)
+            .await
+            .expect("read"),
+        b"survives"
+    );
+    let out = c
+        .run(&a, &ProcessSpec::argv(["echo", "after restart"]))
+        .await
+        .expect("run");
     assert_eq!(out.stdout_str(), "after restart\n");
     let procs = c.processes(&a).await.expect("processes");
-    assert!(procs.iter().any(|p| p.id == bg.id && p.exit.is_none()), "background process survives: {procs:?}");
+    assert!(
+        procs.iter().any(|p| p.id == bg.id && p.exit.is_none()),
+        "background process survives: {procs:?}"
+    );
 
-    let info = ts.wait_state(&b, SandboxState::Failed, Duration::from_secs(30)).await;
-    assert!(info.failure_reason.as_deref().unwrap_or("").to_lowercase().contains("vmm"), "{info:?}");
+    let info = ts
+        .wait_state(&b, SandboxState::Failed, Duration::from_secs(30))
+        .await;
+    assert!(
+        info.failure_reason
+            .as_deref()
+            .unwrap_or("")
+            .to_lowercase()
+            .contains("vmm"),
+        "{info:?}"
+    );
 
     c.delete_sandbox(&a).await.expect("delete a");
     c.delete_sandbox(&b).await.expect("delete b (failed)");
-    assert!(test_support::leftover_sandbox_dirs().iter().all(|d| !d.starts_with(&ts.data_dir)));
+    assert!(test_support::leftover_sandbox_dirs()
+        .iter()
+        .all(|d| !d.starts_with(&ts.data_dir)));
     ts.stop().await;
 }

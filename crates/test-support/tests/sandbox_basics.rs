@@ -12,7 +12,10 @@ fn create_request() -> CreateSandboxRequest {
     CreateSandboxRequest {
         template: TEST_TEMPLATE.into(),
         env: BTreeMap::from([("GREETING".into(), "hello from env".into())]),
-        labels: BTreeMap::from([("team".into(), "infra".into()), ("purpose".into(), "basics".into())]),
+        labels: BTreeMap::from([
+            ("team".into(), "infra".into()),
+            ("purpose".into(), "basics".into()),
+        ]),
         ..Default::default()
     }
 }
@@ -23,7 +26,10 @@ async fn create_exec_files_delete() {
     let c = &ts.client;
 
     let templates = c.templates().await.expect("templates");
-    assert!(templates.iter().any(|t| t.name == TEST_TEMPLATE), "{templates:?}");
+    assert!(
+        templates.iter().any(|t| t.name == TEST_TEMPLATE),
+        "{templates:?}"
+    );
 
     let sb = c.create_sandbox(&create_request()).await.expect("create");
     assert_eq!(sb.state, SandboxState::Running);
@@ -32,7 +38,10 @@ async fn create_exec_files_delete() {
     let id = sb.id.clone();
 
     // get and list with label filters
-    assert_eq!(c.sandbox(&id).await.expect("get").state, SandboxState::Running);
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").state,
+        SandboxState::Running
+    );
     let listed = c.list_sandboxes(&[("team", "infra")]).await.expect("list");
     assert!(listed.sandboxes.iter().any(|s| s.id == id));
     let none = c.list_sandboxes(&[("team", "other")]).await.expect("list");
@@ -40,10 +49,18 @@ async fn create_exec_files_delete() {
 
     // exec: stdout/stderr apart, env, default user, exit code
     let out = c
-        .run(&id, &ProcessSpec::shell("echo out; echo err >&2; echo \"$GREETING\"; id -u; hostname; exit 3"))
+        .run(
+            &id,
+            &ProcessSpec::shell(
+                "echo out; echo err >&2; echo \"$GREETING\"; id -u; hostname; exit 3",
+            ),
+        )
         .await
         .expect("run");
-    assert_eq!(out.stdout_str(), format!("out\nhello from env\n1000\n{id}\n"));
+    assert_eq!(
+        out.stdout_str(),
+        format!("out\nhello from env\n1000\n{id}\n")
+    );
     assert_eq!(out.stderr_str(), "err\n");
     assert_eq!(out.status.exit_code, Some(3));
 
@@ -51,31 +68,67 @@ async fn create_exec_files_delete() {
     let mut spec = ProcessSpec::argv(["sh", "-c", "id -u; pwd"]);
     spec.user = Some("root".into());
     spec.cwd = Some("/tmp".into());
-    assert_eq!(c.run(&id, &spec).await.expect("run").stdout_str(), "0\n/tmp\n");
+    assert_eq!(
+        c.run(&id, &spec).await.expect("run").stdout_str(),
+        "0\n/tmp\n"
+    );
 
     // files: write, read, stat, list, mkdir, rename, remove
     let body = b"line one\nline two\n".to_vec();
-    let st = c.write_file(&id, "notes/a.txt", None, Some(0o600), body.clone()).await.expect("write");
+    let st = c
+        .write_file(&id, "notes/a.txt", None, Some(0o600), body.clone())
+        .await
+        .expect("write");
     assert_eq!(st.path, "/home/user/notes/a.txt");
     assert_eq!(st.size, body.len() as u64);
     assert_eq!(st.mode & 0o777, 0o600);
     assert_eq!(st.uid, 1000);
-    assert_eq!(c.read_file_bytes(&id, "/home/user/notes/a.txt", None).await.expect("read"), body);
-    let out = c.run(&id, &ProcessSpec::shell("cat ~/notes/a.txt | wc -l")).await.expect("run");
+    assert_eq!(
+        c.read_file_bytes(&id, "/home/user/notes/a.txt", None)
+            .await
+            .expect("read"),
+        body
+    );
+    let out = c
+        .run(&id, &ProcessSpec::shell("cat ~/notes/a.txt | wc -l"))
+        .await
+        .expect("run");
     assert_eq!(out.stdout_str().trim(), "2");
 
-    c.mkdir(&id, &space_core::files::MkdirRequest { path: "/home/user/deep/er/dir".into(), mode: None, user: None })
+    c.mkdir(
+        &id,
+        &space_core::files::MkdirRequest {
+            path: "/home/user/deep/er/dir".into(),
+            mode: None,
+            user: None,
+        },
+    )
+    .await
+    .expect("mkdir -p");
+    c.rename(
+        &id,
+        &space_core::files::RenameRequest {
+            from: "notes/a.txt".into(),
+            to: "deep/er/dir/b.txt".into(),
+            user: None,
+        },
+    )
+    .await
+    .expect("rename");
+    let list = c
+        .list_files(&id, "/home/user/deep", Some(3), None)
         .await
-        .expect("mkdir -p");
-    c.rename(&id, &space_core::files::RenameRequest { from: "notes/a.txt".into(), to: "deep/er/dir/b.txt".into(), user: None })
-        .await
-        .expect("rename");
-    let list = c.list_files(&id, "/home/user/deep", Some(3), None).await.expect("list");
+        .expect("list");
     let paths: Vec<_> = list.entries.iter().map(|e| e.path.as_str()).collect();
     assert!(paths.contains(&"/home/user/deep/er/dir/b.txt"), "{paths:?}");
-    let err = c.stat(&id, "notes/a.txt", None).await.expect_err("moved away");
+    let err = c
+        .stat(&id, "notes/a.txt", None)
+        .await
+        .expect_err("moved away");
     assert_eq!(err.code(), Some(space_core::ErrorCode::NotFound));
-    c.remove_file(&id, "/home/user/deep", true, None).await.expect("rm -r");
+    c.remove_file(&id, "/home/user/deep", true, None)
+        .await
+        .expect("rm -r");
     assert!(c.stat(&id, "/home/user/deep", None).await.is_err());
 
     // console log has the boot
@@ -85,10 +138,24 @@ async fn create_exec_files_delete() {
     // delete: gone, and nothing left on the node
     c.delete_sandbox(&id).await.expect("delete");
     // The record stays, marked deleted, for auditing; the sandbox is gone.
-    assert_eq!(c.sandbox(&id).await.expect("get").state, SandboxState::Deleted);
-    assert!(c.list_sandboxes(&[]).await.expect("list").sandboxes.is_empty());
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").state,
+        SandboxState::Deleted
+    );
+    assert!(c
+        .list_sandboxes(&[])
+        .await
+        .expect("list")
+        .sandboxes
+        .is_empty());
     assert!(!ts.data_dir.join("run").join(id.as_str()).exists());
-    assert!(!ts.data_dir.join("store/sandboxes").join(id.as_str()).exists());
-    assert!(test_support::leaks::sandbox_vmm_processes().iter().all(|(_, cmd)| !cmd.contains(id.as_str())));
+    assert!(!ts
+        .data_dir
+        .join("store/sandboxes")
+        .join(id.as_str())
+        .exists());
+    assert!(test_support::leaks::sandbox_vmm_processes()
+        .iter()
+        .all(|(_, cmd)| !cmd.contains(id.as_str())));
     ts.stop().await;
 }

@@ -25,9 +25,16 @@ fn every_file_has_a_module_doc() {
     assert!(files.len() > 50, "found only {} files", files.len());
     let missing: Vec<_> = files
         .iter()
-        .filter(|f| !std::fs::read_to_string(f).unwrap_or_default().starts_with("//!"))
+        .filter(|f| {
+            !std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .starts_with("//!")
+        })
         .collect();
-    assert!(missing.is_empty(), "files without a //! module doc: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "files without a //! module doc: {missing:#?}"
+    );
 }
 
 /// The guest daemon must not listen on the network: no TCP or UDP listener, and no IP socket
@@ -35,11 +42,18 @@ fn every_file_has_a_module_doc() {
 #[test]
 fn guest_daemon_opens_no_network_socket() {
     let mut files = Vec::new();
-    rust_files(&workspace_root().join("crates/sandbox/spaced/src"), &mut files);
+    rust_files(
+        &workspace_root().join("crates/sandbox/spaced/src"),
+        &mut files,
+    );
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_default();
         for needle in ["TcpListener", "UdpSocket", "TcpStream", "sockaddr_in"] {
-            assert!(!text.contains(needle), "{} mentions {needle}: the daemon listens on no network socket", f.display());
+            assert!(
+                !text.contains(needle),
+                "{} mentions {needle}: the daemon listens on no network socket",
+                f.display()
+            );
         }
     }
 }
@@ -48,11 +62,26 @@ fn guest_daemon_opens_no_network_socket() {
 #[test]
 fn privileged_calls_stay_in_the_node_manager() {
     let mut files = Vec::new();
-    rust_files(&workspace_root().join("crates/node/space-node/src"), &mut files);
+    rust_files(
+        &workspace_root().join("crates/node/space-node/src"),
+        &mut files,
+    );
     for f in files.iter().filter(|f| !f.ends_with("node_manager.rs")) {
-        let text = std::fs::read_to_string(f).unwrap_or_default().replace("RecordStore::open(", "");
-        for needle in ["Store::open(", "vmm.launch(", "store.create_sandbox_disk(", "remove_sandbox_dir(", "mount("] {
-            assert!(!text.contains(needle), "{} calls {needle} outside the node manager", f.display());
+        let text = std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .replace("RecordStore::open(", "");
+        for needle in [
+            "Store::open(",
+            "vmm.launch(",
+            "store.create_sandbox_disk(",
+            "remove_sandbox_dir(",
+            "mount(",
+        ] {
+            assert!(
+                !text.contains(needle),
+                "{} calls {needle} outside the node manager",
+                f.display()
+            );
         }
     }
 }

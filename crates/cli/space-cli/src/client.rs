@@ -13,7 +13,10 @@ use futures::{StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
 use space_core::files::{FileList, FileStat, MkdirRequest, RenameRequest};
-use space_core::process::{ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, ProcessSpec, PtySize, SignalRequest, MAX_OUTPUT_LINE};
+use space_core::process::{
+    ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, ProcessSpec, PtySize,
+    SignalRequest, MAX_OUTPUT_LINE,
+};
 use space_core::sandbox::{CreateSandboxRequest, SandboxInfo, SandboxList, SetTimeoutRequest};
 use space_core::template::TemplateInfo;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState};
@@ -147,7 +150,10 @@ fn encode(s: &str) -> String {
 
 /// Builds `?k=v&...` from optional pairs.
 fn query(pairs: &[(&str, Option<String>)]) -> String {
-    let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v)))).collect();
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .collect();
     if parts.is_empty() {
         String::new()
     } else {
@@ -167,12 +173,22 @@ impl SpaceClient {
     }
 
     /// A client using a preconfigured `reqwest::Client`.
-    pub fn with_http(http: reqwest::Client, base_url: &str, api_key: Option<String>) -> ClientResult<Self> {
+    pub fn with_http(
+        http: reqwest::Client,
+        base_url: &str,
+        api_key: Option<String>,
+    ) -> ClientResult<Self> {
         let base = base_url.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(ClientError::Config(format!("server URL must start with http:// or https://, got {base:?}")));
+            return Err(ClientError::Config(format!(
+                "server URL must start with http:// or https://, got {base:?}"
+            )));
         }
-        Ok(Self { http, base, api_key })
+        Ok(Self {
+            http,
+            base,
+            api_key,
+        })
     }
 
     /// The server's base URL.
@@ -189,7 +205,8 @@ impl SpaceClient {
     }
 
     fn sbx(id: &(impl SandboxRef + ?Sized)) -> String {
-        let encoded: String = form_urlencoded::byte_serialize(id.sandbox_ref().as_bytes()).collect();
+        let encoded: String =
+            form_urlencoded::byte_serialize(id.sandbox_ref().as_bytes()).collect();
         format!("/v1/sandboxes/{encoded}")
     }
 
@@ -205,7 +222,8 @@ impl SpaceClient {
     async fn json<T: DeserializeOwned>(rb: RequestBuilder) -> ClientResult<T> {
         let resp = Self::send(rb).await?;
         let bytes = resp.bytes().await?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(format!("bad JSON from the server: {e}")))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Protocol(format!("bad JSON from the server: {e}")))
     }
 
     async fn empty(rb: RequestBuilder) -> ClientResult<()> {
@@ -239,8 +257,15 @@ impl SpaceClient {
     }
 
     /// `GET /v1/sandboxes?label=K=V&state=S`.
-    pub async fn list_sandboxes_filtered(&self, labels: &[(&str, &str)], state: Option<SandboxState>) -> ClientResult<SandboxList> {
-        let mut parts: Vec<(&str, Option<String>)> = labels.iter().map(|(k, v)| ("label", Some(format!("{k}={v}")))).collect();
+    pub async fn list_sandboxes_filtered(
+        &self,
+        labels: &[(&str, &str)],
+        state: Option<SandboxState>,
+    ) -> ClientResult<SandboxList> {
+        let mut parts: Vec<(&str, Option<String>)> = labels
+            .iter()
+            .map(|(k, v)| ("label", Some(format!("{k}={v}"))))
+            .collect();
         parts.push(("state", state.map(|s| s.as_str().to_owned())));
         Self::json(self.request(Method::GET, &format!("/v1/sandboxes{}", query(&parts)))).await
     }
@@ -256,72 +281,160 @@ impl SpaceClient {
     }
 
     /// `PUT /v1/sandboxes/{id}/timeout`.
-    pub async fn set_timeout(&self, id: &(impl SandboxRef + ?Sized), timeout_secs: u64) -> ClientResult<SandboxInfo> {
-        Self::json(self.request(Method::PUT, &format!("{}/timeout", Self::sbx(id))).json(&SetTimeoutRequest { timeout_secs })).await
+    pub async fn set_timeout(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        timeout_secs: u64,
+    ) -> ClientResult<SandboxInfo> {
+        Self::json(
+            self.request(Method::PUT, &format!("{}/timeout", Self::sbx(id)))
+                .json(&SetTimeoutRequest { timeout_secs }),
+        )
+        .await
     }
 
     /// `GET /v1/sandboxes/{id}/console?bytes=N`.
-    pub async fn console(&self, id: &(impl SandboxRef + ?Sized), bytes: Option<usize>) -> ClientResult<String> {
+    pub async fn console(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        bytes: Option<usize>,
+    ) -> ClientResult<String> {
         let q = query(&[("bytes", bytes.map(|b| b.to_string()))]);
-        let resp = Self::send(self.request(Method::GET, &format!("{}/console{q}", Self::sbx(id)))).await?;
+        let resp =
+            Self::send(self.request(Method::GET, &format!("{}/console{q}", Self::sbx(id)))).await?;
         Ok(resp.text().await?)
     }
 
     /// `POST /v1/sandboxes/{id}/processes`.
-    pub async fn start_process(&self, id: &(impl SandboxRef + ?Sized), spec: &ProcessSpec) -> ClientResult<ProcessInfo> {
-        Self::json(self.request(Method::POST, &format!("{}/processes", Self::sbx(id))).json(spec)).await
+    pub async fn start_process(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        spec: &ProcessSpec,
+    ) -> ClientResult<ProcessInfo> {
+        Self::json(
+            self.request(Method::POST, &format!("{}/processes", Self::sbx(id)))
+                .json(spec),
+        )
+        .await
     }
 
     /// `GET /v1/sandboxes/{id}/processes`.
-    pub async fn processes(&self, id: &(impl SandboxRef + ?Sized)) -> ClientResult<Vec<ProcessInfo>> {
+    pub async fn processes(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<Vec<ProcessInfo>> {
         Self::json(self.request(Method::GET, &format!("{}/processes", Self::sbx(id)))).await
     }
 
     /// `GET /v1/sandboxes/{id}/processes/{pid}`.
-    pub async fn process(&self, id: &(impl SandboxRef + ?Sized), pid: ProcessId) -> ClientResult<ProcessInfo> {
+    pub async fn process(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+    ) -> ClientResult<ProcessInfo> {
         Self::json(self.request(Method::GET, &format!("{}/processes/{pid}", Self::sbx(id)))).await
     }
 
     /// `GET /v1/sandboxes/{id}/processes/{pid}/output?after=SEQ`: the events after `after`.
     /// The stream ends after `exit`, or early (without `exit`) if the connection breaks.
-    pub async fn output(&self, id: &(impl SandboxRef + ?Sized), pid: ProcessId, after: Option<u64>) -> ClientResult<EventStream> {
+    pub async fn output(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+        after: Option<u64>,
+    ) -> ClientResult<EventStream> {
         let q = query(&[("after", after.map(|a| a.to_string()))]);
-        let resp = Self::send(self.request(Method::GET, &format!("{}/processes/{pid}/output{q}", Self::sbx(id)))).await?;
+        let resp = Self::send(self.request(
+            Method::GET,
+            &format!("{}/processes/{pid}/output{q}", Self::sbx(id)),
+        ))
+        .await?;
         Ok(decode_events(resp))
     }
 
     /// `POST /v1/sandboxes/{id}/processes/{pid}/stdin?close=BOOL`: the body is streamed.
-    pub async fn write_stdin(&self, id: &(impl SandboxRef + ?Sized), pid: ProcessId, body: impl Into<reqwest::Body>, close: bool) -> ClientResult<()> {
+    pub async fn write_stdin(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+        body: impl Into<reqwest::Body>,
+        close: bool,
+    ) -> ClientResult<()> {
         let path = format!("{}/processes/{pid}/stdin?close={close}", Self::sbx(id));
-        Self::empty(self.request(Method::POST, &path).header("content-type", "application/octet-stream").body(body)).await
+        Self::empty(
+            self.request(Method::POST, &path)
+                .header("content-type", "application/octet-stream")
+                .body(body),
+        )
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/processes/{pid}/signal`.
-    pub async fn signal(&self, id: &(impl SandboxRef + ?Sized), pid: ProcessId, signal: i32) -> ClientResult<()> {
-        Self::empty(self.request(Method::POST, &format!("{}/processes/{pid}/signal", Self::sbx(id))).json(&SignalRequest { signal })).await
+    pub async fn signal(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+        signal: i32,
+    ) -> ClientResult<()> {
+        Self::empty(
+            self.request(
+                Method::POST,
+                &format!("{}/processes/{pid}/signal", Self::sbx(id)),
+            )
+            .json(&SignalRequest { signal }),
+        )
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/processes/{pid}/resize`.
-    pub async fn resize(&self, id: &(impl SandboxRef + ?Sized), pid: ProcessId, size: PtySize) -> ClientResult<()> {
-        Self::empty(self.request(Method::POST, &format!("{}/processes/{pid}/resize", Self::sbx(id))).json(&size)).await
+    pub async fn resize(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+        size: PtySize,
+    ) -> ClientResult<()> {
+        Self::empty(
+            self.request(
+                Method::POST,
+                &format!("{}/processes/{pid}/resize", Self::sbx(id)),
+            )
+            .json(&size),
+        )
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/exec`: starts the process and streams its output; the first
     /// event is `started` (with the process id).
-    pub async fn exec(&self, id: &(impl SandboxRef + ?Sized), spec: &ProcessSpec) -> ClientResult<EventStream> {
-        let resp = Self::send(self.request(Method::POST, &format!("{}/exec", Self::sbx(id))).json(spec)).await?;
+    pub async fn exec(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        spec: &ProcessSpec,
+    ) -> ClientResult<EventStream> {
+        let resp = Self::send(
+            self.request(Method::POST, &format!("{}/exec", Self::sbx(id)))
+                .json(spec),
+        )
+        .await?;
         Ok(decode_events(resp))
     }
 
     /// Runs a command to completion and collects its output (through `exec`, reconnecting
     /// to `output` if the stream breaks before the exit event).
-    pub async fn run(&self, id: &(impl SandboxRef + ?Sized), spec: &ProcessSpec) -> ClientResult<RunOutput> {
+    pub async fn run(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        spec: &ProcessSpec,
+    ) -> ClientResult<RunOutput> {
         let mut events = self.exec(id, spec).await?;
         let mut out = RunOutput {
             id: 0,
             stdout: Vec::new(),
             stderr: Vec::new(),
-            status: ExitStatus { exit_code: None, signal: None, timed_out: false },
+            status: ExitStatus {
+                exit_code: None,
+                signal: None,
+                timed_out: false,
+            },
             lost_bytes: 0,
         };
         let mut started = false;
@@ -337,9 +450,13 @@ impl SpaceClient {
                             started = true;
                         }
                         OutputEvent::Data { .. } => {
-                            let (stream, bytes) = ev.bytes().ok_or_else(|| ClientError::Protocol("bad base64 in a data event".into()))?;
+                            let (stream, bytes) = ev.bytes().ok_or_else(|| {
+                                ClientError::Protocol("bad base64 in a data event".into())
+                            })?;
                             match stream {
-                                OutputStream::Stdout | OutputStream::Pty => out.stdout.extend_from_slice(&bytes),
+                                OutputStream::Stdout | OutputStream::Pty => {
+                                    out.stdout.extend_from_slice(&bytes)
+                                }
                                 OutputStream::Stderr => out.stderr.extend_from_slice(&bytes),
                             }
                         }
@@ -356,21 +473,39 @@ impl SpaceClient {
                     events = self.output(id, out.id, last_seq).await?;
                 }
                 Some(Err(e)) => return Err(e),
-                None => return Err(ClientError::Protocol("output stream ended before the process was started".into())),
+                None => {
+                    return Err(ClientError::Protocol(
+                        "output stream ended before the process was started".into(),
+                    ))
+                }
             }
         }
     }
 
     /// `GET /v1/sandboxes/{id}/files?path=&user=`: the size (if known) and the content.
-    pub async fn read_file(&self, id: &(impl SandboxRef + ?Sized), path: &str, user: Option<&str>) -> ClientResult<(Option<u64>, ByteStream)> {
-        let q = query(&[("path", Some(path.to_owned())), ("user", user.map(str::to_owned))]);
-        let resp = Self::send(self.request(Method::GET, &format!("{}/files{q}", Self::sbx(id)))).await?;
+    pub async fn read_file(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        path: &str,
+        user: Option<&str>,
+    ) -> ClientResult<(Option<u64>, ByteStream)> {
+        let q = query(&[
+            ("path", Some(path.to_owned())),
+            ("user", user.map(str::to_owned)),
+        ]);
+        let resp =
+            Self::send(self.request(Method::GET, &format!("{}/files{q}", Self::sbx(id)))).await?;
         let size = resp.content_length();
         Ok((size, resp.bytes_stream().map_err(ClientError::from).boxed()))
     }
 
     /// A whole file in memory.
-    pub async fn read_file_bytes(&self, id: &(impl SandboxRef + ?Sized), path: &str, user: Option<&str>) -> ClientResult<Vec<u8>> {
+    pub async fn read_file_bytes(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        path: &str,
+        user: Option<&str>,
+    ) -> ClientResult<Vec<u8>> {
         let (_, mut stream) = self.read_file(id, path, user).await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
@@ -393,35 +528,84 @@ impl SpaceClient {
             ("user", user.map(str::to_owned)),
             ("mode", mode.map(|m| format!("{m:04o}"))),
         ]);
-        Self::json(self.request(Method::PUT, &format!("{}/files{q}", Self::sbx(id))).header("content-type", "application/octet-stream").body(body)).await
+        Self::json(
+            self.request(Method::PUT, &format!("{}/files{q}", Self::sbx(id)))
+                .header("content-type", "application/octet-stream")
+                .body(body),
+        )
+        .await
     }
 
     /// `DELETE /v1/sandboxes/{id}/files?path=&recursive=&user=`.
-    pub async fn remove_file(&self, id: &(impl SandboxRef + ?Sized), path: &str, recursive: bool, user: Option<&str>) -> ClientResult<()> {
-        let q = query(&[("path", Some(path.to_owned())), ("recursive", Some(recursive.to_string())), ("user", user.map(str::to_owned))]);
+    pub async fn remove_file(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> ClientResult<()> {
+        let q = query(&[
+            ("path", Some(path.to_owned())),
+            ("recursive", Some(recursive.to_string())),
+            ("user", user.map(str::to_owned)),
+        ]);
         Self::empty(self.request(Method::DELETE, &format!("{}/files{q}", Self::sbx(id)))).await
     }
 
     /// `GET /v1/sandboxes/{id}/files/stat?path=&user=`.
-    pub async fn stat(&self, id: &(impl SandboxRef + ?Sized), path: &str, user: Option<&str>) -> ClientResult<FileStat> {
-        let q = query(&[("path", Some(path.to_owned())), ("user", user.map(str::to_owned))]);
+    pub async fn stat(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        path: &str,
+        user: Option<&str>,
+    ) -> ClientResult<FileStat> {
+        let q = query(&[
+            ("path", Some(path.to_owned())),
+            ("user", user.map(str::to_owned)),
+        ]);
         Self::json(self.request(Method::GET, &format!("{}/files/stat{q}", Self::sbx(id)))).await
     }
 
     /// `GET /v1/sandboxes/{id}/files/list?path=&depth=&user=`.
-    pub async fn list_files(&self, id: &(impl SandboxRef + ?Sized), path: &str, depth: Option<u32>, user: Option<&str>) -> ClientResult<FileList> {
-        let q = query(&[("path", Some(path.to_owned())), ("depth", depth.map(|d| d.to_string())), ("user", user.map(str::to_owned))]);
+    pub async fn list_files(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        path: &str,
+        depth: Option<u32>,
+        user: Option<&str>,
+    ) -> ClientResult<FileList> {
+        let q = query(&[
+            ("path", Some(path.to_owned())),
+            ("depth", depth.map(|d| d.to_string())),
+            ("user", user.map(str::to_owned)),
+        ]);
         Self::json(self.request(Method::GET, &format!("{}/files/list{q}", Self::sbx(id)))).await
     }
 
     /// `POST /v1/sandboxes/{id}/files/mkdir`.
-    pub async fn mkdir(&self, id: &(impl SandboxRef + ?Sized), req: &MkdirRequest) -> ClientResult<FileStat> {
-        Self::json(self.request(Method::POST, &format!("{}/files/mkdir", Self::sbx(id))).json(req)).await
+    pub async fn mkdir(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        req: &MkdirRequest,
+    ) -> ClientResult<FileStat> {
+        Self::json(
+            self.request(Method::POST, &format!("{}/files/mkdir", Self::sbx(id)))
+                .json(req),
+        )
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/files/rename`.
-    pub async fn rename(&self, id: &(impl SandboxRef + ?Sized), req: &RenameRequest) -> ClientResult<()> {
-        Self::empty(self.request(Method::POST, &format!("{}/files/rename", Self::sbx(id))).json(req)).await
+    pub async fn rename(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        req: &RenameRequest,
+    ) -> ClientResult<()> {
+        Self::empty(
+            self.request(Method::POST, &format!("{}/files/rename", Self::sbx(id)))
+                .json(req),
+        )
+        .await
     }
 }
 
@@ -440,7 +624,10 @@ async fn error_from(resp: Response) -> ClientError {
     match serde_json::from_slice::<ErrorBody>(&body) {
         Ok(body) => ClientError::Api { status, body },
         Err(_) => {
-            let text = String::from_utf8_lossy(&body).chars().take(200).collect::<String>();
+            let text = String::from_utf8_lossy(&body)
+                .chars()
+                .take(200)
+                .collect::<String>();
             let code = match status {
                 401 => ErrorCode::Unauthenticated,
                 404 => ErrorCode::NotFound,
@@ -448,7 +635,10 @@ async fn error_from(resp: Response) -> ClientError {
                 400..=499 => ErrorCode::InvalidRequest,
                 _ => ErrorCode::Internal,
             };
-            ClientError::Api { status, body: ErrorBody::new(code, format!("HTTP {status}: {text}")) }
+            ClientError::Api {
+                status,
+                body: ErrorBody::new(code, format!("HTTP {status}: {text}")),
+            }
         }
     }
 }
@@ -456,33 +646,41 @@ async fn error_from(resp: Response) -> ClientError {
 /// Decodes an NDJSON response into events.
 fn decode_events(resp: Response) -> EventStream {
     let bytes = resp.bytes_stream();
-    futures::stream::unfold((bytes, Lines::new(MAX_OUTPUT_LINE), false), |(mut bytes, mut lines, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            match lines.next_line() {
-                Ok(Some(line)) => {
-                    let ev = serde_json::from_slice::<OutputEvent>(&line)
-                        .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
-                    let stop = ev.is_err();
-                    return Some((ev, (bytes, lines, stop)));
-                }
-                Ok(None) => {}
-                Err(e) => return Some((Err(ClientError::Protocol(e.to_string())), (bytes, lines, true))),
+    futures::stream::unfold(
+        (bytes, Lines::new(MAX_OUTPUT_LINE), false),
+        |(mut bytes, mut lines, done)| async move {
+            if done {
+                return None;
             }
-            match bytes.next().await {
-                Some(Ok(chunk)) => lines.push(&chunk),
-                Some(Err(e)) => return Some((Err(ClientError::Http(e)), (bytes, lines, true))),
-                None => {
-                    let last = lines.finish()?;
-                    let ev = serde_json::from_slice::<OutputEvent>(&last)
-                        .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
-                    return Some((ev, (bytes, lines, true)));
+            loop {
+                match lines.next_line() {
+                    Ok(Some(line)) => {
+                        let ev = serde_json::from_slice::<OutputEvent>(&line)
+                            .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
+                        let stop = ev.is_err();
+                        return Some((ev, (bytes, lines, stop)));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Some((
+                            Err(ClientError::Protocol(e.to_string())),
+                            (bytes, lines, true),
+                        ))
+                    }
+                }
+                match bytes.next().await {
+                    Some(Ok(chunk)) => lines.push(&chunk),
+                    Some(Err(e)) => return Some((Err(ClientError::Http(e)), (bytes, lines, true))),
+                    None => {
+                        let last = lines.finish()?;
+                        let ev = serde_json::from_slice::<OutputEvent>(&last)
+                            .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
+                        return Some((ev, (bytes, lines, true)));
+                    }
                 }
             }
-        }
-    })
+        },
+    )
     .boxed()
 }
 
@@ -492,13 +690,20 @@ mod tests {
 
     #[test]
     fn queries_are_encoded() {
-        assert_eq!(query(&[("path", Some("/a b&c".into())), ("user", None)]), "?path=%2Fa+b%26c");
+        assert_eq!(
+            query(&[("path", Some("/a b&c".into())), ("user", None)]),
+            "?path=%2Fa+b%26c"
+        );
         assert_eq!(query(&[("user", None)]), "");
     }
 
     #[test]
     fn exit_codes() {
-        let st = |exit_code, signal| ExitStatus { exit_code, signal, timed_out: false };
+        let st = |exit_code, signal| ExitStatus {
+            exit_code,
+            signal,
+            timed_out: false,
+        };
         assert_eq!(shell_exit_code(&st(Some(3), None)), 3);
         assert_eq!(shell_exit_code(&st(None, Some(9))), 137);
     }
@@ -506,6 +711,9 @@ mod tests {
     #[test]
     fn urls_are_checked() {
         assert!(SpaceClient::new("127.0.0.1:7070", None).is_err());
-        assert_eq!(SpaceClient::new("http://h:1/", None).unwrap().base_url(), "http://h:1");
+        assert_eq!(
+            SpaceClient::new("http://h:1/", None).unwrap().base_url(),
+            "http://h:1"
+        );
     }
 }

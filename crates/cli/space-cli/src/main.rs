@@ -15,7 +15,11 @@ use space_cli::client::{ClientError, SpaceClient};
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 
 #[derive(Parser, Debug)]
-#[command(name = "space", version, about = "SPACE: sandboxes for AI agents, each a microVM")]
+#[command(
+    name = "space",
+    version,
+    about = "SPACE: sandboxes for AI agents, each a microVM"
+)]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -27,7 +31,12 @@ struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct Global {
     /// Server URL.
-    #[arg(long, global = true, env = "SPACE_URL", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "SPACE_URL",
+        default_value = "http://127.0.0.1:7070"
+    )]
     pub url: String,
     /// API key (default: the key file in the data directory, if readable).
     #[arg(long, global = true, env = "SPACE_API_KEY", hide_env_values = true)]
@@ -73,7 +82,10 @@ impl Global {
             return Some(k.trim().to_owned());
         }
         let path = space_control::bootstrap::api_key_path(&self.data_dir);
-        std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
     }
 
     /// A client for `--url`.
@@ -83,15 +95,21 @@ impl Global {
 }
 
 fn init_logging(verbose_default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SPACE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbose_default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPACE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbose_default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Prints an error the CLI way: `error: <message> (<code>)`.
 pub fn print_error(err: &anyhow::Error) {
     match err.downcast_ref::<ClientError>() {
         Some(ClientError::Api { body, .. }) => eprintln!("error: {} ({})", body.message, body.code),
-        Some(ClientError::Http(e)) if e.is_connect() => eprintln!("error: cannot connect to the server: {e} (is `space server` running? see --url)"),
+        Some(ClientError::Http(e)) if e.is_connect() => eprintln!(
+            "error: cannot connect to the server: {e} (is `space server` running? see --url)"
+        ),
         _ => eprintln!("error: {err:#}"),
     }
 }
@@ -99,7 +117,11 @@ pub fn print_error(err: &anyhow::Error) {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    init_logging(if matches!(cli.command, Command::Server(_)) { "info" } else { "warn" });
+    init_logging(if matches!(cli.command, Command::Server(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     let g = cli.global;
     let result = match cli.command {
         Command::Server(a) => cmd::server::run(&g, a).await,

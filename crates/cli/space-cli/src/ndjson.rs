@@ -18,7 +18,10 @@ pub struct Lines {
 impl Lines {
     /// A splitter refusing lines longer than `max` bytes.
     pub fn new(max: usize) -> Self {
-        Self { buf: BytesMut::new(), max }
+        Self {
+            buf: BytesMut::new(),
+            max,
+        }
     }
 
     /// Adds a chunk.

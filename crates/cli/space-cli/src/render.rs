@@ -16,7 +16,9 @@ pub fn json<T: Serialize>(v: &T) -> anyhow::Result<()> {
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
-    t.load_preset(NOTHING).set_content_arrangement(ContentArrangement::Dynamic).set_header(header.to_vec());
+    t.load_preset(NOTHING)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.to_vec());
     t
 }
 
@@ -58,12 +60,18 @@ pub fn bytes(n: u64) -> String {
 }
 
 fn labels(info: &SandboxInfo) -> String {
-    info.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    info.labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A sandbox list.
 pub fn sandboxes(list: &[SandboxInfo]) {
-    let mut t = table(&["ID", "TEMPLATE", "STATE", "VCPUS", "MEMORY", "DISK", "LABELS", "CREATED", "EXPIRES"]);
+    let mut t = table(&[
+        "ID", "TEMPLATE", "STATE", "VCPUS", "MEMORY", "DISK", "LABELS", "CREATED", "EXPIRES",
+    ]);
     for s in list {
         t.add_row(vec![
             s.id.to_string(),
@@ -85,8 +93,17 @@ pub fn sandbox(s: &SandboxInfo) {
     let mut lines = vec![
         ("id", s.id.to_string()),
         ("state", s.state.to_string()),
-        ("template", format!("{} ({})", s.template, short(&s.template_digest))),
-        ("resources", format!("{} vCPU, {} MiB memory, {} MiB disk", s.resources.vcpus, s.resources.memory_mib, s.resources.disk_mib)),
+        (
+            "template",
+            format!("{} ({})", s.template, short(&s.template_digest)),
+        ),
+        (
+            "resources",
+            format!(
+                "{} vCPU, {} MiB memory, {} MiB disk",
+                s.resources.vcpus, s.resources.memory_mib, s.resources.disk_mib
+            ),
+        ),
         ("node", s.node.clone()),
         ("created", relative(s.created_at_ms)),
         ("expires", relative(s.expires_at_ms)),
@@ -116,13 +133,26 @@ pub fn short(digest: &str) -> &str {
 
 /// Templates.
 pub fn templates(list: &[TemplateInfo]) {
-    let mut t = table(&["NAME", "DIGEST", "SIZE", "DEFAULTS", "USER", "BUILT", "DESCRIPTION"]);
+    let mut t = table(&[
+        "NAME",
+        "DIGEST",
+        "SIZE",
+        "DEFAULTS",
+        "USER",
+        "BUILT",
+        "DESCRIPTION",
+    ]);
     for i in list {
         t.add_row(vec![
             i.name.clone(),
             short(&i.digest).to_owned(),
             format!("{} MiB", i.image_size_mib),
-            format!("{} vCPU, {} MiB, {} MiB disk", i.default_resources.vcpus, i.default_resources.memory_mib, i.default_resources.disk_mib),
+            format!(
+                "{} vCPU, {} MiB, {} MiB disk",
+                i.default_resources.vcpus,
+                i.default_resources.memory_mib,
+                i.default_resources.disk_mib
+            ),
             i.default_user.clone(),
             relative(i.built_at_ms),
             i.description.clone(),
@@ -143,7 +173,13 @@ pub fn processes(list: &[ProcessInfo]) {
                 _ => "exited".to_owned(),
             },
         };
-        t.add_row(vec![p.id.to_string(), p.pid.to_string(), p.user.clone(), status, p.argv.join(" ")]);
+        t.add_row(vec![
+            p.id.to_string(),
+            p.pid.to_string(),
+            p.user.clone(),
+            status,
+            p.argv.join(" "),
+        ]);
     }
     println!("{t}");
 }
@@ -166,7 +202,14 @@ pub fn files(list: &[FileStat], truncated: bool) {
             None if f.kind == FileKind::Dir => format!("{}/", f.path),
             None => f.path.clone(),
         };
-        t.add_row(vec![format!("{:04o}", f.mode & 0o7777), f.uid.to_string(), f.gid.to_string(), f.size.to_string(), relative(f.modified_ms), path]);
+        t.add_row(vec![
+            format!("{:04o}", f.mode & 0o7777),
+            f.uid.to_string(),
+            f.gid.to_string(),
+            f.size.to_string(),
+            relative(f.modified_ms),
+            path,
+        ]);
     }
     println!("{t}");
     if truncated {

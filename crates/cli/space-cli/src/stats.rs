@@ -54,7 +54,10 @@ mod tests {
     fn nearest_rank() {
         let s: Vec<f64> = (1..=20).map(f64::from).collect();
         let sum = summarize(&s).unwrap();
-        assert_eq!((sum.p50, sum.p90, sum.p99, sum.min, sum.max), (10.0, 18.0, 20.0, 1.0, 20.0));
+        assert_eq!(
+            (sum.p50, sum.p90, sum.p99, sum.min, sum.max),
+            (10.0, 18.0, 20.0, 1.0, 20.0)
+        );
         assert_eq!(summarize(&[5.0]).unwrap().p90, 5.0);
         assert!(summarize(&[]).is_none());
     }

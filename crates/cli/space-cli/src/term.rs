@@ -19,11 +19,19 @@ pub fn stderr_is_tty() -> bool {
 /// The size of the terminal on stdout (or stdin), clamped to what a pty accepts.
 pub fn size() -> PtySize {
     for fd in [libc::STDOUT_FILENO, libc::STDIN_FILENO] {
-        let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+        let mut ws = libc::winsize {
+            ws_row: 0,
+            ws_col: 0,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         // SAFETY: TIOCGWINSZ writes one `winsize` into the pointer we pass, which is valid.
         let rc = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) };
         if rc == 0 && ws.ws_row > 0 && ws.ws_col > 0 {
-            return PtySize { rows: ws.ws_row.min(1000), cols: ws.ws_col.min(1000) };
+            return PtySize {
+                rows: ws.ws_row.min(1000),
+                cols: ws.ws_col.min(1000),
+            };
         }
     }
     PtySize { rows: 24, cols: 80 }

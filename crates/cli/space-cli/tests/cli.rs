@@ -14,9 +14,16 @@ use space_core::{ErrorCode, SandboxId};
 fn shared_store_root() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let root = std::env::var_os("SPACE_TEST_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"));
+        let root = std::env::var_os("SPACE_TEST_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"));
         std::fs::create_dir_all(&root).unwrap();
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(".setup.lock")).unwrap();
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join(".setup.lock"))
+            .unwrap();
         fs4::fs_std::FileExt::lock_exclusive(&lock).unwrap();
         let store = space_storage::Store::open(&root, 32 << 30).unwrap();
         let _ = fs4::fs_std::FileExt::unlock(&lock);
@@ -46,9 +53,17 @@ async fn start() -> (Server, DataDir) {
 /// Runs `space` (on a blocking thread: the server runs on this runtime).
 async fn space(server: &Server, dir: &Path, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_space"));
-    cmd.env_remove("SPACE_API_KEY").env_remove("SPACE_URL").env_remove("SPACE_DATA_DIR");
-    cmd.arg("--url").arg(server.url()).arg("--data-dir").arg(dir).args(args);
-    tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap()
+    cmd.env_remove("SPACE_API_KEY")
+        .env_remove("SPACE_URL")
+        .env_remove("SPACE_DATA_DIR");
+    cmd.arg("--url")
+        .arg(server.url())
+        .arg("--data-dir")
+        .arg(dir)
+        .args(args);
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -66,24 +81,54 @@ async fn commands_report_errors_with_codes_and_exit_status() {
 
     let out = space(&server, &dir.0, &["--json", "template", "list"]).await;
     assert!(out.status.success());
-    let templates: Vec<space_core::template::TemplateInfo> = serde_json::from_slice(&out.stdout).unwrap();
+    let templates: Vec<space_core::template::TemplateInfo> =
+        serde_json::from_slice(&out.stdout).unwrap();
     assert!(templates.is_empty());
 
     let missing = SandboxId::generate();
     let out = space(&server, &dir.0, &["sandbox", "get", missing.as_str()]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(text(&out.stderr).trim(), format!("error: sandbox {missing} not found (not_found)"));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        format!("error: sandbox {missing} not found (not_found)")
+    );
 
-    let out = space(&server, &dir.0, &["--api-key", "space_nope", "sandbox", "list"]).await;
+    let out = space(
+        &server,
+        &dir.0,
+        &["--api-key", "space_nope", "sandbox", "list"],
+    )
+    .await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("(unauthenticated)"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("(unauthenticated)"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let out = space(&server, &dir.0, &["sandbox", "create", "--template", "nope"]).await;
+    let out = space(
+        &server,
+        &dir.0,
+        &["sandbox", "create", "--template", "nope"],
+    )
+    .await;
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(text(&out.stderr).trim(), "error: template 'nope' not found (not_found)");
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "error: template 'nope' not found (not_found)"
+    );
 
-    let out = space(&server, &dir.0, &["files", "stat", missing.as_str(), "../etc/passwd"]).await;
-    assert!(text(&out.stderr).contains("(invalid_path)"), "{}", text(&out.stderr));
+    let out = space(
+        &server,
+        &dir.0,
+        &["files", "stat", missing.as_str(), "../etc/passwd"],
+    )
+    .await;
+    assert!(
+        text(&out.stderr).contains("(invalid_path)"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = space(&server, &dir.0, &["exec", missing.as_str(), "--", "true"]).await;
     assert_eq!(out.status.code(), Some(1));
@@ -107,8 +152,14 @@ async fn key_create_makes_a_working_key_for_another_tenant() {
     let keys: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = keys.as_array().unwrap();
     assert_eq!(listed.len(), 2);
-    assert!(!text(&out.stdout).contains(&key), "listing must not show keys");
-    let acme_key_id = listed.iter().find(|k| k["tenant"] == "acme").unwrap()["id"].as_str().unwrap().to_owned();
+    assert!(
+        !text(&out.stdout).contains(&key),
+        "listing must not show keys"
+    );
+    let acme_key_id = listed.iter().find(|k| k["tenant"] == "acme").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     let out = space(&server, &dir.0, &["key", "revoke", &acme_key_id]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -120,7 +171,10 @@ async fn key_create_makes_a_working_key_for_another_tenant() {
 #[tokio::test]
 async fn client_maps_errors_to_codes() {
     let (server, _dir) = start().await;
-    let key = std::fs::read_to_string(server.api_key_file()).unwrap().trim().to_owned();
+    let key = std::fs::read_to_string(server.api_key_file())
+        .unwrap()
+        .trim()
+        .to_owned();
     let client = SpaceClient::new(&server.url(), Some(key)).unwrap();
     assert_eq!(client.health().await.unwrap()["status"], "ok");
     assert!(client.openapi().await.unwrap()["paths"].is_object());
@@ -128,14 +182,26 @@ async fn client_maps_errors_to_codes() {
 
     // Ids are percent-encoded: a hostile id cannot reach another route.
     let err = client.sandbox("../../healthz").await.unwrap_err();
-    assert_eq!((err.status(), err.code()), (Some(400), Some(ErrorCode::InvalidRequest)));
-    let err = client.delete_sandbox(&SandboxId::generate()).await.unwrap_err();
+    assert_eq!(
+        (err.status(), err.code()),
+        (Some(400), Some(ErrorCode::InvalidRequest))
+    );
+    let err = client
+        .delete_sandbox(&SandboxId::generate())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::NotFound));
-    let err = client.stat(&SandboxId::generate(), "a/../../b", None).await.unwrap_err();
+    let err = client
+        .stat(&SandboxId::generate(), "a/../../b", None)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidPath));
     assert!(matches!(err, ClientError::Api { status: 400, .. }));
 
     let nobody = SpaceClient::new(&server.url(), None).unwrap();
-    assert_eq!(nobody.list_sandboxes(&[]).await.unwrap_err().code(), Some(ErrorCode::Unauthenticated));
+    assert_eq!(
+        nobody.list_sandboxes(&[]).await.unwrap_err().code(),
+        Some(ErrorCode::Unauthenticated)
+    );
     server.shutdown().await;
 }

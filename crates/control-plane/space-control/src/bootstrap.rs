@@ -53,10 +53,18 @@ pub async fn bootstrap(db: &Db, data_dir: &Path) -> Result<Option<String>, Boots
 
 /// Writes a key to `path` with mode 0600, atomically (temp file + rename).
 pub fn write_key_file(path: &Path, key: &str) -> Result<(), BootstrapError> {
-    let err = |source| BootstrapError::KeyFile { path: path.to_owned(), source };
+    let err = |source| BootstrapError::KeyFile {
+        path: path.to_owned(),
+        source,
+    };
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(err)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
     f.write_all(format!("{key}\n").as_bytes()).map_err(err)?;
     f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)?;

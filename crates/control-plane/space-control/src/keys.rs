@@ -31,7 +31,9 @@ pub struct GeneratedKey {
 impl std::fmt::Debug for GeneratedKey {
     // Keys must never reach a log, even through a stray `{:?}`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeneratedKey").field("display_prefix", &self.display_prefix).finish_non_exhaustive()
+        f.debug_struct("GeneratedKey")
+            .field("display_prefix", &self.display_prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -40,7 +42,11 @@ pub fn generate() -> GeneratedKey {
     let mut bytes = [0u8; KEY_BYTES];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     let plaintext = format!("{KEY_PREFIX}{}", hex::encode(bytes));
-    GeneratedKey { hash: hash(&plaintext), display_prefix: display_prefix(&plaintext), plaintext }
+    GeneratedKey {
+        hash: hash(&plaintext),
+        display_prefix: display_prefix(&plaintext),
+        plaintext,
+    }
 }
 
 /// The stored form of a key: sha256, lowercase hex.
@@ -57,7 +63,9 @@ pub fn display_prefix(key: &str) -> String {
 pub fn is_well_formed(key: &str) -> bool {
     key.len() == KEY_LEN
         && key.starts_with(KEY_PREFIX)
-        && key[KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && key[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 #[cfg(test)]

@@ -42,9 +42,17 @@ pub enum Action {
 ///
 /// Read the node's records *before* the rows: then a record without a row really is an
 /// orphan (creates insert the row before the node makes the record).
-pub fn plan(live_rows: &[SandboxRow], records: &[SandboxRecord], creating: &HashSet<SandboxId>, now_ms: i64) -> Vec<Action> {
-    let on_node: HashMap<&SandboxId, &SandboxRecord> =
-        records.iter().filter(|r| r.state != SandboxState::Deleted).map(|r| (&r.id, r)).collect();
+pub fn plan(
+    live_rows: &[SandboxRow],
+    records: &[SandboxRecord],
+    creating: &HashSet<SandboxId>,
+    now_ms: i64,
+) -> Vec<Action> {
+    let on_node: HashMap<&SandboxId, &SandboxRecord> = records
+        .iter()
+        .filter(|r| r.state != SandboxState::Deleted)
+        .map(|r| (&r.id, r))
+        .collect();
     let wanted: HashSet<&SandboxId> = live_rows.iter().map(|r| &r.id).collect();
     let mut actions = Vec::new();
     for row in live_rows {
@@ -93,7 +101,13 @@ impl Reconciler {
         let records = st.node.sandboxes();
         // Rows placed on other nodes are theirs to reconcile.
         let node = st.node.name().to_owned();
-        let rows: Vec<SandboxRow> = st.db.live_sandboxes().await?.into_iter().filter(|r| r.node == node).collect();
+        let rows: Vec<SandboxRow> = st
+            .db
+            .live_sandboxes()
+            .await?
+            .into_iter()
+            .filter(|r| r.node == node)
+            .collect();
         let creating = st.creating.snapshot();
         let mut done = Vec::new();
         for action in plan(&rows, &records, &creating, now_ms()) {
@@ -117,7 +131,12 @@ impl Reconciler {
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the
                 // snapshot (its record appears before it leaves the in-flight set).
-                if st.creating.contains(id) || st.node.sandbox(id).is_some_and(|r| r.state != SandboxState::Deleted) {
+                if st.creating.contains(id)
+                    || st
+                        .node
+                        .sandbox(id)
+                        .is_some_and(|r| r.state != SandboxState::Deleted)
+                {
                     return Ok(false);
                 }
                 if st.db.mark_deleted(id, now_ms()).await? {
@@ -126,7 +145,13 @@ impl Reconciler {
                 Ok(true)
             }
             Action::DeleteOrphan(id) => {
-                if st.creating.contains(id) || st.db.sandbox_any_tenant(id).await?.is_some_and(|r| r.desired_state == crate::db::DesiredState::Running) {
+                if st.creating.contains(id)
+                    || st
+                        .db
+                        .sandbox_any_tenant(id)
+                        .await?
+                        .is_some_and(|r| r.desired_state == crate::db::DesiredState::Running)
+                {
                     return Ok(false);
                 }
                 tracing::info!(sandbox = %id, "deleting sandbox that is not wanted (orphan)");
@@ -139,7 +164,9 @@ impl Reconciler {
     async fn delete_on_node(&self, id: &SandboxId) {
         match self.state.node.delete_sandbox(id).await {
             Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
-            Err(e) => tracing::warn!(sandbox = %id, error = %e, "node delete failed; retrying next pass"),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "node delete failed; retrying next pass")
+            }
         }
     }
 
@@ -180,7 +207,10 @@ mod tests {
             node: "local".into(),
             template: "base".into(),
             template_digest: "d".into(),
-            spec: SandboxSpec { resources: Resources::default(), env_keys: vec![] },
+            spec: SandboxSpec {
+                resources: Resources::default(),
+                env_keys: vec![],
+            },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,
             created_at_ms: 0,
@@ -207,37 +237,67 @@ mod tests {
     #[test]
     fn converged_state_needs_nothing() {
         let rows = vec![row(2000), row(3000)];
-        let records: Vec<_> = rows.iter().map(|r| record(&r.id, SandboxState::Running)).collect();
+        let records: Vec<_> = rows
+            .iter()
+            .map(|r| record(&r.id, SandboxState::Running))
+            .collect();
         assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![]);
         // Failed sandboxes stay until the user (or the TTL) deletes them.
-        let records: Vec<_> = rows.iter().map(|r| record(&r.id, SandboxState::Failed)).collect();
+        let records: Vec<_> = rows
+            .iter()
+            .map(|r| record(&r.id, SandboxState::Failed))
+            .collect();
         assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![]);
     }
 
     #[test]
     fn expired_rows_are_deleted() {
         let rows = vec![row(1000), row(5000)];
-        let records: Vec<_> = rows.iter().map(|r| record(&r.id, SandboxState::Running)).collect();
-        assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![Action::Expire(rows[0].id.clone())]);
+        let records: Vec<_> = rows
+            .iter()
+            .map(|r| record(&r.id, SandboxState::Running))
+            .collect();
+        assert_eq!(
+            plan(&rows, &records, &HashSet::new(), 1000),
+            vec![Action::Expire(rows[0].id.clone())]
+        );
         // Expired and already missing on the node: expiry wins (it also marks deleted).
-        assert_eq!(plan(&rows[..1], &[], &HashSet::new(), 1000), vec![Action::Expire(rows[0].id.clone())]);
+        assert_eq!(
+            plan(&rows[..1], &[], &HashSet::new(), 1000),
+            vec![Action::Expire(rows[0].id.clone())]
+        );
     }
 
     #[test]
     fn rows_missing_on_the_node_are_marked_gone() {
         let rows = vec![row(5000), row(5000)];
-        let records = vec![record(&rows[0].id, SandboxState::Running), record(&rows[1].id, SandboxState::Deleted)];
-        assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![Action::MarkGone(rows[1].id.clone())]);
-        assert_eq!(plan(&rows[..1], &[], &HashSet::new(), 1000), vec![Action::MarkGone(rows[0].id.clone())]);
+        let records = vec![
+            record(&rows[0].id, SandboxState::Running),
+            record(&rows[1].id, SandboxState::Deleted),
+        ];
+        assert_eq!(
+            plan(&rows, &records, &HashSet::new(), 1000),
+            vec![Action::MarkGone(rows[1].id.clone())]
+        );
+        assert_eq!(
+            plan(&rows[..1], &[], &HashSet::new(), 1000),
+            vec![Action::MarkGone(rows[0].id.clone())]
+        );
     }
 
     #[test]
     fn orphans_on_the_node_are_deleted() {
         let orphan = SandboxId::generate();
         let records = vec![record(&orphan, SandboxState::Running)];
-        assert_eq!(plan(&[], &records, &HashSet::new(), 1000), vec![Action::DeleteOrphan(orphan.clone())]);
+        assert_eq!(
+            plan(&[], &records, &HashSet::new(), 1000),
+            vec![Action::DeleteOrphan(orphan.clone())]
+        );
         let records = vec![record(&orphan, SandboxState::Failed)];
-        assert_eq!(plan(&[], &records, &HashSet::new(), 1000), vec![Action::DeleteOrphan(orphan)]);
+        assert_eq!(
+            plan(&[], &records, &HashSet::new(), 1000),
+            vec![Action::DeleteOrphan(orphan)]
+        );
         // Records already deleted on the node need nothing.
         let records = vec![record(&SandboxId::generate(), SandboxState::Deleted)];
         assert_eq!(plan(&[], &records, &HashSet::new(), 1000), vec![]);
@@ -269,12 +329,23 @@ mod tests {
         assert_eq!(actions.len(), 3);
         let rows_after: Vec<_> = rows
             .into_iter()
-            .filter(|r| !actions.iter().any(|a| matches!(a, Action::Expire(id) | Action::MarkGone(id) if *id == r.id)))
+            .filter(|r| {
+                !actions
+                    .iter()
+                    .any(|a| matches!(a, Action::Expire(id) | Action::MarkGone(id) if *id == r.id))
+            })
             .collect();
         let records_after: Vec<_> = records
             .into_iter()
-            .filter(|r| !actions.iter().any(|a| matches!(a, Action::Expire(id) | Action::DeleteOrphan(id) if *id == r.id)))
+            .filter(|r| {
+                !actions.iter().any(
+                    |a| matches!(a, Action::Expire(id) | Action::DeleteOrphan(id) if *id == r.id),
+                )
+            })
             .collect();
-        assert_eq!(plan(&rows_after, &records_after, &HashSet::new(), 1000), vec![]);
+        assert_eq!(
+            plan(&rows_after, &records_after, &HashSet::new(), 1000),
+            vec![]
+        );
     }
 }

@@ -45,7 +45,9 @@ impl ServerConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let data_dir = data_dir.into();
         Self {
-            listen: DEFAULT_LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
+            listen: DEFAULT_LISTEN
+                .parse()
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
             node: NodeConfig::new(data_dir.clone()),
             data_dir,
             database_url: None,
@@ -56,7 +58,9 @@ impl ServerConfig {
 
     /// The database URL in effect.
     pub fn database_url(&self) -> String {
-        self.database_url.clone().unwrap_or_else(|| default_sqlite_url(&self.data_dir))
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| default_sqlite_url(&self.data_dir))
     }
 }
 
@@ -77,8 +81,12 @@ impl Server {
     pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
         create_private_dir(&config.data_dir)?;
         let url = config.database_url();
-        let db = Db::connect(&url).await.with_context(|| format!("opening database {}", redact_url(&url)))?;
-        let node = Node::start(config.node.clone()).await.context("starting the node")?;
+        let db = Db::connect(&url)
+            .await
+            .with_context(|| format!("opening database {}", redact_url(&url)))?;
+        let node = Node::start(config.node.clone())
+            .await
+            .context("starting the node")?;
         Self::start_with(&config, db, node).await
     }
 
@@ -97,11 +105,21 @@ impl Server {
             None
         };
         let listen = config.listen;
-        let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
         let addr = listener.local_addr()?;
         let http = spawn_http(listener, build_app(state.clone()), stop_rx);
         tracing::info!(%addr, "SPACE control plane listening");
-        Ok(Server { addr, first_api_key, api_key_file: api_key_path(data_dir), state, stop, http, reconciler })
+        Ok(Server {
+            addr,
+            first_api_key,
+            api_key_file: api_key_path(data_dir),
+            state,
+            stop,
+            http,
+            reconciler,
+        })
     }
 
     /// The address it listens on.
@@ -160,7 +178,11 @@ impl Server {
 }
 
 /// Serves `app` on `listener` until `stop` turns true.
-pub fn spawn_http(listener: TcpListener, app: Router, mut stop: watch::Receiver<bool>) -> JoinHandle<std::io::Result<()>> {
+pub fn spawn_http(
+    listener: TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
     tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
@@ -195,7 +217,11 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     Ok(())
 }

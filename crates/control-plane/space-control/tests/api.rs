@@ -42,7 +42,11 @@ fn documented_routes(doc: &serde_json::Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            if ["get", "put", "post", "delete", "patch", "head", "options", "trace"].contains(&method.as_str()) {
+            if [
+                "get", "put", "post", "delete", "patch", "head", "options", "trace",
+            ]
+            .contains(&method.as_str())
+            {
                 out.insert(format!("{} {}", method.to_uppercase(), path));
             }
         }
@@ -59,7 +63,10 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         node: "local".into(),
         template: "base".into(),
         template_digest: "d".into(),
-        spec: SandboxSpec { resources: Resources::default(), env_keys: vec![] },
+        spec: SandboxSpec {
+            resources: Resources::default(),
+            env_keys: vec![],
+        },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,
         created_at_ms: space_control::db::now_ms(),
@@ -74,23 +81,51 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
 #[tokio::test]
 async fn openapi_document_matches_the_router() {
     let ts = TestServer::start().await;
-    let resp = ts.http.get(format!("{}/openapi.json", ts.url)).send().await.unwrap();
+    let resp = ts
+        .http
+        .get(format!("{}/openapi.json", ts.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let doc: serde_json::Value = resp.json().await.unwrap();
     let documented = documented_routes(&doc);
     let expected: BTreeSet<String> = ROUTES.iter().map(|s| s.to_string()).collect();
-    assert_eq!(documented, expected, "OpenAPI paths differ from the API contract");
+    assert_eq!(
+        documented, expected,
+        "OpenAPI paths differ from the API contract"
+    );
     assert!(doc["components"]["securitySchemes"]["api_key"].is_object());
-    for schema in ["SandboxInfo", "CreateSandboxRequest", "ProcessSpec", "OutputEvent", "FileStat", "ErrorBody", "TemplateInfo"] {
-        assert!(doc["components"]["schemas"][schema].is_object(), "schema {schema} missing");
+    for schema in [
+        "SandboxInfo",
+        "CreateSandboxRequest",
+        "ProcessSpec",
+        "OutputEvent",
+        "FileStat",
+        "ErrorBody",
+        "TemplateInfo",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "schema {schema} missing"
+        );
     }
 
     // Every documented route is served by a handler (not the fallback), and every other
     // method on a documented path is refused by the router: the router has no route the
     // document lacks on these paths.
     let id = SandboxId::generate();
-    let all_methods = [Method::GET, Method::POST, Method::PUT, Method::DELETE, Method::PATCH];
-    let paths: BTreeSet<&str> = ROUTES.iter().map(|r| r.split_once(' ').unwrap().1).collect();
+    let all_methods = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+    ];
+    let paths: BTreeSet<&str> = ROUTES
+        .iter()
+        .map(|r| r.split_once(' ').unwrap().1)
+        .collect();
     for path in paths {
         let concrete = path.replace("{id}", id.as_str()).replace("{pid}", "1");
         for method in &all_methods {
@@ -100,9 +135,15 @@ async fn openapi_document_matches_the_router() {
             let text = resp.text().await.unwrap();
             if expected.contains(&route) {
                 assert_ne!(status, 405, "{route} is documented but not routed");
-                assert!(!text.contains("no route for"), "{route} is documented but not routed: {text}");
+                assert!(
+                    !text.contains("no route for"),
+                    "{route} is documented but not routed: {text}"
+                );
             } else {
-                assert_eq!(status, 405, "{route} is routed but not documented: {status} {text}");
+                assert_eq!(
+                    status, 405,
+                    "{route} is routed but not documented: {status} {text}"
+                );
                 let body: space_core::ErrorBody = serde_json::from_str(&text).unwrap();
                 assert_eq!(body.code, ErrorCode::InvalidRequest);
             }
@@ -120,7 +161,12 @@ async fn openapi_document_matches_the_router() {
 #[tokio::test]
 async fn health_needs_no_key() {
     let ts = TestServer::start().await;
-    let resp = ts.http.get(format!("{}/healthz", ts.url)).send().await.unwrap();
+    let resp = ts
+        .http
+        .get(format!("{}/healthz", ts.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["status"], "ok");
@@ -133,21 +179,62 @@ async fn requests_without_a_valid_key_are_refused() {
     let url = format!("{}/v1/sandboxes", ts.url);
     let (status, body) = error_of(ts.http.get(&url).send().await.unwrap()).await;
     assert_eq!((status, body.code), (401, ErrorCode::Unauthenticated));
-    for auth in ["Bearer nope", "Basic abc", &format!("Bearer {}", space_control::keys::generate().plaintext), "Bearer "] {
-        let (status, body) = error_of(ts.http.get(&url).header("authorization", auth).send().await.unwrap()).await;
-        assert_eq!((status, body.code), (401, ErrorCode::Unauthenticated), "{auth:?}");
-        assert!(!body.message.contains("space_"), "the key must not be echoed");
+    for auth in [
+        "Bearer nope",
+        "Basic abc",
+        &format!("Bearer {}", space_control::keys::generate().plaintext),
+        "Bearer ",
+    ] {
+        let (status, body) = error_of(
+            ts.http
+                .get(&url)
+                .header("authorization", auth)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, body.code),
+            (401, ErrorCode::Unauthenticated),
+            "{auth:?}"
+        );
+        assert!(
+            !body.message.contains("space_"),
+            "the key must not be echoed"
+        );
     }
     // Authentication comes before validation: a malformed id without a key is still 401.
-    let (status, _) = error_of(ts.http.get(format!("{url}/not-an-id")).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.http
+            .get(format!("{url}/not-an-id"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, 401);
     // A revoked key stops working.
     let tenant = ts.db().tenant_by_name("default").await.unwrap().unwrap();
     let extra = ts.db().create_api_key(&tenant.id).await.unwrap();
-    let ok = ts.http.get(&url).bearer_auth(&extra.plaintext.0).send().await.unwrap();
+    let ok = ts
+        .http
+        .get(&url)
+        .bearer_auth(&extra.plaintext.0)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ok.status(), 200);
     ts.db().revoke_api_key(&extra.info.id).await.unwrap();
-    let (status, _) = error_of(ts.http.get(&url).bearer_auth(&extra.plaintext.0).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.http
+            .get(&url)
+            .bearer_auth(&extra.plaintext.0)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, 401);
     ts.stop().await;
 }
@@ -162,7 +249,11 @@ async fn tenants_only_see_their_own_sandboxes() {
     let mine = insert_row(&ts, &default.id).await;
 
     // The owner sees it.
-    let resp = ts.get(&format!("/v1/sandboxes/{mine}")).send().await.unwrap();
+    let resp = ts
+        .get(&format!("/v1/sandboxes/{mine}"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let info: space_core::sandbox::SandboxInfo = resp.json().await.unwrap();
     assert_eq!(info.id, mine);
@@ -176,16 +267,43 @@ async fn tenants_only_see_their_own_sandboxes() {
         (Method::GET, "/console"),
         (Method::GET, "/files/stat?path=/etc/hosts"),
     ] {
-        let theirs = ts.http.request(method.clone(), format!("{}/v1/sandboxes/{mine}{suffix}", ts.url)).bearer_auth(&other_key);
+        let theirs = ts
+            .http
+            .request(
+                method.clone(),
+                format!("{}/v1/sandboxes/{mine}{suffix}", ts.url),
+            )
+            .bearer_auth(&other_key);
         let (status, body) = error_of(theirs.send().await.unwrap()).await;
-        let nothing = ts.http.request(method.clone(), format!("{}/v1/sandboxes/{missing}{suffix}", ts.url)).bearer_auth(&other_key);
+        let nothing = ts
+            .http
+            .request(
+                method.clone(),
+                format!("{}/v1/sandboxes/{missing}{suffix}", ts.url),
+            )
+            .bearer_auth(&other_key);
         let (status2, body2) = error_of(nothing.send().await.unwrap()).await;
-        assert_eq!((status, body.code), (404, ErrorCode::NotFound), "{method} {suffix}");
+        assert_eq!(
+            (status, body.code),
+            (404, ErrorCode::NotFound),
+            "{method} {suffix}"
+        );
         assert_eq!((status2, body2.code), (404, ErrorCode::NotFound));
-        assert_eq!(body.message.replace(mine.as_str(), "ID"), body2.message.replace(missing.as_str(), "ID"));
+        assert_eq!(
+            body.message.replace(mine.as_str(), "ID"),
+            body2.message.replace(missing.as_str(), "ID")
+        );
     }
-    let list: space_core::sandbox::SandboxList =
-        ts.http.get(format!("{}/v1/sandboxes", ts.url)).bearer_auth(&other_key).send().await.unwrap().json().await.unwrap();
+    let list: space_core::sandbox::SandboxList = ts
+        .http
+        .get(format!("{}/v1/sandboxes", ts.url))
+        .bearer_auth(&other_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(list.sandboxes.is_empty());
     // The other tenant's delete did not touch it.
     let row = ts.db().sandbox(&default.id, &mine).await.unwrap().unwrap();
@@ -223,36 +341,98 @@ async fn list_filters_by_label_and_state() {
 async fn bad_requests_are_invalid_request_errors() {
     let ts = TestServer::start().await;
     let id = SandboxId::generate();
-    let post_json = |path: String, body: &'static str| ts.req(Method::POST, &path).header("content-type", "application/json").body(body);
+    let post_json = |path: String, body: &'static str| {
+        ts.req(Method::POST, &path)
+            .header("content-type", "application/json")
+            .body(body)
+    };
 
     // Malformed ids.
-    for path in ["/v1/sandboxes/not-an-id", "/v1/sandboxes/sbx-UPPERCASE0123456789", "/v1/sandboxes/sbx-..%2F..%2Fetc%2Fpasswd00"] {
+    for path in [
+        "/v1/sandboxes/not-an-id",
+        "/v1/sandboxes/sbx-UPPERCASE0123456789",
+        "/v1/sandboxes/sbx-..%2F..%2Fetc%2Fpasswd00",
+    ] {
         let (status, body) = error_of(ts.get(path).send().await.unwrap()).await;
-        assert_eq!((status, body.code), (400, ErrorCode::InvalidRequest), "{path}: {}", body.message);
+        assert_eq!(
+            (status, body.code),
+            (400, ErrorCode::InvalidRequest),
+            "{path}: {}",
+            body.message
+        );
     }
-    let (status, _) = error_of(ts.get(&format!("/v1/sandboxes/{id}/processes/abc")).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.get(&format!("/v1/sandboxes/{id}/processes/abc"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, 400);
 
     let cases: &[(&str, &str, &str)] = &[
         ("/v1/sandboxes", "{not json", "invalid JSON"),
-        ("/v1/sandboxes", r#"{"template":"base","bogus":1}"#, "unknown field"),
-        ("/v1/sandboxes", r#"{"template":"base","labels":{"bad key":"v"}}"#, "label key"),
-        ("/v1/sandboxes", r#"{"template":"base","env":{"1BAD":"v"}}"#, "environment variable"),
-        ("/v1/sandboxes", r#"{"template":"base","timeout_secs":0}"#, "timeout_secs"),
-        ("/v1/sandboxes", r#"{"template":"base","timeout_secs":99999999999}"#, "timeout_secs"),
-        ("/v1/sandboxes", r#"{"template":"base","resources":{"gpus":1}}"#, "unknown field"),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","bogus":1}"#,
+            "unknown field",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","labels":{"bad key":"v"}}"#,
+            "label key",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","env":{"1BAD":"v"}}"#,
+            "environment variable",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","timeout_secs":0}"#,
+            "timeout_secs",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","timeout_secs":99999999999}"#,
+            "timeout_secs",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","resources":{"gpus":1}}"#,
+            "unknown field",
+        ),
         ("/v1/sandboxes", r#"{"labels":{}}"#, "missing field"),
     ];
     for (path, body, needle) in cases {
         let (status, err) = error_of(post_json(path.to_string(), body).send().await.unwrap()).await;
-        assert_eq!((status, err.code), (400, ErrorCode::InvalidRequest), "{body}");
+        assert_eq!(
+            (status, err.code),
+            (400, ErrorCode::InvalidRequest),
+            "{body}"
+        );
         assert!(err.message.contains(needle), "{body}: {}", err.message);
     }
     // Unknown template.
-    let (status, err) = error_of(post_json("/v1/sandboxes".into(), r#"{"template":"nope"}"#).send().await.unwrap()).await;
-    assert_eq!((status, err.code, err.message.as_str()), (404, ErrorCode::NotFound, "template 'nope' not found"));
+    let (status, err) = error_of(
+        post_json("/v1/sandboxes".into(), r#"{"template":"nope"}"#)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, err.code, err.message.as_str()),
+        (404, ErrorCode::NotFound, "template 'nope' not found")
+    );
     // Wrong content type.
-    let resp = ts.req(Method::POST, "/v1/sandboxes").header("content-type", "text/plain").body("{}").send().await.unwrap();
+    let resp = ts
+        .req(Method::POST, "/v1/sandboxes")
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(error_of(resp).await.0, 400);
 
     // Process specs are validated before the sandbox is looked up.
@@ -260,25 +440,84 @@ async fn bad_requests_are_invalid_request_errors() {
     for (body, code) in [
         (r#"{}"#, ErrorCode::InvalidRequest),
         (r#"{"argv":["ls"],"shell":"ls"}"#, ErrorCode::InvalidRequest),
-        (r#"{"argv":["ls"],"cwd":"../../etc"}"#, ErrorCode::InvalidPath),
-        (r#"{"argv":["ls"],"user":"Root!"}"#, ErrorCode::InvalidRequest),
-        (r#"{"argv":["ls"],"pty":{"rows":0,"cols":80}}"#, ErrorCode::InvalidRequest),
+        (
+            r#"{"argv":["ls"],"cwd":"../../etc"}"#,
+            ErrorCode::InvalidPath,
+        ),
+        (
+            r#"{"argv":["ls"],"user":"Root!"}"#,
+            ErrorCode::InvalidRequest,
+        ),
+        (
+            r#"{"argv":["ls"],"pty":{"rows":0,"cols":80}}"#,
+            ErrorCode::InvalidRequest,
+        ),
     ] {
         let (status, err) = error_of(post_json(p.clone(), body).send().await.unwrap()).await;
-        assert_eq!((status, err.code), (code.http_status(), code), "{body}: {}", err.message);
-        let (_, err2) = error_of(post_json(format!("/v1/sandboxes/{id}/exec"), body).send().await.unwrap()).await;
+        assert_eq!(
+            (status, err.code),
+            (code.http_status(), code),
+            "{body}: {}",
+            err.message
+        );
+        let (_, err2) = error_of(
+            post_json(format!("/v1/sandboxes/{id}/exec"), body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(err2.code, code);
     }
-    let (status, _) = error_of(post_json(format!("/v1/sandboxes/{id}/processes/1/signal"), r#"{"signal":99}"#).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        post_json(
+            format!("/v1/sandboxes/{id}/processes/1/signal"),
+            r#"{"signal":99}"#,
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
     assert_eq!(status, 400);
-    let (status, _) = error_of(post_json(format!("/v1/sandboxes/{id}/processes/1/resize"), r#"{"rows":0,"cols":1}"#).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        post_json(
+            format!("/v1/sandboxes/{id}/processes/1/resize"),
+            r#"{"rows":0,"cols":1}"#,
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
     assert_eq!(status, 400);
-    let put = ts.req(Method::PUT, &format!("/v1/sandboxes/{id}/timeout")).json(&serde_json::json!({"timeout_secs": 0}));
+    let put = ts
+        .req(Method::PUT, &format!("/v1/sandboxes/{id}/timeout"))
+        .json(&serde_json::json!({"timeout_secs": 0}));
     assert_eq!(error_of(put.send().await.unwrap()).await.0, 400);
     // Queries.
-    for q in ["/console?bytes=0", "/console?bytes=2000000", "/console?what=1", "/files/list?path=/&depth=abc", "/files/list?path=/&depth=99", "/files", "/files/stat?path=/x&user=A%20B"] {
-        let (status, err) = error_of(ts.get(&format!("/v1/sandboxes/{id}{q}")).send().await.unwrap()).await;
-        assert_eq!((status, err.code), (400, ErrorCode::InvalidRequest), "{q}: {}", err.message);
+    for q in [
+        "/console?bytes=0",
+        "/console?bytes=2000000",
+        "/console?what=1",
+        "/files/list?path=/&depth=abc",
+        "/files/list?path=/&depth=99",
+        "/files",
+        "/files/stat?path=/x&user=A%20B",
+    ] {
+        let (status, err) = error_of(
+            ts.get(&format!("/v1/sandboxes/{id}{q}"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, err.code),
+            (400, ErrorCode::InvalidRequest),
+            "{q}: {}",
+            err.message
+        );
     }
     ts.stop().await;
 }
@@ -290,16 +529,27 @@ async fn path_traversal_is_refused() {
     let enc = "..%2F..%2Fetc%2Fshadow";
     let reqs = vec![
         ts.get(&format!("/v1/sandboxes/{id}/files?path={enc}")),
-        ts.req(Method::PUT, &format!("/v1/sandboxes/{id}/files?path={enc}")).body("x"),
-        ts.req(Method::DELETE, &format!("/v1/sandboxes/{id}/files?path=/home/user/..%2F..")),
+        ts.req(Method::PUT, &format!("/v1/sandboxes/{id}/files?path={enc}"))
+            .body("x"),
+        ts.req(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}/files?path=/home/user/..%2F.."),
+        ),
         ts.get(&format!("/v1/sandboxes/{id}/files/stat?path={enc}")),
         ts.get(&format!("/v1/sandboxes/{id}/files/list?path=a%00b")),
-        ts.req(Method::POST, &format!("/v1/sandboxes/{id}/files/mkdir")).json(&serde_json::json!({"path": "/tmp/../etc"})),
-        ts.req(Method::POST, &format!("/v1/sandboxes/{id}/files/rename")).json(&serde_json::json!({"from": "/tmp/a", "to": "../b"})),
+        ts.req(Method::POST, &format!("/v1/sandboxes/{id}/files/mkdir"))
+            .json(&serde_json::json!({"path": "/tmp/../etc"})),
+        ts.req(Method::POST, &format!("/v1/sandboxes/{id}/files/rename"))
+            .json(&serde_json::json!({"from": "/tmp/a", "to": "../b"})),
     ];
     for req in reqs {
         let (status, err) = error_of(req.send().await.unwrap()).await;
-        assert_eq!((status, err.code), (400, ErrorCode::InvalidPath), "{}", err.message);
+        assert_eq!(
+            (status, err.code),
+            (400, ErrorCode::InvalidPath),
+            "{}",
+            err.message
+        );
     }
     ts.stop().await;
 }
@@ -308,20 +558,51 @@ async fn path_traversal_is_refused() {
 async fn oversized_bodies_are_refused() {
     let ts = TestServer::start_with(|c| c.max_upload_bytes = 1000).await;
     let id = SandboxId::generate();
-    let big = format!(r#"{{"template":"base","labels":{{"k":"{}"}}}}"#, "x".repeat(2 * 1024 * 1024));
+    let big = format!(
+        r#"{{"template":"base","labels":{{"k":"{}"}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
     // With Content-Length.
-    let resp = ts.req(Method::POST, "/v1/sandboxes").header("content-type", "application/json").body(big.clone()).send().await.unwrap();
+    let resp = ts
+        .req(Method::POST, "/v1/sandboxes")
+        .header("content-type", "application/json")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
     let (status, err) = error_of(resp).await;
     assert_eq!((status, err.code), (413, ErrorCode::PayloadTooLarge));
-    assert!(err.message.contains("larger than the limit of 1048576"), "{}", err.message);
+    assert!(
+        err.message.contains("larger than the limit of 1048576"),
+        "{}",
+        err.message
+    );
     // Chunked (no Content-Length): counted while reading.
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big.into_bytes().chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big
+        .into_bytes()
+        .chunks(64 * 1024)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
     let body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
-    let resp = ts.req(Method::POST, "/v1/sandboxes").header("content-type", "application/json").body(body).send().await.unwrap();
+    let resp = ts
+        .req(Method::POST, "/v1/sandboxes")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     let (status, err) = error_of(resp).await;
     assert_eq!((status, err.code), (413, ErrorCode::PayloadTooLarge));
     // Uploads larger than the server's limit, by Content-Length.
-    let resp = ts.req(Method::PUT, &format!("/v1/sandboxes/{id}/files?path=/tmp/x")).body(vec![0u8; 1001]).send().await.unwrap();
+    let resp = ts
+        .req(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/tmp/x"),
+        )
+        .body(vec![0u8; 1001])
+        .send()
+        .await
+        .unwrap();
     let (status, err) = error_of(resp).await;
     assert_eq!((status, err.code), (413, ErrorCode::PayloadTooLarge));
     ts.stop().await;
@@ -332,7 +613,8 @@ async fn unknown_routes_and_methods_use_the_error_format() {
     let ts = TestServer::start().await;
     let (status, err) = error_of(ts.get("/nope").send().await.unwrap()).await;
     assert_eq!((status, err.code), (404, ErrorCode::NotFound));
-    let (status, err) = error_of(ts.req(Method::PATCH, "/v1/sandboxes").send().await.unwrap()).await;
+    let (status, err) =
+        error_of(ts.req(Method::PATCH, "/v1/sandboxes").send().await.unwrap()).await;
     assert_eq!((status, err.code), (405, ErrorCode::InvalidRequest));
     ts.stop().await;
 }
@@ -343,7 +625,16 @@ async fn templates_list_and_delete_of_unknown_sandbox() {
     let resp = ts.get("/v1/templates").send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let _: Vec<space_core::template::TemplateInfo> = resp.json().await.unwrap();
-    let (status, _) = error_of(ts.req(Method::DELETE, &format!("/v1/sandboxes/{}", SandboxId::generate())).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.req(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", SandboxId::generate()),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
     assert_eq!(status, 404);
     ts.stop().await;
 }
@@ -354,16 +645,30 @@ async fn reconciler_marks_sandboxes_missing_on_the_node_deleted() {
     let default = ts.db().tenant_by_name("default").await.unwrap().unwrap();
     // A row the node has never heard of (as after a crash between the two steps of a create).
     let id = insert_row(&ts, &default.id).await;
-    let reconciler = space_control::reconciler::Reconciler::new(ts.server.as_ref().unwrap().state().clone());
+    let reconciler =
+        space_control::reconciler::Reconciler::new(ts.server.as_ref().unwrap().state().clone());
     reconciler.run_once().await.unwrap();
     let row = ts.db().sandbox(&default.id, &id).await.unwrap().unwrap();
     assert_eq!(row.desired_state, DesiredState::Deleted);
     // Idempotent: a second pass does nothing.
     assert_eq!(reconciler.run_once().await.unwrap(), vec![]);
     // Deleting it again is a 404; getting it shows `deleted`.
-    let (status, _) = error_of(ts.req(Method::DELETE, &format!("/v1/sandboxes/{id}")).send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.req(Method::DELETE, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, 404);
-    let info: space_core::sandbox::SandboxInfo = ts.get(&format!("/v1/sandboxes/{id}")).send().await.unwrap().json().await.unwrap();
+    let info: space_core::sandbox::SandboxInfo = ts
+        .get(&format!("/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(info.state, space_core::SandboxState::Deleted);
     ts.stop().await;
 }

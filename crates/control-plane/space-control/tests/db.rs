@@ -17,8 +17,14 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         node: "local".into(),
         template: "base".into(),
         template_digest: "sha256:abc".into(),
-        spec: SandboxSpec { resources: Resources::default(), env_keys: vec!["TOKEN".into()] },
-        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        spec: SandboxSpec {
+            resources: Resources::default(),
+            env_keys: vec!["TOKEN".into()],
+        },
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
         desired_state: DesiredState::Running,
         created_at_ms,
         expires_at_ms: created_at_ms + 3_600_000,
@@ -30,9 +36,19 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
 #[tokio::test]
 async fn migrations_are_idempotent() {
     for t in common::test_dbs().await {
-        assert_eq!(t.db.applied_migrations().await.unwrap(), vec![1], "{}", t.label);
+        assert_eq!(
+            t.db.applied_migrations().await.unwrap(),
+            vec![1],
+            "{}",
+            t.label
+        );
         t.db.migrate().await.unwrap();
-        assert_eq!(t.db.applied_migrations().await.unwrap(), vec![1], "{}", t.label);
+        assert_eq!(
+            t.db.applied_migrations().await.unwrap(),
+            vec![1],
+            "{}",
+            t.label
+        );
     }
 }
 
@@ -43,7 +59,10 @@ async fn sqlite_file_is_created_in_wal_mode() {
     let db = space_control::db::Db::connect(&url).await.unwrap();
     db.create_tenant("t").await.unwrap();
     assert!(dir.path().join("control.db").exists());
-    assert!(dir.path().join("control.db-wal").exists(), "WAL journal missing");
+    assert!(
+        dir.path().join("control.db-wal").exists(),
+        "WAL journal missing"
+    );
     db.close().await;
     // Reopening keeps the data.
     let db = space_control::db::Db::connect(&url).await.unwrap();
@@ -55,13 +74,29 @@ async fn tenants() {
     for t in common::test_dbs().await {
         let db = &t.db;
         let a = db.create_tenant("acme").await.unwrap();
-        assert!(matches!(db.create_tenant("acme").await, Err(DbError::AlreadyExists(_))), "{}", t.label);
-        assert!(matches!(db.create_tenant("Bad Name").await, Err(DbError::Invalid(_))));
+        assert!(
+            matches!(
+                db.create_tenant("acme").await,
+                Err(DbError::AlreadyExists(_))
+            ),
+            "{}",
+            t.label
+        );
+        assert!(matches!(
+            db.create_tenant("Bad Name").await,
+            Err(DbError::Invalid(_))
+        ));
         assert_eq!(db.tenant_by_name("acme").await.unwrap(), Some(a.clone()));
         assert_eq!(db.tenant(&a.id).await.unwrap(), Some(a.clone()));
         assert_eq!(db.tenant_by_name("nobody").await.unwrap(), None);
         db.create_tenant("beta").await.unwrap();
-        let names: Vec<_> = db.tenants().await.unwrap().into_iter().map(|t| t.name).collect();
+        let names: Vec<_> = db
+            .tenants()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
         assert_eq!(names, vec!["acme", "beta"]);
     }
 }
@@ -75,9 +110,24 @@ async fn api_keys() {
         let ka = db.create_api_key(&a.id).await.unwrap();
         let kb = db.create_api_key(&b.id).await.unwrap();
         assert!(ka.plaintext.0.starts_with("space_"));
-        assert!(!format!("{ka:?}").contains(&ka.plaintext.0), "Debug leaks the key");
-        assert_eq!(db.authenticate(&ka.plaintext.0).await.unwrap().map(|t| t.id), Some(a.id.clone()));
-        assert_eq!(db.authenticate(&kb.plaintext.0).await.unwrap().map(|t| t.id), Some(b.id.clone()));
+        assert!(
+            !format!("{ka:?}").contains(&ka.plaintext.0),
+            "Debug leaks the key"
+        );
+        assert_eq!(
+            db.authenticate(&ka.plaintext.0)
+                .await
+                .unwrap()
+                .map(|t| t.id),
+            Some(a.id.clone())
+        );
+        assert_eq!(
+            db.authenticate(&kb.plaintext.0)
+                .await
+                .unwrap()
+                .map(|t| t.id),
+            Some(b.id.clone())
+        );
         // Unknown, malformed and empty keys.
         let unknown = space_control::keys::generate().plaintext;
         assert_eq!(db.authenticate(&unknown).await.unwrap(), None);
@@ -92,10 +142,20 @@ async fn api_keys() {
         let revoked = db.revoke_api_key(&ka.info.prefix).await.unwrap();
         assert!(revoked.revoked_at_ms.is_some());
         assert_eq!(db.authenticate(&ka.plaintext.0).await.unwrap(), None);
-        assert!(matches!(db.revoke_api_key(&ka.info.id).await, Err(DbError::NotFound(_))));
+        assert!(matches!(
+            db.revoke_api_key(&ka.info.id).await,
+            Err(DbError::NotFound(_))
+        ));
         assert!(db.authenticate(&kb.plaintext.0).await.unwrap().is_some());
         // Keys need an existing tenant.
-        assert!(matches!(db.create_api_key(&TenantId::generate()).await, Err(DbError::NotFound(_))), "{}", t.label);
+        assert!(
+            matches!(
+                db.create_api_key(&TenantId::generate()).await,
+                Err(DbError::NotFound(_))
+            ),
+            "{}",
+            t.label
+        );
     }
 }
 
@@ -111,15 +171,43 @@ async fn sandboxes_are_scoped_to_their_tenant() {
         for r in [&r1, &r2, &r3] {
             db.insert_sandbox(r).await.unwrap();
         }
-        assert!(matches!(db.insert_sandbox(&r1).await, Err(DbError::AlreadyExists(_))), "{}", t.label);
-        assert_eq!(db.sandbox(&a, &r1.id).await.unwrap().as_ref(), Some(&r1), "{}", t.label);
-        assert_eq!(db.sandbox(&b, &r1.id).await.unwrap(), None, "other tenant's sandbox must be invisible");
-        assert_eq!(db.sandbox_any_tenant(&r3.id).await.unwrap().as_ref(), Some(&r3));
+        assert!(
+            matches!(db.insert_sandbox(&r1).await, Err(DbError::AlreadyExists(_))),
+            "{}",
+            t.label
+        );
+        assert_eq!(
+            db.sandbox(&a, &r1.id).await.unwrap().as_ref(),
+            Some(&r1),
+            "{}",
+            t.label
+        );
+        assert_eq!(
+            db.sandbox(&b, &r1.id).await.unwrap(),
+            None,
+            "other tenant's sandbox must be invisible"
+        );
+        assert_eq!(
+            db.sandbox_any_tenant(&r3.id).await.unwrap().as_ref(),
+            Some(&r3)
+        );
         // Newest first.
-        let ids: Vec<_> = db.sandboxes(&a, SandboxFilter::Live).await.unwrap().into_iter().map(|r| r.id).collect();
+        let ids: Vec<_> = db
+            .sandboxes(&a, SandboxFilter::Live)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         assert_eq!(ids, vec![r2.id.clone(), r1.id.clone()]);
         // A sandbox row from a missing tenant is refused (foreign key).
-        assert!(db.insert_sandbox(&row(&TenantId::generate(), 1, &[])).await.is_err(), "{}", t.label);
+        assert!(
+            db.insert_sandbox(&row(&TenantId::generate(), 1, &[]))
+                .await
+                .is_err(),
+            "{}",
+            t.label
+        );
     }
 }
 
@@ -133,26 +221,68 @@ async fn sandbox_lifecycle_updates() {
         db.insert_sandbox(&r1).await.unwrap();
         db.insert_sandbox(&r2).await.unwrap();
 
-        let spec = SandboxSpec { resources: Resources { vcpus: 2, ..Resources::default() }, env_keys: vec!["A".into()] };
-        db.set_created(&r1.id, "sha256:new", &spec, 1234).await.unwrap();
+        let spec = SandboxSpec {
+            resources: Resources {
+                vcpus: 2,
+                ..Resources::default()
+            },
+            env_keys: vec!["A".into()],
+        };
+        db.set_created(&r1.id, "sha256:new", &spec, 1234)
+            .await
+            .unwrap();
         let got = db.sandbox(&a, &r1.id).await.unwrap().unwrap();
-        assert_eq!((got.template_digest.as_str(), got.create_latency_ms, &got.spec), ("sha256:new", Some(1234), &spec));
+        assert_eq!(
+            (
+                got.template_digest.as_str(),
+                got.create_latency_ms,
+                &got.spec
+            ),
+            ("sha256:new", Some(1234), &spec)
+        );
 
         assert!(db.set_expiry(&r1.id, 99_000).await.unwrap());
-        assert_eq!(db.sandbox(&a, &r1.id).await.unwrap().unwrap().expires_at_ms, 99_000);
+        assert_eq!(
+            db.sandbox(&a, &r1.id).await.unwrap().unwrap().expires_at_ms,
+            99_000
+        );
 
         // Exactly one caller wins the delete.
         assert!(db.mark_deleted(&r1.id, 5000).await.unwrap(), "{}", t.label);
         assert!(!db.mark_deleted(&r1.id, 6000).await.unwrap());
         let deleted = db.sandbox(&a, &r1.id).await.unwrap().unwrap();
-        assert_eq!((deleted.desired_state, deleted.deleted_at_ms), (DesiredState::Deleted, Some(5000)));
-        assert!(!db.set_expiry(&r1.id, 1).await.unwrap(), "expiry of a deleted sandbox must not change");
+        assert_eq!(
+            (deleted.desired_state, deleted.deleted_at_ms),
+            (DesiredState::Deleted, Some(5000))
+        );
+        assert!(
+            !db.set_expiry(&r1.id, 1).await.unwrap(),
+            "expiry of a deleted sandbox must not change"
+        );
 
-        let live: Vec<_> = db.live_sandboxes().await.unwrap().into_iter().map(|r| r.id).collect();
+        let live: Vec<_> = db
+            .live_sandboxes()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         assert_eq!(live, vec![r2.id.clone()]);
-        let deleted: Vec<_> = db.sandboxes(&a, SandboxFilter::Deleted).await.unwrap().into_iter().map(|r| r.id).collect();
+        let deleted: Vec<_> = db
+            .sandboxes(&a, SandboxFilter::Deleted)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         assert_eq!(deleted, vec![r1.id.clone()]);
-        let all: Vec<_> = db.sandboxes(&a, SandboxFilter::All).await.unwrap().into_iter().map(|r| r.id).collect();
+        let all: Vec<_> = db
+            .sandboxes(&a, SandboxFilter::All)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         assert_eq!(all, vec![r2.id.clone(), r1.id.clone()]);
     }
 }
@@ -161,13 +291,23 @@ async fn sandbox_lifecycle_updates() {
 async fn bootstrap_creates_one_key_once() {
     for t in common::test_dbs().await {
         let dir = tempfile::tempdir().unwrap();
-        let key = bootstrap(&t.db, dir.path()).await.unwrap().expect("first start creates a key");
+        let key = bootstrap(&t.db, dir.path())
+            .await
+            .unwrap()
+            .expect("first start creates a key");
         let path = api_key_path(dir.path());
         assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), key);
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         let tenant = t.db.authenticate(&key).await.unwrap().unwrap();
         assert_eq!(tenant.name, "default");
-        assert!(bootstrap(&t.db, dir.path()).await.unwrap().is_none(), "{}", t.label);
+        assert!(
+            bootstrap(&t.db, dir.path()).await.unwrap().is_none(),
+            "{}",
+            t.label
+        );
     }
 }
 
@@ -189,6 +329,12 @@ async fn concurrent_writers_do_not_fail() {
         for task in tasks {
             assert!(task.await.unwrap());
         }
-        assert_eq!(t.db.sandboxes(&a, SandboxFilter::Deleted).await.unwrap().len(), 32);
+        assert_eq!(
+            t.db.sandboxes(&a, SandboxFilter::Deleted)
+                .await
+                .unwrap()
+                .len(),
+            32
+        );
     }
 }

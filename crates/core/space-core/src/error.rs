@@ -110,7 +110,10 @@ pub const MAX_ERROR_MESSAGE: usize = 1024;
 impl ErrorBody {
     /// An error with this code and message.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// Cuts the message to [`MAX_ERROR_MESSAGE`] bytes (at a char boundary) and strips

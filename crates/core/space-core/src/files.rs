@@ -133,7 +133,10 @@ mod tests {
     #[test]
     fn traversal_and_nul_are_refused() {
         assert_eq!(validate_path("../etc/passwd"), Err(PathError::Traversal));
-        assert_eq!(validate_path("/home/user/../../etc"), Err(PathError::Traversal));
+        assert_eq!(
+            validate_path("/home/user/../../etc"),
+            Err(PathError::Traversal)
+        );
         assert_eq!(validate_path("a\0b"), Err(PathError::Nul));
         assert_eq!(validate_path(""), Err(PathError::Empty));
         assert!(validate_path("/home/user/a..b/c").is_ok());

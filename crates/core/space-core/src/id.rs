@@ -28,7 +28,11 @@ fn random_body(len: usize) -> String {
 
 fn check(s: &str, prefix: &'static str, len: usize) -> Result<(), IdError> {
     let body = s.strip_prefix(prefix).ok_or(IdError::Prefix(prefix))?;
-    if body.len() != len || !body.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+    if body.len() != len
+        || !body
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
         return Err(IdError::Body(prefix, len));
     }
     Ok(())

@@ -158,7 +158,10 @@ mod tests {
     fn names_round_trip() {
         for s in [S::Creating, S::Running, S::Deleting, S::Deleted, S::Failed] {
             assert_eq!(SandboxState::parse(s.as_str()), Some(s));
-            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{}\"", s.as_str()));
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.as_str())
+            );
         }
     }
 }

@@ -104,12 +104,18 @@ pub enum ProcessSpecError {
 impl ProcessSpec {
     /// A spec that runs `argv` directly.
     pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
-        Self { argv: Some(argv.into_iter().map(Into::into).collect()), ..Self::default() }
+        Self {
+            argv: Some(argv.into_iter().map(Into::into).collect()),
+            ..Self::default()
+        }
     }
 
     /// A spec that runs `line` with `/bin/sh -c`.
     pub fn shell(line: impl Into<String>) -> Self {
-        Self { shell: Some(line.into()), ..Self::default() }
+        Self {
+            shell: Some(line.into()),
+            ..Self::default()
+        }
     }
 
     /// Checks every bound. Called by the API and again by the daemon.
@@ -169,7 +175,9 @@ pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     for (k, v) in env {
         let ok_name = !k.is_empty()
             && k.len() <= 256
-            && k.bytes().enumerate().all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+            && k.bytes().enumerate().all(|(i, b)| {
+                b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+            });
         if !ok_name || v.len() > MAX_ENV_VALUE || v.contains('\0') {
             return Err(k.chars().take(64).collect());
         }
@@ -283,7 +291,11 @@ pub enum OutputEvent {
 impl OutputEvent {
     /// A data event for `bytes`.
     pub fn data(seq: u64, stream: OutputStream, bytes: &[u8]) -> Self {
-        OutputEvent::Data { seq, stream, data: base64::engine::general_purpose::STANDARD.encode(bytes) }
+        OutputEvent::Data {
+            seq,
+            stream,
+            data: base64::engine::general_purpose::STANDARD.encode(bytes),
+        }
     }
 
     /// The sequence number.
@@ -299,9 +311,10 @@ impl OutputEvent {
     /// Decodes the bytes of a data event; `None` for other events or bad base64.
     pub fn bytes(&self) -> Option<(OutputStream, Vec<u8>)> {
         match self {
-            OutputEvent::Data { stream, data, .. } => {
-                base64::engine::general_purpose::STANDARD.decode(data).ok().map(|b| (*stream, b))
-            }
+            OutputEvent::Data { stream, data, .. } => base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .ok()
+                .map(|b| (*stream, b)),
             _ => None,
         }
     }
@@ -324,9 +337,18 @@ mod tests {
     fn exactly_one_command() {
         assert!(ProcessSpec::argv(["true"]).validate().is_ok());
         assert!(ProcessSpec::shell("echo hi").validate().is_ok());
-        assert_eq!(ProcessSpec::default().validate(), Err(ProcessSpecError::Command));
-        assert_eq!(ProcessSpec::argv(Vec::<String>::new()).validate(), Err(ProcessSpecError::Command));
-        let both = ProcessSpec { shell: Some("x".into()), ..ProcessSpec::argv(["y"]) };
+        assert_eq!(
+            ProcessSpec::default().validate(),
+            Err(ProcessSpecError::Command)
+        );
+        assert_eq!(
+            ProcessSpec::argv(Vec::<String>::new()).validate(),
+            Err(ProcessSpecError::Command)
+        );
+        let both = ProcessSpec {
+            shell: Some("x".into()),
+            ..ProcessSpec::argv(["y"])
+        };
         assert_eq!(both.validate(), Err(ProcessSpecError::Command));
     }
 
@@ -343,9 +365,20 @@ mod tests {
     fn output_event_wire_format() {
         let ev = OutputEvent::data(3, OutputStream::Stdout, b"hi");
         let line = serde_json::to_string(&ev).unwrap();
-        assert_eq!(line, r#"{"type":"data","seq":3,"stream":"stdout","data":"aGk="}"#);
-        let exit = OutputEvent::Exit { seq: 4, status: ExitStatus { exit_code: Some(0), signal: None, timed_out: false } };
-        let back: OutputEvent = serde_json::from_str(&serde_json::to_string(&exit).unwrap()).unwrap();
+        assert_eq!(
+            line,
+            r#"{"type":"data","seq":3,"stream":"stdout","data":"aGk="}"#
+        );
+        let exit = OutputEvent::Exit {
+            seq: 4,
+            status: ExitStatus {
+                exit_code: Some(0),
+                signal: None,
+                timed_out: false,
+            },
+        };
+        let back: OutputEvent =
+            serde_json::from_str(&serde_json::to_string(&exit).unwrap()).unwrap();
         assert_eq!(back, exit);
     }
 }

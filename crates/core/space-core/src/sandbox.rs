@@ -68,12 +68,17 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), String> 
     for (k, v) in labels {
         let key_ok = !k.is_empty()
             && k.len() <= MAX_LABEL_LEN
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
         if !key_ok {
-            return Err(format!("label key {k:?} must be 1-{MAX_LABEL_LEN} of [A-Za-z0-9._-/]"));
+            return Err(format!(
+                "label key {k:?} must be 1-{MAX_LABEL_LEN} of [A-Za-z0-9._-/]"
+            ));
         }
         if v.len() > MAX_LABEL_LEN || v.chars().any(char::is_control) {
-            return Err(format!("label {k:?}: value must be at most {MAX_LABEL_LEN} printable bytes"));
+            return Err(format!(
+                "label {k:?}: value must be at most {MAX_LABEL_LEN} printable bytes"
+            ));
         }
     }
     Ok(())

@@ -72,7 +72,9 @@ impl GuestError {
 /// Bounds and cleans text that may contain guest-controlled bytes (serde messages quote
 /// the offending input), so it is safe to log and to return to an API client.
 pub(crate) fn sanitise(message: String) -> String {
-    ErrorBody::new(ErrorCode::Internal, message).sanitised().message
+    ErrorBody::new(ErrorCode::Internal, message)
+        .sanitised()
+        .message
 }
 
 /// The error code a bare HTTP status stands for, used when a guest error response has no
@@ -105,8 +107,12 @@ pub(crate) fn from_h2(err: h2::Error) -> GuestError {
             return GuestError::protocol(format!("HTTP/2 violation: {err}"));
         }
         return match reason {
-            Some(h2::Reason::NO_ERROR) | None => GuestError::Disconnected("the guest closed the connection (GOAWAY)".into()),
-            Some(r) => GuestError::Disconnected(format!("the guest closed the connection (GOAWAY {r:?})")),
+            Some(h2::Reason::NO_ERROR) | None => {
+                GuestError::Disconnected("the guest closed the connection (GOAWAY)".into())
+            }
+            Some(r) => {
+                GuestError::Disconnected(format!("the guest closed the connection (GOAWAY {r:?})"))
+            }
         };
     }
     if err.is_reset() {
@@ -120,7 +126,11 @@ pub(crate) fn from_h2(err: h2::Error) -> GuestError {
             Some(h2::Reason::REFUSED_STREAM) => (429, ErrorCode::TooManyRequests),
             _ => (500, ErrorCode::Internal),
         };
-        return GuestError::Remote { status, body: ErrorBody::new(code, format!("the guest reset the request stream ({err})")).sanitised() };
+        return GuestError::Remote {
+            status,
+            body: ErrorBody::new(code, format!("the guest reset the request stream ({err})"))
+                .sanitised(),
+        };
     }
     if let Some(r) = reason {
         // A bare reason: h2 reports connection errors this way to streams that were open.
@@ -139,21 +149,32 @@ mod tests {
 
     #[test]
     fn codes_and_faults() {
-        let remote = GuestError::Remote { status: 404, body: ErrorBody::new(ErrorCode::NotFound, "x") };
+        let remote = GuestError::Remote {
+            status: 404,
+            body: ErrorBody::new(ErrorCode::NotFound, "x"),
+        };
         assert_eq!(remote.code(), ErrorCode::NotFound);
         assert!(!remote.is_channel_fault());
-        assert_eq!(GuestError::Protocol("x".into()).code(), ErrorCode::SandboxFailed);
+        assert_eq!(
+            GuestError::Protocol("x".into()).code(),
+            ErrorCode::SandboxFailed
+        );
         assert!(GuestError::Protocol("x".into()).is_channel_fault());
         assert!(GuestError::Disconnected("x".into()).is_channel_fault());
         assert_eq!(GuestError::Timeout("x".into()).code(), ErrorCode::Timeout);
         assert!(!GuestError::Timeout("x".into()).is_channel_fault());
-        assert_eq!(GuestError::local(ErrorCode::InvalidPath, "p").code(), ErrorCode::InvalidPath);
+        assert_eq!(
+            GuestError::local(ErrorCode::InvalidPath, "p").code(),
+            ErrorCode::InvalidPath
+        );
     }
 
     #[test]
     fn guest_text_is_bounded() {
         let e = GuestError::protocol(format!("bad \u{1b}[31m{}", "x".repeat(10_000)));
-        let GuestError::Protocol(msg) = e else { panic!() };
+        let GuestError::Protocol(msg) = e else {
+            panic!()
+        };
         assert!(msg.len() <= space_core::error::MAX_ERROR_MESSAGE);
         assert!(!msg.contains('\u{1b}'));
     }

@@ -7,7 +7,10 @@
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use http::Method;
-use space_core::files::{validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
+use space_core::files::{
+    validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
+    MAX_LIST_ENTRIES,
+};
 use space_core::process::validate_user_name;
 use space_core::ErrorCode;
 use space_guest_proto::limits::MAX_JSON_BODY;
@@ -28,14 +31,18 @@ fn check_path(path: &str) -> Result<(), GuestError> {
 
 fn check_user(user: Option<&str>) -> Result<(), GuestError> {
     match user {
-        Some(u) => validate_user_name(u).map_err(|()| GuestError::local(ErrorCode::InvalidRequest, "bad user name")),
+        Some(u) => validate_user_name(u)
+            .map_err(|()| GuestError::local(ErrorCode::InvalidRequest, "bad user name")),
         None => Ok(()),
     }
 }
 
 fn check_mode(mode: Option<u32>) -> Result<(), GuestError> {
     match mode {
-        Some(m) if m > MAX_MODE => Err(GuestError::local(ErrorCode::InvalidRequest, "mode must be at most 0o7777")),
+        Some(m) if m > MAX_MODE => Err(GuestError::local(
+            ErrorCode::InvalidRequest,
+            "mode must be at most 0o7777",
+        )),
         _ => Ok(()),
     }
 }
@@ -44,52 +51,87 @@ fn check_mode(mode: Option<u32>) -> Result<(), GuestError> {
 fn file_target(route: &str, path: &str, user: Option<&str>) -> Result<Target, GuestError> {
     check_path(path)?;
     check_user(user)?;
-    Ok(Target::new(route).param("path", path).opt_param("user", user))
+    Ok(Target::new(route)
+        .param("path", path)
+        .opt_param("user", user))
 }
 
 impl GuestClient {
     /// `GET /v1/files`: streams a file's bytes; also returns the size the guest announced
     /// in `x-space-file-size`, if it did (advisory: a file growing while it is read
     /// streams more). Only the wait for the stream to open is timed.
-    pub async fn read_file(&self, path: &str, user: Option<&str>) -> Result<(Option<u64>, BoxStream<'static, Result<Bytes, GuestError>>), GuestError> {
+    pub async fn read_file(
+        &self,
+        path: &str,
+        user: Option<&str>,
+    ) -> Result<(Option<u64>, BoxStream<'static, Result<Bytes, GuestError>>), GuestError> {
         let target = file_target(routes::FILES, path, user)?;
         let resp = self.transport().open_stream(Method::GET, target).await?;
         let size = match resp.headers().get(routes::FILE_SIZE_HEADER) {
             None => None,
             Some(v) => {
                 let parsed = v.to_str().ok().and_then(|s| s.parse::<u64>().ok());
-                Some(parsed.ok_or_else(|| GuestError::protocol(format!("bad {} header", routes::FILE_SIZE_HEADER)))?)
+                Some(parsed.ok_or_else(|| {
+                    GuestError::protocol(format!("bad {} header", routes::FILE_SIZE_HEADER))
+                })?)
             }
         };
-        Ok((size, crate::stream::bytes(resp.into_body(), self.transport().closed_rx())))
+        Ok((
+            size,
+            crate::stream::bytes(resp.into_body(), self.transport().closed_rx()),
+        ))
     }
 
     /// `PUT /v1/files`: streams `body` into a file (atomic replace, parents created), with
     /// permission bits `mode` (default decided by the guest). A failing `body` aborts the
     /// upload ([`GuestError::Local`]) and the guest keeps the old file.
-    pub async fn write_file(&self, path: &str, user: Option<&str>, mode: Option<u32>, body: BoxStream<'static, Result<Bytes, std::io::Error>>) -> Result<FileStat, GuestError> {
+    pub async fn write_file(
+        &self,
+        path: &str,
+        user: Option<&str>,
+        mode: Option<u32>,
+        body: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<FileStat, GuestError> {
         check_mode(mode)?;
         let mode = mode.map(|m| format!("{m:o}"));
         let target = file_target(routes::FILES, path, user)?.opt_param("mode", mode.as_deref());
-        self.transport().upload_json(Method::PUT, target, body).await
+        self.transport()
+            .upload_json(Method::PUT, target, body)
+            .await
     }
 
     /// `GET /v1/files/stat`: metadata of `path` (not following a final symlink).
     pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<FileStat, GuestError> {
         let target = file_target(routes::FILES_STAT, path, user)?;
-        self.transport().json(Method::GET, target, Body::Empty, MAX_JSON_BODY).await
+        self.transport()
+            .json(Method::GET, target, Body::Empty, MAX_JSON_BODY)
+            .await
     }
 
     /// `GET /v1/files/list`: entries under `path`, `depth` levels deep (1 = direct children,
     /// at most `MAX_LIST_DEPTH`).
-    pub async fn list(&self, path: &str, depth: u32, user: Option<&str>) -> Result<FileList, GuestError> {
+    pub async fn list(
+        &self,
+        path: &str,
+        depth: u32,
+        user: Option<&str>,
+    ) -> Result<FileList, GuestError> {
         if depth > MAX_LIST_DEPTH {
-            return Err(GuestError::local(ErrorCode::InvalidRequest, format!("depth must be at most {MAX_LIST_DEPTH}")));
+            return Err(GuestError::local(
+                ErrorCode::InvalidRequest,
+                format!("depth must be at most {MAX_LIST_DEPTH}"),
+            ));
         }
-        let target = file_target(routes::FILES_LIST, path, user)?.param("depth", &depth.to_string());
-        let list: FileList = self.transport().json(Method::GET, target, Body::Empty, MAX_LISTING_BODY).await?;
+        let target =
+            file_target(routes::FILES_LIST, path, user)?.param("depth", &depth.to_string());
+        let list: FileList = self
+            .transport()
+            .json(Method::GET, target, Body::Empty, MAX_LISTING_BODY)
+            .await?;
         if list.entries.len() > MAX_LIST_ENTRIES {
-            return Err(GuestError::protocol(format!("listing has more than {MAX_LIST_ENTRIES} entries")));
+            return Err(GuestError::protocol(format!(
+                "listing has more than {MAX_LIST_ENTRIES} entries"
+            )));
         }
         Ok(list)
     }
@@ -99,13 +141,28 @@ impl GuestClient {
         check_path(&req.path)?;
         check_user(req.user.as_deref())?;
         check_mode(req.mode)?;
-        self.transport().json(Method::POST, Target::new(routes::FILES_MKDIR), Body::json(req)?, MAX_JSON_BODY).await
+        self.transport()
+            .json(
+                Method::POST,
+                Target::new(routes::FILES_MKDIR),
+                Body::json(req)?,
+                MAX_JSON_BODY,
+            )
+            .await
     }
 
     /// `DELETE /v1/files`: removes a file, or a directory (`recursive` for a non-empty one).
-    pub async fn remove(&self, path: &str, recursive: bool, user: Option<&str>) -> Result<(), GuestError> {
-        let target = file_target(routes::FILES, path, user)?.param("recursive", if recursive { "true" } else { "false" });
-        self.transport().unit(Method::DELETE, target, Body::Empty).await
+    pub async fn remove(
+        &self,
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> Result<(), GuestError> {
+        let target = file_target(routes::FILES, path, user)?
+            .param("recursive", if recursive { "true" } else { "false" });
+        self.transport()
+            .unit(Method::DELETE, target, Body::Empty)
+            .await
     }
 
     /// `POST /v1/files/rename`.
@@ -113,7 +170,13 @@ impl GuestClient {
         check_path(&req.from)?;
         check_path(&req.to)?;
         check_user(req.user.as_deref())?;
-        self.transport().unit(Method::POST, Target::new(routes::FILES_RENAME), Body::json(req)?).await
+        self.transport()
+            .unit(
+                Method::POST,
+                Target::new(routes::FILES_RENAME),
+                Body::json(req)?,
+            )
+            .await
     }
 }
 
@@ -123,10 +186,16 @@ mod tests {
 
     #[test]
     fn local_checks() {
-        assert_eq!(check_path("../x").unwrap_err().code(), ErrorCode::InvalidPath);
+        assert_eq!(
+            check_path("../x").unwrap_err().code(),
+            ErrorCode::InvalidPath
+        );
         assert_eq!(check_path("").unwrap_err().code(), ErrorCode::InvalidPath);
         assert!(check_path("/tmp/a b&c#d").is_ok());
-        assert_eq!(check_user(Some("Root")).unwrap_err().code(), ErrorCode::InvalidRequest);
+        assert_eq!(
+            check_user(Some("Root")).unwrap_err().code(),
+            ErrorCode::InvalidRequest
+        );
         assert!(check_user(None).is_ok());
         assert!(check_mode(Some(0o10000)).is_err());
         assert!(check_mode(Some(0o644)).is_ok());

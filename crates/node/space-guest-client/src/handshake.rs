@@ -68,7 +68,11 @@ pub struct ReadyScanner {
 impl ReadyScanner {
     /// A scanner waiting for READY with `nonce`.
     pub fn new(nonce: &str) -> Self {
-        Self { nonce: nonce.to_owned(), line: Vec::with_capacity(MAX_HANDSHAKE_LINE), discarded: 0 }
+        Self {
+            nonce: nonce.to_owned(),
+            line: Vec::with_capacity(MAX_HANDSHAKE_LINE),
+            discarded: 0,
+        }
     }
 
     /// Feeds the next chunk of the stream.
@@ -99,7 +103,10 @@ impl ReadyScanner {
     }
 
     fn check_line(&self) -> Result<Option<Ready>, ScanError> {
-        let ready_at = self.line.windows(READY.len()).rposition(|w| w == READY.as_bytes());
+        let ready_at = self
+            .line
+            .windows(READY.len())
+            .rposition(|w| w == READY.as_bytes());
         if let Some(at) = ready_at {
             if let Some(ready) = Ready::parse(&self.line[at..]) {
                 if ready.nonce.eq_ignore_ascii_case(&self.nonce) {
@@ -130,13 +137,20 @@ where
 }
 
 /// [`handshake`] with a given nonce and HELLO interval (tests).
-pub async fn handshake_with<S>(io: &mut S, nonce: &str, interval: Duration, deadline: Instant) -> Result<Handshake, GuestError>
+pub async fn handshake_with<S>(
+    io: &mut S,
+    nonce: &str,
+    interval: Duration,
+    deadline: Instant,
+) -> Result<Handshake, GuestError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     match tokio::time::timeout_at(deadline, exchange(io, nonce, interval)).await {
         Ok(result) => result,
-        Err(_) => Err(GuestError::Timeout("the guest did not answer the handshake in time".into())),
+        Err(_) => Err(GuestError::Timeout(
+            "the guest did not answer the handshake in time".into(),
+        )),
     }
 }
 
@@ -144,7 +158,12 @@ async fn exchange<S>(io: &mut S, nonce: &str, interval: Duration) -> Result<Hand
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let hello = Hello { version: PROTOCOL_VERSION, nonce: nonce.to_owned() }.encode().into_bytes();
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        nonce: nonce.to_owned(),
+    }
+    .encode()
+    .into_bytes();
     let mut scanner = ReadyScanner::new(nonce);
     // Bytes of the current HELLO already written; hello.len() when idle.
     let mut written = 0usize;
@@ -159,19 +178,31 @@ where
     let found = poll_fn(|cx| loop {
         while written < hello.len() {
             match Pin::new(&mut *io).poll_write(cx, &hello[written..]) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(GuestError::Disconnected("channel closed during handshake".into()))),
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(GuestError::Disconnected(
+                        "channel closed during handshake".into(),
+                    )))
+                }
                 Poll::Ready(Ok(n)) => {
                     written += n;
                     need_flush = true;
                 }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(GuestError::Disconnected(format!("writing HELLO: {e}")))),
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(GuestError::Disconnected(format!(
+                        "writing HELLO: {e}"
+                    ))))
+                }
                 Poll::Pending => break,
             }
         }
         if need_flush && written == hello.len() {
             match Pin::new(&mut *io).poll_flush(cx) {
                 Poll::Ready(Ok(())) => need_flush = false,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(GuestError::Disconnected(format!("writing HELLO: {e}")))),
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(GuestError::Disconnected(format!(
+                        "writing HELLO: {e}"
+                    ))))
+                }
                 Poll::Pending => {}
             }
         }
@@ -186,7 +217,9 @@ where
             Poll::Ready(Ok(())) => {
                 let filled = rb.filled();
                 if filled.is_empty() {
-                    return Poll::Ready(Err(GuestError::Disconnected("channel closed during handshake".into())));
+                    return Poll::Ready(Err(GuestError::Disconnected(
+                        "channel closed during handshake".into(),
+                    )));
                 }
                 match scanner.feed(filled) {
                     Ok(Scan::Pending) => continue,
@@ -194,10 +227,16 @@ where
                         let leftover = Bytes::copy_from_slice(&filled[consumed..]);
                         return Poll::Ready(Ok((Handshake { ready, leftover }, written)));
                     }
-                    Err(e) => return Poll::Ready(Err(GuestError::protocol(format!("handshake: {e}")))),
+                    Err(e) => {
+                        return Poll::Ready(Err(GuestError::protocol(format!("handshake: {e}"))))
+                    }
                 }
             }
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(GuestError::Disconnected(format!("reading handshake: {e}")))),
+            Poll::Ready(Err(e)) => {
+                return Poll::Ready(Err(GuestError::Disconnected(format!(
+                    "reading handshake: {e}"
+                ))))
+            }
             Poll::Pending => return Poll::Pending,
         }
     })
@@ -205,9 +244,13 @@ where
     let (handshake, written) = found?;
     // A HELLO cut short would glue onto the HTTP/2 preface; finish the line first.
     if written < hello.len() {
-        io.write_all(&hello[written..]).await.map_err(|e| GuestError::Disconnected(format!("writing HELLO: {e}")))?;
+        io.write_all(&hello[written..])
+            .await
+            .map_err(|e| GuestError::Disconnected(format!("writing HELLO: {e}")))?;
     }
-    io.flush().await.map_err(|e| GuestError::Disconnected(format!("writing HELLO: {e}")))?;
+    io.flush()
+        .await
+        .map_err(|e| GuestError::Disconnected(format!("writing HELLO: {e}")))?;
     Ok(handshake)
 }
 
@@ -217,7 +260,13 @@ mod tests {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
     fn ready_line(nonce: &str) -> String {
-        Ready { version: PROTOCOL_VERSION, nonce: nonce.into(), boot_id: "boot1".into(), daemon_version: "0.1.0".into() }.encode()
+        Ready {
+            version: PROTOCOL_VERSION,
+            nonce: nonce.into(),
+            boot_id: "boot1".into(),
+            daemon_version: "0.1.0".into(),
+        }
+        .encode()
     }
 
     #[test]
@@ -279,9 +328,15 @@ mod tests {
     #[test]
     fn scanner_rejects_wrong_version_and_refusal() {
         let mut s = ReadyScanner::new("abcd");
-        assert_eq!(s.feed(b"SPACE-READY 7 abcd b v\n"), Err(ScanError::Version(7)));
+        assert_eq!(
+            s.feed(b"SPACE-READY 7 abcd b v\n"),
+            Err(ScanError::Version(7))
+        );
         let mut s = ReadyScanner::new("abcd");
-        assert!(matches!(s.feed(space_guest_proto::handshake::refused(2).as_bytes()), Err(ScanError::Refused(_))));
+        assert!(matches!(
+            s.feed(space_guest_proto::handshake::refused(2).as_bytes()),
+            Err(ScanError::Refused(_))
+        ));
     }
 
     #[tokio::test]
@@ -290,18 +345,32 @@ mod tests {
         let peer = tokio::spawn(async move {
             let mut guest = BufReader::new(guest);
             // Stale bytes and answers to an earlier host before anything is read.
-            guest.get_mut().write_all(b"\x17\x03junk from an old session\n").await.unwrap();
-            guest.get_mut().write_all(ready_line("0123").as_bytes()).await.unwrap();
+            guest
+                .get_mut()
+                .write_all(b"\x17\x03junk from an old session\n")
+                .await
+                .unwrap();
+            guest
+                .get_mut()
+                .write_all(ready_line("0123").as_bytes())
+                .await
+                .unwrap();
             let mut line = String::new();
             guest.read_line(&mut line).await.unwrap();
             let hello = Hello::parse(line.trim_end().as_bytes()).unwrap();
-            guest.get_mut().write_all(ready_line("99").as_bytes()).await.unwrap();
+            guest
+                .get_mut()
+                .write_all(ready_line("99").as_bytes())
+                .await
+                .unwrap();
             let mut out = ready_line(&hello.nonce).into_bytes();
             out.extend_from_slice(b"H2-BYTES");
             guest.get_mut().write_all(&out).await.unwrap();
             guest
         });
-        let hs = handshake(&mut host, Instant::now() + Duration::from_secs(30)).await.unwrap();
+        let hs = handshake(&mut host, Instant::now() + Duration::from_secs(30))
+            .await
+            .unwrap();
         assert_eq!(hs.ready.daemon_version, "0.1.0");
         let mut rest = hs.leftover.to_vec();
         let _guest = peer.await.unwrap();
@@ -325,10 +394,21 @@ mod tests {
                 guest.read_line(&mut line).await.unwrap();
             }
             let hello = Hello::parse(line.trim_end().as_bytes()).unwrap();
-            guest.get_mut().write_all(ready_line(&hello.nonce).as_bytes()).await.unwrap();
+            guest
+                .get_mut()
+                .write_all(ready_line(&hello.nonce).as_bytes())
+                .await
+                .unwrap();
             guest
         });
-        let hs = handshake_with(&mut host, "abc123", Duration::from_millis(10), Instant::now() + Duration::from_secs(30)).await.unwrap();
+        let hs = handshake_with(
+            &mut host,
+            "abc123",
+            Duration::from_millis(10),
+            Instant::now() + Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
         assert_eq!(hs.ready.nonce, "abc123");
         assert!(hs.leftover.is_empty());
         drop(peer.await.unwrap());
@@ -342,7 +422,9 @@ mod tests {
             // No newline, ever. Stops when the host goes away.
             while guest.write_all(&chunk).await.is_ok() {}
         });
-        let err = handshake(&mut host, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
+        let err = handshake(&mut host, Instant::now() + Duration::from_secs(60))
+            .await
+            .unwrap_err();
         assert!(matches!(err, GuestError::Protocol(_)), "{err:?}");
         drop(host);
         peer.await.unwrap();
@@ -351,7 +433,14 @@ mod tests {
     #[tokio::test]
     async fn silent_peer_times_out() {
         let (mut host, _guest) = tokio::io::duplex(64 * 1024);
-        let err = handshake_with(&mut host, "ab", Duration::from_millis(5), Instant::now() + Duration::from_millis(200)).await.unwrap_err();
+        let err = handshake_with(
+            &mut host,
+            "ab",
+            Duration::from_millis(5),
+            Instant::now() + Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, GuestError::Timeout(_)), "{err:?}");
     }
 
@@ -359,7 +448,14 @@ mod tests {
     async fn peer_that_never_reads_still_times_out() {
         // A 16-byte pipe fills with the first HELLO: writes stay pending, the deadline still holds.
         let (mut host, _guest) = tokio::io::duplex(16);
-        let err = handshake_with(&mut host, "ab", Duration::from_millis(5), Instant::now() + Duration::from_millis(200)).await.unwrap_err();
+        let err = handshake_with(
+            &mut host,
+            "ab",
+            Duration::from_millis(5),
+            Instant::now() + Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, GuestError::Timeout(_)), "{err:?}");
     }
 
@@ -367,7 +463,9 @@ mod tests {
     async fn closed_peer_is_disconnected() {
         let (mut host, guest) = tokio::io::duplex(1024);
         drop(guest);
-        let err = handshake(&mut host, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
+        let err = handshake(&mut host, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap_err();
         assert!(matches!(err, GuestError::Disconnected(_)), "{err:?}");
     }
 
@@ -378,7 +476,10 @@ mod tests {
         let (mut host, guest) = tokio::io::duplex(8);
         let peer = tokio::spawn(async move {
             let mut guest = guest;
-            guest.write_all(ready_line("abcdef").as_bytes()).await.unwrap();
+            guest
+                .write_all(ready_line("abcdef").as_bytes())
+                .await
+                .unwrap();
             let mut all = Vec::new();
             let mut b = [0u8; 64];
             loop {
@@ -390,11 +491,25 @@ mod tests {
             }
             all
         });
-        let hs = handshake_with(&mut host, "abcdef", Duration::from_secs(60), Instant::now() + Duration::from_secs(30)).await.unwrap();
+        let hs = handshake_with(
+            &mut host,
+            "abcdef",
+            Duration::from_secs(60),
+            Instant::now() + Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
         assert_eq!(hs.ready.nonce, "abcdef");
         drop(host);
         let written = peer.await.unwrap();
         assert!(written.ends_with(b"\n"));
-        assert_eq!(String::from_utf8(written).unwrap(), Hello { version: 1, nonce: "abcdef".into() }.encode());
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            Hello {
+                version: 1,
+                nonce: "abcdef".into()
+            }
+            .encode()
+        );
     }
 }

@@ -58,7 +58,10 @@ struct Inner {
 
 impl std::fmt::Debug for GuestClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GuestClient").field("ready", &self.inner.ready).field("closed", &self.is_closed()).finish()
+        f.debug_struct("GuestClient")
+            .field("ready", &self.inner.ready)
+            .field("closed", &self.is_closed())
+            .finish()
     }
 }
 
@@ -72,25 +75,43 @@ impl GuestClient {
     }
 
     /// [`GuestClient::connect`] with explicit options.
-    pub async fn connect_with(socket: &Path, deadline: Duration, opts: ClientOptions) -> Result<GuestClient, GuestError> {
+    pub async fn connect_with(
+        socket: &Path,
+        deadline: Duration,
+        opts: ClientOptions,
+    ) -> Result<GuestClient, GuestError> {
         let end = Instant::now() + deadline;
         let mut last: String;
         loop {
             match tokio::time::timeout_at(end, UnixStream::connect(socket)).await {
                 Err(_) => last = "connecting timed out".into(),
-                Ok(Ok(stream)) => match Self::connect_stream_until(stream, end, opts.clone()).await {
+                Ok(Ok(stream)) => match Self::connect_stream_until(stream, end, opts.clone()).await
+                {
                     Ok(client) => return Ok(client),
                     Err(GuestError::Disconnected(why)) => last = why,
                     Err(GuestError::Timeout(why)) => last = why,
                     Err(e) => return Err(e),
                 },
-                Ok(Err(e)) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                Ok(Err(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
                     last = e.to_string();
                 }
-                Ok(Err(e)) => return Err(GuestError::Disconnected(format!("connecting to {}: {e}", socket.display()))),
+                Ok(Err(e)) => {
+                    return Err(GuestError::Disconnected(format!(
+                        "connecting to {}: {e}",
+                        socket.display()
+                    )))
+                }
             }
             if Instant::now() + CONNECT_RETRY >= end {
-                return Err(GuestError::Timeout(format!("guest channel {} not ready within {deadline:?} ({last})", socket.display())));
+                return Err(GuestError::Timeout(format!(
+                    "guest channel {} not ready within {deadline:?} ({last})",
+                    socket.display()
+                )));
             }
             tracing::trace!(socket = %socket.display(), %last, "guest channel not ready, retrying");
             tokio::time::sleep(CONNECT_RETRY).await;
@@ -99,14 +120,22 @@ impl GuestClient {
 
     /// Runs the handshake and starts HTTP/2 on an already open byte stream (e.g. a
     /// Firecracker vsock connection after its `CONNECT` exchange). No retries.
-    pub async fn connect_stream<S>(io: S, deadline: Duration, opts: ClientOptions) -> Result<GuestClient, GuestError>
+    pub async fn connect_stream<S>(
+        io: S,
+        deadline: Duration,
+        opts: ClientOptions,
+    ) -> Result<GuestClient, GuestError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         Self::connect_stream_until(io, Instant::now() + deadline, opts).await
     }
 
-    async fn connect_stream_until<S>(mut io: S, end: Instant, opts: ClientOptions) -> Result<GuestClient, GuestError>
+    async fn connect_stream_until<S>(
+        mut io: S,
+        end: Instant,
+        opts: ClientOptions,
+    ) -> Result<GuestClient, GuestError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -117,16 +146,30 @@ impl GuestClient {
             Err(_) => return Err(GuestError::Timeout("starting HTTP/2 with the guest".into())),
         };
         tracing::debug!(boot_id = %hs.ready.boot_id, daemon = %hs.ready.daemon_version, "guest channel up");
-        Ok(GuestClient { inner: Arc::new(Inner { transport, ready: hs.ready }) })
+        Ok(GuestClient {
+            inner: Arc::new(Inner {
+                transport,
+                ready: hs.ready,
+            }),
+        })
     }
 
     /// A handle on the same connection whose calls use other timeouts (e.g. a longer one
     /// for a `configure` that grows the root file system under TCG).
-    pub fn with_timeouts(&self, json_timeout: Duration, stream_open_timeout: Duration) -> GuestClient {
+    pub fn with_timeouts(
+        &self,
+        json_timeout: Duration,
+        stream_open_timeout: Duration,
+    ) -> GuestClient {
         let mut transport = self.inner.transport.clone();
         transport.opts.json_timeout = json_timeout;
         transport.opts.stream_open_timeout = stream_open_timeout;
-        GuestClient { inner: Arc::new(Inner { transport, ready: self.inner.ready.clone() }) }
+        GuestClient {
+            inner: Arc::new(Inner {
+                transport,
+                ready: self.inner.ready.clone(),
+            }),
+        }
     }
 
     /// The guest's READY: boot id and daemon version.
@@ -147,7 +190,9 @@ impl GuestClient {
                 }
                 if rx.changed().await.is_err() {
                     let reason = rx.borrow().clone();
-                    return reason.unwrap_or_else(|| GuestError::Disconnected("the connection task ended".into()));
+                    return reason.unwrap_or_else(|| {
+                        GuestError::Disconnected("the connection task ended".into())
+                    });
                 }
             }
         }

@@ -27,7 +27,11 @@ pub struct LineDecoder {
 impl LineDecoder {
     /// A decoder for lines of at most `max` bytes.
     pub fn new(max: usize) -> Self {
-        Self { buf: BytesMut::new(), scanned: 0, max }
+        Self {
+            buf: BytesMut::new(),
+            scanned: 0,
+            max,
+        }
     }
 
     /// Appends received bytes. Call [`LineDecoder::next_line`] until it returns `None`
@@ -95,7 +99,8 @@ pub fn parse_event(line: &[u8]) -> Result<Option<OutputEvent>, EventError> {
     if line.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(None);
     }
-    let event: OutputEvent = serde_json::from_slice(line).map_err(|e| EventError::Json(e.to_string()))?;
+    let event: OutputEvent =
+        serde_json::from_slice(line).map_err(|e| EventError::Json(e.to_string()))?;
     if let OutputEvent::Data { .. } = &event {
         match event.bytes() {
             Some((_, bytes)) if bytes.len() <= MAX_OUTPUT_CHUNK => {}
@@ -168,17 +173,39 @@ mod tests {
         let ev = OutputEvent::data(1, OutputStream::Stdout, b"hello");
         let line = serde_json::to_vec(&ev).unwrap();
         assert_eq!(parse_event(&line), Ok(Some(ev)));
-        let exit = OutputEvent::Exit { seq: 2, status: ExitStatus { exit_code: Some(0), signal: None, timed_out: false } };
-        assert_eq!(parse_event(&serde_json::to_vec(&exit).unwrap()), Ok(Some(exit)));
+        let exit = OutputEvent::Exit {
+            seq: 2,
+            status: ExitStatus {
+                exit_code: Some(0),
+                signal: None,
+                timed_out: false,
+            },
+        };
+        assert_eq!(
+            parse_event(&serde_json::to_vec(&exit).unwrap()),
+            Ok(Some(exit))
+        );
         assert_eq!(parse_event(b"  "), Ok(None));
     }
 
     #[test]
     fn refuses_bad_events() {
-        assert!(matches!(parse_event(b"{not json"), Err(EventError::Json(_))));
-        assert!(matches!(parse_event(br#"{"type":"nope","seq":1}"#), Err(EventError::Json(_))));
-        assert!(matches!(parse_event(br#"{"type":"data","seq":1,"stream":"stdout","data":"!!"}"#), Err(EventError::Data)));
+        assert!(matches!(
+            parse_event(b"{not json"),
+            Err(EventError::Json(_))
+        ));
+        assert!(matches!(
+            parse_event(br#"{"type":"nope","seq":1}"#),
+            Err(EventError::Json(_))
+        ));
+        assert!(matches!(
+            parse_event(br#"{"type":"data","seq":1,"stream":"stdout","data":"!!"}"#),
+            Err(EventError::Data)
+        ));
         let big = OutputEvent::data(1, OutputStream::Stdout, &vec![0u8; MAX_OUTPUT_CHUNK + 1]);
-        assert_eq!(parse_event(&serde_json::to_vec(&big).unwrap()), Err(EventError::Data));
+        assert_eq!(
+            parse_event(&serde_json::to_vec(&big).unwrap()),
+            Err(EventError::Data)
+        );
     }
 }

@@ -8,7 +8,11 @@
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 /// Everything but ALPHA / DIGIT / "-" / "." / "_" / "~".
-const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Builds `route?k=v&k=v`.
 #[derive(Debug, Clone)]
@@ -20,7 +24,10 @@ pub struct Target {
 impl Target {
     /// A target for `route` (a constant from `space_guest_proto::routes`).
     pub fn new(route: impl Into<String>) -> Self {
-        Self { s: route.into(), has_query: false }
+        Self {
+            s: route.into(),
+            has_query: false,
+        }
     }
 
     /// Adds `key=value`, value encoded.
@@ -57,30 +64,51 @@ mod tests {
     use super::*;
 
     fn decode_form(query: &str) -> Vec<(String, String)> {
-        form_urlencoded::parse(query.as_bytes()).into_owned().collect()
+        form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect()
     }
 
     #[test]
     fn hostile_paths_round_trip_through_a_form_decoder() {
         let nasty = "/home/user/a b&c=d#e+f%20g?h/é/日本/\u{1F600}/;,'\"<>\\";
-        let t = Target::new("/v1/files").param("path", nasty).param("user", "user").param("recursive", "true");
+        let t = Target::new("/v1/files")
+            .param("path", nasty)
+            .param("user", "user")
+            .param("recursive", "true");
         let s = t.as_str();
         let (route, query) = s.split_once('?').unwrap();
         assert_eq!(route, "/v1/files");
         assert!(!query.contains('+') && !query.contains(' ') && !query.contains('#'));
         assert_eq!(
             decode_form(query),
-            vec![("path".into(), nasty.into()), ("user".into(), "user".into()), ("recursive".into(), "true".into())]
+            vec![
+                ("path".into(), nasty.into()),
+                ("user".into(), "user".into()),
+                ("recursive".into(), "true".into())
+            ]
         );
         // Plain percent-decoding agrees with the form decoding.
-        let value = query.split('&').next().unwrap().strip_prefix("path=").unwrap();
-        assert_eq!(percent_encoding::percent_decode_str(value).decode_utf8().unwrap(), nasty);
+        let value = query
+            .split('&')
+            .next()
+            .unwrap()
+            .strip_prefix("path=")
+            .unwrap();
+        assert_eq!(
+            percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .unwrap(),
+            nasty
+        );
         assert!(t.uri().parse::<http::Uri>().is_ok());
     }
 
     #[test]
     fn optional_params() {
-        let t = Target::new("/v1/files/stat").param("path", "x").opt_param("user", None);
+        let t = Target::new("/v1/files/stat")
+            .param("path", "x")
+            .opt_param("user", None);
         assert_eq!(t.as_str(), "/v1/files/stat?path=x");
         let t = Target::new("/v1/x").opt_param("a", Some("1"));
         assert_eq!(t.as_str(), "/v1/x?a=1");

@@ -25,7 +25,10 @@ async fn next_chunk(recv: &mut RecvStream, closed: &ClosedRx) -> Option<Result<B
 }
 
 /// The body as a stream of byte chunks; the first error ends it.
-pub(crate) fn bytes(recv: RecvStream, closed: ClosedRx) -> BoxStream<'static, Result<Bytes, GuestError>> {
+pub(crate) fn bytes(
+    recv: RecvStream,
+    closed: ClosedRx,
+) -> BoxStream<'static, Result<Bytes, GuestError>> {
     stream::unfold(Some((recv, closed)), |state| async move {
         let (mut recv, closed) = state?;
         match next_chunk(&mut recv, &closed).await? {
@@ -52,17 +55,25 @@ enum Step {
 impl Events {
     async fn step(&mut self) -> Step {
         loop {
-            let line = if self.eof { self.lines.finish() } else { self.lines.next_line() };
+            let line = if self.eof {
+                self.lines.finish()
+            } else {
+                self.lines.next_line()
+            };
             match line {
                 Err(e) => return Step::Fail(GuestError::protocol(format!("output stream: {e}"))),
                 Ok(Some(line)) => match parse_event(&line) {
                     Ok(None) => continue,
                     Ok(Some(ev @ OutputEvent::Exit { .. })) => return Step::Exit(ev),
                     Ok(Some(ev)) => return Step::Event(ev),
-                    Err(e) => return Step::Fail(GuestError::protocol(format!("output stream: {e}"))),
+                    Err(e) => {
+                        return Step::Fail(GuestError::protocol(format!("output stream: {e}")))
+                    }
                 },
                 Ok(None) if self.eof => {
-                    return Step::Fail(GuestError::protocol("output stream ended without an exit event"));
+                    return Step::Fail(GuestError::protocol(
+                        "output stream ended without an exit event",
+                    ));
                 }
                 Ok(None) => {}
             }
@@ -78,8 +89,16 @@ impl Events {
 /// The body as output events, one NDJSON line each (at most `MAX_OUTPUT_LINE` bytes). The
 /// stream ends after the `exit` event; an oversize or unparsable line, or an end without
 /// `exit`, yields one [`GuestError::Protocol`] and ends it.
-pub(crate) fn events(recv: RecvStream, closed: ClosedRx) -> BoxStream<'static, Result<OutputEvent, GuestError>> {
-    let state = Events { recv, closed, lines: LineDecoder::new(MAX_OUTPUT_LINE), eof: false };
+pub(crate) fn events(
+    recv: RecvStream,
+    closed: ClosedRx,
+) -> BoxStream<'static, Result<OutputEvent, GuestError>> {
+    let state = Events {
+        recv,
+        closed,
+        lines: LineDecoder::new(MAX_OUTPUT_LINE),
+        eof: false,
+    };
     stream::unfold(Some(state), |state| async move {
         let mut state = state?;
         match state.step().await {

@@ -94,7 +94,11 @@ async fn keepalive(ping: Option<PingPong>, interval: Duration, timeout: Duration
         match tokio::time::timeout(timeout, poll_fn(|cx| ping.poll_pong(cx))).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return from_h2(e),
-            Err(_) => return GuestError::Disconnected(format!("the guest did not answer a keep-alive ping within {timeout:?}")),
+            Err(_) => {
+                return GuestError::Disconnected(format!(
+                    "the guest did not answer a keep-alive ping within {timeout:?}"
+                ))
+            }
         }
     }
 }
@@ -110,9 +114,17 @@ pub(crate) enum Body {
 impl Body {
     /// `value` as a JSON body, refused locally when larger than the guest accepts.
     pub(crate) fn json<T: Serialize + ?Sized>(value: &T) -> Result<Body, GuestError> {
-        let bytes = serde_json::to_vec(value).map_err(|e| GuestError::local(ErrorCode::InvalidRequest, format!("cannot encode request: {e}")))?;
+        let bytes = serde_json::to_vec(value).map_err(|e| {
+            GuestError::local(
+                ErrorCode::InvalidRequest,
+                format!("cannot encode request: {e}"),
+            )
+        })?;
         if bytes.len() > MAX_JSON_BODY {
-            return Err(GuestError::local(ErrorCode::PayloadTooLarge, format!("request body larger than {MAX_JSON_BODY} bytes")));
+            return Err(GuestError::local(
+                ErrorCode::PayloadTooLarge,
+                format!("request body larger than {MAX_JSON_BODY} bytes"),
+            ));
         }
         Ok(Body::Json(Bytes::from(bytes)))
     }
@@ -135,7 +147,13 @@ impl Transport {
     }
 
     /// A JSON call with a JSON answer read with at most `limit` bytes; bounded by the JSON timeout.
-    pub(crate) async fn json<T: DeserializeOwned + Send + 'static>(&self, method: Method, target: Target, body: Body, limit: usize) -> Result<T, GuestError> {
+    pub(crate) async fn json<T: DeserializeOwned + Send + 'static>(
+        &self,
+        method: Method,
+        target: Target,
+        body: Body,
+        limit: usize,
+    ) -> Result<T, GuestError> {
         let what = format!("{method} {}", target.as_str());
         self.with_timeout(self.opts.json_timeout, &what, async {
             let resp = self.exchange(method.clone(), &target, body).await?;
@@ -146,7 +164,12 @@ impl Transport {
     }
 
     /// A call whose answer carries nothing (204); bounded by the JSON timeout.
-    pub(crate) async fn unit(&self, method: Method, target: Target, body: Body) -> Result<(), GuestError> {
+    pub(crate) async fn unit(
+        &self,
+        method: Method,
+        target: Target,
+        body: Body,
+    ) -> Result<(), GuestError> {
         let what = format!("{method} {}", target.as_str());
         self.with_timeout(self.opts.json_timeout, &what, async {
             // The body of a success is ignored; dropping the stream resets it if the guest
@@ -158,13 +181,27 @@ impl Transport {
 
     /// Opens a streamed download: returns the successful response with its body unread.
     /// Only the wait for the response head is bounded (stream-open timeout).
-    pub(crate) async fn open_stream(&self, method: Method, target: Target) -> Result<Response<RecvStream>, GuestError> {
+    pub(crate) async fn open_stream(
+        &self,
+        method: Method,
+        target: Target,
+    ) -> Result<Response<RecvStream>, GuestError> {
         let what = format!("{method} {}", target.as_str());
-        self.with_timeout(self.opts.stream_open_timeout, &what, self.exchange(method, &target, Body::Empty)).await
+        self.with_timeout(
+            self.opts.stream_open_timeout,
+            &what,
+            self.exchange(method, &target, Body::Empty),
+        )
+        .await
     }
 
     /// A streamed upload with a JSON answer; see [`Transport::upload`] for the timeouts.
-    pub(crate) async fn upload_json<T: DeserializeOwned + Send + 'static>(&self, method: Method, target: Target, body: BoxStream<'static, Result<Bytes, io::Error>>) -> Result<T, GuestError> {
+    pub(crate) async fn upload_json<T: DeserializeOwned + Send + 'static>(
+        &self,
+        method: Method,
+        target: Target,
+        body: BoxStream<'static, Result<Bytes, io::Error>>,
+    ) -> Result<T, GuestError> {
         let what = format!("{method} {}", target.as_str());
         let resp = self.upload(method, &target, body).await?;
         self.with_timeout(self.opts.json_timeout, &what, async {
@@ -175,7 +212,12 @@ impl Transport {
     }
 
     /// A streamed upload with an empty answer.
-    pub(crate) async fn upload_unit(&self, method: Method, target: Target, body: BoxStream<'static, Result<Bytes, io::Error>>) -> Result<(), GuestError> {
+    pub(crate) async fn upload_unit(
+        &self,
+        method: Method,
+        target: Target,
+        body: BoxStream<'static, Result<Bytes, io::Error>>,
+    ) -> Result<(), GuestError> {
         self.upload(method, &target, body).await.map(drop)
     }
 
@@ -184,29 +226,52 @@ impl Transport {
     /// catches a dead guest); after the body is sent, the answer must come within the
     /// stream-open timeout. An answer that comes early (an error before the body is done)
     /// stops the upload.
-    async fn upload(&self, method: Method, target: &Target, body: BoxStream<'static, Result<Bytes, io::Error>>) -> Result<Response<RecvStream>, GuestError> {
+    async fn upload(
+        &self,
+        method: Method,
+        target: &Target,
+        body: BoxStream<'static, Result<Bytes, io::Error>>,
+    ) -> Result<Response<RecvStream>, GuestError> {
         let what = format!("{method} {}", target.as_str());
         let limit = self.opts.stream_open_timeout;
-        let (resp_fut, send) = self.with_timeout(limit, &what, self.send_head(method, target, "application/octet-stream", false)).await?;
+        let (resp_fut, send) = self
+            .with_timeout(
+                limit,
+                &what,
+                self.send_head(method, target, "application/octet-stream", false),
+            )
+            .await?;
         let resp = match self.send_body(resp_fut, send, body).await? {
             Sent::Answered(resp) => resp,
             Sent::BodyDone(resp_fut) => match tokio::time::timeout(limit, resp_fut).await {
                 Ok(r) => r.map_err(|e| self.fault(e))?,
-                Err(_) => return Err(GuestError::Timeout(format!("{what}: no answer within {limit:?} after the body was sent"))),
+                Err(_) => {
+                    return Err(GuestError::Timeout(format!(
+                        "{what}: no answer within {limit:?} after the body was sent"
+                    )))
+                }
             },
         };
-        self.with_timeout(limit, &what, self.check_status(resp)).await
+        self.with_timeout(limit, &what, self.check_status(resp))
+            .await
     }
 
     /// Sends the request head and body, waits for the head of a successful answer.
-    async fn exchange(&self, method: Method, target: &Target, body: Body) -> Result<Response<RecvStream>, GuestError> {
+    async fn exchange(
+        &self,
+        method: Method,
+        target: &Target,
+        body: Body,
+    ) -> Result<Response<RecvStream>, GuestError> {
         let resp = match body {
             Body::Empty => {
                 let (resp_fut, _send) = self.send_head(method, target, "", true).await?;
                 resp_fut.await.map_err(|e| self.fault(e))?
             }
             Body::Json(bytes) => {
-                let (resp_fut, send) = self.send_head(method, target, "application/json", false).await?;
+                let (resp_fut, send) = self
+                    .send_head(method, target, "application/json", false)
+                    .await?;
                 let once = futures::stream::once(async move { Ok::<_, io::Error>(bytes) }).boxed();
                 match self.send_body(resp_fut, send, once).await? {
                     Sent::Answered(resp) => resp,
@@ -218,7 +283,12 @@ impl Transport {
     }
 
     /// Streams `body` while watching for an early answer.
-    async fn send_body(&self, mut resp_fut: ResponseFuture, mut send: SendStream<Bytes>, body: BoxStream<'static, Result<Bytes, io::Error>>) -> Result<Sent, GuestError> {
+    async fn send_body(
+        &self,
+        mut resp_fut: ResponseFuture,
+        mut send: SendStream<Bytes>,
+        body: BoxStream<'static, Result<Bytes, io::Error>>,
+    ) -> Result<Sent, GuestError> {
         let pumped = {
             let pump = pump(&mut send, body);
             tokio::pin!(pump);
@@ -233,7 +303,10 @@ impl Transport {
             Ok(Err(PumpError::Caller(e))) => {
                 // Abort, so the guest never takes a truncated body for a whole one.
                 send.send_reset(h2::Reason::CANCEL);
-                return Err(GuestError::local(ErrorCode::InvalidRequest, format!("the request body failed: {e}")));
+                return Err(GuestError::local(
+                    ErrorCode::InvalidRequest,
+                    format!("the request body failed: {e}"),
+                ));
             }
             Ok(Err(stop)) => match (&mut resp_fut).now_or_never() {
                 // The guest answered and stopped the upload at the same time.
@@ -252,7 +325,10 @@ impl Transport {
 
     fn pump_fault(&self, stop: PumpError) -> GuestError {
         match stop {
-            PumpError::Caller(e) => GuestError::local(ErrorCode::InvalidRequest, format!("the request body failed: {e}")),
+            PumpError::Caller(e) => GuestError::local(
+                ErrorCode::InvalidRequest,
+                format!("the request body failed: {e}"),
+            ),
             PumpError::H2(e) => self.fault(e),
             PumpError::Reset(reason) => {
                 if let Some(e) = self.closed_reason() {
@@ -262,13 +338,25 @@ impl Transport {
                     Some(h2::Reason::REFUSED_STREAM) => (429, ErrorCode::TooManyRequests),
                     _ => (500, ErrorCode::Internal),
                 };
-                GuestError::Remote { status, body: ErrorBody::new(code, format!("the guest stopped the upload without an answer ({reason:?})")) }
+                GuestError::Remote {
+                    status,
+                    body: ErrorBody::new(
+                        code,
+                        format!("the guest stopped the upload without an answer ({reason:?})"),
+                    ),
+                }
             }
         }
     }
 
     /// Waits for a stream slot and sends the request head.
-    async fn send_head(&self, method: Method, target: &Target, content_type: &str, end_of_stream: bool) -> Result<(ResponseFuture, SendStream<Bytes>), GuestError> {
+    async fn send_head(
+        &self,
+        method: Method,
+        target: &Target,
+        content_type: &str,
+        end_of_stream: bool,
+    ) -> Result<(ResponseFuture, SendStream<Bytes>), GuestError> {
         if let Some(e) = self.closed_reason() {
             return Err(e);
         }
@@ -276,14 +364,23 @@ impl Transport {
         if !content_type.is_empty() {
             builder = builder.header(http::header::CONTENT_TYPE, content_type);
         }
-        let req = builder.body(()).map_err(|e| GuestError::local(ErrorCode::InvalidRequest, format!("cannot build request: {e}")))?;
+        let req = builder.body(()).map_err(|e| {
+            GuestError::local(
+                ErrorCode::InvalidRequest,
+                format!("cannot build request: {e}"),
+            )
+        })?;
         // ready() waits while the guest's MAX_CONCURRENT_STREAMS are all in use.
         let mut send = self.send.clone().ready().await.map_err(|e| self.fault(e))?;
-        send.send_request(req, end_of_stream).map_err(|e| self.fault(e))
+        send.send_request(req, end_of_stream)
+            .map_err(|e| self.fault(e))
     }
 
     /// Passes a 2xx answer through; turns anything else into an error.
-    async fn check_status(&self, resp: Response<RecvStream>) -> Result<Response<RecvStream>, GuestError> {
+    async fn check_status(
+        &self,
+        resp: Response<RecvStream>,
+    ) -> Result<Response<RecvStream>, GuestError> {
         let status = resp.status().as_u16();
         if (200..300).contains(&status) {
             return Ok(resp);
@@ -303,17 +400,26 @@ impl Transport {
             // Window is returned as soon as the bytes are ours; the limit bounds the total.
             let _ = body.flow_control().release_capacity(chunk.len());
             if buf.len() + chunk.len() > limit {
-                return Err(GuestError::protocol(format!("answer body larger than {limit} bytes")));
+                return Err(GuestError::protocol(format!(
+                    "answer body larger than {limit} bytes"
+                )));
             }
             buf.extend_from_slice(&chunk);
         }
         Ok(buf.freeze())
     }
 
-    async fn with_timeout<T>(&self, limit: Duration, what: &str, fut: impl std::future::Future<Output = Result<T, GuestError>>) -> Result<T, GuestError> {
+    async fn with_timeout<T>(
+        &self,
+        limit: Duration,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, GuestError>>,
+    ) -> Result<T, GuestError> {
         match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
-            Err(_) => Err(GuestError::Timeout(format!("{what}: no answer within {limit:?}"))),
+            Err(_) => Err(GuestError::Timeout(format!(
+                "{what}: no answer within {limit:?}"
+            ))),
         }
     }
 }
@@ -323,13 +429,20 @@ impl Transport {
 const PARSE_INLINE_MAX: usize = 256 * 1024;
 
 /// Parses a JSON answer; malformed JSON is a protocol violation.
-async fn parse_json<T: DeserializeOwned + Send + 'static>(bytes: Bytes, what: &str) -> Result<T, GuestError> {
+async fn parse_json<T: DeserializeOwned + Send + 'static>(
+    bytes: Bytes,
+    what: &str,
+) -> Result<T, GuestError> {
     let parsed = if bytes.len() <= PARSE_INLINE_MAX {
         serde_json::from_slice(&bytes)
     } else {
         match tokio::task::spawn_blocking(move || serde_json::from_slice(&bytes)).await {
             Ok(r) => r,
-            Err(e) => return Err(GuestError::Disconnected(format!("parsing the answer to {what} was cancelled: {e}"))),
+            Err(e) => {
+                return Err(GuestError::Disconnected(format!(
+                    "parsing the answer to {what} was cancelled: {e}"
+                )))
+            }
         }
     };
     parsed.map_err(|e| GuestError::protocol(format!("bad JSON answer to {what}: {e}")))
@@ -353,8 +466,12 @@ pub(crate) fn remote_error(status: u16, body: &[u8]) -> GuestError {
     let body = match serde_json::from_slice::<ErrorBody>(body) {
         Ok(b) => b.sanitised(),
         Err(_) => {
-            let snippet: String = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-            ErrorBody::new(code_for_status(status), sanitise(format!("guest answered {status}: {snippet}")))
+            let snippet: String =
+                String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            ErrorBody::new(
+                code_for_status(status),
+                sanitise(format!("guest answered {status}: {snippet}")),
+            )
         }
     };
     GuestError::Remote { status, body }
@@ -380,7 +497,10 @@ enum PumpError {
 
 /// Sends `body` on `send` as the guest grants window, then ends the stream. Holds at most
 /// one caller chunk plus `MAX_SEND_BUFFER` in h2.
-async fn pump(send: &mut SendStream<Bytes>, mut body: BoxStream<'static, Result<Bytes, io::Error>>) -> Result<(), PumpError> {
+async fn pump(
+    send: &mut SendStream<Bytes>,
+    mut body: BoxStream<'static, Result<Bytes, io::Error>>,
+) -> Result<(), PumpError> {
     while let Some(item) = body.next().await {
         let mut chunk = item.map_err(PumpError::Caller)?;
         while !chunk.is_empty() {

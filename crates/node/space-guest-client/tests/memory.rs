@@ -54,7 +54,9 @@ async fn unbounded_answers_use_bounded_memory() {
     let guest = fake_guest(|io| {
         serve_h2(io, |_req, mut respond| async move {
             let resp = http::Response::builder().status(200).body(()).unwrap();
-            let Ok(mut s) = respond.send_response(resp, false) else { return };
+            let Ok(mut s) = respond.send_response(resp, false) else {
+                return;
+            };
             // Allocated once and shared, so the peer itself adds little to the count.
             let chunk = Bytes::from(vec![b'A'; MIB]);
             for _ in 0..100 {
@@ -64,12 +66,18 @@ async fn unbounded_answers_use_bounded_memory() {
             }
         })
     });
-    let client = guard(GuestClient::connect(&guest.sock, Duration::from_secs(30))).await.unwrap();
+    let client = guard(GuestClient::connect(&guest.sock, Duration::from_secs(30)))
+        .await
+        .unwrap();
 
     let (err, peak) = peak_during(guard(client.health())).await;
     let err = err.unwrap_err();
     assert!(matches!(err, GuestError::Protocol(_)), "{err:?}");
-    assert!(peak < 16 * MIB, "JSON call peaked at {} MiB for a 100 MiB answer", peak / MIB);
+    assert!(
+        peak < 16 * MIB,
+        "JSON call peaked at {} MiB for a 100 MiB answer",
+        peak / MIB
+    );
 
     let (last, peak) = peak_during(guard(async {
         let mut events = client.output(1, None).await.unwrap();
@@ -80,11 +88,27 @@ async fn unbounded_answers_use_bounded_memory() {
         last
     }))
     .await;
-    assert!(matches!(last, Some(Err(GuestError::Protocol(_)))), "{last:?}");
-    assert!(peak < 16 * MIB, "output stream peaked at {} MiB for an endless line", peak / MIB);
+    assert!(
+        matches!(last, Some(Err(GuestError::Protocol(_)))),
+        "{last:?}"
+    );
+    assert!(
+        peak < 16 * MIB,
+        "output stream peaked at {} MiB for an endless line",
+        peak / MIB
+    );
 
     // Several at once: each is bounded by its own limit and the connection window.
-    let (results, peak) = peak_during(guard(futures::future::join_all((0..8).map(|_| client.health())))).await;
-    assert!(results.iter().all(|r| matches!(r, Err(GuestError::Protocol(_)))));
-    assert!(peak < 48 * MIB, "8 parallel calls peaked at {} MiB", peak / MIB);
+    let (results, peak) = peak_during(guard(futures::future::join_all(
+        (0..8).map(|_| client.health()),
+    )))
+    .await;
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, Err(GuestError::Protocol(_)))));
+    assert!(
+        peak < 48 * MIB,
+        "8 parallel calls peaked at {} MiB",
+        peak / MIB
+    );
 }

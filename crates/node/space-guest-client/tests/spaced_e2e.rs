@@ -46,9 +46,14 @@ fn spaced_bin() -> Option<&'static Path> {
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
-            return Err(format!("`cargo build -p spaced` failed:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+            return Err(format!(
+                "`cargo build -p spaced` failed:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
         }
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace_root().join("target"));
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| workspace_root().join("target"));
         Ok(target.join("debug/spaced"))
     });
     match bin {
@@ -75,7 +80,11 @@ impl Spaced {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("agent.sock");
         // The daemon's log goes to this test's stderr only when asked for (SPACED_TEST_LOG=1).
-        let log = if std::env::var_os("SPACED_TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() };
+        let log = if std::env::var_os("SPACED_TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
         let child = Command::new(bin)
             .arg("agent")
             .arg("--channel")
@@ -86,23 +95,40 @@ impl Spaced {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn spaced");
-        let client = GuestClient::connect(&sock, Duration::from_secs(60)).await.expect("connect to spaced");
-        Some(Spaced { client, child, sock, dir })
+        let client = GuestClient::connect(&sock, Duration::from_secs(60))
+            .await
+            .expect("connect to spaced");
+        Some(Spaced {
+            client,
+            child,
+            sock,
+            dir,
+        })
     }
 
     /// A path inside this test's private directory.
     fn path(&self, rel: &str) -> String {
-        self.dir.path().join("files").join(rel).display().to_string()
+        self.dir
+            .path()
+            .join("files")
+            .join(rel)
+            .display()
+            .to_string()
     }
 }
 
 /// A generous guard so a broken test fails instead of hanging; never a timing assertion.
 async fn guard<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(300), fut).await.expect("test guard: took far too long")
+    tokio::time::timeout(Duration::from_secs(300), fut)
+        .await
+        .expect("test guard: took far too long")
 }
 
 fn spec(argv: &[&str]) -> ProcessSpec {
-    ProcessSpec { user: Some(USER.into()), ..ProcessSpec::argv(argv.iter().copied()) }
+    ProcessSpec {
+        user: Some(USER.into()),
+        ..ProcessSpec::argv(argv.iter().copied())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -139,7 +165,9 @@ async fn run(client: &GuestClient, spec: &ProcessSpec) -> Ran {
 
 #[tokio::test]
 async fn health_and_echo() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let h = d.client.health().await.unwrap();
         assert_eq!(h.boot_id, d.client.ready().boot_id);
@@ -147,12 +175,23 @@ async fn health_and_echo() {
         let ran = run(&d.client, &spec(&["echo", "hello", "world"])).await;
         assert_eq!(ran.stdout, b"hello world\n");
         assert_eq!(ran.exit.unwrap().exit_code, Some(0));
-        let ran = run(&d.client, &ProcessSpec { user: Some(USER.into()), ..ProcessSpec::shell("echo out; echo err >&2; exit 3") }).await;
+        let ran = run(
+            &d.client,
+            &ProcessSpec {
+                user: Some(USER.into()),
+                ..ProcessSpec::shell("echo out; echo err >&2; exit 3")
+            },
+        )
+        .await;
         assert_eq!(ran.stdout, b"out\n");
         assert_eq!(ran.stderr, b"err\n");
         assert_eq!(ran.exit.unwrap().exit_code, Some(3));
         // A program that does not exist is the guest's refusal, not a channel fault.
-        let err = d.client.start_process(&spec(&["/nonexistent/program"])).await.unwrap_err();
+        let err = d
+            .client
+            .start_process(&spec(&["/nonexistent/program"]))
+            .await
+            .unwrap_err();
         assert!(!err.is_channel_fault(), "{err:?}");
     })
     .await;
@@ -160,14 +199,27 @@ async fn health_and_echo() {
 
 #[tokio::test]
 async fn stdin_is_streamed() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
-        let info = d.client.start_process(&ProcessSpec { stdin: true, ..spec(&["cat"]) }).await.unwrap();
+        let info = d
+            .client
+            .start_process(&ProcessSpec {
+                stdin: true,
+                ..spec(&["cat"])
+            })
+            .await
+            .unwrap();
         let out = tokio::spawn({
             let client = d.client.clone();
             async move { collect(&client, info.id).await }
         });
-        let first = futures::stream::iter(vec![Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"there\n"))]).boxed();
+        let first = futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"hello ")),
+            Ok(Bytes::from_static(b"there\n")),
+        ])
+        .boxed();
         d.client.write_stdin(info.id, first, false).await.unwrap();
         let second = futures::stream::iter(vec![Ok(Bytes::from_static(b"bye\n"))]).boxed();
         d.client.write_stdin(info.id, second, true).await.unwrap();
@@ -194,7 +246,9 @@ fn chunk(seed: u64, len: usize) -> Bytes {
 
 #[tokio::test]
 async fn fifty_mib_file_round_trip() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         const MIB: usize = 1024 * 1024;
         const SIZE: usize = 50 * MIB;
@@ -206,7 +260,11 @@ async fn fifty_mib_file_round_trip() {
         let sent = hex::encode(sent.finalize());
         let path = d.path("big dir/blob #1.bin");
         let body = futures::stream::iter(chunks.into_iter().map(Ok)).boxed();
-        let stat = d.client.write_file(&path, Some(USER), Some(0o600), body).await.unwrap();
+        let stat = d
+            .client
+            .write_file(&path, Some(USER), Some(0o600), body)
+            .await
+            .unwrap();
         assert_eq!(stat.size, SIZE as u64);
         assert_eq!(stat.kind, FileKind::File);
         assert_eq!(stat.mode & 0o777, 0o600);
@@ -228,42 +286,75 @@ async fn fifty_mib_file_round_trip() {
 
 #[tokio::test]
 async fn file_operations() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let c = &d.client;
         let dir = d.path("tree/sub dir/é");
-        let st = c.mkdir(&MkdirRequest { path: dir.clone(), mode: None, user: Some(USER.into()) }).await.unwrap();
+        let st = c
+            .mkdir(&MkdirRequest {
+                path: dir.clone(),
+                mode: None,
+                user: Some(USER.into()),
+            })
+            .await
+            .unwrap();
         assert_eq!(st.kind, FileKind::Dir);
         let file = format!("{dir}/a&b.txt");
         let body = futures::stream::iter(vec![Ok(Bytes::from_static(b"content"))]).boxed();
         c.write_file(&file, Some(USER), None, body).await.unwrap();
 
         let st = c.stat(&file, Some(USER)).await.unwrap();
-        assert_eq!((st.kind, st.size, st.name.as_str()), (FileKind::File, 7, "a&b.txt"));
+        assert_eq!(
+            (st.kind, st.size, st.name.as_str()),
+            (FileKind::File, 7, "a&b.txt")
+        );
 
         let list = c.list(&d.path("tree"), 3, Some(USER)).await.unwrap();
         assert!(!list.truncated);
         let names: Vec<&str> = list.entries.iter().map(|e| e.name.as_str()).collect();
-        assert!(names.contains(&"sub dir") && names.contains(&"é") && names.contains(&"a&b.txt"), "{names:?}");
+        assert!(
+            names.contains(&"sub dir") && names.contains(&"é") && names.contains(&"a&b.txt"),
+            "{names:?}"
+        );
 
         let moved = d.path("tree/moved #2.txt");
-        c.rename(&RenameRequest { from: file.clone(), to: moved.clone(), user: Some(USER.into()) }).await.unwrap();
+        c.rename(&RenameRequest {
+            from: file.clone(),
+            to: moved.clone(),
+            user: Some(USER.into()),
+        })
+        .await
+        .unwrap();
         let err = c.stat(&file, Some(USER)).await.unwrap_err();
-        assert!(matches!(&err, GuestError::Remote { body, .. } if body.code == ErrorCode::NotFound), "{err:?}");
+        assert!(
+            matches!(&err, GuestError::Remote { body, .. } if body.code == ErrorCode::NotFound),
+            "{err:?}"
+        );
         let (_, bytes) = c.read_file(&moved, Some(USER)).await.unwrap();
         let bytes: Vec<Bytes> = bytes.map(|b| b.unwrap()).collect().await;
         assert_eq!(bytes.concat(), b"content");
 
         // A non-empty directory needs `recursive`.
-        let err = c.remove(&d.path("tree"), false, Some(USER)).await.unwrap_err();
+        let err = c
+            .remove(&d.path("tree"), false, Some(USER))
+            .await
+            .unwrap_err();
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");
         c.remove(&d.path("tree"), true, Some(USER)).await.unwrap();
         let err = c.stat(&d.path("tree"), Some(USER)).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::NotFound);
 
         // Refused before it is sent.
-        let err = c.stat(&d.path("x/../../etc"), Some(USER)).await.unwrap_err();
-        assert!(matches!(&err, GuestError::Local(b) if b.code == ErrorCode::InvalidPath), "{err:?}");
+        let err = c
+            .stat(&d.path("x/../../etc"), Some(USER))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Local(b) if b.code == ErrorCode::InvalidPath),
+            "{err:?}"
+        );
         assert!(!c.is_closed());
     })
     .await;
@@ -271,7 +362,9 @@ async fn file_operations() {
 
 #[tokio::test]
 async fn fifty_parallel_execs_share_one_connection() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let runs = (0..50).map(|i| {
             let client = d.client.clone();
@@ -292,7 +385,9 @@ async fn fifty_parallel_execs_share_one_connection() {
 
 #[tokio::test]
 async fn endless_output_does_not_stall_other_calls() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let c = &d.client;
         // One `yes` read continuously, one whose output nobody reads.
@@ -338,10 +433,18 @@ async fn endless_output_does_not_stall_other_calls() {
 
 #[tokio::test]
 async fn signals_listing_and_pty() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let c = &d.client;
-        let sleeper = c.start_process(&ProcessSpec { tag: Some("sleeper".into()), ..spec(&["sleep", "1000"]) }).await.unwrap();
+        let sleeper = c
+            .start_process(&ProcessSpec {
+                tag: Some("sleeper".into()),
+                ..spec(&["sleep", "1000"])
+            })
+            .await
+            .unwrap();
         let listed = c.list_processes().await.unwrap();
         let me = listed.iter().find(|p| p.id == sleeper.id).unwrap();
         assert_eq!(me.tag.as_deref(), Some("sleeper"));
@@ -350,17 +453,43 @@ async fn signals_listing_and_pty() {
         let ran = collect(c, sleeper.id).await;
         assert_eq!(ran.exit.unwrap().signal, Some(15));
 
-        let pty = c.start_process(&ProcessSpec { pty: Some(PtySize { rows: 24, cols: 80 }), stdin: true, ..spec(&["sh"]) }).await.unwrap();
-        c.resize(pty.id, PtySize { rows: 50, cols: 132 }).await.unwrap();
-        let input = futures::stream::iter(vec![Ok(Bytes::from_static(b"stty size; exit 0\n"))]).boxed();
+        let pty = c
+            .start_process(&ProcessSpec {
+                pty: Some(PtySize { rows: 24, cols: 80 }),
+                stdin: true,
+                ..spec(&["sh"])
+            })
+            .await
+            .unwrap();
+        c.resize(
+            pty.id,
+            PtySize {
+                rows: 50,
+                cols: 132,
+            },
+        )
+        .await
+        .unwrap();
+        let input =
+            futures::stream::iter(vec![Ok(Bytes::from_static(b"stty size; exit 0\n"))]).boxed();
         c.write_stdin(pty.id, input, false).await.unwrap();
         let ran = collect(c, pty.id).await;
-        assert!(String::from_utf8_lossy(&ran.stdout).contains("50 132"), "{:?}", String::from_utf8_lossy(&ran.stdout));
+        assert!(
+            String::from_utf8_lossy(&ran.stdout).contains("50 132"),
+            "{:?}",
+            String::from_utf8_lossy(&ran.stdout)
+        );
 
         // Resizing a process without a pty is refused by the guest (409), not a channel fault.
         let plain = c.start_process(&spec(&["sleep", "1000"])).await.unwrap();
-        let err = c.resize(plain.id, PtySize { rows: 10, cols: 10 }).await.unwrap_err();
-        assert!(matches!(err, GuestError::Remote { status: 409, .. }), "{err:?}");
+        let err = c
+            .resize(plain.id, PtySize { rows: 10, cols: 10 })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, GuestError::Remote { status: 409, .. }),
+            "{err:?}"
+        );
         c.signal(plain.id, 9).await.unwrap();
         let err = c.process(u64::MAX).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::NotFound);
@@ -370,15 +499,25 @@ async fn signals_listing_and_pty() {
 
 #[tokio::test]
 async fn second_session_after_stale_bytes() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
-        let info = d.client.start_process(&spec(&["echo", "from the first session"])).await.unwrap();
+        let info = d
+            .client
+            .start_process(&spec(&["echo", "from the first session"]))
+            .await
+            .unwrap();
         // Another session on a stream that starts with stale bytes (what a virtio-serial
         // port can hold from an earlier host connection): the handshake skips them.
         let mut raw = tokio::net::UnixStream::connect(&d.sock).await.unwrap();
         use tokio::io::AsyncWriteExt;
-        raw.write_all(b"\x00\x01stale junk\nSPACE-HELLO 1 zz\nPRI * HTTP/2.0 half a preface\n").await.unwrap();
-        let second = GuestClient::connect_stream(raw, Duration::from_secs(60), Default::default()).await.unwrap();
+        raw.write_all(b"\x00\x01stale junk\nSPACE-HELLO 1 zz\nPRI * HTTP/2.0 half a preface\n")
+            .await
+            .unwrap();
+        let second = GuestClient::connect_stream(raw, Duration::from_secs(60), Default::default())
+            .await
+            .unwrap();
         // Same daemon, same boot: the process started in the first session is visible.
         assert_eq!(second.ready().boot_id, d.client.ready().boot_id);
         let ran = collect(&second, info.id).await;
@@ -392,9 +531,15 @@ async fn second_session_after_stale_bytes() {
 
 #[tokio::test]
 async fn daemon_death_closes_the_channel() {
-    let Some(mut d) = Spaced::start().await else { return };
+    let Some(mut d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
-        let sleeper = d.client.start_process(&spec(&["sleep", "1000"])).await.unwrap();
+        let sleeper = d
+            .client
+            .start_process(&spec(&["sleep", "1000"]))
+            .await
+            .unwrap();
         let mut output = d.client.output(sleeper.id, None).await.unwrap();
         output.next().await.unwrap().unwrap();
         d.child.kill().await.unwrap();
@@ -406,7 +551,10 @@ async fn daemon_death_closes_the_channel() {
         while let Some(ev) = output.next().await {
             last = Some(ev);
         }
-        assert!(matches!(&last, Some(Err(e)) if e.is_channel_fault()), "{last:?}");
+        assert!(
+            matches!(&last, Some(Err(e)) if e.is_channel_fault()),
+            "{last:?}"
+        );
         let err = d.client.health().await.unwrap_err();
         assert!(err.is_channel_fault(), "{err:?}");
         assert_eq!(err.code(), ErrorCode::SandboxFailed);
@@ -416,20 +564,41 @@ async fn daemon_death_closes_the_channel() {
 
 #[tokio::test]
 async fn guest_refusals_are_remote_errors() {
-    let Some(d) = Spaced::start().await else { return };
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
     guard(async {
         let c = &d.client;
-        c.mkdir(&MkdirRequest { path: d.path("adir"), mode: Some(0o700), user: Some(USER.into()) }).await.unwrap();
+        c.mkdir(&MkdirRequest {
+            path: d.path("adir"),
+            mode: Some(0o700),
+            user: Some(USER.into()),
+        })
+        .await
+        .unwrap();
         // Writing over a directory, reading a missing file, removing a missing path.
         let body = futures::stream::iter(vec![Ok(Bytes::from_static(b"x"))]).boxed();
-        let err = c.write_file(&d.path("adir"), Some(USER), None, body).await.unwrap_err();
+        let err = c
+            .write_file(&d.path("adir"), Some(USER), None, body)
+            .await
+            .unwrap_err();
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");
-        let err = c.read_file(&d.path("missing"), Some(USER)).await.map(|_| ()).unwrap_err();
+        let err = c
+            .read_file(&d.path("missing"), Some(USER))
+            .await
+            .map(|_| ())
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::NotFound, "{err:?}");
-        let err = c.remove(&d.path("missing"), false, Some(USER)).await.unwrap_err();
+        let err = c
+            .remove(&d.path("missing"), false, Some(USER))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::NotFound, "{err:?}");
         // An unknown user is the guest's call.
-        let err = c.stat(&d.path("adir"), Some("nosuchuser")).await.unwrap_err();
+        let err = c
+            .stat(&d.path("adir"), Some("nosuchuser"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");
         assert!(!c.is_closed());
         c.health().await.unwrap();

@@ -22,16 +22,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if positional.len() < 2 {
-        return Err("usage: build-artifacts DATA_DIR SPACED [TEMPLATE...] [--mirror URL] [--unmount]".into());
+        return Err(
+            "usage: build-artifacts DATA_DIR SPACED [TEMPLATE...] [--mirror URL] [--unmount]"
+                .into(),
+        );
     }
     let start = Instant::now();
     let progress = |l: &str| println!("[{:7.1}s] {l}", start.elapsed().as_secs_f64());
     let store = Store::open(&PathBuf::from(&positional[0]), 16 << 30)?;
-    progress(&format!("store at {} ({:?})", store.root().display(), store.backing()));
+    progress(&format!(
+        "store at {} ({:?})",
+        store.root().display(),
+        store.backing()
+    ));
 
     let t = Instant::now();
     let kernel = build_kernel_bundle(&store, &KernelOpts::new(&positional[1]), &progress)?;
-    progress(&format!("kernel bundle {} in {:.2}s", kernel.digest, t.elapsed().as_secs_f64()));
+    progress(&format!(
+        "kernel bundle {} in {:.2}s",
+        kernel.digest,
+        t.elapsed().as_secs_f64()
+    ));
     for name in &positional[2..] {
         let t = Instant::now();
         let info = build_template(&store, name, &kernel.digest, &opts, &progress)?;

@@ -88,7 +88,11 @@ pub enum ImageError {
 impl ImageError {
     /// Shorthand for [`ImageError::Io`].
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
-        ImageError::Io { action, path: path.into(), source }
+        ImageError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 }
 

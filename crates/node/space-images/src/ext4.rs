@@ -69,11 +69,28 @@ pub fn tree_usage(root: &Path) -> Result<TreeUsage, ImageError> {
 
 /// Creates `image` (`size_mib` MiB) holding the tree at `root`, with ownership and modes as
 /// in the tree, root directory owned by root, label `space-root`.
-pub fn make_image(root: &Path, image: &Path, size_mib: u64, inodes: u64, progress: &dyn Fn(&str)) -> Result<(), ImageError> {
+pub fn make_image(
+    root: &Path,
+    image: &Path,
+    size_mib: u64,
+    inodes: u64,
+    progress: &dyn Fn(&str),
+) -> Result<(), ImageError> {
     progress(&format!("mkfs.ext4: {size_mib} MiB image, {inodes} inodes"));
     run::run(
         Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-L", "space-root", "-b", "4096", "-I", "256", "-m", "0"])
+            .args([
+                "-q",
+                "-F",
+                "-L",
+                "space-root",
+                "-b",
+                "4096",
+                "-I",
+                "256",
+                "-m",
+                "0",
+            ])
             .arg("-N")
             .arg(inodes.to_string())
             .arg("-d")
@@ -105,6 +122,12 @@ mod tests {
         std::fs::write(dir.path().join("d/f"), vec![0u8; 5000]).unwrap();
         std::os::unix::fs::symlink("f", dir.path().join("d/l")).unwrap();
         let u = tree_usage(dir.path()).unwrap();
-        assert_eq!(u, TreeUsage { bytes: 2 * 4096 + 8192, inodes: 4 });
+        assert_eq!(
+            u,
+            TreeUsage {
+                bytes: 2 * 4096 + 8192,
+                inodes: 4
+            }
+        );
     }
 }

@@ -18,13 +18,26 @@ pub enum Entry {
     /// A directory.
     Dir { path: String, mode: u32 },
     /// A regular file copied from the host.
-    File { path: String, mode: u32, source: PathBuf },
+    File {
+        path: String,
+        mode: u32,
+        source: PathBuf,
+    },
     /// A regular file with inline contents.
-    Data { path: String, mode: u32, data: Vec<u8> },
+    Data {
+        path: String,
+        mode: u32,
+        data: Vec<u8>,
+    },
     /// A symbolic link.
     Symlink { path: String, target: String },
     /// A character device node.
-    CharDev { path: String, mode: u32, major: u32, minor: u32 },
+    CharDev {
+        path: String,
+        mode: u32,
+        major: u32,
+        minor: u32,
+    },
 }
 
 impl Entry {
@@ -55,30 +68,57 @@ pub struct InitramfsSpec {
 
 /// The file name a module gets in `/lib/modules` (and in `/modules.order`).
 pub fn module_file_name(path: &Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Whether an applet name is safe to use as a file name in `/bin`.
 pub fn valid_applet(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && name != "busybox" && name.len() <= 64 && !name.contains('/') && !name.contains('\0')
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name != "busybox"
+        && name.len() <= 64
+        && !name.contains('/')
+        && !name.contains('\0')
 }
 
 /// The archive's entries, parents before children.
 pub fn entries(spec: &InitramfsSpec) -> Result<Vec<Entry>, ImageError> {
     let mut out = vec![];
     for dir in ["bin", "dev", "proc", "sys", "newroot", "lib", "lib/modules"] {
-        out.push(Entry::Dir { path: dir.into(), mode: 0o755 });
+        out.push(Entry::Dir {
+            path: dir.into(),
+            mode: 0o755,
+        });
     }
     // The kernel opens /dev/console for init before /init can mount devtmpfs.
-    out.push(Entry::CharDev { path: "dev/console".into(), mode: 0o600, major: 5, minor: 1 });
-    out.push(Entry::File { path: "bin/busybox".into(), mode: 0o755, source: spec.busybox.clone() });
+    out.push(Entry::CharDev {
+        path: "dev/console".into(),
+        mode: 0o600,
+        major: 5,
+        minor: 1,
+    });
+    out.push(Entry::File {
+        path: "bin/busybox".into(),
+        mode: 0o755,
+        source: spec.busybox.clone(),
+    });
     let mut applets: Vec<&String> = spec.applets.iter().filter(|a| valid_applet(a)).collect();
     applets.sort();
     applets.dedup();
     for a in applets {
-        out.push(Entry::Symlink { path: format!("bin/{a}"), target: "busybox".into() });
+        out.push(Entry::Symlink {
+            path: format!("bin/{a}"),
+            target: "busybox".into(),
+        });
     }
-    out.push(Entry::Data { path: "init".into(), mode: 0o755, data: INIT_SCRIPT.as_bytes().to_vec() });
+    out.push(Entry::Data {
+        path: "init".into(),
+        mode: 0o755,
+        data: INIT_SCRIPT.as_bytes().to_vec(),
+    });
     let mut order = String::new();
     let mut seen = std::collections::BTreeSet::new();
     for m in &spec.modules {
@@ -86,12 +126,24 @@ pub fn entries(spec: &InitramfsSpec) -> Result<Vec<Entry>, ImageError> {
         if !seen.insert(name.clone()) {
             return Err(ImageError::ModuleNameClash(name));
         }
-        out.push(Entry::File { path: format!("lib/modules/{name}"), mode: 0o644, source: m.clone() });
+        out.push(Entry::File {
+            path: format!("lib/modules/{name}"),
+            mode: 0o644,
+            source: m.clone(),
+        });
         order.push_str(&name);
         order.push('\n');
     }
-    out.push(Entry::Data { path: "modules.order".into(), mode: 0o644, data: order.into_bytes() });
-    out.push(Entry::File { path: "spaced".into(), mode: 0o755, source: spec.spaced.clone() });
+    out.push(Entry::Data {
+        path: "modules.order".into(),
+        mode: 0o644,
+        data: order.into_bytes(),
+    });
+    out.push(Entry::File {
+        path: "spaced".into(),
+        mode: 0o755,
+        source: spec.spaced.clone(),
+    });
     Ok(out)
 }
 
@@ -105,9 +157,16 @@ pub fn write(entries: &[Entry], dest: &Path) -> Result<(), ImageError> {
         let b = Builder::new(e.path()).ino(ino).uid(0).gid(0).mtime(0);
         match e {
             Entry::Dir { mode, .. } => {
-                b.mode(*mode).set_mode_file_type(ModeFileType::Directory).nlink(2).write(&mut w, 0).finish().ctx("write", dest)?;
+                b.mode(*mode)
+                    .set_mode_file_type(ModeFileType::Directory)
+                    .nlink(2)
+                    .write(&mut w, 0)
+                    .finish()
+                    .ctx("write", dest)?;
             }
-            Entry::CharDev { mode, major, minor, .. } => {
+            Entry::CharDev {
+                mode, major, minor, ..
+            } => {
                 b.mode(*mode)
                     .set_mode_file_type(ModeFileType::Char)
                     .rdev_major(*major)
@@ -118,13 +177,20 @@ pub fn write(entries: &[Entry], dest: &Path) -> Result<(), ImageError> {
             }
             Entry::Symlink { target, .. } => {
                 let data = target.as_bytes();
-                let mut fw = b.mode(0o777).set_mode_file_type(ModeFileType::Symlink).write(&mut w, data.len() as u32);
+                let mut fw = b
+                    .mode(0o777)
+                    .set_mode_file_type(ModeFileType::Symlink)
+                    .write(&mut w, data.len() as u32);
                 fw.write_all(data).ctx("write", dest)?;
                 fw.finish().ctx("write", dest)?;
             }
             Entry::Data { mode, data, .. } => {
-                let len = u32::try_from(data.len()).map_err(|_| ImageError::TooLarge(PathBuf::from(e.path())))?;
-                let mut fw = b.mode(*mode).set_mode_file_type(ModeFileType::Regular).write(&mut w, len);
+                let len = u32::try_from(data.len())
+                    .map_err(|_| ImageError::TooLarge(PathBuf::from(e.path())))?;
+                let mut fw = b
+                    .mode(*mode)
+                    .set_mode_file_type(ModeFileType::Regular)
+                    .write(&mut w, len);
                 fw.write_all(data).ctx("write", dest)?;
                 fw.finish().ctx("write", dest)?;
             }
@@ -132,10 +198,18 @@ pub fn write(entries: &[Entry], dest: &Path) -> Result<(), ImageError> {
                 let mut src = File::open(source).ctx("open", source)?;
                 let len = src.metadata().ctx("stat", source)?.len();
                 let len32 = u32::try_from(len).map_err(|_| ImageError::TooLarge(source.clone()))?;
-                let mut fw = b.mode(*mode).set_mode_file_type(ModeFileType::Regular).write(&mut w, len32);
-                let copied = std::io::copy(&mut (&mut src).take(len), &mut fw).ctx("copy into initramfs", source)?;
+                let mut fw = b
+                    .mode(*mode)
+                    .set_mode_file_type(ModeFileType::Regular)
+                    .write(&mut w, len32);
+                let copied = std::io::copy(&mut (&mut src).take(len), &mut fw)
+                    .ctx("copy into initramfs", source)?;
                 if copied != len {
-                    return Err(ImageError::io("copy into initramfs", source, std::io::Error::other("file shrank while being copied")));
+                    return Err(ImageError::io(
+                        "copy into initramfs",
+                        source,
+                        std::io::Error::other("file shrank while being copied"),
+                    ));
                 }
                 fw.finish().ctx("write", dest)?;
             }
@@ -143,7 +217,10 @@ pub fn write(entries: &[Entry], dest: &Path) -> Result<(), ImageError> {
     }
     let mut w = cpio::newc::trailer(w).ctx("write", dest)?;
     w.flush().ctx("write", dest)?;
-    w.into_inner().map_err(|e| ImageError::io("write", dest, e.into_error()))?.sync_all().ctx("sync", dest)?;
+    w.into_inner()
+        .map_err(|e| ImageError::io("write", dest, e.into_error()))?
+        .sync_all()
+        .ctx("sync", dest)?;
     Ok(())
 }
 
@@ -177,7 +254,13 @@ mod tests {
         std::fs::write(&m2, b"virtio").unwrap();
         let spec = InitramfsSpec {
             busybox: bb.clone(),
-            applets: vec!["sh".into(), "mount".into(), "../evil".into(), "busybox".into(), "sh".into()],
+            applets: vec![
+                "sh".into(),
+                "mount".into(),
+                "../evil".into(),
+                "busybox".into(),
+                "sh".into(),
+            ],
             modules: vec![m1, m2],
             spaced: bb,
         };
@@ -188,8 +271,14 @@ mod tests {
         assert!(names.contains(&"init".to_owned()));
         assert!(names.contains(&"bin/sh".to_owned()));
         assert!(!names.iter().any(|n| n.contains("evil")));
-        let i_ring = names.iter().position(|n| n == "lib/modules/virtio_ring.ko").unwrap();
-        let i_virtio = names.iter().position(|n| n == "lib/modules/virtio.ko").unwrap();
+        let i_ring = names
+            .iter()
+            .position(|n| n == "lib/modules/virtio_ring.ko")
+            .unwrap();
+        let i_virtio = names
+            .iter()
+            .position(|n| n == "lib/modules/virtio.ko")
+            .unwrap();
         assert!(i_ring < i_virtio);
         // Deterministic.
         let out2 = dir.path().join("again.cpio");
@@ -205,13 +294,19 @@ mod tests {
             modules: vec!["a/x.ko".into(), "b/x.ko".into()],
             spaced: "/bin/busybox".into(),
         };
-        assert!(matches!(entries(&spec), Err(ImageError::ModuleNameClash(_))));
+        assert!(matches!(
+            entries(&spec),
+            Err(ImageError::ModuleNameClash(_))
+        ));
     }
 
     #[test]
     fn init_script_powers_off_on_failure_and_announces_switch() {
         assert!(INIT_SCRIPT.starts_with("#!/bin/busybox sh"));
-        assert!(INIT_SCRIPT.contains("space-initramfs: switching root") || INIT_SCRIPT.contains("say \"switching root\""));
+        assert!(
+            INIT_SCRIPT.contains("space-initramfs: switching root")
+                || INIT_SCRIPT.contains("say \"switching root\"")
+        );
         assert!(INIT_SCRIPT.contains("exec switch_root /newroot /run/space/spaced init"));
         assert!(INIT_SCRIPT.contains("poweroff -f"));
     }

@@ -97,12 +97,19 @@ pub fn newest_cloud_kernel<'a>(boot_files: impl IntoIterator<Item = &'a str>) ->
 /// Applets of a busybox binary (`busybox --list`).
 pub(crate) fn busybox_applets(busybox: &Path) -> Result<Vec<String>, ImageError> {
     let out = run::output(Command::new(busybox).arg("--list"))?;
-    let applets: Vec<String> = out.lines().map(str::trim).filter(|l| initramfs::valid_applet(l)).map(str::to_owned).collect();
+    let applets: Vec<String> = out
+        .lines()
+        .map(str::trim)
+        .filter(|l| initramfs::valid_applet(l))
+        .map(str::to_owned)
+        .collect();
     for needed in ["sh", "mount", "insmod", "switch_root"] {
         if !applets.iter().any(|a| a == needed) {
             return Err(ImageError::BadOutput {
                 program: busybox.display().to_string(),
-                detail: format!("busybox has no '{needed}' applet (use busybox-static's /bin/busybox)"),
+                detail: format!(
+                    "busybox has no '{needed}' applet (use busybox-static's /bin/busybox)"
+                ),
             });
         }
     }
@@ -130,10 +137,15 @@ fn resolve_kernel_version(opts: &KernelOpts) -> Result<String, ImageError> {
 fn resolve_modules(modules_dir: &Path) -> Result<Vec<PathBuf>, ImageError> {
     let dep_path = modules_dir.join("modules.dep");
     let text = std::fs::read_to_string(&dep_path).ctx("read", &dep_path)?;
-    let order = ModuleDeps::parse(&text).load_order(WANTED_MODULES).map_err(|e| match e {
-        ResolveError::Missing(m) => ImageError::ModuleMissing { module: m, modules_dep: dep_path.clone() },
-        ResolveError::Cycle(m) => ImageError::ModuleCycle(m),
-    })?;
+    let order = ModuleDeps::parse(&text)
+        .load_order(WANTED_MODULES)
+        .map_err(|e| match e {
+            ResolveError::Missing(m) => ImageError::ModuleMissing {
+                module: m,
+                modules_dep: dep_path.clone(),
+            },
+            ResolveError::Cycle(m) => ImageError::ModuleCycle(m),
+        })?;
     if let Some(c) = order.iter().find(|p| modules::is_compressed(p)) {
         return Err(ImageError::CompressedModule(c.clone()));
     }
@@ -145,16 +157,31 @@ fn resolve_modules(modules_dir: &Path) -> Result<Vec<PathBuf>, ImageError> {
 /// The digest covers the bundle recipe version, the kernel image, each module (name and
 /// contents), the `/init` script, `spaced` and busybox; a bundle with the same inputs is
 /// built once and reused.
-pub fn build_kernel_bundle(store: &Store, opts: &KernelOpts, progress: &dyn Fn(&str)) -> Result<KernelBundleInfo, ImageError> {
+pub fn build_kernel_bundle(
+    store: &Store,
+    opts: &KernelOpts,
+    progress: &dyn Fn(&str),
+) -> Result<KernelBundleInfo, ImageError> {
     let version = resolve_kernel_version(opts)?;
     let vmlinuz = opts.boot_dir.join(format!("vmlinuz-{version}"));
     if !vmlinuz.is_file() {
-        return Err(ImageError::NoKernel(format!("{} does not exist", vmlinuz.display())));
+        return Err(ImageError::NoKernel(format!(
+            "{} does not exist",
+            vmlinuz.display()
+        )));
     }
     let modules_dir = opts.modules_root.join(&version);
     let modules = resolve_modules(&modules_dir)?;
     let applets = busybox_applets(&opts.busybox)?;
-    progress(&format!("kernel {version}: {} modules ({})", modules.len(), modules.iter().map(|m| initramfs::module_file_name(m)).collect::<Vec<_>>().join(", ")));
+    progress(&format!(
+        "kernel {version}: {} modules ({})",
+        modules.len(),
+        modules
+            .iter()
+            .map(|m| initramfs::module_file_name(m))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
 
     let mut d = InputDigest::new("space-kernel-bundle");
     d.field("recipe_version", &BUNDLE_RECIPE_VERSION.to_le_bytes());
@@ -172,14 +199,27 @@ pub fn build_kernel_bundle(store: &Store, opts: &KernelOpts, progress: &dyn Fn(&
     if store.kernels().get(&digest)?.is_some() {
         progress(&format!("kernel bundle {} is cached", short(&digest)));
     }
-    let module_names: Vec<String> = modules.iter().map(|m| initramfs::module_file_name(m)).collect();
+    let module_names: Vec<String> = modules
+        .iter()
+        .map(|m| initramfs::module_file_name(m))
+        .collect();
     store.kernels().build_or_wait(&digest, |staging| {
         progress(&format!("building kernel bundle {}", short(&digest)));
         space_storage::reflink_or_copy(&vmlinuz, &staging.join(VMLINUZ_FILE))?;
-        let spec = InitramfsSpec { busybox: opts.busybox.clone(), applets, modules, spaced: opts.spaced.clone() };
+        let spec = InitramfsSpec {
+            busybox: opts.busybox.clone(),
+            applets,
+            modules,
+            spaced: opts.spaced.clone(),
+        };
         initramfs::write(&initramfs::entries(&spec)?, &staging.join(INITRAMFS_FILE))?;
         progress("initramfs written");
-        Ok::<_, ImageError>(KernelMeta { digest: digest.clone(), kernel_version: version.clone(), modules: module_names, built_at_ms: now_ms() })
+        Ok::<_, ImageError>(KernelMeta {
+            digest: digest.clone(),
+            kernel_version: version.clone(),
+            modules: module_names,
+            built_at_ms: now_ms(),
+        })
     })
 }
 
@@ -190,7 +230,10 @@ pub(crate) fn short(digest: &str) -> &str {
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -199,9 +242,18 @@ mod tests {
 
     #[test]
     fn version_order() {
-        assert_eq!(compare_versions("6.1.0-9-cloud-amd64", "6.1.0-56-cloud-amd64"), Ordering::Less);
-        assert_eq!(compare_versions("6.10.0-1-cloud-amd64", "6.9.0-99-cloud-amd64"), Ordering::Greater);
-        assert_eq!(compare_versions("6.1.0-56-cloud-amd64", "6.1.0-56-cloud-amd64"), Ordering::Equal);
+        assert_eq!(
+            compare_versions("6.1.0-9-cloud-amd64", "6.1.0-56-cloud-amd64"),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_versions("6.10.0-1-cloud-amd64", "6.9.0-99-cloud-amd64"),
+            Ordering::Greater
+        );
+        assert_eq!(
+            compare_versions("6.1.0-56-cloud-amd64", "6.1.0-56-cloud-amd64"),
+            Ordering::Equal
+        );
     }
 
     #[test]
@@ -213,14 +265,23 @@ mod tests {
             "vmlinuz-6.12.0-1-amd64",
             "initrd.img-6.1.0-56-cloud-amd64",
         ];
-        assert_eq!(newest_cloud_kernel(files).as_deref(), Some("6.1.0-56-cloud-amd64"));
+        assert_eq!(
+            newest_cloud_kernel(files).as_deref(),
+            Some("6.1.0-56-cloud-amd64")
+        );
         assert_eq!(newest_cloud_kernel(["vmlinuz-6.12.0-1-amd64"]), None);
     }
 
     #[test]
     fn cmdline_has_what_the_vmm_needs() {
         let c = kernel_cmdline();
-        for part in ["console=ttyS0", "reboot=t", "panic=-1", "quiet", "rdinit=/init"] {
+        for part in [
+            "console=ttyS0",
+            "reboot=t",
+            "panic=-1",
+            "quiet",
+            "rdinit=/init",
+        ] {
             assert!(c.split(' ').any(|p| p == part), "{part} missing from {c}");
         }
     }

@@ -22,7 +22,10 @@ mod run;
 mod template;
 
 pub use error::ImageError;
-pub use kernel::{build_kernel_bundle, compare_versions, kernel_cmdline, newest_cloud_kernel, KernelOpts, BUNDLE_RECIPE_VERSION};
+pub use kernel::{
+    build_kernel_bundle, compare_versions, kernel_cmdline, newest_cloud_kernel, KernelOpts,
+    BUNDLE_RECIPE_VERSION,
+};
 pub use recipes::{recipe, recipes, TemplateRecipe};
 pub use space_storage::KernelBundleInfo;
 pub use template::{build_template, template_digest, BuildOpts};

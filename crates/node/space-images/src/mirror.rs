@@ -38,7 +38,9 @@ pub fn from_deb822(text: &str, suite: &str) -> Option<String> {
             if line.starts_with('#') {
                 continue;
             }
-            let Some((k, v)) = line.split_once(':') else { continue };
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
             match k.trim().to_ascii_lowercase().as_str() {
                 "types" => types = v.trim(),
                 "uris" => uris = v.trim(),
@@ -47,10 +49,15 @@ pub fn from_deb822(text: &str, suite: &str) -> Option<String> {
                 _ => {}
             }
         }
-        if !enabled || !types.split_whitespace().any(|t| t == "deb") || !suites.split_whitespace().any(|s| s == suite) {
+        if !enabled
+            || !types.split_whitespace().any(|t| t == "deb")
+            || !suites.split_whitespace().any(|s| s == suite)
+        {
             return None;
         }
-        uris.split_whitespace().find(|u| u.starts_with("http://")).map(|u| u.trim_end_matches('/').to_owned())
+        uris.split_whitespace()
+            .find(|u| u.starts_with("http://"))
+            .map(|u| u.trim_end_matches('/').to_owned())
     })
 }
 
@@ -67,7 +74,9 @@ pub fn default_mirror(apt_dir: &Path, suite: &str) -> String {
         .unwrap_or_default();
     files.sort();
     for f in files {
-        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
         let found = match f.extension().and_then(|e| e.to_str()) {
             Some("list") => from_one_line(&text, suite),
             Some("sources") => from_deb822(&text, suite),
@@ -87,16 +96,34 @@ mod tests {
     #[test]
     fn one_line_format() {
         let text = "# comment\ndeb https://secure.example/debian bookworm main\ndeb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n";
-        assert_eq!(from_one_line(text, "bookworm").as_deref(), Some("http://mirror.example/debian"));
-        assert_eq!(from_one_line("deb http://m/debian bookworm-updates main", "bookworm"), None);
-        assert_eq!(from_one_line("deb-src http://m/debian bookworm main", "bookworm"), None);
+        assert_eq!(
+            from_one_line(text, "bookworm").as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        assert_eq!(
+            from_one_line("deb http://m/debian bookworm-updates main", "bookworm"),
+            None
+        );
+        assert_eq!(
+            from_one_line("deb-src http://m/debian bookworm main", "bookworm"),
+            None
+        );
     }
 
     #[test]
     fn deb822_format() {
         let text = "Types: deb\nURIs: http://deb.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://deb.example/debian-security\nSuites: bookworm-security\n";
-        assert_eq!(from_deb822(text, "bookworm").as_deref(), Some("http://deb.example/debian"));
+        assert_eq!(
+            from_deb822(text, "bookworm").as_deref(),
+            Some("http://deb.example/debian")
+        );
         assert_eq!(from_deb822(text, "trixie"), None);
-        assert_eq!(from_deb822("Types: deb\nEnabled: no\nURIs: http://x/\nSuites: bookworm\n", "bookworm"), None);
+        assert_eq!(
+            from_deb822(
+                "Types: deb\nEnabled: no\nURIs: http://x/\nSuites: bookworm\n",
+                "bookworm"
+            ),
+            None
+        );
     }
 }

@@ -14,12 +14,30 @@ pub struct WantedModule {
 /// Modules the initramfs loads: virtio over MMIO (QEMU microvm, Firecracker), the root disk,
 /// the host channel (virtio-serial), networking, entropy, and vsock for Firecracker.
 pub const WANTED_MODULES: &[WantedModule] = &[
-    WantedModule { name: "virtio_mmio", required: true },
-    WantedModule { name: "virtio_blk", required: true },
-    WantedModule { name: "virtio_console", required: true },
-    WantedModule { name: "virtio_net", required: true },
-    WantedModule { name: "virtio_rng", required: false },
-    WantedModule { name: "vmw_vsock_virtio_transport", required: false },
+    WantedModule {
+        name: "virtio_mmio",
+        required: true,
+    },
+    WantedModule {
+        name: "virtio_blk",
+        required: true,
+    },
+    WantedModule {
+        name: "virtio_console",
+        required: true,
+    },
+    WantedModule {
+        name: "virtio_net",
+        required: true,
+    },
+    WantedModule {
+        name: "virtio_rng",
+        required: false,
+    },
+    WantedModule {
+        name: "vmw_vsock_virtio_transport",
+        required: false,
+    },
 ];
 
 /// Why a set of modules could not be resolved.
@@ -41,13 +59,18 @@ pub struct ModuleDeps {
 /// The module name of a module file path: base name without `.ko[.xz|.zst|.gz]`, `-` as `_`.
 pub fn module_name(path: &str) -> String {
     let base = path.rsplit('/').next().unwrap_or(path);
-    let stem = [".ko.xz", ".ko.zst", ".ko.gz", ".ko"].iter().find_map(|ext| base.strip_suffix(ext)).unwrap_or(base);
+    let stem = [".ko.xz", ".ko.zst", ".ko.gz", ".ko"]
+        .iter()
+        .find_map(|ext| base.strip_suffix(ext))
+        .unwrap_or(base);
     stem.replace('-', "_")
 }
 
 /// Whether a module file is compressed.
 pub fn is_compressed(path: &str) -> bool {
-    [".ko.xz", ".ko.zst", ".ko.gz"].iter().any(|ext| path.ends_with(ext))
+    [".ko.xz", ".ko.zst", ".ko.gz"]
+        .iter()
+        .any(|ext| path.ends_with(ext))
 }
 
 impl ModuleDeps {
@@ -55,7 +78,9 @@ impl ModuleDeps {
     pub fn parse(text: &str) -> ModuleDeps {
         let mut deps = ModuleDeps::default();
         for line in text.lines() {
-            let Some((path, rest)) = line.split_once(':') else { continue };
+            let Some((path, rest)) = line.split_once(':') else {
+                continue;
+            };
             let path = path.trim();
             if path.is_empty() {
                 continue;
@@ -105,10 +130,17 @@ impl ModuleDeps {
         if !visiting.insert(name.to_owned()) {
             return Err(ResolveError::Cycle(name.to_owned()));
         }
-        let (path, deps) = self.by_name.get(name).ok_or_else(|| ResolveError::Missing(name.to_owned()))?;
+        let (path, deps) = self
+            .by_name
+            .get(name)
+            .ok_or_else(|| ResolveError::Missing(name.to_owned()))?;
         // modules.dep lists the deepest dependency last (modprobe loads the list backwards).
         for dep in deps.iter().rev() {
-            let dep_name = self.name_of_path.get(dep).cloned().unwrap_or_else(|| module_name(dep));
+            let dep_name = self
+                .name_of_path
+                .get(dep)
+                .cloned()
+                .unwrap_or_else(|| module_name(dep));
             self.visit(&dep_name, done, visiting, order)?;
         }
         visiting.remove(name);
@@ -180,21 +212,48 @@ not a module line
     #[test]
     fn optional_missing_is_skipped_required_missing_fails() {
         let deps = ModuleDeps::parse("kernel/a.ko: kernel/b.ko\nkernel/b.ko:\n");
-        let want = [WantedModule { name: "a", required: true }, WantedModule { name: "zzz", required: false }];
-        assert_eq!(deps.load_order(&want).unwrap(), ["kernel/b.ko", "kernel/a.ko"]);
-        let want = [WantedModule { name: "zzz", required: true }];
-        assert_eq!(deps.load_order(&want), Err(ResolveError::Missing("zzz".into())));
+        let want = [
+            WantedModule {
+                name: "a",
+                required: true,
+            },
+            WantedModule {
+                name: "zzz",
+                required: false,
+            },
+        ];
+        assert_eq!(
+            deps.load_order(&want).unwrap(),
+            ["kernel/b.ko", "kernel/a.ko"]
+        );
+        let want = [WantedModule {
+            name: "zzz",
+            required: true,
+        }];
+        assert_eq!(
+            deps.load_order(&want),
+            Err(ResolveError::Missing("zzz".into()))
+        );
     }
 
     #[test]
     fn cycles_are_errors_not_hangs() {
         let deps = ModuleDeps::parse("a.ko: b.ko\nb.ko: a.ko\n");
-        assert!(matches!(deps.load_order(&[WantedModule { name: "a", required: true }]), Err(ResolveError::Cycle(_))));
+        assert!(matches!(
+            deps.load_order(&[WantedModule {
+                name: "a",
+                required: true
+            }]),
+            Err(ResolveError::Cycle(_))
+        ));
     }
 
     #[test]
     fn names_and_compression() {
-        assert_eq!(module_name("kernel/drivers/char/hw_random/virtio-rng.ko.xz"), "virtio_rng");
+        assert_eq!(
+            module_name("kernel/drivers/char/hw_random/virtio-rng.ko.xz"),
+            "virtio_rng"
+        );
         assert!(is_compressed("x/virtio_blk.ko.zst"));
         assert!(!is_compressed("x/virtio_blk.ko"));
         assert!(ModuleDeps::parse(FIXTURE).contains("virtio-rng"));

@@ -56,16 +56,44 @@ pub struct TemplateRecipe {
 }
 
 const BUSYBOX_FILES: &[ConfigFile] = &[
-    ConfigFile { path: "etc/passwd", mode: 0o644, contents: include_str!("../../../../images/templates/busybox/etc/passwd") },
-    ConfigFile { path: "etc/group", mode: 0o644, contents: include_str!("../../../../images/templates/busybox/etc/group") },
-    ConfigFile { path: "etc/hostname", mode: 0o644, contents: include_str!("../../../../images/templates/busybox/etc/hostname") },
-    ConfigFile { path: "etc/hosts", mode: 0o644, contents: include_str!("../../../../images/templates/busybox/etc/hosts") },
+    ConfigFile {
+        path: "etc/passwd",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/busybox/etc/passwd"),
+    },
+    ConfigFile {
+        path: "etc/group",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/busybox/etc/group"),
+    },
+    ConfigFile {
+        path: "etc/hostname",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/busybox/etc/hostname"),
+    },
+    ConfigFile {
+        path: "etc/hosts",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/busybox/etc/hosts"),
+    },
 ];
 
 const BASE_FILES: &[ConfigFile] = &[
-    ConfigFile { path: "etc/hostname", mode: 0o644, contents: include_str!("../../../../images/templates/base/etc/hostname") },
-    ConfigFile { path: "etc/hosts", mode: 0o644, contents: include_str!("../../../../images/templates/base/etc/hosts") },
-    ConfigFile { path: "etc/fstab", mode: 0o644, contents: include_str!("../../../../images/templates/base/etc/fstab") },
+    ConfigFile {
+        path: "etc/hostname",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/base/etc/hostname"),
+    },
+    ConfigFile {
+        path: "etc/hosts",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/base/etc/hosts"),
+    },
+    ConfigFile {
+        path: "etc/fstab",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/base/etc/fstab"),
+    },
     ConfigFile {
         path: "etc/sudoers.d/user",
         mode: 0o440,
@@ -121,15 +149,23 @@ impl TemplateRecipe {
         d.field("version", &self.version.to_le_bytes());
         match self.kind {
             RecipeKind::Busybox => d.field("kind", b"busybox"),
-            RecipeKind::Debootstrap { suite, variant } => d.field("kind", b"debootstrap").field("suite", suite.as_bytes()).field("variant", variant.as_bytes()),
+            RecipeKind::Debootstrap { suite, variant } => d
+                .field("kind", b"debootstrap")
+                .field("suite", suite.as_bytes())
+                .field("variant", variant.as_bytes()),
         };
         for p in &self.packages {
             d.field("package", p.as_bytes());
         }
         for f in self.files {
-            d.field("file", f.path.as_bytes()).field("mode", &f.mode.to_le_bytes()).field("contents", f.contents.as_bytes());
+            d.field("file", f.path.as_bytes())
+                .field("mode", &f.mode.to_le_bytes())
+                .field("contents", f.contents.as_bytes());
         }
-        d.field("image_size_mib", &self.image_size_mib.unwrap_or(0).to_le_bytes());
+        d.field(
+            "image_size_mib",
+            &self.image_size_mib.unwrap_or(0).to_le_bytes(),
+        );
         for (k, v) in extra {
             d.field(k, v.as_bytes());
         }
@@ -144,13 +180,39 @@ mod tests {
     #[test]
     fn recipes_are_consistent() {
         let base = recipe("base").unwrap();
-        assert_eq!(base.packages, ["python3", "ca-certificates", "coreutils", "bash", "git", "curl", "sudo", "procps", "iproute2"]);
-        assert!(base.files.iter().any(|f| f.path == "etc/sudoers.d/user" && f.mode == 0o440));
+        assert_eq!(
+            base.packages,
+            [
+                "python3",
+                "ca-certificates",
+                "coreutils",
+                "bash",
+                "git",
+                "curl",
+                "sudo",
+                "procps",
+                "iproute2"
+            ]
+        );
+        assert!(base
+            .files
+            .iter()
+            .any(|f| f.path == "etc/sudoers.d/user" && f.mode == 0o440));
         let bb = recipe("busybox").unwrap();
-        assert_eq!(bb.default_resources, Resources { vcpus: 1, memory_mib: 256, disk_mib: 256 });
+        assert_eq!(
+            bb.default_resources,
+            Resources {
+                vcpus: 1,
+                memory_mib: 256,
+                disk_mib: 256
+            }
+        );
         for r in recipes() {
             assert!(space_core::template::validate_template_name(r.name));
-            assert!(r.default_resources.validate(r.image_size_mib.unwrap_or(1)).is_ok());
+            assert!(r
+                .default_resources
+                .validate(r.image_size_mib.unwrap_or(1))
+                .is_ok());
         }
         assert!(recipe("nope").is_none());
     }

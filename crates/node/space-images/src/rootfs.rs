@@ -28,7 +28,8 @@ pub(crate) fn write_files(tree: &Path, files: &[ConfigFile]) -> Result<(), Image
             std::fs::create_dir_all(parent).ctx("create directory", parent)?;
         }
         std::fs::write(&path, f.contents).ctx("write", &path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode)).ctx("chmod", &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode))
+            .ctx("chmod", &path)?;
         chown(&path, Some(0), Some(0)).ctx("chown", &path)?;
     }
     Ok(())
@@ -36,7 +37,12 @@ pub(crate) fn write_files(tree: &Path, files: &[ConfigFile]) -> Result<(), Image
 
 /// The busybox tree: `/bin/busybox` with every applet linked in `/bin` and `/usr/bin`, the
 /// recipe's `/etc` files, `/home/user` owned by the user, and the usual empty directories.
-pub(crate) fn busybox_tree(tree: &Path, busybox: &Path, applets: &[String], files: &[ConfigFile]) -> Result<(), ImageError> {
+pub(crate) fn busybox_tree(
+    tree: &Path,
+    busybox: &Path,
+    applets: &[String],
+    files: &[ConfigFile],
+) -> Result<(), ImageError> {
     for (dir, mode) in [
         ("bin", 0o755),
         ("usr", 0o755),
@@ -67,7 +73,10 @@ pub(crate) fn busybox_tree(tree: &Path, busybox: &Path, applets: &[String], file
         }
     }
     if tree.join("bin/sh").symlink_metadata().is_err() {
-        return Err(ImageError::BadOutput { program: busybox.display().to_string(), detail: "no 'sh' applet".into() });
+        return Err(ImageError::BadOutput {
+            program: busybox.display().to_string(),
+            detail: "no 'sh' applet".into(),
+        });
     }
     write_files(tree, files)
 }
@@ -83,7 +92,9 @@ pub(crate) fn debootstrap_tree(
     files: &[ConfigFile],
     progress: &dyn Fn(&str),
 ) -> Result<(), ImageError> {
-    progress(&format!("debootstrap {suite} ({variant}) from {mirror}; this takes a few minutes"));
+    progress(&format!(
+        "debootstrap {suite} ({variant}) from {mirror}; this takes a few minutes"
+    ));
     run::run(
         Command::new("debootstrap")
             .arg(format!("--variant={variant}"))
@@ -96,7 +107,19 @@ pub(crate) fn debootstrap_tree(
     progress("adding user 'user'");
     let chroot = |args: &[&str]| run::run(Command::new("chroot").arg(tree).args(args), progress);
     chroot(&["groupadd", "--gid", "1000", "user"])?;
-    chroot(&["useradd", "--uid", "1000", "--gid", "1000", "--create-home", "--home-dir", "/home/user", "--shell", "/bin/bash", "user"])?;
+    chroot(&[
+        "useradd",
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--create-home",
+        "--home-dir",
+        "/home/user",
+        "--shell",
+        "/bin/bash",
+        "user",
+    ])?;
     write_files(tree, files)?;
     clean(tree)
 }
@@ -106,7 +129,9 @@ pub(crate) fn debootstrap_tree(
 fn clean(tree: &Path) -> Result<(), ImageError> {
     for dir in ["var/lib/apt/lists", "var/cache/apt/archives"] {
         let dir = tree.join(dir);
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_file() && e.file_name() != "lock" {

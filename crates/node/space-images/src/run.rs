@@ -15,7 +15,11 @@ const MAX_LINE: usize = 500;
 
 /// The command as a shell-like line, for messages.
 pub(crate) fn describe(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs `cmd`, passing each line it prints (stdout and stderr) to `on_line`; fails with the
@@ -50,9 +54,15 @@ pub(crate) fn run(cmd: &mut Command, on_line: &dyn Fn(&str)) -> Result<(), Image
     for r in readers {
         let _ = r.join();
     }
-    let status = child.wait().map_err(|e| ImageError::io("wait for", line.clone(), e))?;
+    let status = child
+        .wait()
+        .map_err(|e| ImageError::io("wait for", line.clone(), e))?;
     if !status.success() {
-        return Err(ImageError::Command { command: line, status: status.to_string(), output: Vec::from(tail).join("\n") });
+        return Err(ImageError::Command {
+            command: line,
+            status: status.to_string(),
+            output: Vec::from(tail).join("\n"),
+        });
     }
     Ok(())
 }
@@ -61,7 +71,10 @@ pub(crate) fn run(cmd: &mut Command, on_line: &dyn Fn(&str)) -> Result<(), Image
 pub(crate) fn output(cmd: &mut Command) -> Result<String, ImageError> {
     let line = describe(cmd);
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let out = cmd.stdin(Stdio::null()).output().map_err(|source| ImageError::Spawn { program, source })?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ImageError::Spawn { program, source })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let err: Vec<&str> = err.lines().rev().take(TAIL_LINES).collect();
@@ -74,7 +87,10 @@ pub(crate) fn output(cmd: &mut Command) -> Result<String, ImageError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn forward(stream: impl std::io::Read + Send + 'static, tx: mpsc::Sender<String>) -> std::thread::JoinHandle<()> {
+fn forward(
+    stream: impl std::io::Read + Send + 'static,
+    tx: mpsc::Sender<String>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stream);
         let mut buf = Vec::new();
@@ -86,7 +102,10 @@ fn forward(stream: impl std::io::Read + Send + 'static, tx: mpsc::Sender<String>
                 Ok(_) => {
                     let mut s = String::from_utf8_lossy(&buf).trim_end().to_owned();
                     if s.len() > MAX_LINE {
-                        let cut = (0..=MAX_LINE).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+                        let cut = (0..=MAX_LINE)
+                            .rev()
+                            .find(|i| s.is_char_boundary(*i))
+                            .unwrap_or(0);
                         s.truncate(cut);
                     }
                     if !s.is_empty() && tx.send(s).is_err() {

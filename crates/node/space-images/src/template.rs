@@ -26,24 +26,40 @@ pub struct BuildOpts {
 
 impl Default for BuildOpts {
     fn default() -> Self {
-        BuildOpts { mirror: None, busybox: PathBuf::from("/bin/busybox"), apt_dir: PathBuf::from("/etc/apt") }
+        BuildOpts {
+            mirror: None,
+            busybox: PathBuf::from("/bin/busybox"),
+            apt_dir: PathBuf::from("/etc/apt"),
+        }
     }
 }
 
 /// The digest template `name` would have with these options (its cache key).
 pub fn template_digest(name: &str, opts: &BuildOpts) -> Result<String, ImageError> {
     let r = find(name)?;
-    Ok(r.digest(&extra_inputs(&r, opts)?.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>()))
+    Ok(r.digest(
+        &extra_inputs(&r, opts)?
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 fn find(name: &str) -> Result<TemplateRecipe, ImageError> {
     recipe(name).ok_or_else(|| ImageError::UnknownTemplate {
         name: name.chars().take(80).collect(),
-        known: recipes().iter().map(|r| r.name).collect::<Vec<_>>().join(", "),
+        known: recipes()
+            .iter()
+            .map(|r| r.name)
+            .collect::<Vec<_>>()
+            .join(", "),
     })
 }
 
-fn extra_inputs(r: &TemplateRecipe, opts: &BuildOpts) -> Result<Vec<(&'static str, String)>, ImageError> {
+fn extra_inputs(
+    r: &TemplateRecipe,
+    opts: &BuildOpts,
+) -> Result<Vec<(&'static str, String)>, ImageError> {
     Ok(match r.kind {
         RecipeKind::Busybox => vec![("busybox_sha256", sha256_file(&opts.busybox)?)],
         RecipeKind::Debootstrap { .. } => vec![],
@@ -86,8 +102,19 @@ pub fn build_template(
                 rootfs::busybox_tree(&tree, &opts.busybox, &applets, r.files)?;
             }
             RecipeKind::Debootstrap { suite, variant } => {
-                let m = opts.mirror.clone().unwrap_or_else(|| mirror::default_mirror(&opts.apt_dir, suite));
-                rootfs::debootstrap_tree(&tree, suite, variant, &r.packages, &m, r.files, progress)?;
+                let m = opts
+                    .mirror
+                    .clone()
+                    .unwrap_or_else(|| mirror::default_mirror(&opts.apt_dir, suite));
+                rootfs::debootstrap_tree(
+                    &tree,
+                    suite,
+                    variant,
+                    &r.packages,
+                    &m,
+                    r.files,
+                    progress,
+                )?;
             }
         }
         let usage = ext4::tree_usage(&tree)?;
@@ -95,9 +122,19 @@ pub fn build_template(
             Some(s) => u64::from(s).max(ext4::min_size_mib(usage.bytes)),
             None => ext4::image_size_mib(usage.bytes),
         };
-        progress(&format!("root filesystem: {} MiB in {} inodes", usage.bytes >> 20, usage.inodes));
+        progress(&format!(
+            "root filesystem: {} MiB in {} inodes",
+            usage.bytes >> 20,
+            usage.inodes
+        ));
         let image = staging.join(IMAGE_FILE);
-        ext4::make_image(&tree, &image, size_mib, ext4::inode_count(usage.inodes, size_mib), progress)?;
+        ext4::make_image(
+            &tree,
+            &image,
+            size_mib,
+            ext4::inode_count(usage.inodes, size_mib),
+            progress,
+        )?;
         space_storage::mountinfo::remove_tree(&tree)?;
         progress("hashing image");
         let image_sha256 = sha256_file(&image)?;
@@ -118,7 +155,10 @@ pub fn build_template(
         || info.default_user != r.default_user
         || info.description != r.description;
     let mut info = if stale {
-        progress(&format!("binding template {name} to kernel bundle {}", short(kernel_digest)));
+        progress(&format!(
+            "binding template {name} to kernel bundle {}",
+            short(kernel_digest)
+        ));
         templates.artifacts().update_meta(&digest, |t| {
             t.kernel_digest = kernel_digest.to_owned();
             t.default_resources = r.default_resources;
@@ -129,6 +169,9 @@ pub fn build_template(
         info
     };
     info.name = name.to_owned();
-    progress(&format!("template {name} ready ({} MiB image)", info.image_size_mib));
+    progress(&format!(
+        "template {name} ready ({} MiB image)",
+        info.image_size_mib
+    ));
     Ok(info)
 }

@@ -49,12 +49,18 @@ pub const VCPU_OVERCOMMIT: u32 = 8;
 /// the time), 80 % of host memory, and the
 /// store's size for disks (sandbox disks are sparse reflinks, this bounds the worst case).
 pub fn default_capacity(store_bytes: u64) -> NodeCapacity {
-    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
     let mem_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| parse_mem_total_kib(&s))
         .unwrap_or(1 << 20);
-    NodeCapacity { vcpus: cores * VCPU_OVERCOMMIT, memory_mib: mem_kib / 1024 * 8 / 10, disk_mib: store_bytes >> 20 }
+    NodeCapacity {
+        vcpus: cores * VCPU_OVERCOMMIT,
+        memory_mib: mem_kib / 1024 * 8 / 10,
+        disk_mib: store_bytes >> 20,
+    }
 }
 
 fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
@@ -70,7 +76,10 @@ mod tests {
 
     #[test]
     fn parses_meminfo() {
-        assert_eq!(parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000));
+        assert_eq!(
+            parse_mem_total_kib("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24576000)
+        );
         assert_eq!(parse_mem_total_kib("nothing"), None);
     }
 }

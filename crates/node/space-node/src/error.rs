@@ -44,7 +44,9 @@ impl NodeError {
             NodeError::SandboxNotFound(_) | NodeError::TemplateNotFound(_) => ErrorCode::NotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
             NodeError::Lifecycle(_) => ErrorCode::Conflict,
-            NodeError::Capacity(space_core::ResourcesError::OutOfRange { .. }) => ErrorCode::InvalidRequest,
+            NodeError::Capacity(space_core::ResourcesError::OutOfRange { .. }) => {
+                ErrorCode::InvalidRequest
+            }
             NodeError::Capacity(_) => ErrorCode::InsufficientCapacity,
             NodeError::SandboxFailed(_) => ErrorCode::SandboxFailed,
             NodeError::Guest(g) => g.code(),

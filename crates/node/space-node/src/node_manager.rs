@@ -53,7 +53,12 @@ pub trait NodeManager: Send + Sync + 'static {
         disk_mib: u32,
     ) -> Result<PathBuf, NodeManagerError>;
     /// Removes a sandbox's disk directory and run directory. Idempotent.
-    fn remove_sandbox_files(&self, store: &Store, id: &SandboxId, run_dir: &Path) -> Result<(), NodeManagerError>;
+    fn remove_sandbox_files(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        run_dir: &Path,
+    ) -> Result<(), NodeManagerError>;
     /// Starts a VM.
     async fn launch_vm(&self, cfg: &VmConfig) -> Result<Vm, NodeManagerError>;
     /// Re-attaches to a VM started before this process.
@@ -93,12 +98,19 @@ impl NodeManager for LocalNodeManager {
         Ok(store.create_sandbox_disk(id, image, disk_mib)?)
     }
 
-    fn remove_sandbox_files(&self, store: &Store, id: &SandboxId, run_dir: &Path) -> Result<(), NodeManagerError> {
+    fn remove_sandbox_files(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        run_dir: &Path,
+    ) -> Result<(), NodeManagerError> {
         store.remove_sandbox_dir(id)?;
         match std::fs::remove_dir_all(run_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(NodeManagerError::Io { what: "cannot remove run directory", path: run_dir.to_owned(), source: e })
-            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(NodeManagerError::Io {
+                what: "cannot remove run directory",
+                path: run_dir.to_owned(),
+                source: e,
+            }),
             _ => Ok(()),
         }
     }

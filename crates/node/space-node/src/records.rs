@@ -19,7 +19,9 @@ impl RecordStore {
     /// Opens (creating) the directory.
     pub fn open(dir: &Path) -> std::io::Result<RecordStore> {
         fs::create_dir_all(dir)?;
-        Ok(RecordStore { dir: dir.to_owned() })
+        Ok(RecordStore {
+            dir: dir.to_owned(),
+        })
     }
 
     fn path(&self, id: &SandboxId) -> PathBuf {
@@ -50,7 +52,9 @@ impl RecordStore {
                 serde_json::from_slice::<SandboxRecord>(&b).map_err(|e| e.to_string())
             }) {
                 Ok(r) => out.push(r),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping unreadable sandbox record"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "skipping unreadable sandbox record")
+                }
             }
         }
         Ok(out)

@@ -60,12 +60,21 @@ struct Entry {
 
 impl Entry {
     fn new(record: SandboxRecord) -> Self {
-        Entry { record, vm: None, guest: None, op: Arc::default(), monitor: None }
+        Entry {
+            record,
+            vm: None,
+            guest: None,
+            op: Arc::default(),
+            monitor: None,
+        }
     }
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> NodeError {
@@ -76,20 +85,25 @@ impl Node {
     /// Opens the store (through the node manager), loads the sandbox records, re-adopts the
     /// VMs that should be running and cleans up anything left over from a crash.
     pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
-        let data_dir = std::path::absolute(&cfg.data_dir).map_err(|e| internal("bad data directory", e))?;
+        let data_dir =
+            std::path::absolute(&cfg.data_dir).map_err(|e| internal("bad data directory", e))?;
         if data_dir.as_os_str().len() > MAX_DATA_DIR_LEN {
             return Err(NodeError::Invalid(format!(
                 "data directory {} is longer than {MAX_DATA_DIR_LEN} bytes (sandbox socket paths would exceed the Unix limit)",
                 data_dir.display()
             )));
         }
-        std::fs::create_dir_all(&data_dir).map_err(|e| internal("cannot create data directory", e))?;
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|e| internal("cannot create data directory", e))?;
         let accel = match &cfg.accel {
-            Some(a) => a.parse::<Accel>().map_err(|e| NodeError::Invalid(format!("bad accelerator: {e}")))?,
+            Some(a) => a
+                .parse::<Accel>()
+                .map_err(|e| NodeError::Invalid(format!("bad accelerator: {e}")))?,
             None => space_vmm::detect_accel(),
         };
         tracing::info!(%accel, "VMs will run under {accel}");
-        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::new(Arc::new(QemuVmm::default())));
+        let nm: Arc<dyn NodeManager> =
+            Arc::new(LocalNodeManager::new(Arc::new(QemuVmm::default())));
         let store = {
             let nm = nm.clone();
             let (dir, size) = (data_dir.clone(), cfg.loop_size_bytes);
@@ -97,10 +111,14 @@ impl Node {
                 .await
                 .map_err(|e| internal("store task", e))??
         };
-        let records = RecordStore::open(&store.root().join("records")).map_err(|e| internal("cannot open records", e))?;
-        let capacity = cfg.capacity.unwrap_or_else(|| default_capacity(fs_size(store.root())));
+        let records = RecordStore::open(&store.root().join("records"))
+            .map_err(|e| internal("cannot open records", e))?;
+        let capacity = cfg
+            .capacity
+            .unwrap_or_else(|| default_capacity(fs_size(store.root())));
         let run_root = data_dir.join("run");
-        std::fs::create_dir_all(&run_root).map_err(|e| internal("cannot create run directory", e))?;
+        std::fs::create_dir_all(&run_root)
+            .map_err(|e| internal("cannot create run directory", e))?;
         let node = Node {
             inner: Arc::new(Inner {
                 cfg: NodeConfig { data_dir, ..cfg },
@@ -140,12 +158,20 @@ impl Node {
     /// Capacity held by sandboxes.
     pub fn used(&self) -> NodeCapacity {
         let map = self.inner.lock();
-        NodeCapacity::sum(map.values().filter(|e| e.record.state.holds_resources()).map(|e| &e.record.resources))
+        NodeCapacity::sum(
+            map.values()
+                .filter(|e| e.record.state.holds_resources())
+                .map(|e| &e.record.resources),
+        )
     }
 
     /// Templates on this node.
     pub fn templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
-        self.inner.store.templates().list().map_err(|e| internal("cannot list templates", e))
+        self.inner
+            .store
+            .templates()
+            .list()
+            .map_err(|e| internal("cannot list templates", e))
     }
 
     /// One template.
@@ -165,13 +191,19 @@ impl Node {
 
     /// All records, deleted ones included until they are pruned.
     pub fn sandboxes(&self) -> Vec<SandboxRecord> {
-        self.inner.lock().values().map(|e| e.record.clone()).collect()
+        self.inner
+            .lock()
+            .values()
+            .map(|e| e.record.clone())
+            .collect()
     }
 
     /// The node's channel to a running sandbox's daemon.
     pub fn guest(&self, id: &SandboxId) -> Result<GuestClient, NodeError> {
         let map = self.inner.lock();
-        let entry = map.get(id).filter(|e| e.record.state != SandboxState::Deleted);
+        let entry = map
+            .get(id)
+            .filter(|e| e.record.state != SandboxState::Deleted);
         let entry = entry.ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         match (&entry.guest, entry.record.state) {
             (Some(g), SandboxState::Running) => Ok(g.clone()),
@@ -201,7 +233,9 @@ impl Node {
         let started = Instant::now();
         let tpl = self.template(&req.template)?;
         let resources = req.resources.resolve(tpl.default_resources);
-        resources.validate(tpl.image_size_mib).map_err(NodeError::Capacity)?;
+        resources
+            .validate(tpl.image_size_mib)
+            .map_err(NodeError::Capacity)?;
         space_core::process::validate_env(&req.env)
             .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
         let record = SandboxRecord {
@@ -240,16 +274,35 @@ impl Node {
 
     /// Clones the disk, boots the VM, connects to and configures the daemon. On error, returns
     /// the VM (if one was started) so the caller can kill it.
-    async fn boot(&self, req: &CreateSandbox, tpl: &TemplateInfo) -> Result<(Vm, GuestClient), (NodeError, Option<Vm>)> {
+    async fn boot(
+        &self,
+        req: &CreateSandbox,
+        tpl: &TemplateInfo,
+    ) -> Result<(Vm, GuestClient), (NodeError, Option<Vm>)> {
         let inner = &self.inner;
         let rec = inner.record(&req.id).map_err(|e| (e, None))?;
-        let kernel = inner.store.kernels().get(&tpl.kernel_digest).map_err(|e| (internal("cannot read kernel bundle", e), None))?;
+        let kernel = inner
+            .store
+            .kernels()
+            .get(&tpl.kernel_digest)
+            .map_err(|e| (internal("cannot read kernel bundle", e), None))?;
         let kernel = kernel.ok_or_else(|| {
-            (NodeError::Internal(format!("kernel bundle {} of template '{}' is missing; rebuild the template", tpl.kernel_digest, tpl.name)), None)
+            (
+                NodeError::Internal(format!(
+                    "kernel bundle {} of template '{}' is missing; rebuild the template",
+                    tpl.kernel_digest, tpl.name
+                )),
+                None,
+            )
         })?;
         let image = inner.store.templates().image_path(tpl);
         let disk = {
-            let (nm, store, id, size) = (inner.nm.clone(), inner.store.clone(), req.id.clone(), rec.resources.disk_mib);
+            let (nm, store, id, size) = (
+                inner.nm.clone(),
+                inner.store.clone(),
+                req.id.clone(),
+                rec.resources.disk_mib,
+            );
             tokio::task::spawn_blocking(move || nm.create_sandbox_disk(&store, &id, &image, size))
                 .await
                 .map_err(|e| (internal("disk task", e), None))?
@@ -267,7 +320,11 @@ impl Node {
             accel: inner.accel,
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
         };
-        let vm = inner.nm.launch_vm(&cfg).await.map_err(|e| (NodeError::from(e), None))?;
+        let vm = inner
+            .nm
+            .launch_vm(&cfg)
+            .await
+            .map_err(|e| (NodeError::from(e), None))?;
         let deadline = Duration::from_secs(inner.cfg.ready_timeout_secs);
         let channel = vm.paths().channel.clone();
         let exited = vm.exited();
@@ -332,13 +389,15 @@ impl Node {
         };
         match self.inner.teardown(id, vm).await {
             Ok(()) => {
-                self.inner.transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+                self.inner
+                    .transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
                 tracing::info!(%id, "sandbox deleted");
                 Ok(())
             }
             Err(e) => {
                 let reason = format!("delete failed: {e}");
-                self.inner.transition(id, SandboxEvent::Fail, |r| r.failure_reason = Some(reason))?;
+                self.inner
+                    .transition(id, SandboxEvent::Fail, |r| r.failure_reason = Some(reason))?;
                 Err(e)
             }
         }
@@ -358,11 +417,17 @@ impl Node {
 
     /// After a restart: re-adopt, finish or fail every sandbox, then remove leftovers.
     async fn recover(&self) -> Result<(), NodeError> {
-        let records = self.inner.records.load_all().map_err(|e| internal("cannot load records", e))?;
+        let records = self
+            .inner
+            .records
+            .load_all()
+            .map_err(|e| internal("cannot load records", e))?;
         let now = now_ms();
         let mut work = Vec::new();
         for rec in records {
-            if rec.state == SandboxState::Deleted && now - rec.created_at_ms > DELETED_RECORD_RETENTION_MS {
+            if rec.state == SandboxState::Deleted
+                && now - rec.created_at_ms > DELETED_RECORD_RETENTION_MS
+            {
                 let _ = self.inner.records.remove(&rec.id);
                 continue;
             }
@@ -389,7 +454,13 @@ impl Node {
             },
             SandboxState::Creating => {
                 let vm = self.inner.nm.adopt_vm(id.as_str(), &run_dir).await.ok();
-                self.inner.fail(id, vm.as_ref(), "the node restarted while the sandbox was being created").await;
+                self.inner
+                    .fail(
+                        id,
+                        vm.as_ref(),
+                        "the node restarted while the sandbox was being created",
+                    )
+                    .await;
             }
             SandboxState::Deleting => {
                 if let Err(e) = self.delete_resumed(id).await {
@@ -401,7 +472,12 @@ impl Node {
     }
 
     async fn readopt(&self, id: &SandboxId, run_dir: &Path) -> Result<(), String> {
-        let vm = self.inner.nm.adopt_vm(id.as_str(), run_dir).await.map_err(|e| format!("VMM gone after node restart: {e}"))?;
+        let vm = self
+            .inner
+            .nm
+            .adopt_vm(id.as_str(), run_dir)
+            .await
+            .map_err(|e| format!("VMM gone after node restart: {e}"))?;
         let connect = async {
             let guest = GuestClient::connect(&vm.paths().channel, READOPT_TIMEOUT).await?;
             guest.health().await?;
@@ -423,9 +499,16 @@ impl Node {
 
     /// Finishes a delete that a crash interrupted (the record is already `deleting`).
     async fn delete_resumed(&self, id: &SandboxId) -> Result<(), NodeError> {
-        let vm = self.inner.nm.adopt_vm(id.as_str(), &self.inner.run_dir(id)).await.ok().map(Arc::new);
+        let vm = self
+            .inner
+            .nm
+            .adopt_vm(id.as_str(), &self.inner.run_dir(id))
+            .await
+            .ok()
+            .map(Arc::new);
         self.inner.teardown(id, vm).await?;
-        self.inner.transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+        self.inner
+            .transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
         Ok(())
     }
 
@@ -438,8 +521,13 @@ impl Node {
             .filter(|e| e.record.state != SandboxState::Deleted)
             .map(|e| e.record.id.to_string())
             .collect();
-        for root in [self.inner.run_root.clone(), self.inner.store.sandboxes_root()] {
-            let Ok(dir) = std::fs::read_dir(&root) else { continue };
+        for root in [
+            self.inner.run_root.clone(),
+            self.inner.store.sandboxes_root(),
+        ] {
+            let Ok(dir) = std::fs::read_dir(&root) else {
+                continue;
+            };
             for entry in dir.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if live.contains(&name) {
@@ -450,10 +538,19 @@ impl Node {
                     continue;
                 };
                 tracing::warn!(%id, "removing orphaned sandbox leftovers");
-                if let Ok(vm) = self.inner.nm.adopt_vm(id.as_str(), &self.inner.run_dir(&id)).await {
+                if let Ok(vm) = self
+                    .inner
+                    .nm
+                    .adopt_vm(id.as_str(), &self.inner.run_dir(&id))
+                    .await
+                {
                     let _ = self.inner.nm.kill_vm(&vm).await;
                 }
-                if let Err(e) = self.inner.nm.remove_sandbox_files(&self.inner.store, &id, &self.inner.run_dir(&id)) {
+                if let Err(e) = self.inner.nm.remove_sandbox_files(
+                    &self.inner.store,
+                    &id,
+                    &self.inner.run_dir(&id),
+                ) {
                     tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
                 }
             }
@@ -475,7 +572,10 @@ async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient
         }
     };
     let Some(inner) = node.upgrade() else { return };
-    let running = inner.lock().get(&id).is_some_and(|e| e.record.state == SandboxState::Running);
+    let running = inner
+        .lock()
+        .get(&id)
+        .is_some_and(|e| e.record.state == SandboxState::Running);
     if running {
         tracing::warn!(%id, %reason, "sandbox failed");
         inner.fail(&id, Some(vm.as_ref()), &reason).await;
@@ -494,18 +594,32 @@ impl Inner {
     }
 
     fn record(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
-        self.lock().get(id).map(|e| e.record.clone()).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
+        self.lock()
+            .get(id)
+            .map(|e| e.record.clone())
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
     }
 
     /// Checks capacity and inserts a new `creating` record, atomically.
     fn admit(&self, record: SandboxRecord) -> Result<Arc<tokio::sync::Mutex<()>>, NodeError> {
         let mut map = self.lock();
         if map.contains_key(&record.id) {
-            return Err(NodeError::Invalid(format!("sandbox {} already exists", record.id)));
+            return Err(NodeError::Invalid(format!(
+                "sandbox {} already exists",
+                record.id
+            )));
         }
-        let used = NodeCapacity::sum(map.values().filter(|e| e.record.state.holds_resources()).map(|e| &e.record.resources));
-        self.capacity.admit(&used, &record.resources).map_err(NodeError::Capacity)?;
-        self.records.save(&record).map_err(|e| internal("cannot persist sandbox record", e))?;
+        let used = NodeCapacity::sum(
+            map.values()
+                .filter(|e| e.record.state.holds_resources())
+                .map(|e| &e.record.resources),
+        );
+        self.capacity
+            .admit(&used, &record.resources)
+            .map_err(NodeError::Capacity)?;
+        self.records
+            .save(&record)
+            .map_err(|e| internal("cannot persist sandbox record", e))?;
         let entry = Entry::new(record);
         let op = entry.op.clone();
         map.insert(entry.record.id.clone(), entry);
@@ -520,11 +634,15 @@ impl Inner {
         edit: impl FnOnce(&mut SandboxRecord),
     ) -> Result<SandboxRecord, NodeError> {
         let mut map = self.lock();
-        let entry = map.get_mut(id).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let entry = map
+            .get_mut(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         let mut next = entry.record.clone();
         next.state = entry.record.state.apply(event)?;
         edit(&mut next);
-        self.records.save(&next).map_err(|e| internal("cannot persist sandbox record", e))?;
+        self.records
+            .save(&next)
+            .map_err(|e| internal("cannot persist sandbox record", e))?;
         tracing::debug!(%id, from = %entry.record.state, to = %next.state, "transition");
         entry.record = next.clone();
         Ok(next)
@@ -532,9 +650,13 @@ impl Inner {
 
     fn set_pid(&self, id: &SandboxId, pid: u32) -> Result<(), NodeError> {
         let mut map = self.lock();
-        let entry = map.get_mut(id).ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let entry = map
+            .get_mut(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         entry.record.vmm_pid = Some(pid);
-        self.records.save(&entry.record).map_err(|e| internal("cannot persist sandbox record", e))
+        self.records
+            .save(&entry.record)
+            .map_err(|e| internal("cannot persist sandbox record", e))
     }
 
     /// Kills the VM (if any) and marks the sandbox failed with `reason` plus the console tail.
@@ -545,8 +667,11 @@ impl Inner {
                 tracing::error!(%id, error = %e, "cannot kill VM of failed sandbox");
             }
         }
-        let console = space_vmm::console_tail(&space_vmm::VmPaths::new(&self.run_dir(id)).console_log, FAILURE_CONSOLE_TAIL)
-            .unwrap_or_default();
+        let console = space_vmm::console_tail(
+            &space_vmm::VmPaths::new(&self.run_dir(id)).console_log,
+            FAILURE_CONSOLE_TAIL,
+        )
+        .unwrap_or_default();
         let full = if console.trim().is_empty() {
             reason.to_owned()
         } else {
@@ -575,7 +700,12 @@ impl Inner {
         let run_dir = self.run_dir(id);
         let vm = match vm {
             Some(vm) => Some(vm),
-            None => self.nm.adopt_vm(id.as_str(), &run_dir).await.ok().map(Arc::new),
+            None => self
+                .nm
+                .adopt_vm(id.as_str(), &run_dir)
+                .await
+                .ok()
+                .map(Arc::new),
         };
         if let Some(vm) = vm {
             self.nm.kill_vm(&vm).await?;
@@ -590,4 +720,3 @@ fn fs_size(path: &Path) -> u64 {
         .map(|s| s.blocks() as u64 * s.fragment_size() as u64)
         .unwrap_or(0)
 }
-

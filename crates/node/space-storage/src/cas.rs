@@ -30,11 +30,16 @@ pub trait Artifact: Serialize + DeserializeOwned {
 
 /// Checks that a digest is safe to use as a directory name: 16..=128 lowercase hex digits.
 pub fn validate_digest(digest: &str) -> Result<(), StorageError> {
-    let ok = (16..=128).contains(&digest.len()) && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let ok = (16..=128).contains(&digest.len())
+        && digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(StorageError::InvalidDigest(digest.chars().take(140).collect()))
+        Err(StorageError::InvalidDigest(
+            digest.chars().take(140).collect(),
+        ))
     }
 }
 
@@ -47,14 +52,20 @@ pub struct CasDir<M> {
 
 impl<M> Clone for CasDir<M> {
     fn clone(&self) -> Self {
-        CasDir { root: self.root.clone(), _meta: PhantomData }
+        CasDir {
+            root: self.root.clone(),
+            _meta: PhantomData,
+        }
     }
 }
 
 impl<M: Artifact> CasDir<M> {
     /// An artifact directory at `root` (created on first build).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        CasDir { root: root.into(), _meta: PhantomData }
+        CasDir {
+            root: root.into(),
+            _meta: PhantomData,
+        }
     }
 
     /// The directory itself.
@@ -80,9 +91,15 @@ impl<M: Artifact> CasDir<M> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StorageError::io("read", &path, e)),
         };
-        let meta: M = serde_json::from_slice(&bytes).map_err(|source| StorageError::Metadata { path: path.clone(), source })?;
+        let meta: M = serde_json::from_slice(&bytes).map_err(|source| StorageError::Metadata {
+            path: path.clone(),
+            source,
+        })?;
         if meta.digest() != digest {
-            return Err(StorageError::DigestMismatch { expected: digest.to_owned(), got: meta.digest().to_owned() });
+            return Err(StorageError::DigestMismatch {
+                expected: digest.to_owned(),
+                got: meta.digest().to_owned(),
+            });
         }
         Ok(Some(meta))
     }
@@ -158,7 +175,11 @@ impl<M: Artifact> CasDir<M> {
 
         let meta = build(&staging)?;
         if meta.digest() != digest {
-            return Err(StorageError::DigestMismatch { expected: digest.to_owned(), got: meta.digest().to_owned() }.into());
+            return Err(StorageError::DigestMismatch {
+                expected: digest.to_owned(),
+                got: meta.digest().to_owned(),
+            }
+            .into());
         }
         self.commit(&staging, &entry, &meta)?;
         guard.disarm();
@@ -170,12 +191,17 @@ impl<M: Artifact> CasDir<M> {
     fn commit(&self, staging: &Path, entry: &Path, meta: &M) -> Result<(), StorageError> {
         mountinfo::unmount_all_below(staging)?;
         let meta_path = staging.join(M::META_FILE);
-        let json = serde_json::to_vec_pretty(meta).map_err(|source| StorageError::Metadata { path: meta_path.clone(), source })?;
+        let json = serde_json::to_vec_pretty(meta).map_err(|source| StorageError::Metadata {
+            path: meta_path.clone(),
+            source,
+        })?;
         fsops::write_atomic(&meta_path, &json)?;
         for f in std::fs::read_dir(staging).ctx("list", staging)? {
             let f = f.ctx("list", staging)?;
             if f.file_type().ctx("stat", &f.path())?.is_file() {
-                std::fs::File::open(f.path()).and_then(|h| h.sync_all()).ctx("sync", &f.path())?;
+                std::fs::File::open(f.path())
+                    .and_then(|h| h.sync_all())
+                    .ctx("sync", &f.path())?;
             }
         }
         std::fs::rename(staging, entry).ctx("move staging directory into place at", entry)?;
@@ -186,7 +212,10 @@ impl<M: Artifact> CasDir<M> {
     /// digest's lock held, so no live build owns them.
     fn clean_stale_staging(&self, staging_root: &Path, digest: &str) -> Result<(), StorageError> {
         let prefix = format!("{digest}-");
-        for e in std::fs::read_dir(staging_root).ctx("list", staging_root)?.flatten() {
+        for e in std::fs::read_dir(staging_root)
+            .ctx("list", staging_root)?
+            .flatten()
+        {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 tracing::warn!(path = %e.path().display(), "removing staging directory of an interrupted build");
                 mountinfo::remove_tree(&e.path())?;
@@ -199,7 +228,10 @@ impl<M: Artifact> CasDir<M> {
     fn trash(&self, dir: &Path) -> Result<(), StorageError> {
         let trash = self.root.join(".trash");
         fsops::create_dir_all(&trash)?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let target = trash.join(format!("{name}-{}", fsops::random_suffix()));
         std::fs::rename(dir, &target).ctx("move to trash", dir)?;
         mountinfo::remove_tree(&target)
@@ -220,7 +252,11 @@ impl<M: Artifact> CasDir<M> {
     }
 
     /// Rewrites the metadata of a built artifact (under its lock, atomically).
-    pub fn update_meta(&self, digest: &str, change: impl FnOnce(&mut M)) -> Result<M, StorageError> {
+    pub fn update_meta(
+        &self,
+        digest: &str,
+        change: impl FnOnce(&mut M),
+    ) -> Result<M, StorageError> {
         validate_digest(digest)?;
         let _lock = self.lock(digest)?;
         let mut meta = self.get(digest)?.ok_or_else(|| StorageError::NotFound {
@@ -230,10 +266,16 @@ impl<M: Artifact> CasDir<M> {
         })?;
         change(&mut meta);
         if meta.digest() != digest {
-            return Err(StorageError::DigestMismatch { expected: digest.to_owned(), got: meta.digest().to_owned() });
+            return Err(StorageError::DigestMismatch {
+                expected: digest.to_owned(),
+                got: meta.digest().to_owned(),
+            });
         }
         let path = self.meta_path(digest);
-        let json = serde_json::to_vec_pretty(&meta).map_err(|source| StorageError::Metadata { path: path.clone(), source })?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|source| StorageError::Metadata {
+            path: path.clone(),
+            source,
+        })?;
         fsops::write_atomic(&path, &json)?;
         Ok(meta)
     }
@@ -331,7 +373,10 @@ mod tests {
                         count.fetch_add(1, Ordering::SeqCst);
                         std::thread::sleep(std::time::Duration::from_millis(200));
                         std::fs::write(staging.join("data"), b"x").unwrap();
-                        Ok::<_, StorageError>(Thing { digest: D.into(), n: 7 })
+                        Ok::<_, StorageError>(Thing {
+                            digest: D.into(),
+                            n: 7,
+                        })
                     })
                     .unwrap()
                 })
@@ -343,7 +388,12 @@ mod tests {
         assert_eq!(count.load(Ordering::SeqCst), 1);
         assert_eq!(std::fs::read(cas.entry_dir(D).join("data")).unwrap(), b"x");
         assert_eq!(cas.digests().unwrap(), vec![D.to_owned()]);
-        assert_eq!(std::fs::read_dir(dir.path().join("things/.staging")).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("things/.staging"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 
     #[test]
@@ -358,10 +408,27 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, StorageError::InvalidName(_)));
         assert!(cas.get(D).unwrap().is_none());
-        assert_eq!(std::fs::read_dir(dir.path().join(".staging")).unwrap().count(), 0);
-        let wrong = cas.build_or_wait(D, |_| Ok::<_, StorageError>(Thing { digest: "ffffffffffffffff".into(), n: 1 }));
+        assert_eq!(
+            std::fs::read_dir(dir.path().join(".staging"))
+                .unwrap()
+                .count(),
+            0
+        );
+        let wrong = cas.build_or_wait(D, |_| {
+            Ok::<_, StorageError>(Thing {
+                digest: "ffffffffffffffff".into(),
+                n: 1,
+            })
+        });
         assert!(matches!(wrong, Err(StorageError::DigestMismatch { .. })));
-        let ok = cas.build_or_wait(D, |_| Ok::<_, StorageError>(Thing { digest: D.into(), n: 2 })).unwrap();
+        let ok = cas
+            .build_or_wait(D, |_| {
+                Ok::<_, StorageError>(Thing {
+                    digest: D.into(),
+                    n: 2,
+                })
+            })
+            .unwrap();
         assert_eq!(ok.n, 2);
         assert_eq!(cas.update_meta(D, |t| t.n = 3).unwrap().n, 3);
         assert_eq!(cas.get(D).unwrap().unwrap().n, 3);
@@ -374,16 +441,31 @@ mod tests {
     fn stale_staging_is_cleaned_and_import_copies() {
         let dir = tempfile::tempdir().unwrap();
         let cas: CasDir<Thing> = CasDir::new(dir.path().join("a"));
-        std::fs::create_dir_all(dir.path().join("a/.staging").join(format!("{D}-crashed"))).unwrap();
+        std::fs::create_dir_all(dir.path().join("a/.staging").join(format!("{D}-crashed")))
+            .unwrap();
         cas.build_or_wait(D, |s| {
             std::fs::write(s.join("f"), b"content").unwrap();
-            Ok::<_, StorageError>(Thing { digest: D.into(), n: 1 })
+            Ok::<_, StorageError>(Thing {
+                digest: D.into(),
+                n: 1,
+            })
         })
         .unwrap();
-        assert_eq!(std::fs::read_dir(dir.path().join("a/.staging")).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("a/.staging"))
+                .unwrap()
+                .count(),
+            0
+        );
         let other: CasDir<Thing> = CasDir::new(dir.path().join("b"));
         assert_eq!(other.import_from(&cas, D).unwrap().n, 1);
-        assert_eq!(std::fs::read(other.entry_dir(D).join("f")).unwrap(), b"content");
-        assert!(matches!(other.import_from(&cas, "ffffffffffffffff"), Err(StorageError::NotFound { .. })));
+        assert_eq!(
+            std::fs::read(other.entry_dir(D).join("f")).unwrap(),
+            b"content"
+        );
+        assert!(matches!(
+            other.import_from(&cas, "ffffffffffffffff"),
+            Err(StorageError::NotFound { .. })
+        ));
     }
 }

@@ -13,11 +13,16 @@ const STDERR_TAIL: usize = 2000;
 pub(crate) fn run(cmd: &mut Command) -> Result<String, StorageError> {
     let line = describe(cmd);
     tracing::debug!(command = %line, "running");
-    let out = cmd
-        .output()
-        .map_err(|source| StorageError::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
+    let out = cmd.output().map_err(|source| StorageError::Spawn {
+        program: cmd.get_program().to_string_lossy().into_owned(),
+        source,
+    })?;
     if !out.status.success() {
-        return Err(StorageError::Command { command: line, status: out.status.to_string(), stderr: tail(&out.stderr) });
+        return Err(StorageError::Command {
+            command: line,
+            status: out.status.to_string(),
+            stderr: tail(&out.stderr),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -37,6 +42,8 @@ fn tail(bytes: &[u8]) -> String {
     let s = String::from_utf8_lossy(bytes);
     let s = s.trim();
     let start = s.len().saturating_sub(STDERR_TAIL);
-    let start = (start..=s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    let start = (start..=s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
     s[start..].to_owned()
 }

@@ -120,7 +120,11 @@ pub enum StorageError {
 impl StorageError {
     /// Shorthand for [`StorageError::Io`].
     pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
-        StorageError::Io { action, path: path.into(), source }
+        StorageError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 }
 

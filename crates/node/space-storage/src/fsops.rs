@@ -13,7 +13,8 @@ use crate::error::{IoContext, StorageError};
 
 /// Whether `path` is on a btrfs filesystem (statfs `f_type == BTRFS_SUPER_MAGIC`).
 pub fn is_btrfs(path: &Path) -> Result<bool, StorageError> {
-    let st = nix::sys::statfs::statfs(path).map_err(|e| StorageError::io("statfs", path, e.into()))?;
+    let st =
+        nix::sys::statfs::statfs(path).map_err(|e| StorageError::io("statfs", path, e.into()))?;
     Ok(st.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC)
 }
 
@@ -22,7 +23,12 @@ pub fn is_btrfs(path: &Path) -> Result<bool, StorageError> {
 /// filesystem cannot share extents (EXDEV, EOPNOTSUPP, EINVAL); `dst` is then removed.
 pub fn reflink(src: &Path, dst: &Path) -> Result<(), StorageError> {
     let src_file = File::open(src).ctx("open", src)?;
-    let dst_file = OpenOptions::new().write(true).create_new(true).mode(0o644).open(dst).ctx("create", dst)?;
+    let dst_file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(dst)
+        .ctx("create", dst)?;
     // SAFETY: FICLONE takes the source descriptor as its argument; both descriptors are open
     // for the duration of the call.
     let rc = unsafe { libc::ioctl(dst_file.as_raw_fd(), libc::FICLONE, src_file.as_raw_fd()) };
@@ -30,7 +36,11 @@ pub fn reflink(src: &Path, dst: &Path) -> Result<(), StorageError> {
         let err = io::Error::last_os_error();
         drop(dst_file);
         let _ = std::fs::remove_file(dst);
-        return Err(StorageError::Reflink { src: src.to_owned(), dst: dst.to_owned(), source: err });
+        return Err(StorageError::Reflink {
+            src: src.to_owned(),
+            dst: dst.to_owned(),
+            source: err,
+        });
     }
     Ok(())
 }
@@ -42,7 +52,10 @@ pub fn reflink_or_copy(src: &Path, dst: &Path) -> Result<(), StorageError> {
     match reflink(src, dst) {
         Ok(()) => Ok(()),
         Err(StorageError::Reflink { source, .. })
-            if matches!(source.raw_os_error(), Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)) =>
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)
+            ) =>
         {
             copy_sparse(src, dst)
         }
@@ -63,10 +76,15 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
     use nix::unistd::{lseek, Whence};
     let mut from = File::open(src).ctx("open", src)?;
     let perm = from.metadata().ctx("stat", src)?.permissions();
-    let mut to = OpenOptions::new().write(true).create_new(true).open(dst).ctx("create", dst)?;
+    let mut to = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .ctx("create", dst)?;
     let len = from.metadata().ctx("stat", src)?.len();
     to.set_len(len).ctx("set the size of", dst)?;
-    let len = i64::try_from(len).map_err(|_| StorageError::io("copy", src, io::Error::other("file too large")))?;
+    let len = i64::try_from(len)
+        .map_err(|_| StorageError::io("copy", src, io::Error::other("file too large")))?;
     let mut pos: i64 = 0;
     while pos < len {
         let start = match lseek(from.as_raw_fd(), pos, Whence::SeekData) {
@@ -74,10 +92,13 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
             Err(nix::errno::Errno::ENXIO) => break, // no data after pos
             Err(e) => return Err(StorageError::io("seek in", src, e.into())),
         };
-        let end = lseek(from.as_raw_fd(), start, Whence::SeekHole).map_err(|e| StorageError::io("seek in", src, e.into()))?;
-        from.seek(SeekFrom::Start(start as u64)).ctx("seek in", src)?;
+        let end = lseek(from.as_raw_fd(), start, Whence::SeekHole)
+            .map_err(|e| StorageError::io("seek in", src, e.into()))?;
+        from.seek(SeekFrom::Start(start as u64))
+            .ctx("seek in", src)?;
         to.seek(SeekFrom::Start(start as u64)).ctx("seek in", dst)?;
-        let n = io::copy(&mut (&mut from).take((end - start) as u64), &mut to).ctx("copy to", dst)?;
+        let n =
+            io::copy(&mut (&mut from).take((end - start) as u64), &mut to).ctx("copy to", dst)?;
         if n == 0 {
             break;
         }
@@ -91,10 +112,18 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
 /// Writes `data` to `path` atomically: a temporary file beside it, fsync, rename, fsync of the directory.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StorageError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", random_suffix()));
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).ctx("create", &tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .ctx("create", &tmp)?;
         f.write_all(data).ctx("write", &tmp)?;
         f.sync_all().ctx("sync", &tmp)?;
         std::fs::rename(&tmp, path).ctx("rename into place", path)?;
@@ -108,7 +137,10 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StorageError> {
 
 /// fsyncs a directory so a rename inside it survives a crash.
 pub fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir).ctx("open", dir)?.sync_all().ctx("sync", dir)
+    File::open(dir)
+        .ctx("open", dir)?
+        .sync_all()
+        .ctx("sync", dir)
 }
 
 /// Creates a directory and its parents.
@@ -120,7 +152,9 @@ pub(crate) fn create_dir_all(path: &Path) -> Result<(), StorageError> {
 pub(crate) fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
-    (0..8).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
+    (0..8)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// An exclusive `flock` on a lock file, held until dropped. Works between threads (each takes
@@ -134,10 +168,25 @@ pub struct FileLock {
 impl FileLock {
     /// Blocks until the exclusive lock on `path` (created if missing) is ours.
     pub fn exclusive(path: &Path) -> Result<FileLock, StorageError> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).open(path).ctx("open lock file", path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+            .ctx("open lock file", path)?;
         loop {
-            match Flock::lock(file.try_clone().ctx("open lock file", path)?, FlockArg::LockExclusive) {
-                Ok(lock) => return Ok(FileLock { _lock: lock, path: path.to_owned() }),
+            match Flock::lock(
+                file.try_clone().ctx("open lock file", path)?,
+                FlockArg::LockExclusive,
+            ) {
+                Ok(lock) => {
+                    return Ok(FileLock {
+                        _lock: lock,
+                        path: path.to_owned(),
+                    })
+                }
                 Err((_, nix::errno::Errno::EINTR)) => continue,
                 Err((_, e)) => return Err(StorageError::io("lock", path, e.into())),
             }
@@ -167,7 +216,10 @@ mod tests {
         copy_sparse(&src, &dst).unwrap();
         assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
         use std::os::unix::fs::MetadataExt;
-        assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 1 << 20, "holes were filled");
+        assert!(
+            std::fs::metadata(&dst).unwrap().blocks() * 512 < 1 << 20,
+            "holes were filled"
+        );
     }
 
     #[test]

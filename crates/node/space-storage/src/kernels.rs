@@ -61,7 +61,9 @@ pub struct KernelStore {
 impl KernelStore {
     /// A kernel store in `dir` (usually `<store root>/kernels`).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        KernelStore { cas: CasDir::new(dir) }
+        KernelStore {
+            cas: CasDir::new(dir),
+        }
     }
 
     /// Its directory.
@@ -93,7 +95,12 @@ impl KernelStore {
 
     /// All built bundles, by digest.
     pub fn list(&self) -> Result<Vec<KernelBundleInfo>, StorageError> {
-        Ok(self.cas.list()?.into_iter().map(|m| self.with_paths(m)).collect())
+        Ok(self
+            .cas
+            .list()?
+            .into_iter()
+            .map(|m| self.with_paths(m))
+            .collect())
     }
 
     /// Returns bundle `digest`, building it first if needed (once, across threads and
@@ -104,16 +111,23 @@ impl KernelStore {
         digest: &str,
         build: impl FnOnce(&Path) -> Result<KernelMeta, E>,
     ) -> Result<KernelBundleInfo, E> {
-        let meta = self.cas.build_or_wait(digest, |staging| -> Result<KernelMeta, E> {
-            let meta = build(staging)?;
-            for f in [VMLINUZ_FILE, INITRAMFS_FILE] {
-                let p = staging.join(f);
-                if !p.is_file() {
-                    return Err(StorageError::io("find built file", &p, std::io::Error::from(std::io::ErrorKind::NotFound)).into());
+        let meta = self
+            .cas
+            .build_or_wait(digest, |staging| -> Result<KernelMeta, E> {
+                let meta = build(staging)?;
+                for f in [VMLINUZ_FILE, INITRAMFS_FILE] {
+                    let p = staging.join(f);
+                    if !p.is_file() {
+                        return Err(StorageError::io(
+                            "find built file",
+                            &p,
+                            std::io::Error::from(std::io::ErrorKind::NotFound),
+                        )
+                        .into());
+                    }
                 }
-            }
-            Ok(meta)
-        })?;
+                Ok(meta)
+            })?;
         Ok(self.with_paths(meta))
     }
 
@@ -123,7 +137,11 @@ impl KernelStore {
     }
 
     /// Copies bundle `digest` from another kernel store.
-    pub fn import(&self, from: &KernelStore, digest: &str) -> Result<KernelBundleInfo, StorageError> {
+    pub fn import(
+        &self,
+        from: &KernelStore,
+        digest: &str,
+    ) -> Result<KernelBundleInfo, StorageError> {
         Ok(self.with_paths(self.cas.import_from(&from.cas, digest)?))
     }
 }

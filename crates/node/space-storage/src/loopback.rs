@@ -25,7 +25,8 @@ pub(crate) fn ensure_image(image: &Path, size: u64) -> Result<bool, StorageError
     match OpenOptions::new().write(true).create_new(true).open(image) {
         Ok(f) => {
             // set_len on a new file only records the size: the image takes no space until written.
-            f.set_len(size.max(MIN_IMAGE_SIZE)).ctx("set the size of", image)?;
+            f.set_len(size.max(MIN_IMAGE_SIZE))
+                .ctx("set the size of", image)?;
             f.sync_all().ctx("sync", image)?;
             Ok(true)
         }
@@ -44,7 +45,8 @@ pub(crate) fn ensure_image(image: &Path, size: u64) -> Result<bool, StorageError
 pub(crate) fn has_btrfs(image: &Path) -> Result<bool, StorageError> {
     let mut f = File::open(image).ctx("open", image)?;
     let mut magic = [0u8; 8];
-    f.seek(SeekFrom::Start(BTRFS_MAGIC_OFFSET)).ctx("seek in", image)?;
+    f.seek(SeekFrom::Start(BTRFS_MAGIC_OFFSET))
+        .ctx("seek in", image)?;
     match f.read_exact(&mut magic) {
         Ok(()) => Ok(&magic == BTRFS_MAGIC),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
@@ -55,13 +57,21 @@ pub(crate) fn has_btrfs(image: &Path) -> Result<bool, StorageError> {
 /// Formats `image` as btrfs. Without `-f`, mkfs.btrfs refuses to overwrite any filesystem it
 /// recognises, so an image that holds something else is never destroyed.
 pub(crate) fn format(image: &Path) -> Result<(), StorageError> {
-    cmd::run(Command::new("mkfs.btrfs").arg("-q").arg("-L").arg("space-store").arg(image))?;
+    cmd::run(
+        Command::new("mkfs.btrfs")
+            .arg("-q")
+            .arg("-L")
+            .arg("space-store")
+            .arg(image),
+    )?;
     Ok(())
 }
 
 /// Loop devices (e.g. `/dev/loop3`) whose backing file is `image` (a canonical path).
 pub(crate) fn loop_devices_for(image: &Path) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
     let mut devs: Vec<String> = dir
         .flatten()
         .filter_map(|e| {
@@ -85,14 +95,21 @@ pub(crate) fn detach(loop_device: &str) -> Result<(), StorageError> {
 
 /// Loop-mounts `image` (btrfs) at `mount_point`. Returns the loop device.
 pub(crate) fn mount(image: &Path, mount_point: &Path) -> Result<String, StorageError> {
-    cmd::run(Command::new("mount").args(["-t", "btrfs", "-o", "loop,noatime"]).arg(image).arg(mount_point))?;
+    cmd::run(
+        Command::new("mount")
+            .args(["-t", "btrfs", "-o", "loop,noatime"])
+            .arg(image)
+            .arg(mount_point),
+    )?;
     let mounts = mountinfo::read()?;
     match mountinfo::mount_at(&mounts, mount_point) {
         Some(m) if m.fstype == "btrfs" => Ok(m.source.clone()),
         _ => Err(StorageError::io(
             "find the new mount at",
             mount_point,
-            std::io::Error::other("mount succeeded but the mount does not appear in /proc/self/mountinfo"),
+            std::io::Error::other(
+                "mount succeeded but the mount does not appear in /proc/self/mountinfo",
+            ),
         )),
     }
 }
@@ -111,7 +128,11 @@ pub(crate) fn unmount(image: &Path, mount_point: &Path) -> Result<(), StorageErr
         }
         match nix::mount::umount2(mount_point, nix::mount::MntFlags::empty()) {
             Ok(()) => {}
-            Err(nix::errno::Errno::EBUSY) => return Err(StorageError::Busy { mount_point: mount_point.to_owned() }),
+            Err(nix::errno::Errno::EBUSY) => {
+                return Err(StorageError::Busy {
+                    mount_point: mount_point.to_owned(),
+                })
+            }
             Err(e) => return Err(StorageError::io("unmount", mount_point, e.into())),
         }
         tracing::info!(mount_point = %mount_point.display(), loop_device = %m.source, "unmounted store");
@@ -127,7 +148,11 @@ pub(crate) fn unmount(image: &Path, mount_point: &Path) -> Result<(), StorageErr
             for dev in devs {
                 // Still mounted elsewhere? Then it is not ours to detach.
                 if let Some(m) = mountinfo::read()?.into_iter().find(|m| m.source == dev) {
-                    return Err(StorageError::ImageInUse { image: image.to_owned(), loop_device: dev, mounted_at: m.mount_point });
+                    return Err(StorageError::ImageInUse {
+                        image: image.to_owned(),
+                        loop_device: dev,
+                        mounted_at: m.mount_point,
+                    });
                 }
                 detach(&dev)?;
                 tracing::info!(loop_device = %dev, "detached loop device");
@@ -149,11 +174,14 @@ pub(crate) fn detach_stale(image: &Path) -> Result<(), StorageError> {
     let mounts = mountinfo::read()?;
     for dev in devs {
         if let Some(m) = mounts.iter().find(|m| m.source == dev) {
-            return Err(StorageError::ImageInUse { image: image.to_owned(), loop_device: dev, mounted_at: m.mount_point.clone() });
+            return Err(StorageError::ImageInUse {
+                image: image.to_owned(),
+                loop_device: dev,
+                mounted_at: m.mount_point.clone(),
+            });
         }
         tracing::warn!(loop_device = %dev, image = %image.display(), "detaching stale loop device");
         detach(&dev)?;
     }
     Ok(())
 }
-

@@ -43,8 +43,15 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let v = (bytes[i + 1] - b'0') as u32 * 64 + (bytes[i + 2] - b'0') as u32 * 8 + (bytes[i + 3] - b'0') as u32;
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') as u32 * 64
+                + (bytes[i + 2] - b'0') as u32 * 8
+                + (bytes[i + 3] - b'0') as u32;
             if let Ok(b) = u8::try_from(v) {
                 out.push(b);
                 i += 4;
@@ -64,8 +71,11 @@ pub fn mount_at<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<&'a MountEn
 
 /// Mounts strictly below `path`, deepest first (the order to unmount them in).
 pub fn mounts_below(mounts: &[MountEntry], path: &Path) -> Vec<PathBuf> {
-    let mut below: Vec<PathBuf> =
-        mounts.iter().filter(|m| m.mount_point != path && m.mount_point.starts_with(path)).map(|m| m.mount_point.clone()).collect();
+    let mut below: Vec<PathBuf> = mounts
+        .iter()
+        .filter(|m| m.mount_point != path && m.mount_point.starts_with(path))
+        .map(|m| m.mount_point.clone())
+        .collect();
     below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     below.dedup();
     below
@@ -90,7 +100,10 @@ pub fn unmount_all_below(path: &Path) -> Result<(), StorageError> {
         }
     }
     if let Some(left) = mounts_below(&read()?, path).into_iter().next() {
-        return Err(StorageError::MountedBelow { path: path.to_owned(), mount: left });
+        return Err(StorageError::MountedBelow {
+            path: path.to_owned(),
+            mount: left,
+        });
     }
     Ok(())
 }
@@ -116,15 +129,26 @@ pub fn release_all_under(dir: &Path) {
     if let Ok(mounts) = read() {
         for m in mounts_below(&mounts, &dir) {
             eprintln!("guard: lazily unmounting leftover {}", m.display());
-            let _ = std::process::Command::new("umount").arg("-l").arg(&m).status();
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&m)
+                .status();
         }
     }
-    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
-        let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let backing =
+            std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
         if Path::new(backing.trim_end()).starts_with(&dir) {
             let dev = format!("/dev/{}", e.file_name().to_string_lossy());
             eprintln!("guard: detaching leftover {dev}");
-            let _ = std::process::Command::new("losetup").arg("-d").arg(&dev).status();
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(&dev)
+                .status();
         }
     }
 }
@@ -149,7 +173,10 @@ garbage line
         assert_eq!(m[1].mount_point, Path::new("/tmp/a b/store"));
         assert_eq!(m[1].fstype, "btrfs");
         assert_eq!(m[1].source, "/dev/loop3");
-        assert_eq!(mount_at(&m, Path::new("/tmp/a b/store")).map(|e| e.source.as_str()), Some("/dev/loop3"));
+        assert_eq!(
+            mount_at(&m, Path::new("/tmp/a b/store")).map(|e| e.source.as_str()),
+            Some("/dev/loop3")
+        );
         assert!(mount_at(&m, Path::new("/tmp/a b")).is_none());
     }
 
@@ -157,7 +184,13 @@ garbage line
     fn below_is_deepest_first_and_not_prefix_siblings() {
         let m = parse(SAMPLE);
         let below = mounts_below(&m, Path::new("/tmp/a b/store"));
-        assert_eq!(below, vec![PathBuf::from("/tmp/a b/store/x/y"), PathBuf::from("/tmp/a b/store/x")]);
+        assert_eq!(
+            below,
+            vec![
+                PathBuf::from("/tmp/a b/store/x/y"),
+                PathBuf::from("/tmp/a b/store/x")
+            ]
+        );
     }
 
     #[test]

@@ -52,7 +52,9 @@ impl Store {
         let root = data_dir.join("store");
         // Serialises open/unmount of one data directory between threads and processes.
         let _lock = FileLock::exclusive(&data_dir.join("store.lock"))?;
-        let backing = if fsops::is_btrfs(&data_dir)? && mountinfo::mount_at(&mountinfo::read()?, &root).is_none() {
+        let backing = if fsops::is_btrfs(&data_dir)?
+            && mountinfo::mount_at(&mountinfo::read()?, &root).is_none()
+        {
             fsops::create_dir_all(&root)?;
             tracing::info!(root = %root.display(), "store on native btrfs");
             StoreBacking::Native
@@ -61,8 +63,16 @@ impl Store {
             let loop_device = Self::mount_loop(&image, &root, loop_size)?;
             StoreBacking::LoopImage { image, loop_device }
         };
-        let store = Store { data_dir, root, backing };
-        for dir in [store.sandboxes_root(), store.templates().dir().to_owned(), store.kernels().dir().to_owned()] {
+        let store = Store {
+            data_dir,
+            root,
+            backing,
+        };
+        for dir in [
+            store.sandboxes_root(),
+            store.templates().dir().to_owned(),
+            store.kernels().dir().to_owned(),
+        ] {
             fsops::create_dir_all(&dir)?;
         }
         Ok(store)
@@ -123,7 +133,9 @@ impl Store {
     /// Unmounts the store and detaches its loop device if it is loop-backed; a no-op for a
     /// native store. Fails with [`StorageError::Busy`] while anything uses it.
     pub fn unmount(&self) -> Result<(), StorageError> {
-        let StoreBacking::LoopImage { image, .. } = &self.backing else { return Ok(()) };
+        let StoreBacking::LoopImage { image, .. } = &self.backing else {
+            return Ok(());
+        };
         let _lock = FileLock::exclusive(&self.data_dir.join("store.lock"))?;
         loopback::unmount(image, &self.root)
     }
@@ -141,7 +153,12 @@ impl Store {
     /// Creates the sandbox's root disk as a reflink of `template_image` (no data copied; the
     /// call fails rather than copy if the filesystem cannot reflink), then grows it sparsely
     /// to `disk_mib` MiB (never below the template image's size). Returns its path.
-    pub fn create_sandbox_disk(&self, id: &SandboxId, template_image: &Path, disk_mib: u32) -> Result<PathBuf, StorageError> {
+    pub fn create_sandbox_disk(
+        &self,
+        id: &SandboxId,
+        template_image: &Path,
+        disk_mib: u32,
+    ) -> Result<PathBuf, StorageError> {
         let dir = self.sandbox_dir(id);
         fsops::create_dir_all(&dir)?;
         let disk = dir.join(SANDBOX_DISK_FILE);
@@ -149,10 +166,16 @@ impl Store {
             return Err(StorageError::DiskExists(disk));
         }
         // Clone under a temporary name so a crash never leaves a half-sized disk under the real one.
-        let tmp = dir.join(format!(".{SANDBOX_DISK_FILE}.tmp-{}", fsops::random_suffix()));
+        let tmp = dir.join(format!(
+            ".{SANDBOX_DISK_FILE}.tmp-{}",
+            fsops::random_suffix()
+        ));
         let result = (|| {
             fsops::reflink(template_image, &tmp)?;
-            let f = std::fs::OpenOptions::new().write(true).open(&tmp).ctx("open", &tmp)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tmp)
+                .ctx("open", &tmp)?;
             let len = f.metadata().ctx("stat", &tmp)?.len();
             let want = u64::from(disk_mib) * MIB;
             if want > len {

@@ -42,7 +42,9 @@ impl TemplateStore {
     /// A template store in `dir` (usually `<store root>/templates`; any directory works, e.g.
     /// a build cache shared between stores).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        TemplateStore { cas: CasDir::new(dir) }
+        TemplateStore {
+            cas: CasDir::new(dir),
+        }
     }
 
     /// Its directory.
@@ -93,7 +95,11 @@ impl TemplateStore {
         };
         let mut names: Vec<String> = Vec::new();
         for e in entries {
-            let name = e.ctx("list", &dir)?.file_name().to_string_lossy().into_owned();
+            let name = e
+                .ctx("list", &dir)?
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
             if validate_template_name(&name) {
                 names.push(name);
             }
@@ -103,7 +109,9 @@ impl TemplateStore {
         for name in names {
             match self.get(&name)? {
                 Some(t) => out.push(t),
-                None => tracing::warn!(name, "template name points at a missing template; skipping"),
+                None => {
+                    tracing::warn!(name, "template name points at a missing template; skipping")
+                }
             }
         }
         Ok(out)
@@ -111,7 +119,9 @@ impl TemplateStore {
 
     /// The template `name` points at, if any. Its `name` field is `name`.
     pub fn get(&self, name: &str) -> Result<Option<TemplateInfo>, StorageError> {
-        let Some(digest) = self.name_digest(name)? else { return Ok(None) };
+        let Some(digest) = self.name_digest(name)? else {
+            return Ok(None);
+        };
         Ok(self.cas.get(&digest)?.map(|mut t| {
             t.name = name.to_owned();
             t
@@ -131,7 +141,9 @@ impl TemplateStore {
     /// Removes the name `name`, and the template it pointed at unless another name still
     /// points there. Returns whether the name existed. Sandbox disks are unaffected.
     pub fn remove(&self, name: &str) -> Result<bool, StorageError> {
-        let Some(digest) = self.name_digest(name)? else { return Ok(false) };
+        let Some(digest) = self.name_digest(name)? else {
+            return Ok(false);
+        };
         let path = self.names_dir().join(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -149,7 +161,9 @@ impl TemplateStore {
 
     fn named_digests(&self) -> Result<Vec<String>, StorageError> {
         let dir = self.names_dir();
-        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(Vec::new()) };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(Vec::new());
+        };
         let mut out = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -174,14 +188,21 @@ impl TemplateStore {
         build: impl FnOnce(&Path) -> Result<TemplateInfo, E>,
     ) -> Result<TemplateInfo, E> {
         check_name(name)?;
-        let mut info = self.cas.build_or_wait(digest, |staging| -> Result<TemplateInfo, E> {
-            let info = build(staging)?;
-            let image = staging.join(IMAGE_FILE);
-            if !image.is_file() {
-                return Err(StorageError::io("find built image", &image, std::io::Error::from(std::io::ErrorKind::NotFound)).into());
-            }
-            Ok(info)
-        })?;
+        let mut info = self
+            .cas
+            .build_or_wait(digest, |staging| -> Result<TemplateInfo, E> {
+                let info = build(staging)?;
+                let image = staging.join(IMAGE_FILE);
+                if !image.is_file() {
+                    return Err(StorageError::io(
+                        "find built image",
+                        &image,
+                        std::io::Error::from(std::io::ErrorKind::NotFound),
+                    )
+                    .into());
+                }
+                Ok(info)
+            })?;
         self.set_name(name, digest)?;
         info.name = name.to_owned();
         Ok(info)
@@ -190,19 +211,26 @@ impl TemplateStore {
     /// Sets the kernel bundle a template boots with (templates are keyed by their rootfs
     /// recipe, so a rebuilt kernel bundle — e.g. a new `spaced` — is bound without
     /// rebuilding the image).
-    pub fn set_kernel_digest(&self, digest: &str, kernel_digest: &str) -> Result<TemplateInfo, StorageError> {
+    pub fn set_kernel_digest(
+        &self,
+        digest: &str,
+        kernel_digest: &str,
+    ) -> Result<TemplateInfo, StorageError> {
         validate_digest(kernel_digest)?;
-        self.cas.update_meta(digest, |t| t.kernel_digest = kernel_digest.to_owned())
+        self.cas
+            .update_meta(digest, |t| t.kernel_digest = kernel_digest.to_owned())
     }
 
     /// Copies template `name` from another template store (reflinks on the same btrfs,
     /// sparse copy otherwise) and points `name` at it here.
     pub fn import(&self, from: &TemplateStore, name: &str) -> Result<TemplateInfo, StorageError> {
-        let digest = from.name_digest(name)?.ok_or_else(|| StorageError::NotFound {
-            what: "template",
-            name: name.to_owned(),
-            dir: from.dir().to_owned(),
-        })?;
+        let digest = from
+            .name_digest(name)?
+            .ok_or_else(|| StorageError::NotFound {
+                what: "template",
+                name: name.to_owned(),
+                dir: from.dir().to_owned(),
+            })?;
         let mut info = self.cas.import_from(&from.cas, &digest)?;
         self.set_name(name, &digest)?;
         info.name = name.to_owned();
@@ -252,7 +280,12 @@ mod tests {
         let names: Vec<String> = ts.list().unwrap().into_iter().map(|t| t.name).collect();
         assert_eq!(names, ["t", "u"]);
         assert!(ts.lookup_digest(d1).unwrap().is_some());
-        assert_eq!(ts.set_kernel_digest(d2, "bbbbbbbbbbbbbbbb").unwrap().kernel_digest, "bbbbbbbbbbbbbbbb");
+        assert_eq!(
+            ts.set_kernel_digest(d2, "bbbbbbbbbbbbbbbb")
+                .unwrap()
+                .kernel_digest,
+            "bbbbbbbbbbbbbbbb"
+        );
         // Removing one of two names keeps the image; removing the last deletes it.
         assert!(ts.remove("t").unwrap());
         assert!(ts.lookup_digest(d2).unwrap().is_some());
@@ -266,7 +299,9 @@ mod tests {
     fn build_without_image_fails() {
         let dir = tempfile::tempdir().unwrap();
         let ts = TemplateStore::new(dir.path());
-        let r = ts.build_or_wait("t", "1111111111111111", |_| Ok::<_, StorageError>(info("t", "1111111111111111")));
+        let r = ts.build_or_wait("t", "1111111111111111", |_| {
+            Ok::<_, StorageError>(info("t", "1111111111111111"))
+        });
         assert!(r.is_err());
         assert!(ts.get("t").unwrap().is_none());
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use space_core::template::TemplateInfo;
 use space_core::{Resources, SandboxId};
-use space_storage::{mountinfo, Store, StoreBacking, StorageError, IMAGE_FILE};
+use space_storage::{mountinfo, StorageError, Store, StoreBacking, IMAGE_FILE};
 
 const LOOP_SIZE: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -24,7 +24,10 @@ struct Guard {
 
 impl Guard {
     fn new() -> Guard {
-        Guard { stores: Vec::new(), dir: tempfile::tempdir().unwrap() }
+        Guard {
+            stores: Vec::new(),
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     fn open(&mut self, sub: &str) -> Store {
@@ -45,11 +48,17 @@ impl Drop for Guard {
     }
 }
 
-
 /// Loop devices attached to `image`, as `losetup -j` reports them.
 fn losetup_j(image: &Path) -> Vec<String> {
-    let out = Command::new("losetup").arg("-j").arg(image).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split(':').next().map(str::to_owned)).collect()
+    let out = Command::new("losetup")
+        .arg("-j")
+        .arg(image)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').next().map(str::to_owned))
+        .collect()
 }
 
 fn info(name: &str, digest: &str) -> TemplateInfo {
@@ -83,12 +92,29 @@ fn random_template(store: &Store, name: &str, digest: &str, mib: u64) -> PathBuf
 
 /// (total, exclusive) bytes of a file per `btrfs filesystem du --raw`.
 fn btrfs_du(store: &Store, file: &Path) -> (u64, u64) {
-    assert!(Command::new("btrfs").args(["filesystem", "sync"]).arg(store.root()).status().unwrap().success());
-    let out = Command::new("btrfs").args(["filesystem", "du", "--raw"]).arg(file).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(Command::new("btrfs")
+        .args(["filesystem", "sync"])
+        .arg(store.root())
+        .status()
+        .unwrap()
+        .success());
+    let out = Command::new("btrfs")
+        .args(["filesystem", "du", "--raw"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let line = text.lines().nth(1).unwrap();
-    let cols: Vec<u64> = line.split_whitespace().take(2).map(|c| c.parse().unwrap()).collect();
+    let cols: Vec<u64> = line
+        .split_whitespace()
+        .take(2)
+        .map(|c| c.parse().unwrap())
+        .collect();
     (cols[0], cols[1])
 }
 
@@ -97,12 +123,18 @@ fn loop_store_lifecycle() {
     let mut g = Guard::new();
     let store = g.open("data");
     let StoreBacking::LoopImage { image, loop_device } = store.backing().clone() else {
-        panic!("/tmp is not btrfs here, expected a loop image, got {:?}", store.backing())
+        panic!(
+            "/tmp is not btrfs here, expected a loop image, got {:?}",
+            store.backing()
+        )
     };
     // Mounted btrfs from our loop device at the root; the image is sparse.
     let mounts = mountinfo::read().unwrap();
     let m = mountinfo::mount_at(&mounts, store.root()).expect("store root is a mount point");
-    assert_eq!((m.fstype.as_str(), m.source.as_str()), ("btrfs", loop_device.as_str()));
+    assert_eq!(
+        (m.fstype.as_str(), m.source.as_str()),
+        ("btrfs", loop_device.as_str())
+    );
     assert!(space_storage::is_btrfs(store.root()).unwrap());
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(&image).unwrap();
@@ -122,9 +154,19 @@ fn loop_store_lifecycle() {
     assert_eq!(disk, store.sandbox_dir(&id).join("rootfs.ext4"));
     assert_eq!(std::fs::metadata(&disk).unwrap().len(), 256 * MIB);
     let (total, exclusive) = btrfs_du(&store, &disk);
-    assert_eq!((total, exclusive), (64 * MIB, 0), "disk shares all its extents with the template");
-    assert_eq!(std::fs::read(&disk).unwrap()[..(64 * MIB) as usize], std::fs::read(&tpl).unwrap()[..]);
-    assert!(matches!(store.create_sandbox_disk(&id, &tpl, 256), Err(StorageError::DiskExists(_))));
+    assert_eq!(
+        (total, exclusive),
+        (64 * MIB, 0),
+        "disk shares all its extents with the template"
+    );
+    assert_eq!(
+        std::fs::read(&disk).unwrap()[..(64 * MIB) as usize],
+        std::fs::read(&tpl).unwrap()[..]
+    );
+    assert!(matches!(
+        store.create_sandbox_disk(&id, &tpl, 256),
+        Err(StorageError::DiskExists(_))
+    ));
     // Never smaller than the template.
     let id2 = SandboxId::generate();
     let disk2 = store.create_sandbox_disk(&id2, &tpl, 1).unwrap();
@@ -183,12 +225,18 @@ const CHILD_ENV: &str = "SPACE_STORAGE_TEST_CHILD_TEMPLATES";
 #[test]
 #[ignore]
 fn child_build() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let templates = space_storage::TemplateStore::new(dir.clone());
     templates
         .build_or_wait("proc", "fedcbafedcbafedcba", |staging| {
             // Record the build in a shared log; only one process may ever append.
-            let mut log = std::fs::OpenOptions::new().create(true).append(true).open(Path::new(&dir).join("builds.log")).unwrap();
+            let mut log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(Path::new(&dir).join("builds.log"))
+                .unwrap();
             writeln!(log, "{}", std::process::id()).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(500));
             std::fs::write(staging.join(IMAGE_FILE), b"img").unwrap();
@@ -217,7 +265,10 @@ fn two_processes_build_once() {
     }
     let log = std::fs::read_to_string(dir.join("builds.log")).unwrap();
     assert_eq!(log.lines().count(), 1, "built more than once: {log}");
-    assert_eq!(store.templates().get("proc").unwrap().unwrap().digest, "fedcbafedcbafedcba");
+    assert_eq!(
+        store.templates().get("proc").unwrap().unwrap().digest,
+        "fedcbafedcbafedcba"
+    );
 }
 
 #[test]
@@ -236,13 +287,24 @@ fn native_store_and_cross_store_rules() {
     // Another loop store is another filesystem: a disk cannot be a reflink of it, and the
     // store says so instead of copying.
     let other = g.open("other");
-    let err = other.create_sandbox_disk(&SandboxId::generate(), &tpl, 16).unwrap_err();
+    let err = other
+        .create_sandbox_disk(&SandboxId::generate(), &tpl, 16)
+        .unwrap_err();
     assert!(matches!(err, StorageError::Reflink { .. }), "{err}");
     assert!(err.to_string().contains("same btrfs"), "{err}");
     // Templates can still be shared between them, by copy.
     let imported = other.templates().import(&native.templates(), "n").unwrap();
-    assert_eq!(std::fs::read(other.templates().image_path(&imported)).unwrap(), std::fs::read(&tpl).unwrap());
-    other.create_sandbox_disk(&SandboxId::generate(), &other.templates().image_path(&imported), 16).unwrap();
+    assert_eq!(
+        std::fs::read(other.templates().image_path(&imported)).unwrap(),
+        std::fs::read(&tpl).unwrap()
+    );
+    other
+        .create_sandbox_disk(
+            &SandboxId::generate(),
+            &other.templates().image_path(&imported),
+            16,
+        )
+        .unwrap();
 }
 
 #[test]
@@ -262,8 +324,16 @@ fn concurrent_opens_share_one_mount() {
     for s in &stores[1..] {
         assert_eq!(s.backing(), stores[0].backing());
     }
-    let StoreBacking::LoopImage { image, .. } = stores[0].backing() else { panic!("expected a loop store") };
+    let StoreBacking::LoopImage { image, .. } = stores[0].backing() else {
+        panic!("expected a loop store")
+    };
     assert_eq!(losetup_j(image).len(), 1);
     let mounts = mountinfo::read().unwrap();
-    assert_eq!(mounts.iter().filter(|m| m.mount_point == stores[0].root()).count(), 1);
+    assert_eq!(
+        mounts
+            .iter()
+            .filter(|m| m.mount_point == stores[0].root())
+            .count(),
+        1
+    );
 }

@@ -78,7 +78,9 @@ impl VmPaths {
             match std::fs::remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove stale VM file"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove stale VM file")
+                }
             }
         }
     }
@@ -108,7 +110,10 @@ pub fn validate_name(name: &str) -> Result<(), VmmError> {
 pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
     validate_name(&cfg.name)?;
     if cfg.vcpus == 0 || cfg.vcpus > 255 {
-        return Err(VmmError::InvalidConfig(format!("vcpus must be 1..=255, got {}", cfg.vcpus)));
+        return Err(VmmError::InvalidConfig(format!(
+            "vcpus must be 1..=255, got {}",
+            cfg.vcpus
+        )));
     }
     if cfg.memory_mib < 16 {
         return Err(VmmError::InvalidConfig(format!(
@@ -117,7 +122,9 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
         )));
     }
     if cfg.tcg_tb_size_mib == Some(0) {
-        return Err(VmmError::InvalidConfig("tcg_tb_size_mib must be positive".into()));
+        return Err(VmmError::InvalidConfig(
+            "tcg_tb_size_mib must be positive".into(),
+        ));
     }
     if cfg.cmdline.len() > MAX_KERNEL_CMDLINE_LEN || cfg.cmdline.contains('\0') {
         return Err(VmmError::InvalidConfig(format!(

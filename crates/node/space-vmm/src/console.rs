@@ -33,7 +33,11 @@ pub(crate) struct RotatingLog {
 impl RotatingLog {
     /// Opens (appending to) `path`, creating it if needed.
     pub(crate) async fn open(path: &Path, max: u64) -> io::Result<Self> {
-        let file = OpenOptions::new().create(true).append(true).open(path).await?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .await?;
         let len = file.metadata().await?.len();
         Ok(RotatingLog {
             path: path.to_path_buf(),

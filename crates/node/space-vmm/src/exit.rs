@@ -37,7 +37,11 @@ impl From<std::process::ExitStatus> for ProcessEnd {
 /// One line saying why the VM stopped. A guest-initiated SHUTDOWN explains a clean exit better
 /// than "status 0"; an abnormal exit status is always reported. `sigkilled_by_us`: our kill()
 /// had to fall back to SIGKILL.
-pub(crate) fn exit_reason(shutdown: Option<&ShutdownSeen>, end: ProcessEnd, sigkilled_by_us: bool) -> String {
+pub(crate) fn exit_reason(
+    shutdown: Option<&ShutdownSeen>,
+    end: ProcessEnd,
+    sigkilled_by_us: bool,
+) -> String {
     let by_event = shutdown.map(|s| match s.reason.as_str() {
         "guest-shutdown" => "guest powered off".to_owned(),
         // -no-reboot turns a guest reboot into an exit.
@@ -103,7 +107,10 @@ mod tests {
             r(Some(&seen("guest-shutdown", true)), ProcessEnd::Unknown),
             "guest powered off"
         );
-        assert_eq!(r(None, ProcessEnd::Signal(9)), "QEMU exited with signal 9 (SIGKILL)");
+        assert_eq!(
+            r(None, ProcessEnd::Signal(9)),
+            "QEMU exited with signal 9 (SIGKILL)"
+        );
         assert_eq!(r(None, ProcessEnd::Code(1)), "QEMU exited with status 1");
         assert_eq!(
             r(Some(&seen("host-qmp-quit", false)), ProcessEnd::Code(0)),
@@ -114,7 +121,10 @@ mod tests {
             "guest panicked; QEMU exited with status 1"
         );
         assert!(r(None, ProcessEnd::Unknown).contains("unknown"));
-        assert_eq!(r(None, ProcessEnd::Signal(64)), "QEMU exited with signal 64");
+        assert_eq!(
+            r(None, ProcessEnd::Signal(64)),
+            "QEMU exited with signal 64"
+        );
         let killed = "QEMU killed with SIGKILL (it did not quit in time)";
         assert_eq!(exit_reason(None, ProcessEnd::Unknown, true), killed);
         assert_eq!(exit_reason(None, ProcessEnd::Signal(9), true), killed);

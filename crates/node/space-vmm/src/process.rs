@@ -120,7 +120,10 @@ mod tests {
 
     #[tokio::test]
     async fn waits_for_and_signals_a_real_process() {
-        let mut child = tokio::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = tokio::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let h = ProcHandle::open(child.id().unwrap()).unwrap();
         assert!(h.signal(libc::SIGKILL).unwrap());
         h.wait_exit().await;

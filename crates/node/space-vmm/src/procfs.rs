@@ -44,7 +44,9 @@ pub(crate) enum CmdlineMismatch {
 impl std::fmt::Display for CmdlineMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CmdlineMismatch::Empty => f.write_str("process has no command line (zombie or kernel thread)"),
+            CmdlineMismatch::Empty => {
+                f.write_str("process has no command line (zombie or kernel thread)")
+            }
             CmdlineMismatch::NotQemu(argv0) => write!(f, "process is {argv0:?}, not qemu-system-*"),
             CmdlineMismatch::NoName => f.write_str("QEMU command line has no -name"),
             CmdlineMismatch::OtherName(other) => write!(f, "QEMU runs VM {other:?}"),
@@ -91,7 +93,10 @@ fn name_from_name_option(value: &str) -> &str {
 
 /// Reads /proc/<pid>/cmdline and checks it (see [`check_cmdline`]).
 pub(crate) fn verify_our_qemu(pid: u32, name: &str) -> io::Result<Result<(), CmdlineMismatch>> {
-    let raw = read_bounded(Path::new(&format!("/proc/{pid}/cmdline")), MAX_CMDLINE_BYTES)?;
+    let raw = read_bounded(
+        Path::new(&format!("/proc/{pid}/cmdline")),
+        MAX_CMDLINE_BYTES,
+    )?;
     Ok(check_cmdline(&raw, name))
 }
 
@@ -149,18 +154,33 @@ mod tests {
 
     #[test]
     fn cmdline_matching() {
-        let ours = raw(&["/usr/bin/qemu-system-x86_64", "-name", "sbx-1,debug-threads=off", "-S"]);
+        let ours = raw(&[
+            "/usr/bin/qemu-system-x86_64",
+            "-name",
+            "sbx-1,debug-threads=off",
+            "-S",
+        ]);
         assert_eq!(check_cmdline(&ours, "sbx-1"), Ok(()));
         assert_eq!(
             check_cmdline(&ours, "sbx-2"),
             Err(CmdlineMismatch::OtherName("sbx-1".into()))
         );
-        let guest_form = raw(&["qemu-system-x86_64", "-name", "guest=sbx-1,debug-threads=on"]);
+        let guest_form = raw(&[
+            "qemu-system-x86_64",
+            "-name",
+            "guest=sbx-1,debug-threads=on",
+        ]);
         assert_eq!(check_cmdline(&guest_form, "sbx-1"), Ok(()));
         let other = raw(&["/bin/sleep", "-name", "sbx-1"]);
-        assert!(matches!(check_cmdline(&other, "sbx-1"), Err(CmdlineMismatch::NotQemu(_))));
+        assert!(matches!(
+            check_cmdline(&other, "sbx-1"),
+            Err(CmdlineMismatch::NotQemu(_))
+        ));
         let unnamed = raw(&["qemu-system-x86_64", "-m", "256"]);
-        assert_eq!(check_cmdline(&unnamed, "sbx-1"), Err(CmdlineMismatch::NoName));
+        assert_eq!(
+            check_cmdline(&unnamed, "sbx-1"),
+            Err(CmdlineMismatch::NoName)
+        );
         assert_eq!(check_cmdline(b"", "sbx-1"), Err(CmdlineMismatch::Empty));
         // A prefix of our name is not our name.
         let prefix = raw(&["qemu-system-x86_64", "-name", "sbx-10,debug-threads=off"]);

@@ -129,9 +129,9 @@ impl Vmm for QemuVmm {
         };
 
         let child = self.spawn(cfg, &paths, tsc)?;
-        let pid = child
-            .id()
-            .ok_or_else(|| VmmError::StartFailed { detail: "QEMU exited at once".into() })?;
+        let pid = child.id().ok_or_else(|| VmmError::StartFailed {
+            detail: "QEMU exited at once".into(),
+        })?;
         // The child cannot be reaped before the reaper runs, so this pidfd is surely QEMU's.
         let proc = match ProcHandle::open(pid) {
             Ok(p) => Arc::new(p),
@@ -176,7 +176,11 @@ impl Vmm for QemuVmm {
                         tracing::warn!(vm = %cfg.name, pid, error = %kill_err, "cannot kill failed QEMU");
                     }
                 }
-                let _ = tokio::time::timeout(Duration::from_secs(10), status_rx.wait_for(Option::is_some)).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    status_rx.wait_for(Option::is_some),
+                )
+                .await;
                 paths.remove_runtime_files();
                 let tail = log_tail(&paths.vmm_log);
                 Err(if exited_by_itself || matches!(e, VmmError::Exited(_)) {
@@ -220,16 +224,24 @@ impl Vmm for QemuVmm {
         check_ours(pid, name)?;
 
         let deadline = Instant::now() + ADOPT_TIMEOUT;
-        let (qmp, events) = Qmp::connect(name, &paths.qmp, deadline, || procfs::is_alive(pid)).await?;
+        let (qmp, events) =
+            Qmp::connect(name, &paths.qmp, deadline, || procfs::is_alive(pid)).await?;
         let qmp_state = QmpState::new();
         let mut tasks = Tasks::default();
         tasks.push(
-            tokio::spawn(qmp_conn::run_events(name.to_owned(), events, qmp_state.clone())).abort_handle(),
+            tokio::spawn(qmp_conn::run_events(
+                name.to_owned(),
+                events,
+                qmp_state.clone(),
+            ))
+            .abort_handle(),
         );
         // Output the guest wrote while nobody was connected is lost; from now on it is kept.
         match attach_console(name, &paths).await {
             Ok(handle) => tasks.push(handle),
-            Err(e) => tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow"),
+            Err(e) => {
+                tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
+            }
         }
         tracing::info!(vm = %name, pid, "adopted running VM");
         Ok(Vm::new(
@@ -257,13 +269,20 @@ async fn start(
     let qmp_state = QmpState::new();
     let mut tasks = Tasks::default();
     tasks.push(
-        tokio::spawn(qmp_conn::run_events(cfg.name.clone(), events, qmp_state.clone())).abort_handle(),
+        tokio::spawn(qmp_conn::run_events(
+            cfg.name.clone(),
+            events,
+            qmp_state.clone(),
+        ))
+        .abort_handle(),
     );
     // QMP answering means QEMU has created all its sockets, including the console's.
     tasks.push(attach_console(&cfg.name, paths).await?);
     wait_console_attached(&qmp).await?;
     if !alive() {
-        return Err(VmmError::Exited("QEMU exited before the guest started".into()));
+        return Err(VmmError::Exited(
+            "QEMU exited before the guest started".into(),
+        ));
     }
     qmp.execute(qmp::cont {}).await?;
     let status = qmp.execute(qmp::query_status {}).await?;
@@ -280,9 +299,12 @@ async fn start(
 
 /// Connects to the console socket and starts copying it into console.log.
 async fn attach_console(name: &str, paths: &VmPaths) -> Result<tokio::task::AbortHandle, VmmError> {
-    let stream = UnixStream::connect(&paths.console)
-        .await
-        .map_err(|e| VmmError::io(format!("connect console socket {}", paths.console.display()), e))?;
+    let stream = UnixStream::connect(&paths.console).await.map_err(|e| {
+        VmmError::io(
+            format!("connect console socket {}", paths.console.display()),
+            e,
+        )
+    })?;
     let log = RotatingLog::open(&paths.console_log, CONSOLE_LOG_MAX_BYTES)
         .await
         .map_err(|e| VmmError::io(format!("open {}", paths.console_log.display()), e))?;
@@ -302,7 +324,9 @@ async fn wait_console_attached(qmp: &Qmp) -> Result<(), VmmError> {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            tracing::warn!("QEMU has not accepted the console connection; early console output may be lost");
+            tracing::warn!(
+                "QEMU has not accepted the console connection; early console output may be lost"
+            );
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

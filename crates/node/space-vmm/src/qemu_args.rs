@@ -27,7 +27,10 @@ pub(crate) const CONSOLE_CHARDEV: &str = "console";
 pub(crate) fn kernel_cmdline(cfg: &VmConfig, host_tsc_khz: Option<u64>) -> String {
     let mut cmdline = cfg.cmdline.trim().to_owned();
     if let (Accel::Tcg, Some(khz)) = (cfg.accel, host_tsc_khz) {
-        if !cmdline.split_whitespace().any(|w| w.starts_with("tsc_early_khz=")) {
+        if !cmdline
+            .split_whitespace()
+            .any(|w| w.starts_with("tsc_early_khz="))
+        {
             if !cmdline.is_empty() {
                 cmdline.push(' ');
             }
@@ -39,12 +42,18 @@ pub(crate) fn kernel_cmdline(cfg: &VmConfig, host_tsc_khz: Option<u64>) -> Strin
 
 /// Arguments after the binary name. The VM starts paused (`-S`): the caller attaches QMP and the
 /// console first and then sends `cont`, so no console output is lost.
-pub(crate) fn qemu_args(cfg: &VmConfig, paths: &VmPaths, host_tsc_khz: Option<u64>) -> Vec<OsString> {
+pub(crate) fn qemu_args(
+    cfg: &VmConfig,
+    paths: &VmPaths,
+    host_tsc_khz: Option<u64>,
+) -> Vec<OsString> {
     let mut a = Args::default();
-    a.flag("-name").arg(format!("{},debug-threads=off", cfg.name));
+    a.flag("-name")
+        .arg(format!("{},debug-threads=off", cfg.name));
     match cfg.accel {
         Accel::Tcg => {
-            a.flag("-M").arg("microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on");
+            a.flag("-M")
+                .arg("microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on");
             let accel = match cfg.tcg_tb_size_mib {
                 Some(mib) => format!("tcg,tb-size={mib}"),
                 None => "tcg".to_owned(),
@@ -53,7 +62,8 @@ pub(crate) fn qemu_args(cfg: &VmConfig, paths: &VmPaths, host_tsc_khz: Option<u6
             a.flag("-cpu").arg("max");
         }
         Accel::Kvm => {
-            a.flag("-M").arg("microvm,x-option-roms=off,isa-serial=on,rtc=on");
+            a.flag("-M")
+                .arg("microvm,x-option-roms=off,isa-serial=on,rtc=on");
             a.flag("-accel").arg("kvm");
             a.flag("-cpu").arg("host");
         }
@@ -71,7 +81,8 @@ pub(crate) fn qemu_args(cfg: &VmConfig, paths: &VmPaths, host_tsc_khz: Option<u6
     a.flag("-append").arg(kernel_cmdline(cfg, host_tsc_khz));
     a.flag("-pidfile").arg(paths.pidfile.as_os_str());
     // QMP on a chardev (not -qmp unix:…) so the path goes through the same escaping as the others.
-    a.flag("-chardev").arg(socket_chardev("qmp", paths.qmp.as_os_str()));
+    a.flag("-chardev")
+        .arg(socket_chardev("qmp", paths.qmp.as_os_str()));
     a.flag("-mon").arg("chardev=qmp,mode=control");
     a.flag("-chardev")
         .arg(socket_chardev(CONSOLE_CHARDEV, paths.console.as_os_str()));
@@ -82,9 +93,11 @@ pub(crate) fn qemu_args(cfg: &VmConfig, paths: &VmPaths, host_tsc_khz: Option<u6
     a.flag("-drive").arg(drive);
     a.flag("-device").arg("virtio-blk-device,drive=root");
     a.flag("-device").arg("virtio-serial-device");
-    a.flag("-chardev").arg(socket_chardev("channel", paths.channel.as_os_str()));
-    a.flag("-device")
-        .arg(format!("virtserialport,chardev=channel,name={AGENT_PORT_NAME}"));
+    a.flag("-chardev")
+        .arg(socket_chardev("channel", paths.channel.as_os_str()));
+    a.flag("-device").arg(format!(
+        "virtserialport,chardev=channel,name={AGENT_PORT_NAME}"
+    ));
     a.flag("-device").arg("virtio-rng-device");
     a.flag("-S");
     a.0
@@ -161,7 +174,9 @@ mod tests {
     }
 
     fn strings(args: &[OsString]) -> Vec<String> {
-        args.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
     }
 
     fn value_of<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
@@ -192,7 +207,9 @@ mod tests {
         );
         assert!(value_of(&args, "-chardev")
             .contains(&"socket,id=qmp,path=/run/sbx-1/qmp.sock,server=on,wait=off"));
-        assert!(value_of(&args, "-device").contains(&"virtserialport,chardev=channel,name=space.agent"));
+        assert!(
+            value_of(&args, "-device").contains(&"virtserialport,chardev=channel,name=space.agent")
+        );
         assert_eq!(value_of(&args, "-pidfile"), ["/run/sbx-1/vmm.pid"]);
         assert_eq!(args.last().map(String::as_str), Some("-S"));
     }
@@ -211,7 +228,10 @@ mod tests {
     fn explicit_tsc_khz_wins() {
         let mut c = cfg(Accel::Tcg);
         c.cmdline = "tsc_early_khz=1000 console=ttyS0".into();
-        assert_eq!(kernel_cmdline(&c, Some(5)), "tsc_early_khz=1000 console=ttyS0");
+        assert_eq!(
+            kernel_cmdline(&c, Some(5)),
+            "tsc_early_khz=1000 console=ttyS0"
+        );
         c.cmdline = String::new();
         assert_eq!(kernel_cmdline(&c, Some(5)), "tsc_early_khz=5");
         assert_eq!(kernel_cmdline(&c, None), "");

@@ -90,9 +90,16 @@ impl Qmp {
         let stream = loop {
             match UnixStream::connect(path).await {
                 Ok(s) => break s,
-                Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
                     if !alive() {
-                        return Err(VmmError::Exited("QEMU exited before its QMP socket answered".into()));
+                        return Err(VmmError::Exited(
+                            "QEMU exited before its QMP socket answered".into(),
+                        ));
                     }
                     if Instant::now() >= deadline {
                         return Err(VmmError::Timeout(format!(
@@ -103,7 +110,10 @@ impl Qmp {
                     tokio::time::sleep(CONNECT_RETRY).await;
                 }
                 Err(e) => {
-                    return Err(VmmError::io(format!("connect to QMP socket {}", path.display()), e))
+                    return Err(VmmError::io(
+                        format!("connect to QMP socket {}", path.display()),
+                        e,
+                    ))
                 }
             }
         };

@@ -10,7 +10,9 @@ pub(crate) async fn host_tsc_khz() -> Option<u64> {
             let khz = tokio::task::spawn_blocking(measure).await.ok().flatten();
             match khz {
                 Some(khz) => tracing::info!(khz, "measured host TSC frequency for TCG guests"),
-                None => tracing::warn!("cannot measure host TSC frequency; TCG guests calibrate themselves"),
+                None => tracing::warn!(
+                    "cannot measure host TSC frequency; TCG guests calibrate themselves"
+                ),
             }
             khz
         })
@@ -58,7 +60,10 @@ fn khz_from(ticks: u64, ns: u128) -> Option<u64> {
 
 #[cfg(target_arch = "x86_64")]
 fn raw_ns() -> Option<u128> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we pass.
     if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_RAW, &mut ts) } != 0 {
         return None;

@@ -155,13 +155,21 @@ impl Vm {
     /// Pauses the vCPUs (QMP `stop`); memory stays resident.
     pub async fn pause(&self) -> Result<(), VmmError> {
         self.ensure_running()?;
-        self.qmp.execute(qmp::stop {}).await.map(drop).map_err(|e| self.explain(e))
+        self.qmp
+            .execute(qmp::stop {})
+            .await
+            .map(drop)
+            .map_err(|e| self.explain(e))
     }
 
     /// Resumes paused vCPUs (QMP `cont`).
     pub async fn resume(&self) -> Result<(), VmmError> {
         self.ensure_running()?;
-        self.qmp.execute(qmp::cont {}).await.map(drop).map_err(|e| self.explain(e))
+        self.qmp
+            .execute(qmp::cont {})
+            .await
+            .map(drop)
+            .map_err(|e| self.explain(e))
     }
 
     /// Resolves when the VMM process has exited, with how. Keep the `Vm` alive while waiting:
@@ -197,7 +205,10 @@ impl Vm {
             Ok(Err(e)) => tracing::debug!(vm = %self.name, error = %e, "QMP quit failed"),
             Err(_) => {}
         }
-        if tokio::time::timeout_at(deadline, self.wait_exited()).await.is_ok() {
+        if tokio::time::timeout_at(deadline, self.wait_exited())
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         tracing::warn!(vm = %self.name, pid = self.pid(), ?grace, "QEMU did not quit in time; sending SIGKILL");
@@ -259,7 +270,12 @@ async fn monitor(
 ) {
     let end = match source {
         ExitSource::Child(mut rx) => {
-            let reported = rx.wait_for(Option::is_some).await.map(|end| *end).ok().flatten();
+            let reported = rx
+                .wait_for(Option::is_some)
+                .await
+                .map(|end| *end)
+                .ok()
+                .flatten();
             match reported {
                 Some(end) => end,
                 None => {

@@ -46,7 +46,9 @@ fn cloud_kernel() -> PathBuf {
         })
         .collect();
     kernels.sort();
-    kernels.pop().expect("no /boot/vmlinuz-*-cloud-amd64 (install linux-image-cloud-amd64)")
+    kernels
+        .pop()
+        .expect("no /boot/vmlinuz-*-cloud-amd64 (install linux-image-cloud-amd64)")
 }
 
 /// A newc initramfs: /bin/busybox, /dev/console, /proc and the test /init.
@@ -66,11 +68,18 @@ fn write_initramfs(path: &Path) {
     out = entry(out, Builder::new("dev").mode(0o040755), b"");
     out = entry(
         out,
-        Builder::new("dev/console").mode(0o020600).rdev_major(5).rdev_minor(1),
+        Builder::new("dev/console")
+            .mode(0o020600)
+            .rdev_major(5)
+            .rdev_minor(1),
         b"",
     );
     out = entry(out, Builder::new("proc").mode(0o040755), b"");
-    out = entry(out, Builder::new("init").mode(0o100755), INIT_SCRIPT.as_bytes());
+    out = entry(
+        out,
+        Builder::new("init").mode(0o100755),
+        INIT_SCRIPT.as_bytes(),
+    );
     let mut out = trailer(out).unwrap();
     out.flush().unwrap();
 }
@@ -90,7 +99,10 @@ impl Fixture {
         let initrd = dir.path().join("initrd.cpio");
         write_initramfs(&initrd);
         let disk = dir.path().join("disk.raw");
-        std::fs::File::create(&disk).unwrap().set_len(16 << 20).unwrap();
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
         Fixture {
             kernel: cloud_kernel(),
             initrd,
@@ -196,9 +208,14 @@ async fn launch_console_status_kill() {
     let pid = vm.pid();
     let paths = vm.paths().clone();
     vm.kill(Duration::from_secs(10)).await.unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(10), vm.exited()).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), vm.exited())
+        .await
+        .unwrap();
     assert!(exit.reason.contains("QMP quit"), "{}", exit.reason);
-    assert!(!process_exists(pid), "QEMU pid {pid} still exists (zombie?)");
+    assert!(
+        !process_exists(pid),
+        "QEMU pid {pid} still exists (zombie?)"
+    );
     for f in [&paths.qmp, &paths.console, &paths.channel, &paths.pidfile] {
         assert!(!f.exists(), "{} left behind", f.display());
     }
@@ -273,7 +290,12 @@ async fn adopt_after_restart() {
     ]
     .join("\n");
     let out = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["launch_then_exit_process", "--exact", "--ignored", "--nocapture"])
+        .args([
+            "launch_then_exit_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, spec)
         .output()
         .await
@@ -294,7 +316,10 @@ async fn adopt_after_restart() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(process_exists(pid), "QEMU died with the process that launched it");
+    assert!(
+        process_exists(pid),
+        "QEMU died with the process that launched it"
+    );
 
     // A second launch in the same run dir must not steal the running VM's sockets.
     assert!(matches!(
@@ -333,7 +358,9 @@ async fn adopt_after_restart() {
     // A frozen QEMU cannot answer `quit`: kill must fall back to SIGKILL and still finish.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
     vm.kill(Duration::from_millis(500)).await.unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(10), vm.exited()).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(10), vm.exited())
+        .await
+        .unwrap();
     assert!(exit.reason.contains("SIGKILL"), "{}", exit.reason);
     // QEMU's parent is now init (or a subreaper), which reaps it.
     assert!(
@@ -360,7 +387,10 @@ async fn adopt_refuses_missing_dead_and_foreign_pids() {
     eprintln!("missing pidfile: {err}");
 
     std::fs::write(&pidfile, "garbage\n").unwrap();
-    assert!(matches!(vmm.adopt("sbx-x", &run_dir).await, Err(VmmError::NotRunning(_))));
+    assert!(matches!(
+        vmm.adopt("sbx-x", &run_dir).await,
+        Err(VmmError::NotRunning(_))
+    ));
 
     let mut dead = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = dead.id();
@@ -387,7 +417,9 @@ async fn start_failure_reports_qemu_output() {
     let err = QemuVmm::new().launch(&cfg).await.unwrap_err();
     eprintln!("bad kernel: {err}");
     match &err {
-        VmmError::StartFailed { detail } => assert!(!detail.contains("vmm.log is empty"), "{detail}"),
+        VmmError::StartFailed { detail } => {
+            assert!(!detail.contains("vmm.log is empty"), "{detail}")
+        }
         other => panic!("expected StartFailed, got {other:?}"),
     }
     assert!(!cfg.run_dir.join("qmp.sock").exists());

@@ -44,7 +44,10 @@ pub struct Ready {
 }
 
 fn is_token(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'+')
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'+')
 }
 
 fn is_nonce(s: &str) -> bool {
@@ -69,14 +72,20 @@ impl Hello {
         if !is_nonce(nonce) || parts.next().is_some() {
             return None;
         }
-        Some(Hello { version, nonce: nonce.to_owned() })
+        Some(Hello {
+            version,
+            nonce: nonce.to_owned(),
+        })
     }
 }
 
 impl Ready {
     /// The line to send, newline included.
     pub fn encode(&self) -> String {
-        format!("{READY} {} {} {} {}\n", self.version, self.nonce, self.boot_id, self.daemon_version)
+        format!(
+            "{READY} {} {} {} {}\n",
+            self.version, self.nonce, self.boot_id, self.daemon_version
+        )
     }
 
     /// Parses one line (without its newline). `None` if it is not a well-formed READY.
@@ -90,7 +99,11 @@ impl Ready {
         let nonce = parts.next()?;
         let boot_id = parts.next()?;
         let daemon_version = parts.next()?;
-        if !is_nonce(nonce) || !is_token(boot_id) || !is_token(daemon_version) || parts.next().is_some() {
+        if !is_nonce(nonce)
+            || !is_token(boot_id)
+            || !is_token(daemon_version)
+            || parts.next().is_some()
+        {
             return None;
         }
         Some(Ready {
@@ -113,15 +126,30 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let h = Hello { version: 1, nonce: "00ff".into() };
+        let h = Hello {
+            version: 1,
+            nonce: "00ff".into(),
+        };
         assert_eq!(Hello::parse(h.encode().trim_end().as_bytes()), Some(h));
-        let r = Ready { version: 1, nonce: "ab".into(), boot_id: "x1".into(), daemon_version: "0.1.0".into() };
+        let r = Ready {
+            version: 1,
+            nonce: "ab".into(),
+            boot_id: "x1".into(),
+            daemon_version: "0.1.0".into(),
+        };
         assert_eq!(Ready::parse(r.encode().trim_end().as_bytes()), Some(r));
     }
 
     #[test]
     fn rejects_garbage() {
-        for bad in [&b"SPACE-HELLO"[..], b"SPACE-HELLO x 00", b"SPACE-HELLO 1 zz", b"SPACE-HELLO 1 00 extra", b"\xff\xfe", b"PRI * HTTP/2.0"] {
+        for bad in [
+            &b"SPACE-HELLO"[..],
+            b"SPACE-HELLO x 00",
+            b"SPACE-HELLO 1 zz",
+            b"SPACE-HELLO 1 00 extra",
+            b"\xff\xfe",
+            b"PRI * HTTP/2.0",
+        ] {
             assert_eq!(Hello::parse(bad), None);
         }
         assert_eq!(Ready::parse(b"SPACE-READY 1 ab x y z"), None);

@@ -15,7 +15,12 @@ use crate::state::{AppState, RuntimeConfig, INITIAL_DEFAULT_USER};
 pub fn run(spec: ChannelSpec) -> ExitCode {
     let filter = EnvFilter::try_from_env("SPACED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Plain text: the console ends up in a log file on the host.
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(false)
+        .init();
 
     // SAFETY: umask, prctl and sigprocmask on a local empty set have no memory-safety
     // preconditions.
@@ -33,7 +38,10 @@ pub fn run(spec: ChannelSpec) -> ExitCode {
             tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper");
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
@@ -57,7 +65,10 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
         boot_id: hex::encode(rand::random::<[u8; 16]>()),
         started: Instant::now(),
         host_safe,
-        config: RwLock::new(RuntimeConfig { env: Default::default(), default_user: INITIAL_DEFAULT_USER.to_owned() }),
+        config: RwLock::new(RuntimeConfig {
+            env: Default::default(),
+            default_user: INITIAL_DEFAULT_USER.to_owned(),
+        }),
         processes: ProcessManager::new(reaper),
     });
     let chan = tokio::task::block_in_place(|| channel::open(&spec))?;

@@ -52,7 +52,9 @@ impl FromStr for ChannelSpec {
         }
         let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
         match kind {
-            "virtio-serial" if !rest.is_empty() && !rest.contains('/') => Ok(ChannelSpec::VirtioSerial(rest.to_owned())),
+            "virtio-serial" if !rest.is_empty() && !rest.contains('/') => {
+                Ok(ChannelSpec::VirtioSerial(rest.to_owned()))
+            }
             "vsock" => rest.parse().map(ChannelSpec::Vsock).map_err(|_| bad()),
             "unix" if !rest.is_empty() => Ok(ChannelSpec::Unix(PathBuf::from(rest))),
             _ => Err(bad()),
@@ -80,7 +82,9 @@ pub enum Channel {
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
     /// Auto-detection found neither channel.
-    #[error("no virtio-serial port named '{VIRTIO_SERIAL_PORT_NAME}' and vsock is unavailable ({0})")]
+    #[error(
+        "no virtio-serial port named '{VIRTIO_SERIAL_PORT_NAME}' and vsock is unavailable ({0})"
+    )]
     NotFound(io::Error),
     /// The named virtio-serial port does not exist.
     #[error("no virtio-serial port named '{0}' under /sys/class/virtio-ports")]
@@ -113,13 +117,22 @@ pub fn find_virtio_port(sys_dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 fn open_port(path: &Path) -> Result<OwnedFd, ChannelError> {
-    let err = |source| ChannelError::Open { what: path.display().to_string(), source };
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
+    let err = |source| ChannelError::Open {
+        what: path.display().to_string(),
+        source,
+    };
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
     // The device node appears in devtmpfs as the driver registers the port; give it a moment.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         // SAFETY: c is a valid NUL-terminated path.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
         if fd >= 0 {
             // SAFETY: fd was just returned by open and is owned by nobody else.
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -135,7 +148,13 @@ fn open_port(path: &Path) -> Result<OwnedFd, ChannelError> {
 /// Binds and listens on a vsock port (any CID).
 pub fn listen_vsock(port: u32) -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation.
-    let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_VSOCK,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -149,7 +168,11 @@ pub fn listen_vsock(port: u32) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
     // SAFETY: addr is a valid sockaddr_vm of the size given.
     let rc = unsafe {
-        libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_vm).cast(), std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t)
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t,
+        )
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -165,12 +188,16 @@ pub fn listen_vsock(port: u32) -> io::Result<OwnedFd> {
 pub fn open(spec: &ChannelSpec) -> Result<Channel, ChannelError> {
     match spec {
         ChannelSpec::VirtioSerial(name) => {
-            let path = find_virtio_port(Path::new(VIRTIO_PORTS), name).ok_or_else(|| ChannelError::NoPort(name.clone()))?;
+            let path = find_virtio_port(Path::new(VIRTIO_PORTS), name)
+                .ok_or_else(|| ChannelError::NoPort(name.clone()))?;
             let fd = open_port(&path)?;
             Ok(Channel::VirtioSerial { path, fd })
         }
         ChannelSpec::Vsock(port) => {
-            let fd = listen_vsock(*port).map_err(|source| ChannelError::Open { what: format!("vsock port {port}"), source })?;
+            let fd = listen_vsock(*port).map_err(|source| ChannelError::Open {
+                what: format!("vsock port {port}"),
+                source,
+            })?;
             Ok(Channel::Vsock(fd))
         }
         ChannelSpec::Unix(path) => {
@@ -179,8 +206,11 @@ pub fn open(spec: &ChannelSpec) -> Result<Channel, ChannelError> {
             if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
                 let _ = std::fs::remove_file(path);
             }
-            let listener = tokio::net::UnixListener::bind(path)
-                .map_err(|source| ChannelError::Open { what: path.display().to_string(), source })?;
+            let listener =
+                tokio::net::UnixListener::bind(path).map_err(|source| ChannelError::Open {
+                    what: path.display().to_string(),
+                    source,
+                })?;
             Ok(Channel::Unix(listener, path.clone()))
         }
         ChannelSpec::Auto => {
@@ -198,7 +228,9 @@ pub fn open(spec: &ChannelSpec) -> Result<Channel, ChannelError> {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            listen_vsock(VSOCK_PORT).map(Channel::Vsock).map_err(ChannelError::NotFound)
+            listen_vsock(VSOCK_PORT)
+                .map(Channel::Vsock)
+                .map_err(ChannelError::NotFound)
         }
     }
 }
@@ -210,9 +242,18 @@ mod tests {
     #[test]
     fn parses_specs() {
         assert_eq!("auto".parse::<ChannelSpec>().unwrap(), ChannelSpec::Auto);
-        assert_eq!("vsock:1024".parse::<ChannelSpec>().unwrap(), ChannelSpec::Vsock(1024));
-        assert_eq!("unix:/tmp/s".parse::<ChannelSpec>().unwrap(), ChannelSpec::Unix("/tmp/s".into()));
-        assert_eq!("virtio-serial:space.agent".parse::<ChannelSpec>().unwrap(), ChannelSpec::VirtioSerial("space.agent".into()));
+        assert_eq!(
+            "vsock:1024".parse::<ChannelSpec>().unwrap(),
+            ChannelSpec::Vsock(1024)
+        );
+        assert_eq!(
+            "unix:/tmp/s".parse::<ChannelSpec>().unwrap(),
+            ChannelSpec::Unix("/tmp/s".into())
+        );
+        assert_eq!(
+            "virtio-serial:space.agent".parse::<ChannelSpec>().unwrap(),
+            ChannelSpec::VirtioSerial("space.agent".into())
+        );
         for bad in ["", "vsock:x", "unix:", "virtio-serial:../x", "tcp:1"] {
             assert!(bad.parse::<ChannelSpec>().is_err(), "{bad}");
         }
@@ -225,7 +266,10 @@ mod tests {
             std::fs::create_dir(dir.path().join(d)).unwrap();
             std::fs::write(dir.path().join(d).join("name"), n).unwrap();
         }
-        assert_eq!(find_virtio_port(dir.path(), "space.agent"), Some(PathBuf::from("/dev/vport1p1")));
+        assert_eq!(
+            find_virtio_port(dir.path(), "space.agent"),
+            Some(PathBuf::from("/dev/vport1p1"))
+        );
         assert_eq!(find_virtio_port(dir.path(), "nope"), None);
     }
 }

@@ -37,7 +37,10 @@ impl ApiError {
 
     /// An OS error during `op` on `path`, mapped to the code a client can act on.
     pub fn io(op: &str, path: &Path, e: &io::Error) -> Self {
-        Self::new(code_for_io(e), format!("{op} {}: {}", path.display(), describe(e)))
+        Self::new(
+            code_for_io(e),
+            format!("{op} {}: {}", path.display(), describe(e)),
+        )
     }
 }
 
@@ -48,7 +51,9 @@ pub fn code_for_io(e: &io::Error) -> ErrorCode {
         Some(libc::EACCES | libc::EPERM | libc::EROFS) => ErrorCode::PermissionDenied,
         Some(libc::EEXIST) => ErrorCode::AlreadyExists,
         Some(libc::ENOTEMPTY | libc::EXDEV | libc::EBUSY | libc::ETXTBSY) => ErrorCode::Conflict,
-        Some(libc::EISDIR | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP | libc::EINVAL) => ErrorCode::InvalidPath,
+        Some(libc::EISDIR | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP | libc::EINVAL) => {
+            ErrorCode::InvalidPath
+        }
         Some(libc::ENOSPC | libc::EDQUOT) => ErrorCode::InsufficientCapacity,
         _ => ErrorCode::Internal,
     }
@@ -71,7 +76,8 @@ fn describe(e: &io::Error) -> String {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.0.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, Json(self.0)).into_response()
     }
 }
@@ -94,7 +100,14 @@ mod tests {
         assert_eq!(c(libc::EEXIST), ErrorCode::AlreadyExists);
         assert_eq!(c(libc::EISDIR), ErrorCode::InvalidPath);
         assert_eq!(c(libc::EIO), ErrorCode::Internal);
-        let e = ApiError::io("open", Path::new("/x"), &io::Error::from_raw_os_error(libc::ENOTDIR));
-        assert_eq!(e.0.message, "open /x: not a directory (a path component is a file)");
+        let e = ApiError::io(
+            "open",
+            Path::new("/x"),
+            &io::Error::from_raw_os_error(libc::ENOTDIR),
+        );
+        assert_eq!(
+            e.0.message,
+            "open /x: not a directory (a path component is a file)"
+        );
     }
 }

@@ -50,7 +50,10 @@ fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
         let cur_gid = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
         let cur_uid = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
         if cur_uid != uid || cur_gid != gid {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("cannot switch file-system ids to {uid}:{gid}")));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("cannot switch file-system ids to {uid}:{gid}"),
+            ));
         }
     }
     Ok(())
@@ -63,7 +66,9 @@ impl FsUserGuard {
             return Ok(FsUserGuard { saved_groups: None });
         }
         let saved = current_groups()?;
-        let guard = FsUserGuard { saved_groups: Some(saved) };
+        let guard = FsUserGuard {
+            saved_groups: Some(saved),
+        };
         set_thread_groups(&user.groups)?;
         set_fs_ids(user.uid, user.gid)?;
         Ok(guard)

@@ -35,7 +35,12 @@ pub struct Scanner {
 impl Scanner {
     /// A scanner that answers with this boot id and daemon version.
     pub fn new(boot_id: &str, daemon_version: &str) -> Self {
-        Scanner { buf: BytesMut::new(), answered: None, boot_id: boot_id.to_owned(), daemon_version: daemon_version.to_owned() }
+        Scanner {
+            buf: BytesMut::new(),
+            answered: None,
+            boot_id: boot_id.to_owned(),
+            daemon_version: daemon_version.to_owned(),
+        }
     }
 
     /// Forgets the answered HELLO (after garbage) but keeps buffered bytes for rescanning.
@@ -82,7 +87,12 @@ impl Scanner {
                 let line = self.buf.split_to(nl + 1);
                 match Hello::parse(&line[..nl]) {
                     // The host's retries of the HELLO we answered.
-                    Some(h) if Some(&h.nonce) == self.answered.as_ref() && h.version == PROTOCOL_VERSION => continue,
+                    Some(h)
+                        if Some(&h.nonce) == self.answered.as_ref()
+                            && h.version == PROTOCOL_VERSION =>
+                    {
+                        continue
+                    }
                     // A new host connection started over.
                     Some(h) => return self.answer(h),
                     None => return Step::Garbage,
@@ -112,7 +122,9 @@ fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.len() > hay.len() {
         return None;
     }
-    (0..=hay.len() - needle.len()).rev().find(|&i| &hay[i..i + needle.len()] == needle)
+    (0..=hay.len() - needle.len())
+        .rev()
+        .find(|&i| &hay[i..i + needle.len()] == needle)
 }
 
 #[cfg(test)]
@@ -129,10 +141,15 @@ mod tests {
         s.push(b"\x00\xffjunk\nmore junk SPACE-HELLO 1 zz\nxxSPACE-HELLO 1 ab");
         assert_eq!(s.next_step(), Step::NeedMore);
         s.push(b"cd\n");
-        assert_eq!(s.next_step(), Step::Reply("SPACE-READY 1 abcd b00t 0.1.0\n".into()));
+        assert_eq!(
+            s.next_step(),
+            Step::Reply("SPACE-READY 1 abcd b00t 0.1.0\n".into())
+        );
         // Retries of the same HELLO are dropped; the preface starts HTTP/2 with all bytes.
         s.push(b"SPACE-HELLO 1 abcd\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\nrest");
-        let Step::Start(b) = s.next_step() else { panic!() };
+        let Step::Start(b) = s.next_step() else {
+            panic!()
+        };
         assert_eq!(&b[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nrest");
     }
 
@@ -150,8 +167,14 @@ mod tests {
     fn new_nonce_is_answered_again_and_garbage_ends() {
         let mut s = scanner();
         s.push(b"SPACE-HELLO 1 01\nSPACE-HELLO 1 02\n");
-        assert_eq!(s.next_step(), Step::Reply("SPACE-READY 1 01 b00t 0.1.0\n".into()));
-        assert_eq!(s.next_step(), Step::Reply("SPACE-READY 1 02 b00t 0.1.0\n".into()));
+        assert_eq!(
+            s.next_step(),
+            Step::Reply("SPACE-READY 1 01 b00t 0.1.0\n".into())
+        );
+        assert_eq!(
+            s.next_step(),
+            Step::Reply("SPACE-READY 1 02 b00t 0.1.0\n".into())
+        );
         s.push(b"GET / HTTP/1.1\r\n");
         assert_eq!(s.next_step(), Step::Garbage);
         s.reset();
@@ -165,7 +188,10 @@ mod tests {
         assert_eq!(s.next_step(), Step::NeedMore);
         assert!(s.buf.len() < MAX_HANDSHAKE_LINE);
         s.push(b"SPACE-HELLO 9 ab\n");
-        assert_eq!(s.next_step(), Step::Reply("SPACE-REFUSED unsupported-version 1\n".into()));
+        assert_eq!(
+            s.next_step(),
+            Step::Reply("SPACE-REFUSED unsupported-version 1\n".into())
+        );
         s.push(&vec![b'x'; 1000]);
         assert_eq!(s.next_step(), Step::NeedMore);
     }

@@ -45,39 +45,83 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
     let rc = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), flags, d.as_ptr().cast()) };
     if rc < 0 {
-        console(&format!("spaced: mount {fstype} on {target}: {}", std::io::Error::last_os_error()));
+        console(&format!(
+            "spaced: mount {fstype} on {target}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
 }
 
 fn mounted_points() -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().filter_map(|l| l.split(' ').nth(4)).map(str::to_owned).collect()
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(str::to_owned)
+        .collect()
 }
 
 fn setup_mounts() {
     if !Path::new("/proc/self").exists() {
-        mount("proc", "/proc", "proc", libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV, "");
+        mount(
+            "proc",
+            "/proc",
+            "proc",
+            libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV,
+            "",
+        );
     }
     let have = mounted_points();
     let has = |p: &str| have.iter().any(|m| m == p);
     if !has("/sys") {
-        mount("sysfs", "/sys", "sysfs", libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV, "");
+        mount(
+            "sysfs",
+            "/sys",
+            "sysfs",
+            libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV,
+            "",
+        );
     }
     if !has("/dev") {
         mount("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755");
     }
     if !has("/dev/pts") {
-        let tty = crate::users::lookup_group("tty").map(|g| format!(",gid={g}")).unwrap_or_default();
-        mount("devpts", "/dev/pts", "devpts", libc::MS_NOSUID | libc::MS_NOEXEC, &format!("newinstance,ptmxmode=0666,mode=0620{tty}"));
+        let tty = crate::users::lookup_group("tty")
+            .map(|g| format!(",gid={g}"))
+            .unwrap_or_default();
+        mount(
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            &format!("newinstance,ptmxmode=0666,mode=0620{tty}"),
+        );
     }
     if !has("/dev/shm") {
-        mount("shm", "/dev/shm", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "mode=1777");
+        mount(
+            "shm",
+            "/dev/shm",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            "mode=1777",
+        );
     }
     if !has("/tmp") {
-        mount("tmpfs", "/tmp", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "mode=1777");
+        mount(
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            "mode=1777",
+        );
     }
     if !has("/sys/fs/cgroup") && Path::new("/sys/fs/cgroup").is_dir() {
-        mount("cgroup2", "/sys/fs/cgroup", "cgroup2", libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV, "");
+        mount(
+            "cgroup2",
+            "/sys/fs/cgroup",
+            "cgroup2",
+            libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV,
+            "",
+        );
     }
     // What udev would normally create.
     for (link, target) in [
@@ -99,7 +143,11 @@ fn ensure_stdio() {
     for fd in 0..3 {
         // SAFETY: F_GETFD only queries.
         if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            let path = if Path::new("/dev/console").exists() { c"/dev/console" } else { c"/dev/null" };
+            let path = if Path::new("/dev/console").exists() {
+                c"/dev/console"
+            } else {
+                c"/dev/null"
+            };
             // SAFETY: valid path; the new descriptor takes the lowest free number, i.e. fd.
             unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NOCTTY) };
         }
@@ -120,7 +168,10 @@ fn loopback_up() {
         if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr) == 0 {
             ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
             if libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr) < 0 {
-                console(&format!("spaced: cannot bring up lo: {}", std::io::Error::last_os_error()));
+                console(&format!(
+                    "spaced: cannot bring up lo: {}",
+                    std::io::Error::last_os_error()
+                ));
             }
         }
         libc::close(s);
@@ -171,12 +222,21 @@ fn power_off(reason: &str) -> ! {
         libc::kill(-1, libc::SIGKILL);
         reap(0);
         libc::sync();
-        libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REMOUNT | libc::MS_RDONLY, std::ptr::null());
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_RDONLY,
+            std::ptr::null(),
+        );
         libc::sync();
         libc::reboot(libc::RB_POWER_OFF);
     }
     // Only reached if reboot failed: PID 1 must not exit.
-    console(&format!("spaced: power off failed: {}", std::io::Error::last_os_error()));
+    console(&format!(
+        "spaced: power off failed: {}",
+        std::io::Error::last_os_error()
+    ));
     loop {
         // SAFETY: pause has no preconditions.
         unsafe { libc::pause() };
@@ -191,7 +251,9 @@ pub fn run(channel: &ChannelSpec) -> ExitCode {
         eprintln!("spaced init must run as PID 1 inside a sandbox VM");
         return ExitCode::FAILURE;
     }
-    std::panic::set_hook(Box::new(|info| power_off(&format!("spaced: init panicked: {info}; powering off"))));
+    std::panic::set_hook(Box::new(|info| {
+        power_off(&format!("spaced: init panicked: {info}; powering off"))
+    }));
     ensure_stdio();
     setup_mounts();
     // SAFETY: the name is valid for its length.
@@ -204,7 +266,15 @@ pub fn run(channel: &ChannelSpec) -> ExitCode {
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPWR, libc::SIGUSR1, libc::SIGUSR2] {
+        for sig in [
+            libc::SIGCHLD,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGPWR,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
             libc::sigaddset(&mut set, sig);
         }
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
@@ -212,9 +282,17 @@ pub fn run(channel: &ChannelSpec) -> ExitCode {
     };
 
     let exe = std::env::current_exe().unwrap_or_else(|_| FALLBACK_EXE.into());
-    let agent = match std::process::Command::new(&exe).arg("agent").arg("--channel").arg(channel.to_string()).spawn() {
+    let agent = match std::process::Command::new(&exe)
+        .arg("agent")
+        .arg("--channel")
+        .arg(channel.to_string())
+        .spawn()
+    {
         Ok(child) => child.id() as libc::pid_t,
-        Err(e) => power_off(&format!("spaced: cannot start agent ({}): {e}; powering off", exe.display())),
+        Err(e) => power_off(&format!(
+            "spaced: cannot start agent ({}): {e}; powering off",
+            exe.display()
+        )),
     };
 
     loop {
@@ -226,7 +304,10 @@ pub fn run(channel: &ChannelSpec) -> ExitCode {
         match sig {
             libc::SIGCHLD => {
                 if let Some(status) = reap(agent) {
-                    power_off(&format!("spaced: agent exited ({}); powering off", describe(status)));
+                    power_off(&format!(
+                        "spaced: agent exited ({}); powering off",
+                        describe(status)
+                    ));
                 }
             }
             libc::SIGTERM | libc::SIGINT | libc::SIGPWR => {

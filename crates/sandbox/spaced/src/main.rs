@@ -29,7 +29,11 @@ use clap::{Parser, Subcommand};
 use crate::channel::ChannelSpec;
 
 #[derive(Debug, Parser)]
-#[command(name = "spaced", version, about = "The space daemon inside every sandbox")]
+#[command(
+    name = "spaced",
+    version,
+    about = "The space daemon inside every sandbox"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

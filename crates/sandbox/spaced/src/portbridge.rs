@@ -47,7 +47,9 @@ fn clear_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: fcntl on our descriptor.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+    if flags < 0
+        || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -61,9 +63,17 @@ impl PortStream {
         let writer = std::fs::File::from(fd);
         let (in_tx, in_rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (out_tx, out_rx) = mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
-        std::thread::Builder::new().name("port-reader".into()).spawn(move || read_loop(reader, in_tx))?;
-        std::thread::Builder::new().name("port-writer".into()).spawn(move || write_loop(writer, out_rx))?;
-        Ok(PortStream { rx: in_rx, tx: PollSender::new(out_tx), pending: Bytes::new() })
+        std::thread::Builder::new()
+            .name("port-reader".into())
+            .spawn(move || read_loop(reader, in_tx))?;
+        std::thread::Builder::new()
+            .name("port-writer".into())
+            .spawn(move || write_loop(writer, out_rx))?;
+        Ok(PortStream {
+            rx: in_rx,
+            tx: PollSender::new(out_tx),
+            pending: Bytes::new(),
+        })
     }
 }
 
@@ -111,7 +121,11 @@ fn write_loop(mut port: std::fs::File, mut rx: mpsc::Receiver<Bytes>) {
 }
 
 impl AsyncRead for PortStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if self.pending.is_empty() {
             match ready!(self.rx.poll_recv(cx)) {
                 Some(Ok(Incoming::Data(d))) => self.pending = d,
@@ -128,11 +142,17 @@ impl AsyncRead for PortStream {
 }
 
 impl AsyncWrite for PortStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let broken = |_| io::Error::from(io::ErrorKind::BrokenPipe);
         ready!(self.tx.poll_reserve(cx)).map_err(broken)?;
         let n = buf.len().min(READ_CHUNK);
-        self.tx.send_item(Bytes::copy_from_slice(&buf[..n])).map_err(broken)?;
+        self.tx
+            .send_item(Bytes::copy_from_slice(&buf[..n]))
+            .map_err(broken)?;
         Poll::Ready(Ok(n))
     }
 

@@ -31,8 +31,16 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let octal = b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
-        let value = if octal { u32::from(b[i + 1] - b'0') * 64 + u32::from(b[i + 2] - b'0') * 8 + u32::from(b[i + 3] - b'0') } else { 256 };
+        let octal = b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
+        let value = if octal {
+            u32::from(b[i + 1] - b'0') * 64
+                + u32::from(b[i + 2] - b'0') * 8
+                + u32::from(b[i + 3] - b'0')
+        } else {
+            256
+        };
         if let Ok(byte) = u8::try_from(value) {
             out.push(byte);
             i += 4;
@@ -46,7 +54,11 @@ fn unescape(s: &str) -> String {
 
 /// The top-most mount at `mount_point` in `/proc/self/mountinfo` text.
 pub fn find_mount(mountinfo: &str, mount_point: &str) -> Option<MountEntry> {
-    mountinfo.lines().rev().filter_map(parse_line).find(|m| m.mount_point == mount_point)
+    mountinfo
+        .lines()
+        .rev()
+        .filter_map(parse_line)
+        .find(|m| m.mount_point == mount_point)
 }
 
 fn parse_line(line: &str) -> Option<MountEntry> {
@@ -120,26 +132,44 @@ fn device_bytes(m: &MountEntry) -> Result<u64, ResizeError> {
     // `/dev/root` and friends may have no node: sysfs knows the size in 512-byte sectors.
     let p = PathBuf::from(format!("/sys/dev/block/{}:{}/size", m.dev.0, m.dev.1));
     let text = std::fs::read_to_string(&p).map_err(io_step(format!("read {}", p.display())))?;
-    let sectors: u64 = text.trim().parse().map_err(|_| ResizeError::Io { step: format!("parse {}", p.display()), source: io::ErrorKind::InvalidData.into() })?;
+    let sectors: u64 = text.trim().parse().map_err(|_| ResizeError::Io {
+        step: format!("parse {}", p.display()),
+        source: io::ErrorKind::InvalidData.into(),
+    })?;
     Ok(sectors.saturating_mul(512))
 }
 
 /// Grows the ext4 file system mounted at `mount_point` to fill its device.
 pub fn grow(mount_point: &Path) -> Result<Resized, ResizeError> {
     let mp = mount_point.to_string_lossy().into_owned();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(io_step("read /proc/self/mountinfo"))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(io_step("read /proc/self/mountinfo"))?;
     let m = find_mount(&info, &mp).ok_or_else(|| ResizeError::NotMounted(mp.clone()))?;
     if m.fstype != "ext4" {
-        return Err(ResizeError::NotExt4 { mount_point: mp, fstype: m.fstype });
+        return Err(ResizeError::NotExt4 {
+            mount_point: mp,
+            fstype: m.fstype,
+        });
     }
     let bytes = device_bytes(&m)?;
-    let st = nix::sys::statvfs::statvfs(mount_point).map_err(|e| ResizeError::Io { step: "statvfs".into(), source: e.into() })?;
+    let st = nix::sys::statvfs::statvfs(mount_point).map_err(|e| ResizeError::Io {
+        step: "statvfs".into(),
+        source: e.into(),
+    })?;
     let block_size = st.block_size().max(1024);
     let blocks = bytes / block_size;
     let dir = File::open(mount_point).map_err(io_step(format!("open {mp}")))?;
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 (the new block count).
-    unsafe { ext4_resize_fs(dir.as_raw_fd(), &blocks) }.map_err(|e| ResizeError::Io { step: format!("EXT4_IOC_RESIZE_FS to {blocks} blocks"), source: e.into() })?;
-    Ok(Resized { device: m.source, device_bytes: bytes, block_size, blocks })
+    unsafe { ext4_resize_fs(dir.as_raw_fd(), &blocks) }.map_err(|e| ResizeError::Io {
+        step: format!("EXT4_IOC_RESIZE_FS to {blocks} blocks"),
+        source: e.into(),
+    })?;
+    Ok(Resized {
+        device: m.source,
+        device_bytes: bytes,
+        block_size,
+        blocks,
+    })
 }
 
 #[cfg(test)]
@@ -157,7 +187,15 @@ mod tests {
         let root = find_mount(INFO, "/").unwrap();
         assert_eq!(root.fstype, "overlay", "the last (top-most) mount wins");
         let first = parse_line(INFO.lines().next().unwrap()).unwrap();
-        assert_eq!(first, MountEntry { dev: (254, 0), mount_point: "/".into(), fstype: "ext4".into(), source: "/dev/vda".into() });
+        assert_eq!(
+            first,
+            MountEntry {
+                dev: (254, 0),
+                mount_point: "/".into(),
+                fstype: "ext4".into(),
+                source: "/dev/vda".into()
+            }
+        );
         assert!(find_mount(INFO, "/mnt/with space").is_some());
         assert!(find_mount(INFO, "/nope").is_none());
         assert_eq!(parse_line("garbage"), None);
@@ -176,9 +214,15 @@ mod tests {
         }
         // Online resize needs CAP_SYS_RESOURCE (bit 24), which some sandboxed hosts drop.
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| u64::from_str_radix(v.trim(), 16).unwrap()).unwrap();
+        let cap_eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap();
         if cap_eff & (1 << 24) == 0 {
-            eprintln!("skipping: no CAP_SYS_RESOURCE here (EXT4_IOC_RESIZE_FS would fail with EPERM)");
+            eprintln!(
+                "skipping: no CAP_SYS_RESOURCE here (EXT4_IOC_RESIZE_FS would fail with EPERM)"
+            );
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -187,9 +231,16 @@ mod tests {
         std::fs::create_dir(&mnt).unwrap();
         assert!(ok(Command::new("truncate").arg("-s").arg("64M").arg(&img)));
         assert!(ok(Command::new("mkfs.ext4").arg("-q").arg("-F").arg(&img)));
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().unwrap();
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&img)
+            .output()
+            .unwrap();
         if !out.status.success() {
-            eprintln!("skipping: losetup failed: {}", String::from_utf8_lossy(&out.stderr));
+            eprintln!(
+                "skipping: losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             return;
         }
         let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -197,7 +248,10 @@ mod tests {
         impl Drop for Cleanup {
             fn drop(&mut self) {
                 let _ = std::process::Command::new("umount").arg(&self.1).status();
-                let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
+                let _ = std::process::Command::new("losetup")
+                    .arg("-d")
+                    .arg(&self.0)
+                    .status();
             }
         }
         let _cleanup = Cleanup(loopdev.clone(), mnt.clone());

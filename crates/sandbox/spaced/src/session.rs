@@ -44,7 +44,11 @@ enum HandshakeEnd {
 
 /// Runs the handshake. With `persistent` (virtio-serial), EOF means "no host yet" and
 /// garbage restarts the scan; otherwise both end the session.
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, boot_id: &str, persistent: bool) -> Result<Bytes, HandshakeEnd> {
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    boot_id: &str,
+    persistent: bool,
+) -> Result<Bytes, HandshakeEnd> {
     let mut scanner = Scanner::new(boot_id, DAEMON_VERSION);
     let mut buf = vec![0u8; 4096];
     loop {
@@ -113,7 +117,11 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin>(io: Prefixed<S>, router: Ro
 }
 
 /// One session on a per-connection stream (vsock, Unix socket).
-async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, state: Arc<AppState>, router: Router) {
+async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    state: Arc<AppState>,
+    router: Router,
+) {
     match handshake(&mut s, &state.boot_id, false).await {
         Ok(prefix) => {
             tracing::info!("session started");
@@ -169,7 +177,12 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<OwnedFd> {
         let res = guard.try_io(|l| {
             // SAFETY: accept4 on our listening socket; we do not need the peer address.
             let fd = unsafe {
-                libc::accept4(l.get_ref().as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
+                libc::accept4(
+                    l.get_ref().as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
             };
             if fd < 0 {
                 Err(io::Error::last_os_error())
@@ -180,7 +193,12 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<OwnedFd> {
         });
         match res {
             Ok(Ok(fd)) => return Ok(fd),
-            Ok(Err(e)) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ECONNABORTED | libc::EMFILE | libc::ENFILE)) => {
+            Ok(Err(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::ECONNABORTED | libc::EMFILE | libc::ENFILE)
+                ) =>
+            {
                 tracing::warn!(error = %e, "accept");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

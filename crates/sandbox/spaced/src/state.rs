@@ -46,7 +46,10 @@ pub struct AppState {
 impl AppState {
     /// A copy of the current configuration.
     pub fn config(&self) -> RuntimeConfig {
-        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The acting user: the named one (which must exist), else the configured default
@@ -55,7 +58,9 @@ impl AppState {
         let io_err = |e: UserError| ApiError::internal(e.to_string());
         match requested {
             Some(name) => {
-                validate_user_name(name).map_err(|()| ApiError::invalid(format!("bad user name '{}'", name.escape_debug())))?;
+                validate_user_name(name).map_err(|()| {
+                    ApiError::invalid(format!("bad user name '{}'", name.escape_debug()))
+                })?;
                 users::lookup(name).map_err(|e| match e {
                     UserError::NotFound(_) => ApiError::invalid(e.to_string()),
                     e => io_err(e),
@@ -78,7 +83,8 @@ impl AppState {
 
     /// Validates a request path and resolves it for `user`.
     pub fn path_for(&self, user: &UserInfo, path: &str) -> Result<PathBuf, ApiError> {
-        space_core::files::validate_path(path).map_err(|e| ApiError::new(ErrorCode::InvalidPath, e.to_string()))?;
+        space_core::files::validate_path(path)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidPath, e.to_string()))?;
         Ok(paths::resolve(&user.home, path))
     }
 }

@@ -10,7 +10,9 @@ pub fn valid_hostname(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with(['-', '.'])
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 /// Sets the kernel hostname (of this UTS namespace).
@@ -24,7 +26,10 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
 
 /// Sets the wall clock.
 pub fn set_clock(unix_ms: i64) -> io::Result<()> {
-    let ts = libc::timespec { tv_sec: unix_ms.div_euclid(1000) as libc::time_t, tv_nsec: (unix_ms.rem_euclid(1000) * 1_000_000) as libc::c_long };
+    let ts = libc::timespec {
+        tv_sec: unix_ms.div_euclid(1000) as libc::time_t,
+        tv_nsec: (unix_ms.rem_euclid(1000) * 1_000_000) as libc::c_long,
+    };
     // SAFETY: ts is a valid timespec.
     if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } < 0 {
         return Err(io::Error::last_os_error());
@@ -49,8 +54,15 @@ pub fn ensure_hosts_entry(name: &str) -> io::Result<()> {
     if hosts_has(&text, name) {
         return Ok(());
     }
-    let mut f = std::fs::OpenOptions::new().append(true).create(true).open("/etc/hosts")?;
-    let sep = if text.is_empty() || text.ends_with('\n') { "" } else { "\n" };
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open("/etc/hosts")?;
+    let sep = if text.is_empty() || text.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
     writeln!(f, "{sep}127.0.1.1\t{name}")
 }
 

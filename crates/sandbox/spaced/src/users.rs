@@ -59,7 +59,14 @@ pub struct UserInfo {
 impl UserInfo {
     /// The superuser, used when the accounts database cannot be read at all.
     pub fn root() -> Self {
-        UserInfo { name: "root".into(), uid: 0, gid: 0, groups: vec![0], home: "/root".into(), shell: DEFAULT_SHELL.into() }
+        UserInfo {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            groups: vec![0],
+            home: "/root".into(),
+            shell: DEFAULT_SHELL.into(),
+        }
     }
 }
 
@@ -119,7 +126,12 @@ fn parse_group_line(line: &str) -> Option<GroupEntry> {
     Some(GroupEntry {
         name: f[0].to_owned(),
         gid: f[2].parse().ok()?,
-        members: f[3].split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_owned).collect(),
+        members: f[3]
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect(),
     })
 }
 
@@ -133,7 +145,14 @@ pub fn resolve(name: &str, passwd: &[PasswdEntry], groups: &[GroupEntry]) -> Opt
             gids.push(g.gid);
         }
     }
-    Some(UserInfo { name: p.name.clone(), uid: p.uid, gid: p.gid, groups: gids, home: p.home.clone(), shell: p.shell.clone() })
+    Some(UserInfo {
+        name: p.name.clone(),
+        uid: p.uid,
+        gid: p.gid,
+        groups: gids,
+        home: p.home.clone(),
+        shell: p.shell.clone(),
+    })
 }
 
 /// Finds a group id by name (e.g. `tty`).
@@ -144,7 +163,9 @@ pub fn group_id(name: &str, groups: &[GroupEntry]) -> Option<u32> {
 fn read_db(path: &'static str) -> Result<String, UserError> {
     let file = std::fs::File::open(path).map_err(|source| UserError::Io { path, source })?;
     let mut bytes = Vec::new();
-    file.take(MAX_DB_BYTES).read_to_end(&mut bytes).map_err(|source| UserError::Io { path, source })?;
+    file.take(MAX_DB_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|source| UserError::Io { path, source })?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -152,7 +173,9 @@ fn read_db(path: &'static str) -> Result<String, UserError> {
 /// no supplementary groups.
 pub fn lookup(name: &str) -> Result<UserInfo, UserError> {
     let passwd = parse_passwd(&read_db("/etc/passwd")?);
-    let groups = read_db("/etc/group").map(|t| parse_group(&t)).unwrap_or_default();
+    let groups = read_db("/etc/group")
+        .map(|t| parse_group(&t))
+        .unwrap_or_default();
     resolve(name, &passwd, &groups).ok_or_else(|| UserError::NotFound(name.to_owned()))
 }
 
@@ -178,7 +201,16 @@ mod tests {
     fn parses_passwd_and_skips_garbage() {
         let p = parse_passwd(PASSWD);
         assert_eq!(p.len(), 3);
-        assert_eq!(p[1], PasswdEntry { name: "user".into(), uid: 1000, gid: 1000, home: "/home/user".into(), shell: "/bin/bash".into() });
+        assert_eq!(
+            p[1],
+            PasswdEntry {
+                name: "user".into(),
+                uid: 1000,
+                gid: 1000,
+                home: "/home/user".into(),
+                shell: "/bin/bash".into()
+            }
+        );
         assert_eq!(p[2].home, "/");
         assert_eq!(p[2].shell, DEFAULT_SHELL);
     }

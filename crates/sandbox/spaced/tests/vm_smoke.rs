@@ -30,7 +30,10 @@ async fn vm_smoke() {
     let (s, health) = c.get::<Health>("/v1/health").await;
     assert_eq!(s, StatusCode::OK);
 
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let cfg = GuestConfig {
         hostname: "sbx-vm-smoke".into(),
         env: BTreeMap::from([("FROM_NODE".into(), "yes".into())]),
@@ -38,8 +41,19 @@ async fn vm_smoke() {
         resize_root: true,
         time_unix_ms: now_ms,
     };
-    let (s, _, body) = c.call(Method::POST, "/v1/configure", full(serde_json::to_vec(&cfg).unwrap())).await;
-    assert_eq!(s, StatusCode::NO_CONTENT, "{}", String::from_utf8_lossy(&body));
+    let (s, _, body) = c
+        .call(
+            Method::POST,
+            "/v1/configure",
+            full(serde_json::to_vec(&cfg).unwrap()),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::NO_CONTENT,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
 
     let run = c
         .run(&ProcessSpec::shell(
@@ -47,7 +61,11 @@ async fn vm_smoke() {
              cat /proc/mounts | cut -d' ' -f2,3 | sort | tr '\\n' ' '",
         ))
         .await;
-    eprintln!("{}\nstderr: {}", run.stdout(), String::from_utf8_lossy(&run.stderr));
+    eprintln!(
+        "{}\nstderr: {}",
+        run.stdout(),
+        String::from_utf8_lossy(&run.stderr)
+    );
     let out = run.stdout();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "sbx-vm-smoke");
@@ -57,9 +75,21 @@ async fn vm_smoke() {
     let guest_secs: i64 = lines[4].parse().unwrap();
     assert!((guest_secs - now_ms / 1000).abs() < 120, "clock set");
     let df_kb: u64 = lines[5].split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(df_kb > 200 * 1024, "root grown to the 256 MiB disk: {}", lines[5]);
+    assert!(
+        df_kb > 200 * 1024,
+        "root grown to the 256 MiB disk: {}",
+        lines[5]
+    );
     assert!(lines[6].contains("sbx-vm-smoke"));
-    for m in ["/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts", "/dev/shm tmpfs", "/tmp tmpfs", "/run tmpfs"] {
+    for m in [
+        "/proc proc",
+        "/sys sysfs",
+        "/dev devtmpfs",
+        "/dev/pts devpts",
+        "/dev/shm tmpfs",
+        "/tmp tmpfs",
+        "/run tmpfs",
+    ] {
         assert!(lines[7].contains(m), "{m} mounted: {}", lines[7]);
     }
 
@@ -68,22 +98,50 @@ async fn vm_smoke() {
     spec.pty = Some(PtySize { rows: 30, cols: 90 });
     let run = c.run(&spec).await;
     let pty = String::from_utf8_lossy(&run.pty).into_owned();
-    assert!(pty.starts_with("/dev/pts/") && pty.contains("30 90") && pty.contains("1000"), "{pty:?}");
+    assert!(
+        pty.starts_with("/dev/pts/") && pty.contains("30 90") && pty.contains("1000"),
+        "{pty:?}"
+    );
 
     // Files as the user, streamed.
     let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
     let parts: Vec<Bytes> = data.chunks(256 << 10).map(Bytes::copy_from_slice).collect();
-    let (s, _, body) = c.call(Method::PUT, "/v1/files?path=data/blob.bin", chunks(parts)).await;
+    let (s, _, body) = c
+        .call(Method::PUT, "/v1/files?path=data/blob.bin", chunks(parts))
+        .await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let (s, _, got) = c.call(Method::GET, "/v1/files?path=/home/user/data/blob.bin", empty()).await;
+    let (s, _, got) = c
+        .call(
+            Method::GET,
+            "/v1/files?path=/home/user/data/blob.bin",
+            empty(),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert!(got[..] == data[..], "file round trip");
-    let (s, _, _) = c.call(Method::PUT, "/v1/files?path=/root/secret&user=root&mode=600", full("s")).await;
+    let (s, _, _) = c
+        .call(
+            Method::PUT,
+            "/v1/files?path=/root/secret&user=root&mode=600",
+            full("s"),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
-    c.expect_error(Method::GET, "/v1/files?path=/root/secret", empty(), 403, "permission_denied").await;
+    c.expect_error(
+        Method::GET,
+        "/v1/files?path=/root/secret",
+        empty(),
+        403,
+        "permission_denied",
+    )
+    .await;
 
     // A long-running process survives the host reconnecting; the port is reused.
-    let bg = c.start(&ProcessSpec::shell("for i in 1 2 3 4 5; do echo tick $i; sleep 0.2; done")).await;
+    let bg = c
+        .start(&ProcessSpec::shell(
+            "for i in 1 2 3 4 5; do echo tick $i; sleep 0.2; done",
+        ))
+        .await;
     drop(c);
     let (stream, _) = handshake_at(&sock, "f00d02").await;
     let c = Client::over(stream.into_inner()).await;

@@ -57,7 +57,10 @@ struct Figure {
 /// Runs the benchmark and prints the figures.
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<u8> {
     let c = g.client()?;
-    let req = CreateSandboxRequest { template: a.template.clone(), ..Default::default() };
+    let req = CreateSandboxRequest {
+        template: a.template.clone(),
+        ..Default::default()
+    };
     let mut figures = Vec::new();
 
     eprintln!("cold create -> ready, {} runs…", a.creates);
@@ -106,7 +109,10 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<u8> {
     if g.json {
         println!("{}", serde_json::to_string_pretty(&figures)?);
     } else {
-        println!("{:<28} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "figure", "unit", "n", "min", "p50", "p90", "p99", "max");
+        println!(
+            "{:<28} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "figure", "unit", "n", "min", "p50", "p90", "p99", "max"
+        );
         for f in &figures {
             let s = f.summary;
             println!(
@@ -118,7 +124,12 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-async fn measure_in_sandbox(c: &SpaceClient, id: &SandboxId, a: &BenchArgs, figures: &mut Vec<Figure>) -> anyhow::Result<()> {
+async fn measure_in_sandbox(
+    c: &SpaceClient,
+    id: &SandboxId,
+    a: &BenchArgs,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
     eprintln!("exec round trip of `true`, {} runs…", a.execs);
     let spec = ProcessSpec::argv(["true"]);
     c.run(id, &spec).await?; // warm up
@@ -127,21 +138,37 @@ async fn measure_in_sandbox(c: &SpaceClient, id: &SandboxId, a: &BenchArgs, figu
         let t = Instant::now();
         let out = c.run(id, &spec).await?;
         rt.push(ms(t.elapsed()));
-        anyhow::ensure!(out.status.exit_code == Some(0), "`true` failed: {:?}", out.status);
+        anyhow::ensure!(
+            out.status.exit_code == Some(0),
+            "`true` failed: {:?}",
+            out.status
+        );
     }
     push(figures, "exec_true_round_trip", "ms", &rt);
 
-    eprintln!("{} MiB file write and read, {} runs…", a.file_mib, a.file_runs);
-    let data: bytes::Bytes = (0..a.file_mib << 20).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1]).collect::<Vec<u8>>().into();
+    eprintln!(
+        "{} MiB file write and read, {} runs…",
+        a.file_mib, a.file_runs
+    );
+    let data: bytes::Bytes = (0..a.file_mib << 20)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1])
+        .collect::<Vec<u8>>()
+        .into();
     let (mut wr, mut rd) = (Vec::new(), Vec::new());
     for _ in 0..a.file_runs {
         let t = Instant::now();
-        c.write_file(id, "/home/user/bench.bin", None, None, data.clone()).await?;
+        c.write_file(id, "/home/user/bench.bin", None, None, data.clone())
+            .await?;
         wr.push(a.file_mib as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         let back = c.read_file_bytes(id, "/home/user/bench.bin", None).await?;
         rd.push(a.file_mib as f64 / t.elapsed().as_secs_f64());
-        anyhow::ensure!(back.len() == data.len(), "read {} bytes, wrote {}", back.len(), data.len());
+        anyhow::ensure!(
+            back.len() == data.len(),
+            "read {} bytes, wrote {}",
+            back.len(),
+            data.len()
+        );
     }
     push(figures, "file_write_throughput", "MiB/s", &wr);
     push(figures, "file_read_throughput", "MiB/s", &rd);
@@ -154,7 +181,11 @@ fn ms(d: Duration) -> f64 {
 
 fn push(figures: &mut Vec<Figure>, name: &'static str, unit: &'static str, samples: &[f64]) {
     if let Some(summary) = summarize(samples) {
-        figures.push(Figure { name, unit, summary });
+        figures.push(Figure {
+            name,
+            unit,
+            summary,
+        });
     }
 }
 
@@ -172,7 +203,9 @@ fn vmm_memory(id: &SandboxId, memory_mib: u32) -> Option<VmmMemory> {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        let ours = args.windows(2).any(|w| w[0] == b"-name" && w[1].starts_with(id.as_str().as_bytes()));
+        let ours = args
+            .windows(2)
+            .any(|w| w[0] == b"-name" && w[1].starts_with(id.as_str().as_bytes()));
         ours.then_some(pid)
     })?;
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
@@ -200,5 +233,8 @@ fn split_rss(smaps: &str, guest_kib: u64) -> VmmMemory {
         }
     }
     let _ = size;
-    VmmMemory { total_kib: total, overhead_kib: total.saturating_sub(guest) }
+    VmmMemory {
+        total_kib: total,
+        overhead_kib: total.saturating_sub(guest),
+    }
 }

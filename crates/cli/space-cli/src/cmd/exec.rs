@@ -47,7 +47,11 @@ pub struct ExecArgs {
 pub async fn run(g: &Global, a: ExecArgs) -> anyhow::Result<u8> {
     let client = g.client()?;
     let id = sandbox_id(&a.id)?;
-    let mut spec = if a.sh { ProcessSpec::shell(a.command.join(" ")) } else { ProcessSpec::argv(a.command) };
+    let mut spec = if a.sh {
+        ProcessSpec::shell(a.command.join(" "))
+    } else {
+        ProcessSpec::argv(a.command)
+    };
     spec.env = parse_pairs(&a.env, "--env")?;
     spec.cwd = a.cwd;
     spec.user = a.user;
@@ -60,7 +64,12 @@ pub async fn run(g: &Global, a: ExecArgs) -> anyhow::Result<u8> {
 
 /// Writes events to stdout/stderr until `exit`, resuming broken streams; starts the stdin
 /// forwarder when `forward_stdin` and the process has started.
-async fn pump(client: &SpaceClient, id: &SandboxId, mut events: EventStream, forward_stdin: bool) -> anyhow::Result<u8> {
+async fn pump(
+    client: &SpaceClient,
+    id: &SandboxId,
+    mut events: EventStream,
+    forward_stdin: bool,
+) -> anyhow::Result<u8> {
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
     let mut pid = None;
@@ -70,16 +79,23 @@ async fn pump(client: &SpaceClient, id: &SandboxId, mut events: EventStream, for
         let ev = match events.next().await {
             Some(Ok(ev)) => ev,
             Some(Err(e)) if pid.is_none() => return Err(e.into()),
-            None if pid.is_none() => anyhow::bail!("the output stream ended before the process started"),
+            None if pid.is_none() => {
+                anyhow::bail!("the output stream ended before the process started")
+            }
             broken => {
                 reconnects += 1;
                 if reconnects > MAX_RECONNECTS {
                     match broken {
                         Some(Err(e)) => return Err(e.into()),
-                        _ => anyhow::bail!("the output stream keeps ending before the process exits"),
+                        _ => {
+                            anyhow::bail!("the output stream keeps ending before the process exits")
+                        }
                     }
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(reconnects))).await;
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    200 * u64::from(reconnects),
+                ))
+                .await;
                 if let Some(p) = pid {
                     if let Ok(stream) = client.output(id, p, last_seq).await {
                         events = stream;
@@ -110,7 +126,9 @@ async fn pump(client: &SpaceClient, id: &SandboxId, mut events: EventStream, for
                     }
                 }
             }
-            OutputEvent::Lost { bytes, .. } => eprintln!("space: {bytes} bytes of output were lost"),
+            OutputEvent::Lost { bytes, .. } => {
+                eprintln!("space: {bytes} bytes of output were lost")
+            }
             OutputEvent::Exit { status, .. } => {
                 if status.timed_out {
                     eprintln!("space: the command timed out");
@@ -124,7 +142,10 @@ async fn pump(client: &SpaceClient, id: &SandboxId, mut events: EventStream, for
 fn spawn_stdin_forwarder(client: SpaceClient, id: SandboxId, pid: u64) {
     tokio::spawn(async move {
         let stream = tokio_util::io::ReaderStream::new(tokio::io::stdin());
-        if let Err(e) = client.write_stdin(&id, pid, reqwest::Body::wrap_stream(stream), true).await {
+        if let Err(e) = client
+            .write_stdin(&id, pid, reqwest::Body::wrap_stream(stream), true)
+            .await
+        {
             eprintln!("space: forwarding stdin failed: {e}");
         }
     });

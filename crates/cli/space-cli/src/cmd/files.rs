@@ -109,8 +109,11 @@ pub enum FilesCmd {
 }
 
 fn parse_mode(m: Option<&str>) -> anyhow::Result<Option<u32>> {
-    m.map(|m| u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| anyhow::anyhow!("mode must be octal, like 0644")))
-        .transpose()
+    m.map(|m| {
+        u32::from_str_radix(m.trim_start_matches("0o"), 8)
+            .map_err(|_| anyhow::anyhow!("mode must be octal, like 0644"))
+    })
+    .transpose()
 }
 
 fn bar(total: Option<u64>) -> ProgressBar {
@@ -118,8 +121,10 @@ fn bar(total: Option<u64>) -> ProgressBar {
         Some(n) if n >= PROGRESS_MIN_BYTES && term::stderr_is_tty() => {
             let pb = ProgressBar::new(n);
             pb.set_style(
-                ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                ProgressStyle::with_template(
+                    "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             pb
         }
@@ -131,23 +136,49 @@ fn bar(total: Option<u64>) -> ProgressBar {
 pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
     let client = g.client()?;
     match c {
-        FilesCmd::Put { id, local, remote, mode, user } => {
+        FilesCmd::Put {
+            id,
+            local,
+            remote,
+            mode,
+            user,
+        } => {
             let id = sandbox_id(&id)?;
             let mode = parse_mode(mode.as_deref())?;
             let stat = if local.as_os_str() == "-" {
                 let stream = tokio_util::io::ReaderStream::new(tokio::io::stdin());
-                client.write_file(&id, &remote, user.as_deref(), mode, reqwest::Body::wrap_stream(stream)).await?
+                client
+                    .write_file(
+                        &id,
+                        &remote,
+                        user.as_deref(),
+                        mode,
+                        reqwest::Body::wrap_stream(stream),
+                    )
+                    .await?
             } else {
-                let file = tokio::fs::File::open(&local).await.map_err(|e| anyhow::anyhow!("{}: {e}", local.display()))?;
+                let file = tokio::fs::File::open(&local)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", local.display()))?;
                 let size = file.metadata().await?.len();
                 let pb = bar(Some(size));
                 let progress = pb.clone();
-                let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).inspect(move |chunk| {
-                    if let Ok(c) = chunk {
-                        progress.inc(c.len() as u64);
-                    }
-                });
-                let stat = client.write_file(&id, &remote, user.as_deref(), mode, reqwest::Body::wrap_stream(stream)).await;
+                let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).inspect(
+                    move |chunk| {
+                        if let Ok(c) = chunk {
+                            progress.inc(c.len() as u64);
+                        }
+                    },
+                );
+                let stat = client
+                    .write_file(
+                        &id,
+                        &remote,
+                        user.as_deref(),
+                        mode,
+                        reqwest::Body::wrap_stream(stream),
+                    )
+                    .await;
                 pb.finish_and_clear();
                 stat?
             };
@@ -157,7 +188,12 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
                 println!("{} ({})", stat.path, render::bytes(stat.size));
             }
         }
-        FilesCmd::Get { id, remote, local, user } => {
+        FilesCmd::Get {
+            id,
+            remote,
+            local,
+            user,
+        } => {
             let id = sandbox_id(&id)?;
             let (size, mut stream) = client.read_file(&id, &remote, user.as_deref()).await?;
             if local.as_os_str() == "-" {
@@ -169,7 +205,10 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
             } else {
                 // Into a directory: keep the remote file name.
                 let local = if local.is_dir() {
-                    let name = remote.rsplit('/').find(|c| !c.is_empty()).unwrap_or("download");
+                    let name = remote
+                        .rsplit('/')
+                        .find(|c| !c.is_empty())
+                        .unwrap_or("download");
                     local.join(name)
                 } else {
                     local
@@ -177,7 +216,10 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
                 // Write next to the target and rename, so a broken download leaves no half file.
                 let tmp = local.with_file_name(format!(
                     ".{}.space-partial",
-                    local.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "download".into())
+                    local
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| "download".into())
                 ));
                 let pb = bar(size);
                 let result = async {
@@ -192,7 +234,10 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
                     f.flush().await?;
                     f.sync_all().await?;
                     if let Some(expected) = size {
-                        anyhow::ensure!(written == expected, "download ended early: {written} of {expected} bytes");
+                        anyhow::ensure!(
+                            written == expected,
+                            "download ended early: {written} of {expected} bytes"
+                        );
                     }
                     tokio::fs::rename(&tmp, &local).await?;
                     anyhow::Ok(written)
@@ -209,34 +254,61 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
                 }
             }
         }
-        FilesCmd::Ls { id, remote, depth, user } => {
-            let list = client.list_files(&sandbox_id(&id)?, &remote, Some(depth), user.as_deref()).await?;
+        FilesCmd::Ls {
+            id,
+            remote,
+            depth,
+            user,
+        } => {
+            let list = client
+                .list_files(&sandbox_id(&id)?, &remote, Some(depth), user.as_deref())
+                .await?;
             if g.json {
                 render::json(&list)?;
             } else {
                 render::files(&list.entries, list.truncated);
             }
         }
-        FilesCmd::Rm { id, remote, recursive, user } => {
-            client.remove_file(&sandbox_id(&id)?, &remote, recursive, user.as_deref()).await?;
+        FilesCmd::Rm {
+            id,
+            remote,
+            recursive,
+            user,
+        } => {
+            client
+                .remove_file(&sandbox_id(&id)?, &remote, recursive, user.as_deref())
+                .await?;
         }
         FilesCmd::Stat { id, remote, user } => {
-            let stat = client.stat(&sandbox_id(&id)?, &remote, user.as_deref()).await?;
+            let stat = client
+                .stat(&sandbox_id(&id)?, &remote, user.as_deref())
+                .await?;
             if g.json {
                 render::json(&stat)?;
             } else {
                 render::stat(&stat);
             }
         }
-        FilesCmd::Mkdir { id, remote, mode, user } => {
-            let req = MkdirRequest { path: remote, mode: parse_mode(mode.as_deref())?, user };
+        FilesCmd::Mkdir {
+            id,
+            remote,
+            mode,
+            user,
+        } => {
+            let req = MkdirRequest {
+                path: remote,
+                mode: parse_mode(mode.as_deref())?,
+                user,
+            };
             let stat = client.mkdir(&sandbox_id(&id)?, &req).await?;
             if g.json {
                 render::json(&stat)?;
             }
         }
         FilesCmd::Mv { id, from, to, user } => {
-            client.rename(&sandbox_id(&id)?, &RenameRequest { from, to, user }).await?;
+            client
+                .rename(&sandbox_id(&id)?, &RenameRequest { from, to, user })
+                .await?;
         }
     }
     Ok(0)

@@ -36,9 +36,15 @@ pub enum KeyCmd {
 }
 
 async fn open(g: &Global, url: Option<String>) -> anyhow::Result<Db> {
-    let cfg = space_control::ServerConfig { database_url: url, ..space_control::ServerConfig::new(&g.data_dir) };
+    let cfg = space_control::ServerConfig {
+        database_url: url,
+        ..space_control::ServerConfig::new(&g.data_dir)
+    };
     if cfg.database_url.is_none() && !g.data_dir.join("control.db").exists() {
-        anyhow::bail!("no database in {} (start `space server` once, or pass --database-url / --data-dir)", g.data_dir.display());
+        anyhow::bail!(
+            "no database in {} (start `space server` once, or pass --database-url / --data-dir)",
+            g.data_dir.display()
+        );
     }
     Ok(Db::connect(&cfg.database_url()).await?)
 }
@@ -46,21 +52,32 @@ async fn open(g: &Global, url: Option<String>) -> anyhow::Result<Db> {
 /// Runs a key command.
 pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
     match c {
-        KeyCmd::Create { tenant, database_url } => {
+        KeyCmd::Create {
+            tenant,
+            database_url,
+        } => {
             let db = open(g, database_url).await?;
             let t = match db.tenant_by_name(&tenant).await? {
                 Some(t) => t,
                 None => match db.create_tenant(&tenant).await {
                     Ok(t) => t,
-                    Err(DbError::AlreadyExists(_)) => db.tenant_by_name(&tenant).await?.ok_or_else(|| anyhow::anyhow!("tenant vanished"))?,
+                    Err(DbError::AlreadyExists(_)) => db
+                        .tenant_by_name(&tenant)
+                        .await?
+                        .ok_or_else(|| anyhow::anyhow!("tenant vanished"))?,
                     Err(e) => return Err(e.into()),
                 },
             };
             let key = db.create_api_key(&t.id).await?;
             if g.json {
-                render::json(&serde_json::json!({"tenant": t.name, "tenant_id": t.id, "key_id": key.info.id, "api_key": key.plaintext.0}))?;
+                render::json(
+                    &serde_json::json!({"tenant": t.name, "tenant_id": t.id, "key_id": key.info.id, "api_key": key.plaintext.0}),
+                )?;
             } else {
-                eprintln!("created key {} for tenant {} (shown once):", key.info.id, t.name);
+                eprintln!(
+                    "created key {} for tenant {} (shown once):",
+                    key.info.id, t.name
+                );
                 println!("{}", key.plaintext.0);
             }
         }
@@ -68,7 +85,12 @@ pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
             let db = open(g, database_url).await?;
             let tenants = db.tenants().await?;
             let keys = db.api_keys(None).await?;
-            let name = |id: &space_core::TenantId| tenants.iter().find(|t| &t.id == id).map_or("?".to_owned(), |t| t.name.clone());
+            let name = |id: &space_core::TenantId| {
+                tenants
+                    .iter()
+                    .find(|t| &t.id == id)
+                    .map_or("?".to_owned(), |t| t.name.clone())
+            };
             if g.json {
                 let v: Vec<_> = keys
                     .iter()
@@ -77,9 +99,16 @@ pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
                 render::json(&v)?;
             } else {
                 let mut t = Table::new();
-                t.load_preset(NOTHING).set_header(vec!["ID", "TENANT", "PREFIX", "CREATED", "REVOKED"]);
+                t.load_preset(NOTHING)
+                    .set_header(vec!["ID", "TENANT", "PREFIX", "CREATED", "REVOKED"]);
                 for k in &keys {
-                    t.add_row(vec![k.id.clone(), name(&k.tenant_id), k.prefix.clone(), render::relative(k.created_at_ms), k.revoked_at_ms.map(render::relative).unwrap_or_default()]);
+                    t.add_row(vec![
+                        k.id.clone(),
+                        name(&k.tenant_id),
+                        k.prefix.clone(),
+                        render::relative(k.created_at_ms),
+                        k.revoked_at_ms.map(render::relative).unwrap_or_default(),
+                    ]);
                 }
                 println!("{t}");
             }

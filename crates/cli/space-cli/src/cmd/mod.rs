@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 pub fn parse_pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for item in items {
-        let (k, v) = item.split_once('=').ok_or_else(|| anyhow::anyhow!("{what} must be KEY=VALUE, got {item:?}"))?;
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("{what} must be KEY=VALUE, got {item:?}"))?;
         out.insert(k.to_owned(), v.to_owned());
     }
     Ok(out)
@@ -23,7 +25,8 @@ pub fn parse_pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<Stri
 
 /// Parses a sandbox id argument.
 pub fn sandbox_id(s: &str) -> anyhow::Result<space_core::SandboxId> {
-    s.parse().map_err(|e| anyhow::anyhow!("bad sandbox id {s:?}: {e}"))
+    s.parse()
+        .map_err(|e| anyhow::anyhow!("bad sandbox id {s:?}: {e}"))
 }
 
 #[cfg(test)]

@@ -92,7 +92,11 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
         SandboxCmd::Create(a) => {
             let req = CreateSandboxRequest {
                 template: a.template,
-                resources: ResourcesRequest { vcpus: a.vcpus, memory_mib: a.memory_mib, disk_mib: a.disk_mib },
+                resources: ResourcesRequest {
+                    vcpus: a.vcpus,
+                    memory_mib: a.memory_mib,
+                    disk_mib: a.disk_mib,
+                },
                 env: parse_pairs(&a.env, "--env")?,
                 labels: parse_pairs(&a.labels, "--label")?,
                 timeout_secs: a.timeout,
@@ -107,11 +111,17 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
             }
         }
         SandboxCmd::List { labels, state } => {
-            let labels: Vec<(String, String)> = parse_pairs(&labels, "--label")?.into_iter().collect();
+            let labels: Vec<(String, String)> =
+                parse_pairs(&labels, "--label")?.into_iter().collect();
             let state = state
-                .map(|s| SandboxState::parse(&s).ok_or_else(|| anyhow::anyhow!("unknown state {s:?}")))
+                .map(|s| {
+                    SandboxState::parse(&s).ok_or_else(|| anyhow::anyhow!("unknown state {s:?}"))
+                })
                 .transpose()?;
-            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             let list = client.list_sandboxes_filtered(&labels, state).await?;
             if g.json {
                 render::json(&list)?;
@@ -147,7 +157,11 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
             if g.json {
                 render::json(&info)?;
             } else {
-                println!("{} expires {}", info.id, render::relative(info.expires_at_ms));
+                println!(
+                    "{} expires {}",
+                    info.id,
+                    render::relative(info.expires_at_ms)
+                );
             }
         }
         SandboxCmd::Ps { id } => {

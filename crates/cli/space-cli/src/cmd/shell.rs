@@ -42,7 +42,10 @@ pub async fn run(g: &Global, a: ShellArgs) -> anyhow::Result<u8> {
     spec.user = a.user;
     spec.stdin = true;
     spec.pty = Some(term::size());
-    spec.env.insert("TERM".into(), std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into()));
+    spec.env.insert(
+        "TERM".into(),
+        std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into()),
+    );
     let info = client.start_process(&id, &spec).await?;
 
     let raw = term::RawMode::enter()?;
@@ -64,7 +67,8 @@ async fn output(client: &SpaceClient, id: &SandboxId, pid: u64) -> anyhow::Resul
             Err(e) if failures < 10 => {
                 failures += 1;
                 tracing::debug!(error = %e, "reconnecting to the shell's output");
-                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(failures))).await;
+                tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(failures)))
+                    .await;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -80,7 +84,9 @@ async fn output(client: &SpaceClient, id: &SandboxId, pid: u64) -> anyhow::Resul
                         out.flush().await?;
                     }
                 }
-                OutputEvent::Exit { status, .. } => return Ok((shell_exit_code(status) & 0xff) as u8),
+                OutputEvent::Exit { status, .. } => {
+                    return Ok((shell_exit_code(status) & 0xff) as u8)
+                }
                 OutputEvent::Started { .. } | OutputEvent::Lost { .. } => {}
             }
         }
@@ -113,7 +119,10 @@ fn spawn_input(client: SpaceClient, id: SandboxId, pid: u64) {
                 let chunk = rx.lock().await.recv().await?;
                 Some((Ok::<_, std::io::Error>(chunk), rx))
             });
-            match client.write_stdin(&id, pid, reqwest::Body::wrap_stream(stream), false).await {
+            match client
+                .write_stdin(&id, pid, reqwest::Body::wrap_stream(stream), false)
+                .await
+            {
                 // Our stdin ended (the channel closed): nothing more to send.
                 Ok(()) => break,
                 Err(e) => {
@@ -128,7 +137,9 @@ fn spawn_input(client: SpaceClient, id: SandboxId, pid: u64) {
 /// Forwards terminal size changes.
 fn spawn_resizer(client: SpaceClient, id: SandboxId, pid: u64) {
     tokio::spawn(async move {
-        let Ok(mut winch) = signal(SignalKind::window_change()) else { return };
+        let Ok(mut winch) = signal(SignalKind::window_change()) else {
+            return;
+        };
         while winch.recv().await.is_some() {
             let _ = client.resize(&id, pid, term::size()).await;
         }

@@ -41,7 +41,11 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
                 render::templates(&list);
             }
         }
-        TemplateCmd::Build { name, spaced, mirror } => {
+        TemplateCmd::Build {
+            name,
+            spaced,
+            mirror,
+        } => {
             let spaced = match spaced {
                 Some(p) => p,
                 None => std::env::current_exe()?.with_file_name("spaced"),
@@ -51,21 +55,42 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             let progress = spinner.clone();
             let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
                 let say = |msg: &str| progress.set_message(msg.to_owned());
-                let kernel = space_images::build_kernel_bundle(&store, &space_images::KernelOpts::new(spaced), &say)?;
-                let opts = space_images::BuildOpts { mirror, ..Default::default() };
-                Ok(space_images::build_template(&store, &name, &kernel.digest, &opts, &say)?)
+                let kernel = space_images::build_kernel_bundle(
+                    &store,
+                    &space_images::KernelOpts::new(spaced),
+                    &say,
+                )?;
+                let opts = space_images::BuildOpts {
+                    mirror,
+                    ..Default::default()
+                };
+                Ok(space_images::build_template(
+                    &store,
+                    &name,
+                    &kernel.digest,
+                    &opts,
+                    &say,
+                )?)
             })
             .await??;
             spinner.finish_and_clear();
             if g.json {
                 render::json(&info)?;
             } else {
-                println!("built template {} ({}, {} MiB)", info.name, render::short(&info.digest), info.image_size_mib);
+                println!(
+                    "built template {} ({}, {} MiB)",
+                    info.name,
+                    render::short(&info.digest),
+                    info.image_size_mib
+                );
             }
         }
         TemplateCmd::Rm { name } => {
             let store = open_store(g)?;
-            let removed = tokio::task::spawn_blocking(move || store.templates().remove(&name).map(|r| (r, name))).await??;
+            let removed = tokio::task::spawn_blocking(move || {
+                store.templates().remove(&name).map(|r| (r, name))
+            })
+            .await??;
             match removed {
                 (true, name) => println!("removed template {name}"),
                 (false, name) => anyhow::bail!("template '{name}' not found"),
@@ -77,12 +102,22 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
 
 fn open_store(g: &Global) -> anyhow::Result<space_storage::Store> {
     let cfg = space_control::ServerConfig::new(&g.data_dir);
-    Ok(space_storage::Store::open(&cfg.node.data_dir, cfg.node.loop_size_bytes)?)
+    Ok(space_storage::Store::open(
+        &cfg.node.data_dir,
+        cfg.node.loop_size_bytes,
+    )?)
 }
 
 fn spinner() -> ProgressBar {
-    let pb = if crate::term::stderr_is_tty() { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
-    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed}] {wide_msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    let pb = if crate::term::stderr_is_tty() {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::hidden()
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed}] {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     pb.enable_steady_tick(Duration::from_millis(120));
     pb
 }

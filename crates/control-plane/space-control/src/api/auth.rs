@@ -23,11 +23,28 @@ pub struct AuthTenant {
 }
 
 /// Middleware: 401 unless the request carries a valid, unrevoked key.
-pub async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Result<Response, ApiError> {
-    let key = bearer_token(req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()))
-        .ok_or_else(|| ApiError::unauthenticated("missing API key: send 'Authorization: Bearer <key>'"))?;
-    let tenant = state.db.authenticate(key).await?.ok_or_else(|| ApiError::unauthenticated("unknown or revoked API key"))?;
-    req.extensions_mut().insert(AuthTenant { id: tenant.id, name: tenant.name });
+pub async fn require_api_key(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let key = bearer_token(
+        req.headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok_or_else(|| {
+        ApiError::unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+    })?;
+    let tenant = state
+        .db
+        .authenticate(key)
+        .await?
+        .ok_or_else(|| ApiError::unauthenticated("unknown or revoked API key"))?;
+    req.extensions_mut().insert(AuthTenant {
+        id: tenant.id,
+        name: tenant.name,
+    });
     Ok(next.run(req).await)
 }
 
@@ -44,7 +61,11 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthTenant {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         // Only missing if a route escaped the middleware: refuse rather than serve unscoped.
-        parts.extensions.get::<AuthTenant>().cloned().ok_or_else(|| ApiError::unauthenticated("missing API key"))
+        parts
+            .extensions
+            .get::<AuthTenant>()
+            .cloned()
+            .ok_or_else(|| ApiError::unauthenticated("missing API key"))
     }
 }
 

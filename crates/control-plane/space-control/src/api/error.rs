@@ -23,8 +23,12 @@ pub struct ApiError {
 impl ApiError {
     /// An error whose status follows from its code.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        Self { status, body: ErrorBody::new(code, message) }
+        let status =
+            StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self {
+            status,
+            body: ErrorBody::new(code, message),
+        }
     }
 
     /// 400 `invalid_request`.
@@ -69,7 +73,12 @@ impl IntoResponse for ApiError {
         if self.body.code == ErrorCode::PayloadTooLarge {
             // The rest of the body was not read: the connection cannot carry another
             // request, and a client that pooled it would fail its next call.
-            return (self.status, [(axum::http::header::CONNECTION, "close")], Json(self.body)).into_response();
+            return (
+                self.status,
+                [(axum::http::header::CONNECTION, "close")],
+                Json(self.body),
+            )
+                .into_response();
         }
         (self.status, Json(self.body)).into_response()
     }
@@ -80,7 +89,9 @@ impl From<DbError> for ApiError {
         match e {
             DbError::Invalid(m) => ApiError::invalid(m),
             DbError::NotFound(m) => ApiError::not_found(format!("{m} not found")),
-            DbError::AlreadyExists(m) => ApiError::new(ErrorCode::AlreadyExists, format!("{m} already exists")),
+            DbError::AlreadyExists(m) => {
+                ApiError::new(ErrorCode::AlreadyExists, format!("{m} already exists"))
+            }
             other => ApiError::internal(other),
         }
     }
@@ -119,13 +130,26 @@ mod tests {
     #[test]
     fn status_follows_code() {
         assert_eq!(ApiError::invalid("x").status, StatusCode::BAD_REQUEST);
-        assert_eq!(ApiError::new(ErrorCode::InsufficientCapacity, "x").status.as_u16(), 507);
-        assert_eq!(ApiError::from(NodeError::TemplateNotFound("t".into())).body.message, "template 't' not found");
+        assert_eq!(
+            ApiError::new(ErrorCode::InsufficientCapacity, "x")
+                .status
+                .as_u16(),
+            507
+        );
+        assert_eq!(
+            ApiError::from(NodeError::TemplateNotFound("t".into()))
+                .body
+                .message,
+            "template 't' not found"
+        );
     }
 
     #[test]
     fn internal_errors_hide_details() {
-        let e = ApiError::from(DbError::Corrupt { table: "t", reason: "secret detail".into() });
+        let e = ApiError::from(DbError::Corrupt {
+            table: "t",
+            reason: "secret detail".into(),
+        });
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(!e.body.message.contains("secret"));
     }

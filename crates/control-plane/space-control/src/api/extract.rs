@@ -33,29 +33,42 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             let ct = ct.to_str().unwrap_or("");
             let essence = ct.split(';').next().unwrap_or("").trim();
             if !(essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")) {
-                return Err(ApiError::invalid(format!("expected Content-Type: application/json, got {essence:?}")));
+                return Err(ApiError::invalid(format!(
+                    "expected Content-Type: application/json, got {essence:?}"
+                )));
             }
         }
         let (parts, body) = req.into_parts();
         let bytes = read_limited(&parts.headers, body, MAX_JSON_BODY).await?;
-        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
     }
 }
 
 /// Reads a whole body, refusing more than `limit` bytes (by `Content-Length` up front, and by
 /// counting, since the header may be absent or lie).
-pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     if let Some(len) = content_length(headers) {
         if len > limit as u64 {
-            return Err(ApiError::too_large(format!("body of {len} bytes is larger than the limit of {limit}")));
+            return Err(ApiError::too_large(format!(
+                "body of {len} bytes is larger than the limit of {limit}"
+            )));
         }
     }
     let mut stream = body.into_data_stream();
     let mut buf = BytesMut::new();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
+        let chunk =
+            chunk.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
         if buf.len() + chunk.len() > limit {
-            return Err(ApiError::too_large(format!("body is larger than the limit of {limit} bytes")));
+            return Err(ApiError::too_large(format!(
+                "body is larger than the limit of {limit} bytes"
+            )));
         }
         buf.extend_from_slice(&chunk);
     }
@@ -64,7 +77,13 @@ pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Resu
 
 /// The `Content-Length` header, if present and numeric.
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A query string parsed into `T` (unknown parameters are refused if `T` denies them).
@@ -109,7 +128,9 @@ impl<S: Send + Sync> FromRequestParts<S> for ProcessPath {
             .map_err(|e| ApiError::invalid(e.body_text()))?;
         let id = sandbox_param(&params)?;
         let pid = param(&params, "pid")?;
-        let pid = pid.parse::<ProcessId>().map_err(|_| ApiError::invalid(format!("malformed process id {:?}", truncate(pid))))?;
+        let pid = pid
+            .parse::<ProcessId>()
+            .map_err(|_| ApiError::invalid(format!("malformed process id {:?}", truncate(pid))))?;
         Ok(ProcessPath(id, pid))
     }
 }
@@ -124,7 +145,8 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiE
 
 fn sandbox_param(params: &[(String, String)]) -> Result<SandboxId, ApiError> {
     let raw = param(params, "id")?;
-    raw.parse::<SandboxId>().map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", truncate(raw))))
+    raw.parse::<SandboxId>()
+        .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", truncate(raw))))
 }
 
 /// Echoing client input back in a message is useful; echoing megabytes is not.

@@ -16,7 +16,9 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
-use space_core::files::{validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
+use space_core::files::{
+    validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
+};
 use space_core::process::validate_user_name;
 use space_core::ErrorBody;
 use utoipa::IntoParams;
@@ -34,14 +36,21 @@ pub fn check_path(what: &str, path: &str) -> Result<(), ApiError> {
 /// Checks an optional acting user.
 pub fn check_user(user: Option<&str>) -> Result<(), ApiError> {
     match user {
-        Some(u) if validate_user_name(u).is_err() => Err(ApiError::invalid("bad user name: [a-z_][a-z0-9_-]*, at most 32 bytes")),
+        Some(u) if validate_user_name(u).is_err() => Err(ApiError::invalid(
+            "bad user name: [a-z_][a-z0-9_-]*, at most 32 bytes",
+        )),
         _ => Ok(()),
     }
 }
 
 /// Parses an octal mode such as `0644` or `755` (at most `7777`).
 pub fn parse_mode(mode: &str) -> Result<u32, ApiError> {
-    let bad = || ApiError::invalid(format!("mode must be octal permission bits like 0644, got {:?}", mode.chars().take(16).collect::<String>()));
+    let bad = || {
+        ApiError::invalid(format!(
+            "mode must be octal permission bits like 0644, got {:?}",
+            mode.chars().take(16).collect::<String>()
+        ))
+    };
     let digits = mode.strip_prefix("0o").unwrap_or(mode);
     if digits.is_empty() || digits.len() > 5 {
         return Err(bad());
@@ -55,7 +64,13 @@ pub fn parse_mode(mode: &str) -> Result<u32, ApiError> {
 
 /// Passes `stream` through until more than `limit` bytes have gone by, then fails it; the
 /// flag tells afterwards whether that is why it failed.
-pub fn limit_stream<S>(stream: S, limit: u64) -> (BoxStream<'static, Result<Bytes, io::Error>>, Arc<AtomicBool>)
+pub fn limit_stream<S>(
+    stream: S,
+    limit: u64,
+) -> (
+    BoxStream<'static, Result<Bytes, io::Error>>,
+    Arc<AtomicBool>,
+)
 where
     S: Stream<Item = Result<Bytes, io::Error>> + Send + 'static,
 {
@@ -68,7 +83,10 @@ where
             seen = seen.saturating_add(chunk.len() as u64);
             if seen > limit {
                 flag.store(true, Ordering::SeqCst);
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "upload larger than the limit"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "upload larger than the limit",
+                ));
             }
             Ok(chunk)
         })
@@ -157,7 +175,9 @@ pub async fn read_file(
     q.check()?;
     let guest = st.guest(&tenant.id, &id).await?;
     let (size, data) = guest.read_file(&q.path, q.user.as_deref()).await?;
-    let body = Body::from_stream(data.inspect_err(|e| tracing::debug!(error = %e, "file download broke off")));
+    let body = Body::from_stream(
+        data.inspect_err(|e| tracing::debug!(error = %e, "file download broke off")),
+    );
     let mut response = ([(CONTENT_TYPE, "application/octet-stream")], body).into_response();
     if let Some(size) = size {
         response.headers_mut().insert(CONTENT_LENGTH, size.into());
@@ -195,7 +215,8 @@ pub async fn write_file(
     check_user(q.user.as_deref())?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let limit = st.max_upload_bytes;
-    let too_large = || ApiError::too_large(format!("upload is larger than the limit of {limit} bytes"));
+    let too_large =
+        || ApiError::too_large(format!("upload is larger than the limit of {limit} bytes"));
     if content_length(&headers).is_some_and(|len| len > limit) {
         return Err(too_large());
     }
@@ -203,7 +224,10 @@ pub async fn write_file(
     // Count while streaming: the header may be absent (chunked) or lie. Going over the limit
     // fails the stream, which aborts the guest's atomic write, so nothing partial remains.
     let (data, exceeded) = limit_stream(body.into_data_stream().map_err(io::Error::other), limit);
-    match guest.write_file(&q.path, q.user.as_deref(), mode, data).await {
+    match guest
+        .write_file(&q.path, q.user.as_deref(), mode, data)
+        .await
+    {
         Ok(stat) => Ok(Json(stat)),
         Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large()),
         Err(e) => Err(e.into()),
@@ -234,7 +258,9 @@ pub async fn remove(
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
     let guest = st.guest(&tenant.id, &id).await?;
-    guest.remove(&q.path, q.recursive.unwrap_or(false), q.user.as_deref()).await?;
+    guest
+        .remove(&q.path, q.recursive.unwrap_or(false), q.user.as_deref())
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -287,7 +313,9 @@ pub async fn list(
     check_user(q.user.as_deref())?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=MAX_LIST_DEPTH).contains(&depth) {
-        return Err(ApiError::invalid(format!("depth must be between 1 and {MAX_LIST_DEPTH}")));
+        return Err(ApiError::invalid(format!(
+            "depth must be between 1 and {MAX_LIST_DEPTH}"
+        )));
     }
     let guest = st.guest(&tenant.id, &id).await?;
     Ok(Json(guest.list(&q.path, depth, q.user.as_deref()).await?))
@@ -380,7 +408,10 @@ mod tests {
 
     #[test]
     fn paths_and_users() {
-        assert_eq!(check_path("path", "../x").unwrap_err().body.code, space_core::ErrorCode::InvalidPath);
+        assert_eq!(
+            check_path("path", "../x").unwrap_err().body.code,
+            space_core::ErrorCode::InvalidPath
+        );
         assert!(check_path("path", "/etc/hosts").is_ok());
         assert!(check_user(Some("root")).is_ok());
         assert!(check_user(Some("../x")).is_err());

@@ -45,16 +45,32 @@ pub struct AppState {
 impl AppState {
     /// State for a node and a database.
     pub fn new(db: Db, node: Node, max_upload_bytes: u64) -> Self {
-        Self { db, node, max_upload_bytes, creating: InFlight::default() }
+        Self {
+            db,
+            node,
+            max_upload_bytes,
+            creating: InFlight::default(),
+        }
     }
 
     /// A tenant's sandbox in any desired state, or 404 (also for another tenant's).
-    pub async fn find_sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRow, ApiError> {
-        self.db.sandbox(tenant, id).await?.ok_or_else(|| ApiError::sandbox_not_found(id))
+    pub async fn find_sandbox(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<SandboxRow, ApiError> {
+        self.db
+            .sandbox(tenant, id)
+            .await?
+            .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 
     /// A tenant's sandbox that has not been deleted, or 404.
-    pub async fn live_sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRow, ApiError> {
+    pub async fn live_sandbox(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<SandboxRow, ApiError> {
         let row = self.find_sandbox(tenant, id).await?;
         if row.desired_state != DesiredState::Running {
             return Err(ApiError::sandbox_not_found(id));
@@ -77,7 +93,10 @@ impl InFlight {
     /// Adds `id` until the guard is dropped.
     pub fn enter(&self, id: &SandboxId) -> InFlightGuard {
         self.lock().insert(id.clone());
-        InFlightGuard { set: self.clone(), id: id.clone() }
+        InFlightGuard {
+            set: self.clone(),
+            id: id.clone(),
+        }
     }
 
     /// Whether `id` is being created.
@@ -121,12 +140,23 @@ pub fn build_app(state: AppState) -> Router {
 }
 
 async fn fallback(req: Request) -> ApiError {
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn method_not_allowed(req: Request) -> impl IntoResponse {
     // No error code means "method not allowed"; keep the body format and the honest status.
-    let mut err = ApiError::new(ErrorCode::InvalidRequest, format!("method {} is not allowed on {}", req.method(), req.uri().path()));
+    let mut err = ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
+    );
     err.status = StatusCode::METHOD_NOT_ALLOWED;
     err
 }

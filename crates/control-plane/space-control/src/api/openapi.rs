@@ -47,7 +47,10 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut OpenApiDoc) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("api_key", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
     }
 }
 
@@ -63,7 +66,10 @@ pub struct Health {
 /// Liveness check (no authentication).
 #[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "Serving", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into() })
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
 }
 
 /// This document (no authentication).
@@ -79,7 +85,10 @@ pub async fn openapi_json(Extension(doc): Extension<OpenApiDocument>) -> Respons
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(templates::list_templates))
-        .routes(routes!(sandboxes::create_sandbox, sandboxes::list_sandboxes))
+        .routes(routes!(
+            sandboxes::create_sandbox,
+            sandboxes::list_sandboxes
+        ))
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::console))
@@ -99,15 +108,22 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 
 /// The public routes.
 fn public_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(openapi_json))
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
 }
 
 /// The router (with state applied) and its OpenAPI document.
 pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
     let (v1, v1_doc) = v1_routes().split_for_parts();
     // route_layer: only matched routes authenticate, so unknown paths stay 404.
-    let v1 = v1.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
-    let (public, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(public_routes()).split_for_parts();
+    let v1 = v1.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_api_key,
+    ));
+    let (public, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(public_routes())
+        .split_for_parts();
     doc.merge(v1_doc);
     (public.merge(v1).with_state(state), doc)
 }
@@ -115,7 +131,9 @@ pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
 /// The document alone (for tooling and tests).
 pub fn document() -> OpenApiDoc {
     let (_, v1_doc) = v1_routes().split_for_parts();
-    let (_, mut doc) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi()).merge(public_routes()).split_for_parts();
+    let (_, mut doc) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+        .merge(public_routes())
+        .split_for_parts();
     doc.merge(v1_doc);
     doc
 }

@@ -14,7 +14,9 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
-use space_core::process::{OutputEvent, ProcessInfo, ProcessSpec, ProcessSpecError, PtySize, SignalRequest};
+use space_core::process::{
+    OutputEvent, ProcessInfo, ProcessSpec, ProcessSpecError, PtySize, SignalRequest,
+};
 use space_core::ErrorBody;
 use space_node::GuestError;
 use utoipa::IntoParams;
@@ -92,7 +94,11 @@ pub async fn start_process(
     ),
     security(("api_key" = []))
 )]
-pub async fn list_processes(State(st): State<AppState>, tenant: AuthTenant, SandboxPath(id): SandboxPath) -> ApiResult<Json<Vec<ProcessInfo>>> {
+pub async fn list_processes(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+) -> ApiResult<Json<Vec<ProcessInfo>>> {
     let guest = st.guest(&tenant.id, &id).await?;
     Ok(Json(guest.list_processes().await?))
 }
@@ -110,7 +116,11 @@ pub async fn list_processes(State(st): State<AppState>, tenant: AuthTenant, Sand
     ),
     security(("api_key" = []))
 )]
-pub async fn get_process(State(st): State<AppState>, tenant: AuthTenant, ProcessPath(id, pid): ProcessPath) -> ApiResult<Json<ProcessInfo>> {
+pub async fn get_process(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    ProcessPath(id, pid): ProcessPath,
+) -> ApiResult<Json<ProcessInfo>> {
     let guest = st.guest(&tenant.id, &id).await?;
     Ok(Json(guest.process(pid).await?))
 }
@@ -179,8 +189,13 @@ pub async fn stdin(
     body: Body,
 ) -> ApiResult<StatusCode> {
     let guest = st.guest(&tenant.id, &id).await?;
-    let data = body.into_data_stream().map_err(std::io::Error::other).boxed();
-    guest.write_stdin(pid, data, q.close.unwrap_or(false)).await?;
+    let data = body
+        .into_data_stream()
+        .map_err(std::io::Error::other)
+        .boxed();
+    guest
+        .write_stdin(pid, data, q.close.unwrap_or(false))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -206,7 +221,10 @@ pub async fn signal(
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> ApiResult<StatusCode> {
     if !(1..=64).contains(&req.signal) {
-        return Err(ApiError::invalid(format!("signal must be between 1 and 64, got {}", req.signal)));
+        return Err(ApiError::invalid(format!(
+            "signal must be between 1 and 64, got {}",
+            req.signal
+        )));
     }
     let guest = st.guest(&tenant.id, &id).await?;
     guest.signal(pid, req.signal).await?;
@@ -236,7 +254,9 @@ pub async fn resize(
     ApiJson(size): ApiJson<PtySize>,
 ) -> ApiResult<StatusCode> {
     if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
-        return Err(ApiError::invalid("pty rows and cols must be between 1 and 1000"));
+        return Err(ApiError::invalid(
+            "pty rows and cols must be between 1 and 1000",
+        ));
     }
     let guest = st.guest(&tenant.id, &id).await?;
     guest.resize(pid, size).await?;
@@ -274,8 +294,21 @@ pub async fn exec(
     let (first, rest) = events.into_future().await;
     let head: Vec<Result<OutputEvent, GuestError>> = match first {
         Some(Ok(ev @ OutputEvent::Started { .. })) => vec![Ok(ev)],
-        Some(other) => vec![Ok(OutputEvent::Started { seq: 0, id: info.id, pid: info.pid }), other],
-        None => vec![Ok(OutputEvent::Started { seq: 0, id: info.id, pid: info.pid })],
+        Some(other) => vec![
+            Ok(OutputEvent::Started {
+                seq: 0,
+                id: info.id,
+                pid: info.pid,
+            }),
+            other,
+        ],
+        None => vec![Ok(OutputEvent::Started {
+            seq: 0,
+            id: info.id,
+            pid: info.pid,
+        })],
     };
-    Ok(ndjson_response(futures::stream::iter(head).chain(rest).boxed()))
+    Ok(ndjson_response(
+        futures::stream::iter(head).chain(rest).boxed(),
+    ))
 }

@@ -16,8 +16,8 @@ use axum::Json;
 use serde::Deserialize;
 use space_core::process::validate_env;
 use space_core::sandbox::{
-    validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList, SetTimeoutRequest, MAX_LABELS,
-    MAX_TIMEOUT_SECS,
+    validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList,
+    SetTimeoutRequest, MAX_LABELS, MAX_TIMEOUT_SECS,
 };
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState};
@@ -39,21 +39,34 @@ pub const MAX_CONSOLE_BYTES: usize = 1024 * 1024;
 
 /// The API view of a sandbox: the desired state from the database merged with the node's
 /// live record. `creating` says the create call is still under way in this process.
-pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxRecord>, creating: bool) -> SandboxInfo {
+pub fn sandbox_info(
+    row: &SandboxRow,
+    record: Option<&SandboxRecord>,
+    creating: bool,
+) -> SandboxInfo {
     let (state, failure_reason) = match (row.desired_state, record) {
-        (DesiredState::Deleted, Some(r)) if r.state != SandboxState::Deleted => (SandboxState::Deleting, None),
-        (DesiredState::Deleted, _) => (SandboxState::Deleted, None),
-        (DesiredState::Running, Some(r)) if r.state == SandboxState::Deleted => {
-            (SandboxState::Failed, Some("the sandbox was deleted on its node".to_owned()))
+        (DesiredState::Deleted, Some(r)) if r.state != SandboxState::Deleted => {
+            (SandboxState::Deleting, None)
         }
+        (DesiredState::Deleted, _) => (SandboxState::Deleted, None),
+        (DesiredState::Running, Some(r)) if r.state == SandboxState::Deleted => (
+            SandboxState::Failed,
+            Some("the sandbox was deleted on its node".to_owned()),
+        ),
         (DesiredState::Running, Some(r)) => (r.state, r.failure_reason.clone()),
         (DesiredState::Running, None) if creating => (SandboxState::Creating, None),
-        (DesiredState::Running, None) => (SandboxState::Failed, Some("its node has no record of this sandbox".to_owned())),
+        (DesiredState::Running, None) => (
+            SandboxState::Failed,
+            Some("its node has no record of this sandbox".to_owned()),
+        ),
     };
     SandboxInfo {
         id: row.id.clone(),
         template: row.template.clone(),
-        template_digest: record.map_or_else(|| row.template_digest.clone(), |r| r.template_digest.clone()),
+        template_digest: record.map_or_else(
+            || row.template_digest.clone(),
+            |r| r.template_digest.clone(),
+        ),
         state,
         resources: record.map_or(row.spec.resources, |r| r.resources),
         labels: row.labels.clone(),
@@ -67,7 +80,11 @@ pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxRecord>, creating: 
 }
 
 fn info_now(st: &AppState, row: &SandboxRow) -> SandboxInfo {
-    sandbox_info(row, st.node.sandbox(&row.id).as_ref(), st.creating.contains(&row.id))
+    sandbox_info(
+        row,
+        st.node.sandbox(&row.id).as_ref(),
+        st.creating.contains(&row.id),
+    )
 }
 
 /// Checks the parts of a create request that need no template.
@@ -89,13 +106,18 @@ pub fn validate_create(req: &CreateSandboxRequest) -> Result<(), ApiError> {
 /// A sandbox timeout must be 1..=[`MAX_TIMEOUT_SECS`].
 pub fn validate_timeout(secs: u64) -> Result<(), ApiError> {
     if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {
-        return Err(ApiError::invalid(format!("timeout_secs must be between 1 and {MAX_TIMEOUT_SECS}, got {secs}")));
+        return Err(ApiError::invalid(format!(
+            "timeout_secs must be between 1 and {MAX_TIMEOUT_SECS}, got {secs}"
+        )));
     }
     Ok(())
 }
 
 fn template_not_found(name: &str) -> ApiError {
-    ApiError::not_found(format!("template '{}' not found", name.chars().take(64).collect::<String>()))
+    ApiError::not_found(format!(
+        "template '{}' not found",
+        name.chars().take(64).collect::<String>()
+    ))
 }
 
 /// Create a sandbox; returns once its daemon is ready.
@@ -127,17 +149,22 @@ pub async fn create_sandbox(
     }
     let node = st.node.clone();
     let name = req.template.clone();
-    let template = tokio::task::spawn_blocking(move || node.template(&name)).await.map_err(ApiError::internal)?;
+    let template = tokio::task::spawn_blocking(move || node.template(&name))
+        .await
+        .map_err(ApiError::internal)?;
     let template = match template {
         Ok(t) => t,
         Err(NodeError::TemplateNotFound(_)) => return Err(template_not_found(&req.template)),
         Err(e) => return Err(e.into()),
     };
     let resources = req.resources.resolve(template.default_resources);
-    resources.validate(template.image_size_mib).map_err(|e| ApiError::invalid(e.to_string()))?;
+    resources
+        .validate(template.image_size_mib)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
 
     let now = now_ms();
-    let timeout_ms = i64::try_from(req.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
+    let timeout_ms =
+        i64::try_from(req.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
     let id = SandboxId::generate();
     let row = SandboxRow {
         id: id.clone(),
@@ -145,7 +172,10 @@ pub async fn create_sandbox(
         node: st.node.name().to_owned(),
         template: template.name.clone(),
         template_digest: template.digest.clone(),
-        spec: SandboxSpec { resources, env_keys: req.env.keys().cloned().collect() },
+        spec: SandboxSpec {
+            resources,
+            env_keys: req.env.keys().cloned().collect(),
+        },
         labels: req.labels.clone(),
         desired_state: DesiredState::Running,
         created_at_ms: now,
@@ -188,9 +218,15 @@ async fn finish_create(
     let failure = match result {
         Ok(record) if record.state == SandboxState::Running => {
             row.spec.resources = record.resources;
-            st.db.set_created(&row.id, &record.template_digest, &row.spec, latency).await?;
+            st.db
+                .set_created(&row.id, &record.template_digest, &row.spec, latency)
+                .await?;
             tracing::info!(sandbox = %row.id, latency_ms = latency, "sandbox running");
-            let row = st.db.sandbox_any_tenant(&row.id).await?.ok_or_else(|| ApiError::sandbox_not_found(&row.id))?;
+            let row = st
+                .db
+                .sandbox_any_tenant(&row.id)
+                .await?
+                .ok_or_else(|| ApiError::sandbox_not_found(&row.id))?;
             return Ok(sandbox_info(&row, Some(&record), false));
         }
         Ok(record) => ApiError::new(
@@ -198,7 +234,10 @@ async fn finish_create(
             format!(
                 "sandbox failed to start ({}): {}",
                 record.state,
-                record.failure_reason.as_deref().unwrap_or("no reason recorded")
+                record
+                    .failure_reason
+                    .as_deref()
+                    .unwrap_or("no reason recorded")
             ),
         ),
         Err(e) => ApiError::from(e),
@@ -209,7 +248,9 @@ async fn finish_create(
     st.db.mark_deleted(&row.id, now_ms()).await?;
     match st.node.delete_sandbox(&row.id).await {
         Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
-        Err(e) => tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry"),
+        Err(e) => {
+            tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry")
+        }
     }
     Err(failure)
 }
@@ -229,15 +270,22 @@ pub fn parse_list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match &*k {
             "label" => {
-                let (lk, lv) = v.split_once('=').ok_or_else(|| ApiError::invalid("label filters are label=KEY=VALUE"))?;
+                let (lk, lv) = v
+                    .split_once('=')
+                    .ok_or_else(|| ApiError::invalid("label filters are label=KEY=VALUE"))?;
                 if out.labels.len() >= MAX_LABELS {
-                    return Err(ApiError::invalid(format!("at most {MAX_LABELS} label filters")));
+                    return Err(ApiError::invalid(format!(
+                        "at most {MAX_LABELS} label filters"
+                    )));
                 }
                 out.labels.push((lk.to_owned(), lv.to_owned()));
             }
             "state" => {
                 out.state = Some(SandboxState::parse(&v).ok_or_else(|| {
-                    ApiError::invalid(format!("unknown state {:?}", v.chars().take(32).collect::<String>()))
+                    ApiError::invalid(format!(
+                        "unknown state {:?}",
+                        v.chars().take(32).collect::<String>()
+                    ))
                 })?);
             }
             other => {
@@ -275,7 +323,11 @@ pub struct ListParams {
     ),
     security(("api_key" = []))
 )]
-pub async fn list_sandboxes(State(st): State<AppState>, tenant: AuthTenant, uri: Uri) -> ApiResult<Json<SandboxList>> {
+pub async fn list_sandboxes(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    uri: Uri,
+) -> ApiResult<Json<SandboxList>> {
     let query = parse_list_query(uri.query())?;
     let filter = match query.state {
         None => SandboxFilter::Live,
@@ -285,7 +337,12 @@ pub async fn list_sandboxes(State(st): State<AppState>, tenant: AuthTenant, uri:
     let rows = st.db.sandboxes(&tenant.id, filter).await?;
     let sandboxes = rows
         .iter()
-        .filter(|row| query.labels.iter().all(|(k, v)| row.labels.get(k) == Some(v)))
+        .filter(|row| {
+            query
+                .labels
+                .iter()
+                .all(|(k, v)| row.labels.get(k) == Some(v))
+        })
         .map(|row| info_now(&st, row))
         .filter(|info| query.state.is_none_or(|s| info.state == s))
         .collect();
@@ -306,7 +363,11 @@ pub async fn list_sandboxes(State(st): State<AppState>, tenant: AuthTenant, uri:
     ),
     security(("api_key" = []))
 )]
-pub async fn get_sandbox(State(st): State<AppState>, tenant: AuthTenant, SandboxPath(id): SandboxPath) -> ApiResult<Json<SandboxInfo>> {
+pub async fn get_sandbox(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+) -> ApiResult<Json<SandboxInfo>> {
     let row = st.find_sandbox(&tenant.id, &id).await?;
     Ok(Json(info_now(&st, &row)))
 }
@@ -325,7 +386,11 @@ pub async fn get_sandbox(State(st): State<AppState>, tenant: AuthTenant, Sandbox
     ),
     security(("api_key" = []))
 )]
-pub async fn delete_sandbox(State(st): State<AppState>, tenant: AuthTenant, SandboxPath(id): SandboxPath) -> ApiResult<StatusCode> {
+pub async fn delete_sandbox(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+) -> ApiResult<StatusCode> {
     st.live_sandbox(&tenant.id, &id).await?;
     if !st.db.mark_deleted(&id, now_ms()).await? {
         // Someone else (another request, the TTL) won the race.
@@ -338,8 +403,12 @@ pub async fn delete_sandbox(State(st): State<AppState>, tenant: AuthTenant, Sand
     match result {
         Ok(Ok(())) | Ok(Err(NodeError::SandboxNotFound(_))) => {}
         // The desired state is recorded; the reconciler retries the node side.
-        Ok(Err(e)) => tracing::warn!(sandbox = %id, error = %e, "node delete failed; the reconciler will retry"),
-        Err(e) => tracing::warn!(sandbox = %id, error = %e, "node delete task failed; the reconciler will retry"),
+        Ok(Err(e)) => {
+            tracing::warn!(sandbox = %id, error = %e, "node delete failed; the reconciler will retry")
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "node delete task failed; the reconciler will retry")
+        }
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -367,7 +436,8 @@ pub async fn set_timeout(
 ) -> ApiResult<Json<SandboxInfo>> {
     validate_timeout(req.timeout_secs)?;
     st.live_sandbox(&tenant.id, &id).await?;
-    let expires = now_ms().saturating_add(i64::try_from(req.timeout_secs * 1000).unwrap_or(i64::MAX));
+    let expires =
+        now_ms().saturating_add(i64::try_from(req.timeout_secs * 1000).unwrap_or(i64::MAX));
     if !st.db.set_expiry(&id, expires).await? {
         return Err(ApiError::sandbox_not_found(&id));
     }
@@ -406,12 +476,20 @@ pub async fn console(
 ) -> ApiResult<Response> {
     let bytes = q.bytes.unwrap_or(DEFAULT_CONSOLE_BYTES);
     if !(1..=MAX_CONSOLE_BYTES).contains(&bytes) {
-        return Err(ApiError::invalid(format!("bytes must be between 1 and {MAX_CONSOLE_BYTES}")));
+        return Err(ApiError::invalid(format!(
+            "bytes must be between 1 and {MAX_CONSOLE_BYTES}"
+        )));
     }
     st.live_sandbox(&tenant.id, &id).await?;
     let node = st.node.clone();
-    let text = tokio::task::spawn_blocking(move || node.console_tail(&id, bytes)).await.map_err(ApiError::internal)??;
-    Ok(([(CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from(text)).into_response())
+    let text = tokio::task::spawn_blocking(move || node.console_tail(&id, bytes))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok((
+        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+        Body::from(text),
+    )
+        .into_response())
 }
 
 #[cfg(test)]
@@ -429,7 +507,10 @@ mod tests {
             node: "local".into(),
             template: "base".into(),
             template_digest: "d1".into(),
-            spec: SandboxSpec { resources: Resources::default(), env_keys: vec!["A".into()] },
+            spec: SandboxSpec {
+                resources: Resources::default(),
+                env_keys: vec!["A".into()],
+            },
             labels: BTreeMap::new(),
             desired_state: desired,
             created_at_ms: 1,
@@ -444,7 +525,10 @@ mod tests {
             id: row.id.clone(),
             template: row.template.clone(),
             template_digest: "d2".into(),
-            resources: Resources { vcpus: 2, ..Resources::default() },
+            resources: Resources {
+                vcpus: 2,
+                ..Resources::default()
+            },
             state,
             failure_reason: (state == SandboxState::Failed).then(|| "boom".into()),
             created_at_ms: 1,
@@ -457,10 +541,20 @@ mod tests {
     fn merge_prefers_the_live_record() {
         let r = row(DesiredState::Running);
         let info = sandbox_info(&r, Some(&record(&r, SandboxState::Running)), false);
-        assert_eq!((info.state, info.template_digest.as_str(), info.resources.vcpus), (SandboxState::Running, "d2", 2));
+        assert_eq!(
+            (
+                info.state,
+                info.template_digest.as_str(),
+                info.resources.vcpus
+            ),
+            (SandboxState::Running, "d2", 2)
+        );
         assert_eq!(info.env_keys, vec!["A".to_owned()]);
         let info = sandbox_info(&r, Some(&record(&r, SandboxState::Failed)), false);
-        assert_eq!((info.state, info.failure_reason.as_deref()), (SandboxState::Failed, Some("boom")));
+        assert_eq!(
+            (info.state, info.failure_reason.as_deref()),
+            (SandboxState::Failed, Some("boom"))
+        );
     }
 
     #[test]
@@ -470,13 +564,19 @@ mod tests {
         assert_eq!(sandbox_info(&r, None, false).state, SandboxState::Failed);
         let d = row(DesiredState::Deleted);
         assert_eq!(sandbox_info(&d, None, false).state, SandboxState::Deleted);
-        assert_eq!(sandbox_info(&d, Some(&record(&d, SandboxState::Running)), false).state, SandboxState::Deleting);
+        assert_eq!(
+            sandbox_info(&d, Some(&record(&d, SandboxState::Running)), false).state,
+            SandboxState::Deleting
+        );
     }
 
     #[test]
     fn list_query() {
         let q = parse_list_query(Some("label=a%3Db=c&label=x=y&state=running")).unwrap();
-        assert_eq!(q.labels, vec![("a".into(), "b=c".into()), ("x".into(), "y".into())]);
+        assert_eq!(
+            q.labels,
+            vec![("a".into(), "b=c".into()), ("x".into(), "y".into())]
+        );
         assert_eq!(q.state, Some(SandboxState::Running));
         assert_eq!(parse_list_query(None).unwrap(), ListQuery::default());
         assert!(parse_list_query(Some("label=nokey")).is_err());
@@ -486,7 +586,10 @@ mod tests {
 
     #[test]
     fn create_validation() {
-        let mut req = CreateSandboxRequest { template: "base".into(), ..Default::default() };
+        let mut req = CreateSandboxRequest {
+            template: "base".into(),
+            ..Default::default()
+        };
         assert!(validate_create(&req).is_ok());
         req.timeout_secs = Some(0);
         assert!(validate_create(&req).is_err());

@@ -20,7 +20,10 @@ use super::AppState;
     ),
     security(("api_key" = []))
 )]
-pub async fn list_templates(State(st): State<AppState>, _tenant: AuthTenant) -> ApiResult<Json<Vec<TemplateInfo>>> {
+pub async fn list_templates(
+    State(st): State<AppState>,
+    _tenant: AuthTenant,
+) -> ApiResult<Json<Vec<TemplateInfo>>> {
     let node = st.node.clone();
     // The node reads its template store from disk: keep that off the async workers.
     let mut templates = tokio::task::spawn_blocking(move || node.templates())

@@ -70,6 +70,8 @@ mod tests {
         for pair in MIGRATIONS.windows(2) {
             assert!(pair[0].version < pair[1].version);
         }
-        assert!(MIGRATIONS.iter().all(|m| m.version > 0 && !m.statements.is_empty()));
+        assert!(MIGRATIONS
+            .iter()
+            .all(|m| m.version > 0 && !m.statements.is_empty()));
     }
 }

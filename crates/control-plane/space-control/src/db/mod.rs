@@ -148,13 +148,16 @@ impl Db {
 
     /// Applies every migration not yet recorded. Safe to run at every start.
     pub async fn migrate(&self) -> Result<(), DbError> {
-        sqlx::query(migrations::CREATE_MIGRATIONS_TABLE).execute(&self.pool).await?;
+        sqlx::query(migrations::CREATE_MIGRATIONS_TABLE)
+            .execute(&self.pool)
+            .await?;
         for m in migrations::MIGRATIONS {
             let mut tx = self.pool.begin().await?;
-            let done: Option<i64> = sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = $1")
-                .bind(m.version)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let done: Option<i64> =
+                sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = $1")
+                    .bind(m.version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
             if done.is_some() {
                 continue;
             }
@@ -168,14 +171,22 @@ impl Db {
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            tracing::info!(version = m.version, description = m.description, "applied database migration");
+            tracing::info!(
+                version = m.version,
+                description = m.description,
+                "applied database migration"
+            );
         }
         Ok(())
     }
 
     /// Versions of the applied migrations.
     pub async fn applied_migrations(&self) -> Result<Vec<i64>, DbError> {
-        Ok(sqlx::query_scalar("SELECT version FROM schema_migrations ORDER BY version").fetch_all(&self.pool).await?)
+        Ok(
+            sqlx::query_scalar("SELECT version FROM schema_migrations ORDER BY version")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {
@@ -206,9 +217,18 @@ mod tests {
     #[test]
     fn urls_select_backends_and_hide_passwords() {
         assert_eq!(backend_of("sqlite:///tmp/x.db").unwrap(), Backend::Sqlite);
-        assert_eq!(backend_of("postgres://u:p@h/db").unwrap(), Backend::Postgres);
+        assert_eq!(
+            backend_of("postgres://u:p@h/db").unwrap(),
+            Backend::Postgres
+        );
         assert!(backend_of("mysql://u:p@h/db").is_err());
-        assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
-        assert!(!backend_of("mysql://u:secret@h/db").unwrap_err().to_string().contains("secret"));
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
+        assert!(!backend_of("mysql://u:secret@h/db")
+            .unwrap_err()
+            .to_string()
+            .contains("secret"));
     }
 }

@@ -31,7 +31,10 @@ impl DesiredState {
         match s {
             "running" => Ok(DesiredState::Running),
             "deleted" => Ok(DesiredState::Deleted),
-            other => Err(DbError::Corrupt { table: "sandboxes", reason: format!("desired_state {other:?}") }),
+            other => Err(DbError::Corrupt {
+                table: "sandboxes",
+                reason: format!("desired_state {other:?}"),
+            }),
         }
     }
 }
@@ -86,11 +89,15 @@ pub enum SandboxFilter {
     All,
 }
 
-const COLUMNS: &str = "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
+const COLUMNS: &str =
+    "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
                        created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms";
 
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
-    DbError::Corrupt { table: "sandboxes", reason: reason.to_string() }
+    DbError::Corrupt {
+        table: "sandboxes",
+        reason: reason.to_string(),
+    }
 }
 
 fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
@@ -143,21 +150,36 @@ impl Db {
     }
 
     /// One sandbox of a tenant, in any desired state; `None` if missing or another tenant's.
-    pub async fn sandbox(&self, tenant: &TenantId, id: &SandboxId) -> Result<Option<SandboxRow>, DbError> {
+    pub async fn sandbox(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<Option<SandboxRow>, DbError> {
         let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1 AND tenant_id = $2");
-        let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(self.pool()).await?;
+        let row = sqlx::query(&sql)
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .fetch_optional(self.pool())
+            .await?;
         row.as_ref().map(row_to_sandbox).transpose()
     }
 
     /// One sandbox regardless of tenant (for the reconciler and admin tools).
     pub async fn sandbox_any_tenant(&self, id: &SandboxId) -> Result<Option<SandboxRow>, DbError> {
         let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1");
-        let row = sqlx::query(&sql).bind(id.as_str()).fetch_optional(self.pool()).await?;
+        let row = sqlx::query(&sql)
+            .bind(id.as_str())
+            .fetch_optional(self.pool())
+            .await?;
         row.as_ref().map(row_to_sandbox).transpose()
     }
 
     /// A tenant's sandboxes, newest first.
-    pub async fn sandboxes(&self, tenant: &TenantId, filter: SandboxFilter) -> Result<Vec<SandboxRow>, DbError> {
+    pub async fn sandboxes(
+        &self,
+        tenant: &TenantId,
+        filter: SandboxFilter,
+    ) -> Result<Vec<SandboxRow>, DbError> {
         let (cond, state) = match filter {
             SandboxFilter::Live => ("AND desired_state = $2", Some(DesiredState::Running)),
             SandboxFilter::Deleted => ("AND desired_state = $2", Some(DesiredState::Deleted)),
@@ -174,8 +196,13 @@ impl Db {
 
     /// Every sandbox that should exist, all tenants (the reconciler's input).
     pub async fn live_sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
-        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE desired_state = $1 ORDER BY created_at_ms, id");
-        let rows = sqlx::query(&sql).bind(DesiredState::Running.as_str()).fetch_all(self.pool()).await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM sandboxes WHERE desired_state = $1 ORDER BY created_at_ms, id"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(DesiredState::Running.as_str())
+            .fetch_all(self.pool())
+            .await?;
         rows.iter().map(row_to_sandbox).collect()
     }
 
@@ -194,17 +221,25 @@ impl Db {
 
     /// Sets the automatic deletion time of a live sandbox; `false` if it is not live.
     pub async fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<bool, DbError> {
-        let done = sqlx::query("UPDATE sandboxes SET expires_at_ms = $1 WHERE id = $2 AND desired_state = $3")
-            .bind(expires_at_ms)
-            .bind(id.as_str())
-            .bind(DesiredState::Running.as_str())
-            .execute(self.pool())
-            .await?;
+        let done = sqlx::query(
+            "UPDATE sandboxes SET expires_at_ms = $1 WHERE id = $2 AND desired_state = $3",
+        )
+        .bind(expires_at_ms)
+        .bind(id.as_str())
+        .bind(DesiredState::Running.as_str())
+        .execute(self.pool())
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Records what the node reported once the sandbox was created.
-    pub async fn set_created(&self, id: &SandboxId, template_digest: &str, spec: &SandboxSpec, create_latency_ms: i64) -> Result<(), DbError> {
+    pub async fn set_created(
+        &self,
+        id: &SandboxId,
+        template_digest: &str,
+        spec: &SandboxSpec,
+        create_latency_ms: i64,
+    ) -> Result<(), DbError> {
         sqlx::query("UPDATE sandboxes SET template_digest = $1, spec = $2, create_latency_ms = $3 WHERE id = $4")
             .bind(template_digest)
             .bind(to_json(spec)?)

@@ -59,18 +59,25 @@ pub const MAX_TENANT_NAME: usize = 64;
 pub fn validate_tenant_name(name: &str) -> Result<(), DbError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_TENANT_NAME
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
     if ok {
         Ok(())
     } else {
-        Err(DbError::Invalid(format!("tenant name {name:?} must be 1-{MAX_TENANT_NAME} of [a-z0-9_-]")))
+        Err(DbError::Invalid(format!(
+            "tenant name {name:?} must be 1-{MAX_TENANT_NAME} of [a-z0-9_-]"
+        )))
     }
 }
 
 fn tenant_from_row(row: &AnyRow) -> Result<Tenant, DbError> {
     let id: String = row.try_get("id")?;
     Ok(Tenant {
-        id: id.parse().map_err(|e| DbError::Corrupt { table: "tenants", reason: format!("{e}") })?,
+        id: id.parse().map_err(|e| DbError::Corrupt {
+            table: "tenants",
+            reason: format!("{e}"),
+        })?,
         name: row.try_get("name")?,
         created_at_ms: row.try_get("created_at_ms")?,
     })
@@ -80,7 +87,10 @@ fn key_from_row(row: &AnyRow) -> Result<ApiKeyInfo, DbError> {
     let tenant: String = row.try_get("tenant_id")?;
     Ok(ApiKeyInfo {
         id: row.try_get("id")?,
-        tenant_id: tenant.parse().map_err(|e| DbError::Corrupt { table: "api_keys", reason: format!("{e}") })?,
+        tenant_id: tenant.parse().map_err(|e| DbError::Corrupt {
+            table: "api_keys",
+            reason: format!("{e}"),
+        })?,
         prefix: row.try_get("prefix")?,
         created_at_ms: row.try_get("created_at_ms")?,
         revoked_at_ms: row.try_get("revoked_at_ms")?,
@@ -91,7 +101,11 @@ impl Db {
     /// Creates a tenant; `AlreadyExists` if the name is taken.
     pub async fn create_tenant(&self, name: &str) -> Result<Tenant, DbError> {
         validate_tenant_name(name)?;
-        let tenant = Tenant { id: TenantId::generate(), name: name.to_owned(), created_at_ms: now_ms() };
+        let tenant = Tenant {
+            id: TenantId::generate(),
+            name: name.to_owned(),
+            created_at_ms: now_ms(),
+        };
         sqlx::query("INSERT INTO tenants (id, name, created_at_ms) VALUES ($1, $2, $3)")
             .bind(tenant.id.as_str())
             .bind(&tenant.name)
@@ -122,7 +136,9 @@ impl Db {
 
     /// Every tenant, by name.
     pub async fn tenants(&self) -> Result<Vec<Tenant>, DbError> {
-        let rows = sqlx::query("SELECT id, name, created_at_ms FROM tenants ORDER BY name").fetch_all(self.pool()).await?;
+        let rows = sqlx::query("SELECT id, name, created_at_ms FROM tenants ORDER BY name")
+            .fetch_all(self.pool())
+            .await?;
         rows.iter().map(tenant_from_row).collect()
     }
 
@@ -148,7 +164,10 @@ impl Db {
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || "api key".to_owned()))?;
-        Ok(NewApiKey { info, plaintext: Plaintext(key.plaintext) })
+        Ok(NewApiKey {
+            info,
+            plaintext: Plaintext(key.plaintext),
+        })
     }
 
     /// The tenant a (well-formed, unrevoked) key belongs to.
@@ -196,15 +215,28 @@ impl Db {
         .await?;
         let info = match row.as_slice() {
             [one] => key_from_row(one)?,
-            [] => return Err(DbError::NotFound(format!("unrevoked api key '{id_or_prefix}'"))),
-            _ => return Err(DbError::Invalid(format!("more than one key matches '{id_or_prefix}'; give the key id"))),
+            [] => {
+                return Err(DbError::NotFound(format!(
+                    "unrevoked api key '{id_or_prefix}'"
+                )))
+            }
+            _ => {
+                return Err(DbError::Invalid(format!(
+                    "more than one key matches '{id_or_prefix}'; give the key id"
+                )))
+            }
         };
         let now = now_ms();
-        sqlx::query("UPDATE api_keys SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL")
-            .bind(now)
-            .bind(&info.id)
-            .execute(self.pool())
-            .await?;
-        Ok(ApiKeyInfo { revoked_at_ms: Some(now), ..info })
+        sqlx::query(
+            "UPDATE api_keys SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL",
+        )
+        .bind(now)
+        .bind(&info.id)
+        .execute(self.pool())
+        .await?;
+        Ok(ApiKeyInfo {
+            revoked_at_ms: Some(now),
+            ..info
+        })
     }
 }

@@ -28,25 +28,48 @@ pub async fn test_dbs() -> Vec<TestDb> {
 
 pub async fn sqlite_db() -> TestDb {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::connect(&space_control::db::default_sqlite_url(dir.path())).await.unwrap();
-    TestDb { db, label: "sqlite", _dir: Some(dir), _pg: None }
+    let db = Db::connect(&space_control::db::default_sqlite_url(dir.path()))
+        .await
+        .unwrap();
+    TestDb {
+        db,
+        label: "sqlite",
+        _dir: Some(dir),
+        _pg: None,
+    }
 }
 
 /// A fresh database on the server named by `SPACE_TEST_POSTGRES_URL`, dropped afterwards.
 pub async fn postgres_db() -> Option<TestDb> {
-    let admin_url = std::env::var("SPACE_TEST_POSTGRES_URL").ok().filter(|s| !s.is_empty())?;
-    let name = format!("space_test_{}", space_core::SandboxId::generate().as_str().trim_start_matches("sbx-"));
+    let admin_url = std::env::var("SPACE_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    let name = format!(
+        "space_test_{}",
+        space_core::SandboxId::generate()
+            .as_str()
+            .trim_start_matches("sbx-")
+    );
     run_admin(&admin_url, &format!("CREATE DATABASE {name}")).await;
     let url = with_database(&admin_url, &name);
     let db = Db::connect(&url).await.unwrap();
-    Some(TestDb { db, label: "postgres", _dir: None, _pg: Some(PgDatabase { admin_url, name }) })
+    Some(TestDb {
+        db,
+        label: "postgres",
+        _dir: None,
+        _pg: Some(PgDatabase { admin_url, name }),
+    })
 }
 
 /// Replaces the database name in a postgres URL (keeping any query string).
 pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
     let scheme_end = base.find("://").unwrap() + 3;
-    let host_end = base[scheme_end..].find('/').map_or(base.len(), |i| scheme_end + i);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
     let mut out = format!("{}/{}", &base[..host_end], name);
     if let Some(q) = query {
         out.push('?');
@@ -74,7 +97,10 @@ impl Drop for PgDatabase {
         let admin_url = self.admin_url.clone();
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(run_admin(&admin_url, &sql));
         })
         .join();
@@ -84,7 +110,9 @@ impl Drop for PgDatabase {
 /// Root of what tests create on the machine (shared with the end-to-end suite, whose leak
 /// check unmounts it): `$SPACE_TEST_ROOT` or `/var/tmp/space-test`.
 pub fn test_root() -> PathBuf {
-    std::env::var_os("SPACE_TEST_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"))
+    std::env::var_os("SPACE_TEST_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/space-test"))
 }
 
 /// Size of the shared (sparse) btrfs image, as the end-to-end suite opens it.
@@ -97,9 +125,15 @@ fn shared_store_root() -> &'static Path {
     ROOT.get_or_init(|| {
         let root = test_root();
         std::fs::create_dir_all(&root).unwrap();
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(".setup.lock")).unwrap();
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(root.join(".setup.lock"))
+            .unwrap();
         fs4::fs_std::FileExt::lock_exclusive(&lock).unwrap();
-        let store = space_storage::Store::open(&root, SHARED_STORE_BYTES).unwrap_or_else(|e| panic!("shared test store: {e}"));
+        let store = space_storage::Store::open(&root, SHARED_STORE_BYTES)
+            .unwrap_or_else(|e| panic!("shared test store: {e}"));
         let _ = fs4::fs_std::FileExt::unlock(&lock);
         store.root().to_owned()
     })
@@ -146,7 +180,14 @@ impl TestServer {
         let server = Server::start(cfg).await.unwrap();
         let key = server.first_api_key().unwrap().to_owned();
         let addr = server.addr();
-        TestServer { url: server.url(), addr, key, server: Some(server), http: reqwest::Client::new(), dir }
+        TestServer {
+            url: server.url(),
+            addr,
+            key,
+            server: Some(server),
+            http: reqwest::Client::new(),
+            dir,
+        }
     }
 
     pub fn db(&self) -> &Db {
@@ -154,11 +195,15 @@ impl TestServer {
     }
 
     pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.get(format!("{}{}", self.url, path)).bearer_auth(&self.key)
+        self.http
+            .get(format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
     }
 
     pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http.request(method, format!("{}{}", self.url, path)).bearer_auth(&self.key)
+        self.http
+            .request(method, format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
     }
 
     pub async fn stop(mut self) {
@@ -172,7 +217,7 @@ impl TestServer {
 pub async fn error_of(resp: reqwest::Response) -> (u16, space_core::ErrorBody) {
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    let body: space_core::ErrorBody =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not an ErrorBody ({e}): {status} {text}"));
+    let body: space_core::ErrorBody = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("not an ErrorBody ({e}): {status} {text}"));
     (status, body)
 }

@@ -49,7 +49,11 @@ where
             behave(io).await;
         }
     });
-    FakeGuest { sock, _dir: dir, task }
+    FakeGuest {
+        sock,
+        _dir: dir,
+        task,
+    }
 }
 
 /// The guest side of the handshake, as the contract describes it: ignore everything but a
@@ -61,7 +65,12 @@ pub async fn guest_handshake(mut s: UnixStream) -> Option<GuestIo> {
         if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
             if let Some(h) = Hello::parse(&line[..line.len() - 1]) {
-                let ready = Ready { version: 1, nonce: h.nonce, boot_id: "fakeboot".into(), daemon_version: "0.0.0-fake".into() };
+                let ready = Ready {
+                    version: 1,
+                    nonce: h.nonce,
+                    boot_id: "fakeboot".into(),
+                    daemon_version: "0.0.0-fake".into(),
+                };
                 s.write_all(ready.encode().as_bytes()).await.ok()?;
                 break;
             }
@@ -99,7 +108,11 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let handler = Arc::new(handler);
-    let Ok(mut conn) = h2::server::Builder::new().max_concurrent_streams(256).handshake::<_, Bytes>(io).await else {
+    let Ok(mut conn) = h2::server::Builder::new()
+        .max_concurrent_streams(256)
+        .handshake::<_, Bytes>(io)
+        .await
+    else {
         return;
     };
     while let Some(Ok((req, respond))) = conn.accept().await {
@@ -121,7 +134,10 @@ pub async fn send_all(stream: &mut SendStream<Bytes>, mut data: Bytes, end: bool
                 _ => return false,
             }
         };
-        if stream.send_data(data.split_to(cap.min(data.len())), false).is_err() {
+        if stream
+            .send_data(data.split_to(cap.min(data.len())), false)
+            .is_err()
+        {
             return false;
         }
     }
@@ -154,5 +170,7 @@ pub async fn read_all(body: &mut RecvStream) -> Result<Vec<u8>, h2::Error> {
 
 /// A generous guard so a broken test fails instead of hanging; never a timing assertion.
 pub async fn guard<T>(fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(std::time::Duration::from_secs(120), fut).await.expect("test guard: took far too long")
+    tokio::time::timeout(std::time::Duration::from_secs(120), fut)
+        .await
+        .expect("test guard: took far too long")
 }

@@ -21,11 +21,17 @@ pub(super) async fn health(axum::extract::State(st): St) -> Json<Health> {
     })
 }
 
-pub(super) async fn configure(axum::extract::State(st): St, ApiJson(cfg): ApiJson<GuestConfig>) -> Result<StatusCode, ApiError> {
+pub(super) async fn configure(
+    axum::extract::State(st): St,
+    ApiJson(cfg): ApiJson<GuestConfig>,
+) -> Result<StatusCode, ApiError> {
     if !system::valid_hostname(&cfg.hostname) {
-        return Err(ApiError::invalid("hostname must be 1-64 letters, digits, '-' or '.'"));
+        return Err(ApiError::invalid(
+            "hostname must be 1-64 letters, digits, '-' or '.'",
+        ));
     }
-    validate_env(&cfg.env).map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
+    validate_env(&cfg.env)
+        .map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
     validate_user_name(&cfg.default_user).map_err(|()| ApiError::invalid("bad default_user"))?;
 
     {
@@ -41,18 +47,24 @@ pub(super) async fn configure(axum::extract::State(st): St, ApiJson(cfg): ApiJso
         tracing::info!(hostname = %cfg.hostname, resize_root = cfg.resize_root, "development channel: not changing hostname, clock or disks");
         return Ok(StatusCode::NO_CONTENT);
     }
-    system::set_hostname(&cfg.hostname).map_err(|e| ApiError::internal(format!("sethostname: {e}")))?;
+    system::set_hostname(&cfg.hostname)
+        .map_err(|e| ApiError::internal(format!("sethostname: {e}")))?;
     if let Err(e) = system::ensure_hosts_entry(&cfg.hostname) {
         tracing::warn!(error = %e, "cannot add hostname to /etc/hosts");
     }
     if cfg.time_unix_ms > 0 {
-        system::set_clock(cfg.time_unix_ms).map_err(|e| ApiError::internal(format!("clock_settime: {e}")))?;
+        system::set_clock(cfg.time_unix_ms)
+            .map_err(|e| ApiError::internal(format!("clock_settime: {e}")))?;
     }
     if cfg.resize_root {
         let res = tokio::task::spawn_blocking(|| resize::grow(std::path::Path::new("/"))).await?;
         match res {
-            Ok(r) => tracing::info!(device = %r.device, bytes = r.device_bytes, blocks = r.blocks, "root file system resized"),
-            Err(e @ resize::ResizeError::NotExt4 { .. }) => tracing::warn!(error = %e, "root not resized"),
+            Ok(r) => {
+                tracing::info!(device = %r.device, bytes = r.device_bytes, blocks = r.blocks, "root file system resized")
+            }
+            Err(e @ resize::ResizeError::NotExt4 { .. }) => {
+                tracing::warn!(error = %e, "root not resized")
+            }
             Err(e) => return Err(ApiError::internal(format!("resize root file system: {e}"))),
         }
     }

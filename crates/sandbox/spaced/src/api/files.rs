@@ -41,9 +41,13 @@ pub(super) struct FileQuery {
 }
 
 /// Runs `f` on a blocking thread acting as `user`.
-async fn as_user<T: Send + 'static>(user: UserInfo, f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+async fn as_user<T: Send + 'static>(
+    user: UserInfo,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(move || {
-        let _guard = FsUserGuard::act_as(&user).map_err(|e| ApiError::internal(format!("act as {}: {e}", user.name)))?;
+        let _guard = FsUserGuard::act_as(&user)
+            .map_err(|e| ApiError::internal(format!("act as {}: {e}", user.name)))?;
         f()
     })
     .await?
@@ -61,7 +65,12 @@ fn parse_mode(mode: Option<&str>, default: u32) -> Result<u32, ApiError> {
         Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
-            .ok_or_else(|| ApiError::invalid(format!("mode must be octal permission bits (e.g. 644), got '{}'", m.escape_debug()))),
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "mode must be octal permission bits (e.g. 644), got '{}'",
+                    m.escape_debug()
+                ))
+            }),
     }
 }
 
@@ -88,7 +97,13 @@ pub(super) async fn read(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Res
     });
     let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream".to_owned()), (header::HeaderName::from_static(FILE_SIZE_HEADER), size.to_string())],
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (
+                header::HeaderName::from_static(FILE_SIZE_HEADER),
+                size.to_string(),
+            ),
+        ],
         Body::from_stream(stream),
     )
         .into_response())
@@ -99,7 +114,11 @@ enum WriteMsg {
     End,
 }
 
-pub(super) async fn write(st: St, ApiQuery(q): ApiQuery<FileQuery>, body: Body) -> Result<Json<FileStat>, ApiError> {
+pub(super) async fn write(
+    st: St,
+    ApiQuery(q): ApiQuery<FileQuery>,
+    body: Body,
+) -> Result<Json<FileStat>, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
     let mode = parse_mode(q.mode.as_deref(), DEFAULT_FILE_MODE)?;
     let (tx, mut rx) = mpsc::channel::<WriteMsg>(CHANNEL_CHUNKS);
@@ -111,14 +130,19 @@ pub(super) async fn write(st: St, ApiQuery(q): ApiQuery<FileQuery>, body: Body) 
             match rx.blocking_recv() {
                 Some(WriteMsg::Data(d)) => w.write(&d)?,
                 Some(WriteMsg::End) => return w.commit(),
-                None => return Err(ApiError::invalid("request body ended early; file not written")),
+                None => {
+                    return Err(ApiError::invalid(
+                        "request body ended early; file not written",
+                    ))
+                }
             }
         }
     });
     let feed = async move {
         let mut body = body;
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| ApiError::invalid(format!("reading request body: {e}")))?;
+            let frame =
+                frame.map_err(|e| ApiError::invalid(format!("reading request body: {e}")))?;
             if let Ok(data) = frame.into_data() {
                 // A send error means the writer failed; its error is the one to report.
                 if tx.send(WriteMsg::Data(data)).await.is_err() {
@@ -135,39 +159,61 @@ pub(super) async fn write(st: St, ApiQuery(q): ApiQuery<FileQuery>, body: Body) 
     Ok(Json(stat))
 }
 
-pub(super) async fn remove(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<StatusCode, ApiError> {
+pub(super) async fn remove(
+    st: St,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<StatusCode, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
     let recursive = q.recursive;
     as_user(user, move || ops::remove(&path, recursive)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn stat(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Json<FileStat>, ApiError> {
+pub(super) async fn stat(
+    st: St,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<Json<FileStat>, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
     as_user(user, move || ops::stat(&path)).await.map(Json)
 }
 
-pub(super) async fn list(st: St, ApiQuery(q): ApiQuery<FileQuery>) -> Result<Json<FileList>, ApiError> {
+pub(super) async fn list(
+    st: St,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<Json<FileList>, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
     let depth = q.depth.unwrap_or(1).clamp(1, MAX_LIST_DEPTH);
-    as_user(user, move || ops::list(&path, depth)).await.map(Json)
+    as_user(user, move || ops::list(&path, depth))
+        .await
+        .map(Json)
 }
 
-pub(super) async fn mkdir(st: St, ApiJson(req): ApiJson<MkdirRequest>) -> Result<Json<FileStat>, ApiError> {
+pub(super) async fn mkdir(
+    st: St,
+    ApiJson(req): ApiJson<MkdirRequest>,
+) -> Result<Json<FileStat>, ApiError> {
     let (user, path) = target(&st, &req.path, req.user.as_deref())?;
     let mode = req.mode.unwrap_or(DEFAULT_DIR_MODE);
     if mode > 0o7777 {
         return Err(ApiError::invalid("mode must be at most 0o7777"));
     }
-    as_user(user, move || ops::mkdir_p(&path, mode)).await.map(Json)
+    as_user(user, move || ops::mkdir_p(&path, mode))
+        .await
+        .map(Json)
 }
 
-pub(super) async fn rename(st: St, ApiJson(req): ApiJson<RenameRequest>) -> Result<StatusCode, ApiError> {
+pub(super) async fn rename(
+    st: St,
+    ApiJson(req): ApiJson<RenameRequest>,
+) -> Result<StatusCode, ApiError> {
     let user = st.user(req.user.as_deref())?;
     let from = st.path_for(&user, &req.from)?;
     let to = st.path_for(&user, &req.to)?;
     if to.starts_with(&from) && to != from {
-        return Err(ApiError::new(ErrorCode::InvalidPath, "cannot move a directory into itself"));
+        return Err(ApiError::new(
+            ErrorCode::InvalidPath,
+            "cannot move a directory into itself",
+        ));
     }
     as_user(user, move || ops::rename(&from, &to)).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -34,13 +34,19 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(routes::HEALTH, get(configure::health))
         .route(routes::CONFIGURE, post(configure::configure))
-        .route(routes::PROCESSES, post(processes::start).get(processes::list))
+        .route(
+            routes::PROCESSES,
+            post(processes::start).get(processes::list),
+        )
         .route("/v1/processes/{id}", get(processes::get))
         .route("/v1/processes/{id}/output", get(processes::output))
         .route("/v1/processes/{id}/stdin", post(processes::stdin))
         .route("/v1/processes/{id}/signal", post(processes::signal))
         .route("/v1/processes/{id}/resize", post(processes::resize))
-        .route(routes::FILES, get(files::read).put(files::write).delete(files::remove))
+        .route(
+            routes::FILES,
+            get(files::read).put(files::write).delete(files::remove),
+        )
         .route(routes::FILES_STAT, get(files::stat))
         .route(routes::FILES_LIST, get(files::list))
         .route(routes::FILES_MKDIR, post(files::mkdir))
@@ -67,14 +73,21 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(ErrorCode::PayloadTooLarge, format!("JSON body larger than {MAX_JSON_BODY} bytes"))
-            } else {
-                ApiError::invalid(e.body_text())
-            }
-        })?;
-        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e: BytesRejection| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        ErrorCode::PayloadTooLarge,
+                        format!("JSON body larger than {MAX_JSON_BODY} bytes"),
+                    )
+                } else {
+                    ApiError::invalid(e.body_text())
+                }
+            })?;
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
     }
 }
 

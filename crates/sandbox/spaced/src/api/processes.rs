@@ -22,8 +22,12 @@ use crate::process::spawn::SpawnRequest;
 /// Longest timeout honoured (about 10 years); longer ones mean "none".
 const MAX_TIMEOUT_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
-pub(super) async fn start(axum::extract::State(st): St, ApiJson(spec): ApiJson<ProcessSpec>) -> Result<(StatusCode, Json<ProcessInfo>), ApiError> {
-    spec.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+pub(super) async fn start(
+    axum::extract::State(st): St,
+    ApiJson(spec): ApiJson<ProcessSpec>,
+) -> Result<(StatusCode, Json<ProcessInfo>), ApiError> {
+    spec.validate()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let user = st.user(spec.user.as_deref())?;
     let cwd = st.path_for(&user, spec.cwd.as_deref().unwrap_or(&user.home))?;
 
@@ -40,14 +44,34 @@ pub(super) async fn start(axum::extract::State(st): St, ApiJson(spec): ApiJson<P
             }
             err
         })
-        .and_then(|md| if md.is_dir() { Ok(()) } else { Err(ApiError::new(ErrorCode::InvalidPath, format!("working directory {} is not a directory", cwd.display()))) })?;
+        .and_then(|md| {
+            if md.is_dir() {
+                Ok(())
+            } else {
+                Err(ApiError::new(
+                    ErrorCode::InvalidPath,
+                    format!("working directory {} is not a directory", cwd.display()),
+                ))
+            }
+        })?;
 
     let config = st.config();
     let env = build_env(&user, &config.env, &spec.env, spec.pty.is_some());
     let tty_gid = crate::users::lookup_group("tty");
     let req = StartRequest {
-        spawn: SpawnRequest { argv: spec.effective_argv(), env, cwd, user, stdin: spec.stdin, pty: spec.pty, tty_gid },
-        timeout: spec.timeout_ms.filter(|t| *t <= MAX_TIMEOUT_MS).map(Duration::from_millis),
+        spawn: SpawnRequest {
+            argv: spec.effective_argv(),
+            env,
+            cwd,
+            user,
+            stdin: spec.stdin,
+            pty: spec.pty,
+            tty_gid,
+        },
+        timeout: spec
+            .timeout_ms
+            .filter(|t| *t <= MAX_TIMEOUT_MS)
+            .map(Duration::from_millis),
         tag: spec.tag,
     };
     let info = st.processes.start(req).await?;
@@ -58,7 +82,10 @@ pub(super) async fn list(axum::extract::State(st): St) -> Json<Vec<ProcessInfo>>
     Json(st.processes.list())
 }
 
-pub(super) async fn get(axum::extract::State(st): St, ProcId(id): ProcId) -> Result<Json<ProcessInfo>, ApiError> {
+pub(super) async fn get(
+    axum::extract::State(st): St,
+    ProcId(id): ProcId,
+) -> Result<Json<ProcessInfo>, ApiError> {
     Ok(Json(st.processes.get(id)?.info()))
 }
 
@@ -68,7 +95,11 @@ pub(super) struct OutputQuery {
     after: u64,
 }
 
-pub(super) async fn output(axum::extract::State(st): St, ProcId(id): ProcId, ApiQuery(q): ApiQuery<OutputQuery>) -> Result<Response, ApiError> {
+pub(super) async fn output(
+    axum::extract::State(st): St,
+    ProcId(id): ProcId,
+    ApiQuery(q): ApiQuery<OutputQuery>,
+) -> Result<Response, ApiError> {
     let proc = st.processes.get(id)?;
     let body = Body::from_stream(proc.output_stream(q.after));
     Ok(([(header::CONTENT_TYPE, NDJSON)], body).into_response())
@@ -80,10 +111,18 @@ pub(super) struct StdinQuery {
     close: bool,
 }
 
-pub(super) async fn stdin(axum::extract::State(st): St, ProcId(id): ProcId, ApiQuery(q): ApiQuery<StdinQuery>, body: Body) -> Result<StatusCode, ApiError> {
+pub(super) async fn stdin(
+    axum::extract::State(st): St,
+    ProcId(id): ProcId,
+    ApiQuery(q): ApiQuery<StdinQuery>,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
     let proc = st.processes.get(id)?;
     if !proc.has_stdin().await {
-        return Err(ApiError::new(ErrorCode::Conflict, format!("stdin of process {id} is not open (started without stdin, closed, or exited)")));
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("stdin of process {id} is not open (started without stdin, closed, or exited)"),
+        ));
     }
     let mut body = body;
     // One frame at a time: the next is not read until this one is in the pipe, so HTTP/2
@@ -102,12 +141,20 @@ pub(super) async fn stdin(axum::extract::State(st): St, ProcId(id): ProcId, ApiQ
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn signal(axum::extract::State(st): St, ProcId(id): ProcId, ApiJson(req): ApiJson<SignalRequest>) -> Result<StatusCode, ApiError> {
+pub(super) async fn signal(
+    axum::extract::State(st): St,
+    ProcId(id): ProcId,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
     st.processes.get(id)?.signal(req.signal)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn resize(axum::extract::State(st): St, ProcId(id): ProcId, ApiJson(size): ApiJson<PtySize>) -> Result<StatusCode, ApiError> {
+pub(super) async fn resize(
+    axum::extract::State(st): St,
+    ProcId(id): ProcId,
+    ApiJson(size): ApiJson<PtySize>,
+) -> Result<StatusCode, ApiError> {
     st.processes.get(id)?.resize(size)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -29,16 +29,25 @@ pub fn file_stat(path: &Path, md: &Metadata) -> FileStat {
     } else {
         FileKind::Other
     };
-    let symlink_target = ft.is_symlink().then(|| fs::read_link(path).ok()).flatten().map(|t| t.to_string_lossy().into_owned());
+    let symlink_target = ft
+        .is_symlink()
+        .then(|| fs::read_link(path).ok())
+        .flatten()
+        .map(|t| t.to_string_lossy().into_owned());
     FileStat {
         path: path.to_string_lossy().into_owned(),
-        name: path.file_name().map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
+        name: path
+            .file_name()
+            .map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
         kind,
         size: md.size(),
         mode: md.mode() & 0o7777,
         uid: md.uid(),
         gid: md.gid(),
-        modified_ms: md.mtime().saturating_mul(1000).saturating_add(md.mtime_nsec() / 1_000_000),
+        modified_ms: md
+            .mtime()
+            .saturating_mul(1000)
+            .saturating_add(md.mtime_nsec() / 1_000_000),
         symlink_target,
     }
 }
@@ -58,12 +67,21 @@ pub fn open_read(path: &Path) -> Result<(File, u64), ApiError> {
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(|e| ApiError::io("open", path, &e))?;
-    let md = file.metadata().map_err(|e| ApiError::io("stat", path, &e))?;
+    let md = file
+        .metadata()
+        .map_err(|e| ApiError::io("stat", path, &e))?;
     if md.is_dir() {
-        return Err(ApiError::io("read", path, &io::Error::from_raw_os_error(libc::EISDIR)));
+        return Err(ApiError::io(
+            "read",
+            path,
+            &io::Error::from_raw_os_error(libc::EISDIR),
+        ));
     }
     if !md.is_file() {
-        return Err(ApiError::new(ErrorCode::InvalidPath, format!("read {}: not a regular file", path.display())));
+        return Err(ApiError::new(
+            ErrorCode::InvalidPath,
+            format!("read {}: not a regular file", path.display()),
+        ));
     }
     Ok((file, md.size()))
 }
@@ -83,20 +101,32 @@ pub fn mkdir_p(path: &Path, mode: u32) -> Result<FileStat, ApiError> {
     let existed = fs::symlink_metadata(path).ok();
     if let Some(md) = &existed {
         if !md.is_dir() {
-            return Err(ApiError::io("mkdir", path, &io::Error::from_raw_os_error(libc::EEXIST)));
+            return Err(ApiError::io(
+                "mkdir",
+                path,
+                &io::Error::from_raw_os_error(libc::EEXIST),
+            ));
         }
         return Ok(file_stat(path, md));
     }
-    fs::DirBuilder::new().recursive(true).mode(mode).create(path).map_err(|e| ApiError::io("mkdir", path, &e))?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| ApiError::io("mkdir", path, &e))?;
     // The umask may have cut bits off the requested mode.
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| ApiError::io("chmod", path, &e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| ApiError::io("chmod", path, &e))?;
     stat(path)
 }
 
 /// Removes a file, symlink or (empty, or with `recursive` any) directory. Never `/`.
 pub fn remove(path: &Path, recursive: bool) -> Result<(), ApiError> {
     if path == Path::new("/") {
-        return Err(ApiError::new(ErrorCode::InvalidPath, "refusing to remove /"));
+        return Err(ApiError::new(
+            ErrorCode::InvalidPath,
+            "refusing to remove /",
+        ));
     }
     let md = fs::symlink_metadata(path).map_err(|e| ApiError::io("remove", path, &e))?;
     let res = if md.is_dir() {
@@ -116,14 +146,23 @@ pub fn remove(path: &Path, recursive: bool) -> Result<(), ApiError> {
 /// copied and the source removed; directories are refused.
 pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
     if from == Path::new("/") || to == Path::new("/") {
-        return Err(ApiError::new(ErrorCode::InvalidPath, "cannot rename / or onto /"));
+        return Err(ApiError::new(
+            ErrorCode::InvalidPath,
+            "cannot rename / or onto /",
+        ));
     }
     match fs::rename(from, to) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
             let md = fs::symlink_metadata(from).map_err(|e| ApiError::io("rename", from, &e))?;
             if !md.is_file() {
-                return Err(ApiError::new(ErrorCode::Conflict, format!("rename {}: cannot move a directory or special file across file systems", from.display())));
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "rename {}: cannot move a directory or special file across file systems",
+                        from.display()
+                    ),
+                ));
             }
             let mut src = File::open(from).map_err(|e| ApiError::io("open", from, &e))?;
             let mut w = AtomicWriter::create(to, md.mode() & 0o7777)?;
@@ -141,11 +180,23 @@ pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
 pub fn list(root: &Path, depth: u32) -> Result<FileList, ApiError> {
     let md = fs::symlink_metadata(root).map_err(|e| ApiError::io("list", root, &e))?;
     if !md.is_dir() {
-        return Err(ApiError::io("list", root, &io::Error::from_raw_os_error(libc::ENOTDIR)));
+        return Err(ApiError::io(
+            "list",
+            root,
+            &io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
     }
-    let mut lister = Lister { entries: Vec::new(), json_bytes: 64, truncated: false, full: false };
+    let mut lister = Lister {
+        entries: Vec::new(),
+        json_bytes: 64,
+        truncated: false,
+        full: false,
+    };
     lister.walk(root, 1, depth.max(1), true)?;
-    Ok(FileList { entries: lister.entries, truncated: lister.truncated })
+    Ok(FileList {
+        entries: lister.entries,
+        truncated: lister.truncated,
+    })
 }
 
 struct Lister {
@@ -181,7 +232,9 @@ impl Lister {
                 return Ok(());
             }
             let path = dir.join(&name);
-            let Ok(md) = fs::symlink_metadata(&path) else { continue };
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                continue;
+            };
             let entry = file_stat(&path, &md);
             let size = serde_json::to_vec(&entry).map_or(512, |v| v.len() + 1);
             if self.entries.len() >= MAX_LIST_ENTRIES || self.json_bytes + size > MAX_JSON_BODY {
@@ -212,14 +265,26 @@ pub struct AtomicWriter {
 impl AtomicWriter {
     /// Creates missing parents and the temporary file with `mode`.
     pub fn create(target: &Path, mode: u32) -> Result<AtomicWriter, ApiError> {
-        let parent = target.parent().ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "cannot write to /"))?;
-        let name = target.file_name().ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "path has no file name"))?;
+        let parent = target
+            .parent()
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "cannot write to /"))?;
+        let name = target
+            .file_name()
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidPath, "path has no file name"))?;
         if let Ok(md) = fs::symlink_metadata(target) {
             if md.is_dir() {
-                return Err(ApiError::io("write", target, &io::Error::from_raw_os_error(libc::EISDIR)));
+                return Err(ApiError::io(
+                    "write",
+                    target,
+                    &io::Error::from_raw_os_error(libc::EISDIR),
+                ));
             }
         }
-        fs::DirBuilder::new().recursive(true).mode(PARENT_DIR_MODE).create(parent).map_err(|e| ApiError::io("create directory", parent, &e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(PARENT_DIR_MODE)
+            .create(parent)
+            .map_err(|e| ApiError::io("create directory", parent, &e))?;
         let mut tmp_name = OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".space-tmp-{:016x}", rand::random::<u64>()));
@@ -231,21 +296,33 @@ impl AtomicWriter {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| ApiError::io("create", target, &e))?;
-        let w = AtomicWriter { target: target.to_owned(), tmp, file, committed: false };
+        let w = AtomicWriter {
+            target: target.to_owned(),
+            tmp,
+            file,
+            committed: false,
+        };
         // Exact mode regardless of the umask.
-        w.file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| ApiError::io("chmod", target, &e))?;
+        w.file
+            .set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| ApiError::io("chmod", target, &e))?;
         Ok(w)
     }
 
     /// Appends a chunk.
     pub fn write(&mut self, data: &[u8]) -> Result<(), ApiError> {
-        self.file.write_all(data).map_err(|e| ApiError::io("write", &self.target, &e))
+        self.file
+            .write_all(data)
+            .map_err(|e| ApiError::io("write", &self.target, &e))
     }
 
     /// fsync, rename over the target, fsync the directory; returns the new file's metadata.
     pub fn commit(mut self) -> Result<FileStat, ApiError> {
-        self.file.sync_all().map_err(|e| ApiError::io("fsync", &self.target, &e))?;
-        fs::rename(&self.tmp, &self.target).map_err(|e| ApiError::io("rename into place", &self.target, &e))?;
+        self.file
+            .sync_all()
+            .map_err(|e| ApiError::io("fsync", &self.target, &e))?;
+        fs::rename(&self.tmp, &self.target)
+            .map_err(|e| ApiError::io("rename into place", &self.target, &e))?;
         self.committed = true;
         if let Some(parent) = self.target.parent() {
             // Best effort: makes the rename itself durable.
@@ -277,9 +354,17 @@ mod tests {
         fs::write(p.join("a.txt"), "x").unwrap();
         fs::write(p.join("a/b/f"), "y").unwrap();
         std::os::unix::fs::symlink("/", p.join("link")).unwrap();
-        let names = |l: FileList| l.entries.into_iter().map(|e| e.path.strip_prefix(p.to_str().unwrap()).unwrap().to_owned()).collect::<Vec<_>>();
+        let names = |l: FileList| {
+            l.entries
+                .into_iter()
+                .map(|e| e.path.strip_prefix(p.to_str().unwrap()).unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(list(p, 1).unwrap()), vec!["/a", "/a.txt", "/link"]);
-        assert_eq!(names(list(p, 3).unwrap()), vec!["/a", "/a/b", "/a/b/c", "/a/b/f", "/a.txt", "/link"]);
+        assert_eq!(
+            names(list(p, 3).unwrap()),
+            vec!["/a", "/a/b", "/a/b/c", "/a/b/f", "/a.txt", "/link"]
+        );
         let l = list(p, 1).unwrap();
         assert_eq!(l.entries[2].kind, FileKind::Symlink);
         assert_eq!(l.entries[2].symlink_target.as_deref(), Some("/"));
@@ -297,6 +382,9 @@ mod tests {
         drop(w);
         assert_eq!(fs::read_dir(d.path().join("x/y")).unwrap().count(), 1);
         assert_eq!(fs::read(&target).unwrap(), b"hello");
-        assert_eq!(remove(Path::new("/"), true).unwrap_err().code(), ErrorCode::InvalidPath);
+        assert_eq!(
+            remove(Path::new("/"), true).unwrap_err().code(),
+            ErrorCode::InvalidPath
+        );
     }
 }

@@ -38,8 +38,18 @@ mod tests {
 
     #[test]
     fn layers_override_in_order() {
-        let user = UserInfo { name: "u".into(), uid: 1, gid: 1, groups: vec![1], home: "/home/u".into(), shell: "/bin/bash".into() };
-        let sandbox = BTreeMap::from([("A".to_owned(), "s".to_owned()), ("PATH".to_owned(), "/x".to_owned())]);
+        let user = UserInfo {
+            name: "u".into(),
+            uid: 1,
+            gid: 1,
+            groups: vec![1],
+            home: "/home/u".into(),
+            shell: "/bin/bash".into(),
+        };
+        let sandbox = BTreeMap::from([
+            ("A".to_owned(), "s".to_owned()),
+            ("PATH".to_owned(), "/x".to_owned()),
+        ]);
         let process = BTreeMap::from([("A".to_owned(), "p".to_owned())]);
         let env = build_env(&user, &sandbox, &process, false);
         assert_eq!(env["A"], "p");
@@ -47,6 +57,9 @@ mod tests {
         assert_eq!(env["HOME"], "/home/u");
         assert_eq!(env["LOGNAME"], "u");
         assert!(!env.contains_key("TERM"));
-        assert_eq!(build_env(&user, &sandbox, &process, true)["TERM"], DEFAULT_TERM);
+        assert_eq!(
+            build_env(&user, &sandbox, &process, true)["TERM"],
+            DEFAULT_TERM
+        );
     }
 }

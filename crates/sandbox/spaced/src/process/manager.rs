@@ -14,9 +14,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::Stream;
-use space_core::process::{ExitStatus, OutputStream, ProcessId, ProcessInfo, PtySize, MAX_OUTPUT_CHUNK};
+use space_core::process::{
+    ExitStatus, OutputStream, ProcessId, ProcessInfo, PtySize, MAX_OUTPUT_CHUNK,
+};
 use space_core::ErrorCode;
-use space_guest_proto::limits::{MAX_FINISHED_PROCESSES, MAX_JSON_BODY, MAX_RUNNING_PROCESSES, OUTPUT_REPLAY_BYTES};
+use space_guest_proto::limits::{
+    MAX_FINISHED_PROCESSES, MAX_JSON_BODY, MAX_RUNNING_PROCESSES, OUTPUT_REPLAY_BYTES,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -46,7 +50,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// One process.
@@ -97,12 +104,18 @@ impl Proc {
             return Err(ApiError::invalid("signal must be between 1 and 64"));
         }
         if self.exited() {
-            return Err(ApiError::new(ErrorCode::Conflict, format!("process {} has exited", self.id)));
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("process {} has exited", self.id),
+            ));
         }
         // SAFETY: kill with a negative pid signals the process group.
         if unsafe { libc::kill(-(self.pid as i32), signal) } < 0 {
             let e = std::io::Error::last_os_error();
-            return Err(ApiError::internal(format!("signal process group {}: {e}", self.pid)));
+            return Err(ApiError::internal(format!(
+                "signal process group {}: {e}",
+                self.pid
+            )));
         }
         Ok(())
     }
@@ -110,12 +123,18 @@ impl Proc {
     /// Changes the terminal size; 409 if the process has no pty.
     pub fn resize(&self, size: PtySize) -> Result<(), ApiError> {
         if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
-            return Err(ApiError::invalid("pty rows and cols must be between 1 and 1000"));
+            return Err(ApiError::invalid(
+                "pty rows and cols must be between 1 and 1000",
+            ));
         }
         let Some(master) = &self.master else {
-            return Err(ApiError::new(ErrorCode::Conflict, format!("process {} does not run on a pty", self.id)));
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("process {} does not run on a pty", self.id),
+            ));
         };
-        super::pty::set_size(&master.raw(), size).map_err(|e| ApiError::internal(format!("resize pty: {e}")))
+        super::pty::set_size(&master.raw(), size)
+            .map_err(|e| ApiError::internal(format!("resize pty: {e}")))
     }
 
     /// Writes a chunk to stdin, waiting while the pipe is full.
@@ -142,7 +161,10 @@ impl Proc {
                 guard.take();
                 Ok(())
             }
-            Some(StdinSink::Pty(fd)) => fd.write_all(&[PTY_EOF]).await.map_err(|_| self.stdin_closed()),
+            Some(StdinSink::Pty(fd)) => fd
+                .write_all(&[PTY_EOF])
+                .await
+                .map_err(|_| self.stdin_closed()),
             None => Ok(()),
         }
     }
@@ -153,11 +175,20 @@ impl Proc {
     }
 
     fn stdin_closed(&self) -> ApiError {
-        ApiError::new(ErrorCode::Conflict, format!("stdin of process {} is not open (started without stdin, closed, or exited)", self.id))
+        ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "stdin of process {} is not open (started without stdin, closed, or exited)",
+                self.id
+            ),
+        )
     }
 
     /// NDJSON output events with `seq > after`, following live output until `exit`.
-    pub fn output_stream(self: Arc<Self>, after: u64) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    pub fn output_stream(
+        self: Arc<Self>,
+        after: u64,
+    ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
         let rx = self.seen.subscribe();
         futures::stream::unfold(Some((self, after, rx)), |state| async move {
             let (proc, mut after, mut rx) = state?;
@@ -215,7 +246,11 @@ pub struct StartRequest {
 impl ProcessManager {
     /// An empty table; `reaper` must already be started.
     pub fn new(reaper: Arc<Reaper>) -> Arc<Self> {
-        Arc::new(ProcessManager { next_id: AtomicU64::new(1), table: Mutex::new(Table::default()), reaper })
+        Arc::new(ProcessManager {
+            next_id: AtomicU64::new(1),
+            table: Mutex::new(Table::default()),
+            reaper,
+        })
     }
 
     /// Processes currently running.
@@ -268,7 +303,10 @@ impl ProcessManager {
         {
             let mut t = lock(&self.table);
             if t.running >= MAX_RUNNING_PROCESSES {
-                return Err(ApiError::new(ErrorCode::TooManyRequests, format!("at most {MAX_RUNNING_PROCESSES} processes may run at once")));
+                return Err(ApiError::new(
+                    ErrorCode::TooManyRequests,
+                    format!("at most {MAX_RUNNING_PROCESSES} processes may run at once"),
+                ));
             }
             t.running += 1;
         }
@@ -278,7 +316,9 @@ impl ProcessManager {
         let spawned = tokio::task::spawn_blocking(move || spawn::spawn(req.spawn, &reaper)).await;
         let spawned = match spawned {
             Ok(Ok(s)) => Ok(s),
-            Ok(Err(e @ SpawnError::Exec { .. })) => Err(ApiError::new(ErrorCode::ExecFailed, e.to_string())),
+            Ok(Err(e @ SpawnError::Exec { .. })) => {
+                Err(ApiError::new(ErrorCode::ExecFailed, e.to_string()))
+            }
             Ok(Err(e)) => Err(ApiError::internal(e.to_string())),
             Err(e) => Err(ApiError::from(e)),
         };
@@ -290,12 +330,25 @@ impl ProcessManager {
                 return Err(e);
             }
         };
-        let Spawned { pid, stdin, stdout, stderr, pty_master, exit } = spawned;
+        let Spawned {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+            pty_master,
+            exit,
+        } = spawned;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
 
         // Registering descriptors with the reactor cannot fail for pipes and ptys in
         // practice; if it does, the process still runs and is reaped, just without output.
-        let reg = |fd: Option<OwnedFd>| fd.and_then(|fd| SharedFd::new(fd).map_err(|e| tracing::warn!(error = %e, "register fd")).ok());
+        let reg = |fd: Option<OwnedFd>| {
+            fd.and_then(|fd| {
+                SharedFd::new(fd)
+                    .map_err(|e| tracing::warn!(error = %e, "register fd"))
+                    .ok()
+            })
+        };
         let master = reg(pty_master);
         let stdin_sink = match (&master, reg(stdin)) {
             (Some(m), _) => Some(StdinSink::Pty(m.clone())),
@@ -323,7 +376,10 @@ impl ProcessManager {
         if let Some(m) = master {
             drains.push(drain(proc.clone(), m, OutputStream::Pty));
         }
-        for (fd, stream) in [(stdout, OutputStream::Stdout), (stderr, OutputStream::Stderr)] {
+        for (fd, stream) in [
+            (stdout, OutputStream::Stdout),
+            (stderr, OutputStream::Stderr),
+        ] {
             if let Some(fd) = reg(fd) {
                 drains.push(drain(proc.clone(), fd, stream));
             }
@@ -355,7 +411,11 @@ impl ProcessManager {
             None => exit.await,
         };
         // The reaper never drops a registered sender, so Err is impossible; report it plainly.
-        let mut status = status.unwrap_or(ExitStatus { exit_code: None, signal: None, timed_out: false });
+        let mut status = status.unwrap_or(ExitStatus {
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+        });
         status.timed_out = timed_out;
         let _ = tokio::time::timeout(DRAIN_GRACE, futures::future::join_all(drains)).await;
 

@@ -37,9 +37,16 @@ impl Stored {
 
     fn to_event(&self, seq: u64) -> OutputEvent {
         match self {
-            Stored::Started { id, pid } => OutputEvent::Started { seq, id: *id, pid: *pid },
+            Stored::Started { id, pid } => OutputEvent::Started {
+                seq,
+                id: *id,
+                pid: *pid,
+            },
             Stored::Data { stream, data } => OutputEvent::data(seq, *stream, data),
-            Stored::Exit(status) => OutputEvent::Exit { seq, status: *status },
+            Stored::Exit(status) => OutputEvent::Exit {
+                seq,
+                status: *status,
+            },
         }
     }
 }
@@ -145,8 +152,13 @@ impl OutputBuffer {
         let mut events = Vec::new();
         let first_kept = self.events.front().map_or(self.next_seq, |(s, _)| *s);
         if after.saturating_add(1) < first_kept {
-            let bytes = self.dropped_data.saturating_sub(self.dropped_through(after));
-            events.push(OutputEvent::Lost { seq: first_kept - 1, bytes });
+            let bytes = self
+                .dropped_data
+                .saturating_sub(self.dropped_through(after));
+            events.push(OutputEvent::Lost {
+                seq: first_kept - 1,
+                bytes,
+            });
         }
         let start = self.events.partition_point(|(s, _)| *s <= after);
         // A reader that already saw `exit` is done too.
@@ -164,25 +176,41 @@ mod tests {
     use super::*;
 
     fn status() -> ExitStatus {
-        ExitStatus { exit_code: Some(0), signal: None, timed_out: false }
+        ExitStatus {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+        }
     }
 
     #[test]
     fn replays_in_order_and_finishes_with_exit() {
         let mut b = OutputBuffer::new(1 << 20);
         assert_eq!(b.push_started(7, 100), 1);
-        assert_eq!(b.push_data(OutputStream::Stdout, Bytes::from_static(b"hi")), Some(2));
+        assert_eq!(
+            b.push_data(OutputStream::Stdout, Bytes::from_static(b"hi")),
+            Some(2)
+        );
         assert_eq!(b.push_data(OutputStream::Stderr, Bytes::new()), None);
         assert_eq!(b.push_exit(status()), Some(3));
-        assert_eq!(b.push_data(OutputStream::Stdout, Bytes::from_static(b"late")), None);
+        assert_eq!(
+            b.push_data(OutputStream::Stdout, Bytes::from_static(b"late")),
+            None
+        );
         let r = b.read_after(0, 100);
         assert!(r.finished);
-        assert_eq!(r.events.iter().map(OutputEvent::seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(
+            r.events.iter().map(OutputEvent::seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
         let r = b.read_after(2, 100);
         assert_eq!(r.events.len(), 1);
         assert!(r.finished);
         let r = b.read_after(3, 100);
-        assert!(r.finished && r.events.is_empty(), "a reader past exit is done");
+        assert!(
+            r.finished && r.events.is_empty(),
+            "a reader past exit is done"
+        );
         let r = b.read_after(0, 1);
         assert!(!r.finished);
         assert_eq!(r.events.len(), 1);
@@ -197,14 +225,18 @@ mod tests {
             b.push_data(OutputStream::Stdout, Bytes::from(vec![b'x'; 100])); // seqs 2..=11
         }
         let r = b.read_after(0, 100);
-        let OutputEvent::Lost { seq, bytes } = r.events[0] else { panic!("expected lost: {:?}", r.events) };
+        let OutputEvent::Lost { seq, bytes } = r.events[0] else {
+            panic!("expected lost: {:?}", r.events)
+        };
         let first = r.events[1].seq();
         assert_eq!(seq, first - 1);
         // Everything before `first` was dropped: the started event and (first - 2) chunks.
         assert_eq!(bytes, (first - 2) * 100);
         // A reader that saw seq 3 missed fewer bytes.
         let r = b.read_after(3, 100);
-        let OutputEvent::Lost { bytes, .. } = r.events[0] else { panic!() };
+        let OutputEvent::Lost { bytes, .. } = r.events[0] else {
+            panic!()
+        };
         assert_eq!(bytes, (first - 4) * 100);
         // A reader that is up to date with the drop point gets no lost event.
         let r = b.read_after(first - 1, 100);

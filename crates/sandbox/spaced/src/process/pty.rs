@@ -13,14 +13,24 @@ use space_core::process::PtySize;
 const TIOCGPTPEER: libc::c_ulong = 0x5441;
 
 fn winsize(size: PtySize) -> libc::winsize {
-    libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
+    libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
 }
 
 /// Opens a pty of `size`; returns (master, slave). The slave is owned by `uid` (group `gid`
 /// when given) with mode 0620, like a login terminal.
 pub fn open(size: PtySize, uid: u32, gid: Option<u32>) -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: constant NUL-terminated path.
-    let m = unsafe { libc::open(c"/dev/ptmx".as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    let m = unsafe {
+        libc::open(
+            c"/dev/ptmx".as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
     if m < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -32,7 +42,13 @@ pub fn open(size: PtySize, uid: u32, gid: Option<u32>) -> io::Result<(OwnedFd, O
         return Err(io::Error::last_os_error());
     }
     // SAFETY: TIOCGPTPEER takes open flags by value and returns a new descriptor.
-    let s = unsafe { libc::ioctl(master.as_raw_fd(), TIOCGPTPEER as _, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    let s = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            TIOCGPTPEER as _,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
     if s < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -23,18 +23,33 @@ pub struct Reaper {
 /// Decodes a `waitpid` status.
 pub fn decode_status(status: libc::c_int) -> ExitStatus {
     if libc::WIFEXITED(status) {
-        ExitStatus { exit_code: Some(libc::WEXITSTATUS(status)), signal: None, timed_out: false }
+        ExitStatus {
+            exit_code: Some(libc::WEXITSTATUS(status)),
+            signal: None,
+            timed_out: false,
+        }
     } else if libc::WIFSIGNALED(status) {
-        ExitStatus { exit_code: None, signal: Some(libc::WTERMSIG(status)), timed_out: false }
+        ExitStatus {
+            exit_code: None,
+            signal: Some(libc::WTERMSIG(status)),
+            timed_out: false,
+        }
     } else {
-        ExitStatus { exit_code: None, signal: None, timed_out: false }
+        ExitStatus {
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+        }
     }
 }
 
 impl Reaper {
     /// Runs `spawn` (which forks) under the reaper's lock and registers the child's pid.
     /// Blocking: call on a blocking thread.
-    pub fn spawn_registered(&self, spawn: impl FnOnce() -> io::Result<Child>) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
+    pub fn spawn_registered(
+        &self,
+        spawn: impl FnOnce() -> io::Result<Child>,
+    ) -> io::Result<(Child, oneshot::Receiver<ExitStatus>)> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         let child = spawn()?;
         let (tx, rx) = oneshot::channel();

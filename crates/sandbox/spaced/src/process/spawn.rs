@@ -77,10 +77,20 @@ fn classify(program: &str, e: io::Error) -> SpawnError {
         Some(libc::ENOENT) => "no such file or directory (not found in PATH)".to_owned(),
         Some(libc::EACCES) => "permission denied".to_owned(),
         Some(libc::ENOEXEC) => "not an executable format".to_owned(),
-        Some(libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::E2BIG | libc::ETXTBSY | libc::EISDIR) => e.to_string(),
+        Some(
+            libc::ENOTDIR
+            | libc::ELOOP
+            | libc::ENAMETOOLONG
+            | libc::E2BIG
+            | libc::ETXTBSY
+            | libc::EISDIR,
+        ) => e.to_string(),
         _ => return SpawnError::Setup(e),
     };
-    SpawnError::Exec { program: program.to_owned(), reason }
+    SpawnError::Exec {
+        program: program.to_owned(),
+        reason,
+    }
 }
 
 /// Starts the process and registers it with the reaper. Blocking.
@@ -95,10 +105,16 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
     if let Some(size) = req.pty {
         let (m, slave) = pty::open(size, req.user.uid, req.tty_gid).map_err(SpawnError::Setup)?;
         let dup = |fd: &OwnedFd| fd.try_clone().map(Stdio::from).map_err(SpawnError::Setup);
-        cmd.stdin(dup(&slave)?).stdout(dup(&slave)?).stderr(Stdio::from(slave));
+        cmd.stdin(dup(&slave)?)
+            .stdout(dup(&slave)?)
+            .stderr(Stdio::from(slave));
         master = Some(m);
     } else {
-        cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() });
+        cmd.stdin(if req.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
 
@@ -129,7 +145,9 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
         });
     }
 
-    let (mut child, exit) = reaper.spawn_registered(|| cmd.spawn()).map_err(|e| classify(&program, e))?;
+    let (mut child, exit) = reaper
+        .spawn_registered(|| cmd.spawn())
+        .map_err(|e| classify(&program, e))?;
     // Close our copies of the pty slave now, so the master sees EOF when the child is done.
     drop(cmd);
     Ok(Spawned {
@@ -148,7 +166,13 @@ mod tests {
 
     #[test]
     fn classifies_exec_errors() {
-        assert!(matches!(classify("x", io::Error::from_raw_os_error(libc::ENOENT)), SpawnError::Exec { .. }));
-        assert!(matches!(classify("x", io::Error::from_raw_os_error(libc::EAGAIN)), SpawnError::Setup(_)));
+        assert!(matches!(
+            classify("x", io::Error::from_raw_os_error(libc::ENOENT)),
+            SpawnError::Exec { .. }
+        ));
+        assert!(matches!(
+            classify("x", io::Error::from_raw_os_error(libc::EAGAIN)),
+            SpawnError::Setup(_)
+        ));
     }
 }

@@ -79,8 +79,14 @@ pub async fn handshake_at(sock: &std::path::Path, nonce: &str) -> (BufReader<Uni
     let stream = UnixStream::connect(sock).await.unwrap();
     let mut stream = BufReader::new(stream);
     for _ in 0..400 {
-        stream.get_mut().write_all(format!("SPACE-HELLO 1 {nonce}\n").as_bytes()).await.unwrap();
-        if let Ok(ready) = tokio::time::timeout(Duration::from_millis(250), read_ready(&mut stream, nonce)).await {
+        stream
+            .get_mut()
+            .write_all(format!("SPACE-HELLO 1 {nonce}\n").as_bytes())
+            .await
+            .unwrap();
+        if let Ok(ready) =
+            tokio::time::timeout(Duration::from_millis(250), read_ready(&mut stream, nonce)).await
+        {
             return (stream, ready);
         }
     }
@@ -91,7 +97,10 @@ pub async fn handshake_at(sock: &std::path::Path, nonce: &str) -> (BufReader<Uni
 pub async fn read_ready(stream: &mut BufReader<UnixStream>, nonce: &str) -> String {
     loop {
         let mut line = String::new();
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read_line(&mut line)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read_line(&mut line))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(n > 0, "EOF before READY");
         if let Some(r) = space_guest_proto::handshake::Ready::parse(line.trim_end().as_bytes()) {
             if r.nonce == nonce {
@@ -104,7 +113,8 @@ pub async fn read_ready(stream: &mut BufReader<UnixStream>, nonce: &str) -> Stri
 impl Drop for Agent {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+            let log =
+                std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
             eprintln!("---- agent log ----\n{log}");
         }
         // SAFETY: signalling our own child.
@@ -134,7 +144,11 @@ pub fn full(b: impl Into<Bytes>) -> Body {
 
 /// A body streamed from chunks.
 pub fn chunks(chunks: Vec<Bytes>) -> Body {
-    let s = futures::stream::iter(chunks.into_iter().map(|c| Ok::<_, io::Error>(Frame::data(c))));
+    let s = futures::stream::iter(
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, io::Error>(Frame::data(c))),
+    );
     BodyExt::boxed(StreamBody::new(s))
 }
 
@@ -154,50 +168,94 @@ impl Client {
         Client { send }
     }
 
-    pub async fn request(&self, method: Method, path: &str, body: Body) -> hyper::Response<hyper::body::Incoming> {
-        let req = Request::builder().method(method).uri(url(path)).header("content-type", "application/json").body(body).unwrap();
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Body,
+    ) -> hyper::Response<hyper::body::Incoming> {
+        let req = Request::builder()
+            .method(method)
+            .uri(url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap();
         let mut send = self.send.clone();
         send.ready().await.unwrap();
         send.send_request(req).await.unwrap()
     }
 
     /// Sends a request and collects the whole response.
-    pub async fn call(&self, method: Method, path: &str, body: Body) -> (StatusCode, HeaderMap, Bytes) {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Body,
+    ) -> (StatusCode, HeaderMap, Bytes) {
         let resp = self.request(method, path, body).await;
         let (parts, body) = resp.into_parts();
         let bytes = body.collect().await.unwrap().to_bytes();
         (parts.status, parts.headers, bytes)
     }
 
-    pub async fn json<T: DeserializeOwned>(&self, method: Method, path: &str, body: &impl Serialize) -> (StatusCode, T) {
-        let (status, _, bytes) = self.call(method, path, full(serde_json::to_vec(body).unwrap())).await;
-        let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{status}: {e}: {}", String::from_utf8_lossy(&bytes)));
+    pub async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl Serialize,
+    ) -> (StatusCode, T) {
+        let (status, _, bytes) = self
+            .call(method, path, full(serde_json::to_vec(body).unwrap()))
+            .await;
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("{status}: {e}: {}", String::from_utf8_lossy(&bytes)));
         (status, value)
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> (StatusCode, T) {
         let (status, _, bytes) = self.call(Method::GET, path, empty()).await;
-        let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{status}: {e}: {}", String::from_utf8_lossy(&bytes)));
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("{status}: {e}: {}", String::from_utf8_lossy(&bytes)));
         (status, value)
     }
 
     /// Expects an error response with this status and code.
-    pub async fn expect_error(&self, method: Method, path: &str, body: Body, status: u16, code: &str) -> String {
+    pub async fn expect_error(
+        &self,
+        method: Method,
+        path: &str,
+        body: Body,
+        status: u16,
+        code: &str,
+    ) -> String {
         let (s, _, bytes) = self.call(method, path, body).await;
-        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{s}: {e}: {}", String::from_utf8_lossy(&bytes)));
-        assert_eq!((s.as_u16(), v["code"].as_str().unwrap()), (status, code), "{v}");
+        let v: serde_json::Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("{s}: {e}: {}", String::from_utf8_lossy(&bytes)));
+        assert_eq!(
+            (s.as_u16(), v["code"].as_str().unwrap()),
+            (status, code),
+            "{v}"
+        );
         v["message"].as_str().unwrap().to_owned()
     }
 
     pub async fn start(&self, spec: &ProcessSpec) -> ProcessInfo {
-        let (status, info) = self.json::<ProcessInfo>(Method::POST, "/v1/processes", spec).await;
+        let (status, info) = self
+            .json::<ProcessInfo>(Method::POST, "/v1/processes", spec)
+            .await;
         assert_eq!(status, StatusCode::CREATED);
         info
     }
 
     /// The whole output stream (it ends after `exit`).
     pub async fn output(&self, id: u64, after: u64) -> Vec<OutputEvent> {
-        let (status, headers, bytes) = self.call(Method::GET, &format!("/v1/processes/{id}/output?after={after}"), empty()).await;
+        let (status, headers, bytes) = self
+            .call(
+                Method::GET,
+                &format!("/v1/processes/{id}/output?after={after}"),
+                empty(),
+            )
+            .await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers["content-type"], "application/x-ndjson");
         bytes
@@ -230,7 +288,10 @@ impl Run {
 }
 
 pub fn collect(id: u64, events: Vec<OutputEvent>) -> Run {
-    let mut run = Run { id, ..Run::default() };
+    let mut run = Run {
+        id,
+        ..Run::default()
+    };
     let mut last_seq = 0;
     for ev in &events {
         assert!(ev.seq() > last_seq, "sequence numbers increase: {events:?}");
@@ -253,14 +314,20 @@ pub fn collect(id: u64, events: Vec<OutputEvent>) -> Run {
 }
 
 pub fn exited(code: i32) -> Option<ExitStatus> {
-    Some(ExitStatus { exit_code: Some(code), signal: None, timed_out: false })
+    Some(ExitStatus {
+        exit_code: Some(code),
+        signal: None,
+        timed_out: false,
+    })
 }
 
 pub fn q(s: &str) -> String {
     // Minimal percent-encoding for paths in query strings.
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
