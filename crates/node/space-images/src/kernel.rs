@@ -12,7 +12,6 @@ use crate::digest::{sha256_file, InputDigest};
 use crate::error::{ImageError, IoContext};
 use crate::initramfs::{self, InitramfsSpec, INIT_SCRIPT};
 use crate::modules::{self, ModuleDeps, ResolveError, WANTED_MODULES};
-use crate::run;
 
 /// Bumped whenever the bundle layout or build logic changes, so old bundles are not reused.
 pub const BUNDLE_RECIPE_VERSION: u32 = 1;
@@ -96,7 +95,7 @@ pub fn newest_cloud_kernel<'a>(boot_files: impl IntoIterator<Item = &'a str>) ->
 
 /// Applets of a busybox binary (`busybox --list`).
 pub(crate) fn busybox_applets(busybox: &Path) -> Result<Vec<String>, ImageError> {
-    let out = run::output(Command::new(busybox).arg("--list"))?;
+    let out = space_storage::cmd::run(Command::new(busybox).arg("--list"))?;
     let applets: Vec<String> = out
         .lines()
         .map(str::trim)

@@ -6,21 +6,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
+use space_storage::cmd::describe;
+
 use crate::error::ImageError;
 
 /// How many output lines an error keeps.
 const TAIL_LINES: usize = 30;
 /// Longest output line passed on (longer ones are cut).
 const MAX_LINE: usize = 500;
-
-/// The command as a shell-like line, for messages.
-pub(crate) fn describe(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 /// Runs `cmd`, passing each line it prints (stdout and stderr) to `on_line`; fails with the
 /// last lines unless it exits 0.
@@ -65,26 +58,6 @@ pub(crate) fn run(cmd: &mut Command, on_line: &dyn Fn(&str)) -> Result<(), Image
         });
     }
     Ok(())
-}
-
-/// Runs `cmd` and returns its stdout; fails with its stderr unless it exits 0.
-pub(crate) fn output(cmd: &mut Command) -> Result<String, ImageError> {
-    let line = describe(cmd);
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| ImageError::Spawn { program, source })?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let err: Vec<&str> = err.lines().rev().take(TAIL_LINES).collect();
-        return Err(ImageError::Command {
-            command: line,
-            status: out.status.to_string(),
-            output: err.into_iter().rev().collect::<Vec<_>>().join("\n"),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn forward(

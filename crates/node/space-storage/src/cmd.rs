@@ -1,5 +1,5 @@
-//! Running the external tools the store needs (mkfs.btrfs, mount, losetup), with their error
-//! output in the error.
+//! Running external tools to completion (mkfs.btrfs, mount, losetup here; `space-images`
+//! uses it too), with their error output in the error.
 
 use std::process::Command;
 
@@ -10,7 +10,7 @@ const STDERR_TAIL: usize = 2000;
 
 /// Runs `cmd` to completion; fails with its command line, exit status and stderr unless it
 /// exits 0. Returns its stdout.
-pub(crate) fn run(cmd: &mut Command) -> Result<String, StorageError> {
+pub fn run(cmd: &mut Command) -> Result<String, StorageError> {
     let line = describe(cmd);
     tracing::debug!(command = %line, "running");
     let out = cmd.output().map_err(|source| StorageError::Spawn {
@@ -28,7 +28,7 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String, StorageError> {
 }
 
 /// The command as a shell-like line, for messages.
-pub(crate) fn describe(cmd: &Command) -> String {
+pub fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
         s.push(' ');

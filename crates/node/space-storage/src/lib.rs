@@ -8,7 +8,7 @@
 //! - [`reflink`], [`is_btrfs`]: the filesystem primitives, for other crates too.
 
 mod cas;
-mod cmd;
+pub mod cmd;
 mod error;
 mod fsops;
 mod kernels;
