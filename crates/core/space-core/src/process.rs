@@ -61,14 +61,19 @@ pub struct ProcessSpec {
     pub tag: Option<String>,
 }
 
+/// Largest signal number a client may send.
+pub const MAX_SIGNAL: i32 = 64;
+/// Largest terminal dimension (rows or columns).
+pub const MAX_PTY_DIM: u16 = 1000;
+
 /// Terminal size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PtySize {
-    /// Rows (1..=1000).
+    /// Rows (1..=[`MAX_PTY_DIM`]).
     pub rows: u16,
-    /// Columns (1..=1000).
+    /// Columns (1..=[`MAX_PTY_DIM`]).
     pub cols: u16,
 }
 
@@ -94,7 +99,7 @@ pub enum ProcessSpecError {
     #[error("bad user name")]
     User,
     /// The terminal size is out of range.
-    #[error("pty rows and cols must be between 1 and 1000")]
+    #[error("pty rows and cols must be between 1 and {MAX_PTY_DIM}")]
     Pty,
     /// The tag is too long.
     #[error("tag must be at most 128 bytes")]
@@ -147,9 +152,7 @@ impl ProcessSpec {
             validate_user_name(user).map_err(|_| ProcessSpecError::User)?;
         }
         if let Some(p) = self.pty {
-            if !(1..=1000).contains(&p.rows) || !(1..=1000).contains(&p.cols) {
-                return Err(ProcessSpecError::Pty);
-            }
+            p.validate()?;
         }
         if self.tag.as_ref().is_some_and(|t| t.len() > 128) {
             return Err(ProcessSpecError::Tag);
@@ -164,6 +167,32 @@ impl ProcessSpec {
             (None, Some(line)) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
             (None, None) => Vec::new(),
         }
+    }
+}
+
+impl PtySize {
+    /// Both dimensions within 1..=[`MAX_PTY_DIM`]. Checked by the API, the node and the daemon.
+    pub fn validate(&self) -> Result<(), ProcessSpecError> {
+        let ok = |d: u16| (1..=MAX_PTY_DIM).contains(&d);
+        if ok(self.rows) && ok(self.cols) {
+            Ok(())
+        } else {
+            Err(ProcessSpecError::Pty)
+        }
+    }
+}
+
+/// A signal number outside 1..=[`MAX_SIGNAL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("signal must be between 1 and {MAX_SIGNAL}, got {0}")]
+pub struct InvalidSignal(pub i32);
+
+/// Checks a signal number. Checked by the API, the node and the daemon.
+pub fn validate_signal(signal: i32) -> Result<(), InvalidSignal> {
+    if (1..=MAX_SIGNAL).contains(&signal) {
+        Ok(())
+    } else {
+        Err(InvalidSignal(signal))
     }
 }
 

@@ -129,11 +129,8 @@ impl GuestClient {
 
     /// `POST /v1/processes/{id}/signal`: delivers signal `signal` (1..=64).
     pub async fn signal(&self, id: ProcessId, signal: i32) -> Result<(), GuestError> {
-        if !(1..=64).contains(&signal) {
-            return Err(GuestError::local(
-                ErrorCode::InvalidRequest,
-                "signal must be between 1 and 64",
-            ));
+        if let Err(e) = space_core::process::validate_signal(signal) {
+            return Err(GuestError::local(ErrorCode::InvalidRequest, e.to_string()));
         }
         self.transport()
             .unit(
@@ -146,11 +143,8 @@ impl GuestClient {
 
     /// `POST /v1/processes/{id}/resize`: sets the terminal size of a pty process.
     pub async fn resize(&self, id: ProcessId, size: PtySize) -> Result<(), GuestError> {
-        if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
-            return Err(GuestError::local(
-                ErrorCode::InvalidRequest,
-                "pty rows and cols must be between 1 and 1000",
-            ));
+        if let Err(e) = size.validate() {
+            return Err(GuestError::local(ErrorCode::InvalidRequest, e.to_string()));
         }
         self.transport()
             .unit(

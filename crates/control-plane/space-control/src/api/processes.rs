@@ -220,12 +220,8 @@ pub async fn signal(
     ProcessPath(id, pid): ProcessPath,
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> ApiResult<StatusCode> {
-    if !(1..=64).contains(&req.signal) {
-        return Err(ApiError::invalid(format!(
-            "signal must be between 1 and 64, got {}",
-            req.signal
-        )));
-    }
+    space_core::process::validate_signal(req.signal)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let guest = st.guest(&tenant.id, &id).await?;
     guest.signal(pid, req.signal).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -253,11 +249,8 @@ pub async fn resize(
     ProcessPath(id, pid): ProcessPath,
     ApiJson(size): ApiJson<PtySize>,
 ) -> ApiResult<StatusCode> {
-    if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
-        return Err(ApiError::invalid(
-            "pty rows and cols must be between 1 and 1000",
-        ));
-    }
+    size.validate()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let guest = st.guest(&tenant.id, &id).await?;
     guest.resize(pid, size).await?;
     Ok(StatusCode::NO_CONTENT)

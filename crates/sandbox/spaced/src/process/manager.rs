@@ -100,9 +100,8 @@ impl Proc {
 
     /// Delivers `signal` to the process group.
     pub fn signal(&self, signal: i32) -> Result<(), ApiError> {
-        if !(1..=64).contains(&signal) {
-            return Err(ApiError::invalid("signal must be between 1 and 64"));
-        }
+        space_core::process::validate_signal(signal)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
         if self.exited() {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
@@ -122,11 +121,8 @@ impl Proc {
 
     /// Changes the terminal size; 409 if the process has no pty.
     pub fn resize(&self, size: PtySize) -> Result<(), ApiError> {
-        if !(1..=1000).contains(&size.rows) || !(1..=1000).contains(&size.cols) {
-            return Err(ApiError::invalid(
-                "pty rows and cols must be between 1 and 1000",
-            ));
-        }
+        size.validate()
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
         let Some(master) = &self.master else {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
