@@ -45,6 +45,13 @@ build_spaced() {
     export SPACE_SPACED_BIN="$SPACED_BIN"
 }
 
+# Builds the `space` binary (release) and sets SPACE to its path.
+build_space() {
+    say "building space"
+    (cd "$REPO" && cargo build --quiet --release -p space-cli)
+    SPACE="$TARGET_DIR/release/space"
+}
+
 require_root() {
     if [[ $EUID -ne 0 ]]; then
         echo "error: $0 must run as root (it installs packages, mounts btrfs and starts VMs)" >&2

@@ -261,22 +261,8 @@ impl TestServer {
         .await
     }
 
-    /// Stops the server (VMs keep running) and starts it again on the same data directory
-    /// and database: what `space server` does after a restart.
-    pub async fn restart(mut self) -> TestServer {
-        if let Some(s) = self.server.take() {
-            s.shutdown().await;
-        }
-        let data_dir = std::mem::take(&mut self.data_dir);
-        let mut config = self.config.clone();
-        // A new port: the old one may linger in TIME_WAIT.
-        config.listen = "127.0.0.1:0".parse().expect("literal address");
-        std::mem::forget(self);
-        Self::boot(config, data_dir).await
-    }
-
-    /// Stops the server without touching its VMs (to simulate a crash, then `restart`-like
-    /// recovery with [`TestServer::start_on`]).
+    /// Stops the server without touching its VMs; [`TestServer::start_on`] then starts it
+    /// again on the same data directory, as `space server` does after a restart.
     pub async fn stop_keep_vms(mut self) -> (PathBuf, ServerConfig) {
         if let Some(s) = self.server.take() {
             s.shutdown().await;
@@ -289,6 +275,7 @@ impl TestServer {
     /// Starts a server on an existing data directory and configuration.
     pub async fn start_on(data_dir: PathBuf, mut config: ServerConfig) -> TestServer {
         init_logging();
+        // A new port: the old one may linger in TIME_WAIT.
         config.listen = "127.0.0.1:0".parse().expect("literal address");
         Self::boot(config, data_dir).await
     }

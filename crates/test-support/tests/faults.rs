@@ -90,30 +90,37 @@ async fn kernel_panic_and_daemon_crash_fail_only_their_sandbox() {
     ts.stop().await;
 }
 
-/// A "daemon" that answers the handshake, then sends endless garbage instead of HTTP/2.
-const GARBAGE_AFTER_HANDSHAKE: &str = r#"#!/bin/sh
+/// The start of every hostile "daemon": PID 1 of the guest, finding the channel's port.
+macro_rules! find_port {
+    () => {
+        r#"#!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 for d in /sys/class/virtio-ports/*; do
   [ "$(cat $d/name)" = space.agent ] && port=/dev/${d##*/}
 done
-exec 3<>"$port"
+"#
+    };
+}
+
+/// A "daemon" that answers the handshake, then sends endless garbage instead of HTTP/2.
+const GARBAGE_AFTER_HANDSHAKE: &str = concat!(
+    find_port!(),
+    r#"exec 3<>"$port"
 while read -r word version nonce <&3; do
   [ "$word" = SPACE-HELLO ] && break
 done
 echo "SPACE-READY 1 $nonce evil 6.6.6" >&3
 while true; do cat /proc/self/maps /proc/cpuinfo >&3; done
-"#;
+"#
+);
 
 /// A "daemon" that never speaks the protocol at all and floods the channel.
-const ENDLESS_GARBAGE: &str = r#"#!/bin/sh
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-for d in /sys/class/virtio-ports/*; do
-  [ "$(cat $d/name)" = space.agent ] && port=/dev/${d##*/}
-done
-while true; do cat /proc/cpuinfo; done > "$port"
-"#;
+const ENDLESS_GARBAGE: &str = concat!(
+    find_port!(),
+    r#"while true; do cat /proc/cpuinfo; done > "$port"
+"#
+);
 
 /// Boots a sandbox whose kernel bundle carries `script` in place of `spaced`.
 async fn create_hostile(

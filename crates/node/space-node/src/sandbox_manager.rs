@@ -157,12 +157,7 @@ impl Node {
 
     /// Capacity held by sandboxes.
     pub fn used(&self) -> NodeCapacity {
-        let map = self.inner.lock();
-        NodeCapacity::sum(
-            map.values()
-                .filter(|e| e.record.state.holds_resources())
-                .map(|e| &e.record.resources),
-        )
+        used_by(&self.inner.lock())
     }
 
     /// Templates on this node.
@@ -609,13 +604,8 @@ impl Inner {
                 record.id
             )));
         }
-        let used = NodeCapacity::sum(
-            map.values()
-                .filter(|e| e.record.state.holds_resources())
-                .map(|e| &e.record.resources),
-        );
         self.capacity
-            .admit(&used, &record.resources)
+            .admit(&used_by(&map), &record.resources)
             .map_err(NodeError::Capacity)?;
         self.records
             .save(&record)
@@ -713,6 +703,15 @@ impl Inner {
         self.nm.remove_sandbox_files(&self.store, id, &run_dir)?;
         Ok(())
     }
+}
+
+/// Capacity held by the sandboxes in `map` (those whose state holds resources).
+fn used_by(map: &HashMap<SandboxId, Entry>) -> NodeCapacity {
+    NodeCapacity::sum(
+        map.values()
+            .filter(|e| e.record.state.holds_resources())
+            .map(|e| &e.record.resources),
+    )
 }
 
 fn fs_size(path: &Path) -> u64 {
