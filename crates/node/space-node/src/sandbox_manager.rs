@@ -26,8 +26,14 @@ use crate::{CreateSandbox, NodeError, SandboxRecord};
 const FAILURE_CONSOLE_TAIL: usize = 4096;
 /// Deleted records older than this are pruned at start.
 const DELETED_RECORD_RETENTION_MS: i64 = 24 * 3600 * 1000;
-/// How long a re-adopted daemon has to answer after a node restart.
+/// How long a re-adopted daemon has to answer the handshake after a node restart.
 const READOPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Health-check timeout of each successive session tried when re-adopting.
+const READOPT_HEALTH_TIMEOUTS: [Duration; 3] = [
+    Duration::from_secs(5),
+    Duration::from_secs(10),
+    Duration::from_secs(20),
+];
 /// How long to wait for the VM to exit after its channel broke, for a better reason.
 const EXIT_AFTER_CHANNEL_LOSS: Duration = Duration::from_secs(3);
 
@@ -473,12 +479,7 @@ impl Node {
             .adopt_vm(id.as_str(), run_dir)
             .await
             .map_err(|e| format!("VMM gone after node restart: {e}"))?;
-        let connect = async {
-            let guest = GuestClient::connect(&vm.paths().channel, READOPT_TIMEOUT).await?;
-            guest.health().await?;
-            Ok::<_, space_guest_client::GuestError>(guest)
-        };
-        match connect.await {
+        match reconnect(&vm.paths().channel).await {
             Ok(guest) => {
                 let pid = vm.pid();
                 let _ = self.inner.set_pid(id, pid);
@@ -551,6 +552,31 @@ impl Node {
             }
         }
     }
+}
+
+/// Opens a new channel session to a running daemon and checks it answers, trying a fresh
+/// session when one stalls: the handshake resynchronises the port each time, so a session
+/// that caught the tail of the previous host's connection is simply replaced.
+async fn reconnect(channel: &Path) -> Result<GuestClient, space_guest_client::GuestError> {
+    let mut last = None;
+    for health_timeout in READOPT_HEALTH_TIMEOUTS {
+        match GuestClient::connect(channel, READOPT_TIMEOUT).await {
+            Ok(guest) => match guest
+                .with_timeouts(health_timeout, health_timeout)
+                .health()
+                .await
+            {
+                Ok(_) => return Ok(guest),
+                // Dropping `guest` closes the session before the next one is opened (the
+                // channel socket takes one client at a time).
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        space_guest_client::GuestError::Timeout("no reconnect attempt was made".into())
+    }))
 }
 
 /// Watches a running sandbox until its VM exits or its channel breaks, then fails it.
