@@ -40,6 +40,8 @@ pub enum ErrorCode {
     SandboxFailed,
     /// Too many requests or streams at once.
     TooManyRequests,
+    /// An `Idempotency-Key` was reused for a different request.
+    IdempotencyKeyReused,
     /// A bug or an unexpected failure on the platform side.
     Internal,
 }
@@ -55,7 +57,7 @@ impl ErrorCode {
             NotFound => 404,
             Conflict | AlreadyExists => 409,
             PayloadTooLarge => 413,
-            ExecFailed => 422,
+            ExecFailed | IdempotencyKeyReused => 422,
             TooManyRequests => 429,
             InsufficientCapacity => 507,
             Timeout => 504,
@@ -82,6 +84,7 @@ impl ErrorCode {
             Timeout => "timeout",
             SandboxFailed => "sandbox_failed",
             TooManyRequests => "too_many_requests",
+            IdempotencyKeyReused => "idempotency_key_reused",
             Internal => "internal",
         }
     }

@@ -101,6 +101,13 @@ typed_id!(
 );
 
 typed_id!(
+    /// A snapshot of a sandbox (disk snapshot or full checkpoint), e.g. `snp-…`.
+    SnapshotId,
+    "snp-",
+    20
+);
+
+typed_id!(
     /// A tenant: the owner of API keys and sandboxes.
     TenantId,
     "tnt-",

@@ -18,6 +18,6 @@ pub mod sandbox;
 pub mod template;
 
 pub use error::{ErrorBody, ErrorCode};
-pub use id::{IdError, SandboxId, TenantId};
+pub use id::{IdError, SandboxId, SnapshotId, TenantId};
 pub use lifecycle::{LifecycleError, SandboxEvent, SandboxState};
 pub use resources::{NodeCapacity, Resources, ResourcesError};
