@@ -15,9 +15,14 @@ pub mod lifecycle;
 pub mod process;
 pub mod resources;
 pub mod sandbox;
+pub mod snapshot;
 pub mod template;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use id::{IdError, SandboxId, SnapshotId, TenantId};
 pub use lifecycle::{LifecycleError, SandboxEvent, SandboxState};
 pub use resources::{NodeCapacity, Resources, ResourcesError};
+pub use snapshot::{
+    FileChange, FileChangeKind, RetentionPolicy, RetentionTier, SnapshotDiff, SnapshotError,
+    SnapshotInfo, SnapshotKind, SnapshotSchedule, SnapshotTrigger,
+};

@@ -9,20 +9,42 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Where a sandbox is in its life.
+///
+/// Stable states: `running`, `paused`, `stopped`, `failed`, `deleted`. The others are
+/// transient: each is persisted before its operation starts, so a node that crashes in the
+/// middle finds the state on restart and finishes or undoes the operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
-    /// Disk cloned, VM booting; the daemon has not reported ready yet.
+    /// Disk cloned, VM booting or being restored; the daemon has not reported ready yet.
     Creating,
     /// The VM runs and its daemon answers.
     Running,
+    /// The vCPUs are being stopped.
+    Pausing,
+    /// vCPUs stopped, memory resident; resumes in milliseconds.
+    Paused,
+    /// The vCPUs are being started again and the daemon reconnected.
+    Resuming,
+    /// The VM is being shut down; the disk is kept.
+    Stopping,
+    /// No VM; the disk is kept. `start` boots it again (cold: processes and memory are gone).
+    Stopped,
+    /// Cold boot of a stopped sandbox.
+    Starting,
+    /// A full checkpoint (memory, device state, disk) is being taken while the VM runs.
+    Checkpointing,
+    /// The VM is being replaced by one started from a snapshot of this sandbox.
+    RollingBack,
+    /// The VMM died and the sandbox is being restored from its latest checkpoint.
+    Restoring,
     /// Being torn down: VMM killed, disk and sockets removed.
     Deleting,
     /// Gone. Terminal; the record is kept for auditing.
     Deleted,
     /// Broke (VM exited, daemon crashed, guest misbehaved); the reason is recorded. Only
-    /// `delete` is allowed from here.
+    /// `delete` (or a rollback to one of its snapshots) is allowed from here.
     Failed,
 }
 
@@ -30,12 +52,28 @@ pub enum SandboxState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxEvent {
-    /// The daemon inside the guest reported ready and accepted its configuration.
+    /// The daemon of a new sandbox reported ready and accepted its configuration.
     Ready,
+    /// A client (or idleness) asked to pause.
+    Pause,
+    /// A client (or an API call that needs the guest) asked to resume.
+    Resume,
+    /// A client asked to stop.
+    Stop,
+    /// A client asked to start a stopped sandbox.
+    Start,
+    /// A full checkpoint (or a fork, which starts with one) begins.
+    Checkpoint,
+    /// A client asked to roll back to a snapshot.
+    Rollback,
+    /// The VMM died unexpectedly and the policy says restore.
+    Crash,
+    /// The operation of the current transient state finished.
+    Done,
+    /// The operation of the current transient state failed harmlessly: back to where it began.
+    Abort,
     /// A client (or the TTL) asked for deletion.
     Delete,
-    /// Every resource of the sandbox has been released.
-    Deleted,
     /// The sandbox broke.
     Fail,
 }
@@ -56,15 +94,74 @@ use SandboxState as S;
 /// The transition table: `(from, event) -> to`. Anything not listed is illegal.
 pub const TRANSITIONS: &[(SandboxState, SandboxEvent, SandboxState)] = &[
     (S::Creating, E::Ready, S::Running),
+    (S::Running, E::Pause, S::Pausing),
+    (S::Pausing, E::Done, S::Paused),
+    (S::Pausing, E::Abort, S::Running),
+    (S::Paused, E::Resume, S::Resuming),
+    (S::Resuming, E::Done, S::Running),
+    (S::Resuming, E::Abort, S::Paused),
+    (S::Running, E::Stop, S::Stopping),
+    (S::Paused, E::Stop, S::Stopping),
+    (S::Stopping, E::Done, S::Stopped),
+    (S::Stopped, E::Start, S::Starting),
+    (S::Starting, E::Done, S::Running),
+    (S::Starting, E::Abort, S::Stopped),
+    (S::Running, E::Checkpoint, S::Checkpointing),
+    (S::Checkpointing, E::Done, S::Running),
+    (S::Checkpointing, E::Abort, S::Running),
+    (S::Running, E::Rollback, S::RollingBack),
+    (S::Paused, E::Rollback, S::RollingBack),
+    (S::Stopped, E::Rollback, S::RollingBack),
+    (S::Failed, E::Rollback, S::RollingBack),
+    (S::RollingBack, E::Done, S::Running),
+    (S::Running, E::Crash, S::Restoring),
+    (S::Restoring, E::Done, S::Running),
+    // Every live state can break; a failed teardown leaves the sandbox failed, and delete
+    // may be retried.
     (S::Creating, E::Fail, S::Failed),
-    (S::Creating, E::Delete, S::Deleting),
     (S::Running, E::Fail, S::Failed),
-    (S::Running, E::Delete, S::Deleting),
-    (S::Failed, E::Delete, S::Deleting),
-    // A failed teardown leaves the sandbox failed; delete may be retried.
+    (S::Pausing, E::Fail, S::Failed),
+    (S::Paused, E::Fail, S::Failed),
+    (S::Resuming, E::Fail, S::Failed),
+    (S::Stopping, E::Fail, S::Failed),
+    (S::Starting, E::Fail, S::Failed),
+    (S::Checkpointing, E::Fail, S::Failed),
+    (S::RollingBack, E::Fail, S::Failed),
+    (S::Restoring, E::Fail, S::Failed),
     (S::Deleting, E::Fail, S::Failed),
+    // Delete wins over everything but itself finishing.
+    (S::Creating, E::Delete, S::Deleting),
+    (S::Running, E::Delete, S::Deleting),
+    (S::Pausing, E::Delete, S::Deleting),
+    (S::Paused, E::Delete, S::Deleting),
+    (S::Resuming, E::Delete, S::Deleting),
+    (S::Stopping, E::Delete, S::Deleting),
+    (S::Stopped, E::Delete, S::Deleting),
+    (S::Starting, E::Delete, S::Deleting),
+    (S::Checkpointing, E::Delete, S::Deleting),
+    (S::RollingBack, E::Delete, S::Deleting),
+    (S::Restoring, E::Delete, S::Deleting),
+    (S::Failed, E::Delete, S::Deleting),
     (S::Deleting, E::Delete, S::Deleting),
-    (S::Deleting, E::Deleted, S::Deleted),
+    (S::Deleting, E::Done, S::Deleted),
+];
+
+/// Every state, in lifecycle order.
+pub const ALL_STATES: [SandboxState; 14] = [
+    S::Creating,
+    S::Running,
+    S::Pausing,
+    S::Paused,
+    S::Resuming,
+    S::Stopping,
+    S::Stopped,
+    S::Starting,
+    S::Checkpointing,
+    S::RollingBack,
+    S::Restoring,
+    S::Deleting,
+    S::Deleted,
+    S::Failed,
 ];
 
 impl SandboxState {
@@ -82,14 +179,36 @@ impl SandboxState {
         matches!(self, S::Deleted)
     }
 
-    /// The VM should be alive in this state (used when re-adopting after a restart).
-    pub fn has_vm(self) -> bool {
-        matches!(self, S::Creating | S::Running)
+    /// An operation was in progress; after a crash the node must finish or undo it.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            S::Creating
+                | S::Pausing
+                | S::Resuming
+                | S::Stopping
+                | S::Starting
+                | S::Checkpointing
+                | S::RollingBack
+                | S::Restoring
+                | S::Deleting
+        )
     }
 
-    /// Counts against node capacity.
+    /// The guest daemon can serve requests (exec, files) in this state. A checkpoint is taken
+    /// live, so the sandbox keeps serving while it runs.
+    pub fn serves_guest(self) -> bool {
+        matches!(self, S::Running | S::Checkpointing)
+    }
+
+    /// Counts against the node's CPU and memory capacity (a stopped sandbox only holds disk).
+    pub fn holds_compute(self) -> bool {
+        !matches!(self, S::Stopped | S::Deleted)
+    }
+
+    /// Counts against node capacity (compute or disk).
     pub fn holds_resources(self) -> bool {
-        matches!(self, S::Creating | S::Running | S::Deleting | S::Failed)
+        !matches!(self, S::Deleted)
     }
 
     /// The lowercase name used in the API, the database and the CLI.
@@ -97,6 +216,15 @@ impl SandboxState {
         match self {
             S::Creating => "creating",
             S::Running => "running",
+            S::Pausing => "pausing",
+            S::Paused => "paused",
+            S::Resuming => "resuming",
+            S::Stopping => "stopping",
+            S::Stopped => "stopped",
+            S::Starting => "starting",
+            S::Checkpointing => "checkpointing",
+            S::RollingBack => "rolling_back",
+            S::Restoring => "restoring",
             S::Deleting => "deleting",
             S::Deleted => "deleted",
             S::Failed => "failed",
@@ -105,9 +233,7 @@ impl SandboxState {
 
     /// Parses the name produced by [`SandboxState::as_str`].
     pub fn parse(s: &str) -> Option<SandboxState> {
-        [S::Creating, S::Running, S::Deleting, S::Deleted, S::Failed]
-            .into_iter()
-            .find(|st| st.as_str() == s)
+        ALL_STATES.into_iter().find(|st| st.as_str() == s)
     }
 }
 
@@ -117,14 +243,29 @@ impl fmt::Display for SandboxState {
     }
 }
 
+impl SandboxEvent {
+    /// The verb used in error messages ("cannot pause a sandbox that is paused").
+    pub fn verb(self) -> &'static str {
+        match self {
+            E::Ready => "mark ready",
+            E::Pause => "pause",
+            E::Resume => "resume",
+            E::Stop => "stop",
+            E::Start => "start",
+            E::Checkpoint => "checkpoint",
+            E::Rollback => "roll back",
+            E::Crash => "restore after a crash",
+            E::Done => "finish an operation on",
+            E::Abort => "abort an operation on",
+            E::Delete => "delete",
+            E::Fail => "fail",
+        }
+    }
+}
+
 impl fmt::Display for SandboxEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            E::Ready => "mark ready",
-            E::Delete => "delete",
-            E::Deleted => "finish deleting",
-            E::Fail => "fail",
-        })
+        f.write_str(self.verb())
     }
 }
 
@@ -135,7 +276,7 @@ mod tests {
     #[test]
     fn happy_path() {
         let s = S::Creating.apply(E::Ready).and_then(|s| s.apply(E::Delete));
-        assert_eq!(s.and_then(|s| s.apply(E::Deleted)), Ok(S::Deleted));
+        assert_eq!(s.and_then(|s| s.apply(E::Done)), Ok(S::Deleted));
     }
 
     #[test]
@@ -143,6 +284,29 @@ mod tests {
         let err = S::Deleted.apply(E::Delete).unwrap_err();
         assert_eq!(err.to_string(), "cannot delete a sandbox that is deleted");
         assert!(S::Failed.apply(E::Ready).is_err());
+    }
+
+    #[test]
+    fn pause_of_paused_names_state() {
+        let paused = S::Running.apply(E::Pause).and_then(|s| s.apply(E::Done));
+        assert_eq!(paused, Ok(S::Paused));
+        let err = S::Paused.apply(E::Pause).unwrap_err();
+        assert_eq!(err.to_string(), "cannot pause a sandbox that is paused");
+    }
+
+    #[test]
+    fn every_transient_state_can_finish_fail_and_be_deleted() {
+        for s in ALL_STATES.into_iter().filter(|s| s.is_transient()) {
+            assert!(
+                s.apply(E::Done).is_ok() || s == S::Creating,
+                "{s} cannot finish"
+            );
+            assert!(s.apply(E::Fail).is_ok(), "{s} cannot fail");
+            assert!(s.apply(E::Delete).is_ok(), "{s} cannot be deleted");
+        }
+        for s in ALL_STATES.into_iter().filter(|s| !s.is_transient()) {
+            assert!(s.apply(E::Done).is_err(), "{s} is stable but has Done");
+        }
     }
 
     #[test]
@@ -156,7 +320,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in [S::Creating, S::Running, S::Deleting, S::Deleted, S::Failed] {
+        for s in ALL_STATES {
             assert_eq!(SandboxState::parse(s.as_str()), Some(s));
             assert_eq!(
                 serde_json::to_string(&s).unwrap(),

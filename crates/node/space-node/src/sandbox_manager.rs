@@ -320,6 +320,8 @@ impl Node {
             run_dir: inner.run_dir(&req.id),
             accel: inner.accel,
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
+            memory: space_vmm::GuestMemory::Anonymous,
+            restore: None,
         };
         let vm = inner
             .nm
@@ -391,7 +393,7 @@ impl Node {
         match self.inner.teardown(id, vm).await {
             Ok(()) => {
                 self.inner
-                    .transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+                    .transition(id, SandboxEvent::Done, |r| r.vmm_pid = None)?;
                 tracing::info!(%id, "sandbox deleted");
                 Ok(())
             }
@@ -504,7 +506,7 @@ impl Node {
             .map(Arc::new);
         self.inner.teardown(id, vm).await?;
         self.inner
-            .transition(id, SandboxEvent::Deleted, |r| r.vmm_pid = None)?;
+            .transition(id, SandboxEvent::Done, |r| r.vmm_pid = None)?;
         Ok(())
     }
 
@@ -735,7 +737,7 @@ impl Inner {
 fn used_by(map: &HashMap<SandboxId, Entry>) -> NodeCapacity {
     NodeCapacity::sum(
         map.values()
-            .filter(|e| e.record.state.holds_resources())
+            .filter(|e| e.record.state.holds_compute())
             .map(|e| &e.record.resources),
     )
 }

@@ -33,6 +33,33 @@ pub struct VmConfig {
     pub accel: Accel,
     /// Under TCG, bounds the translation cache (`-accel tcg,tb-size=N`), which dominates RSS.
     pub tcg_tb_size_mib: Option<u32>,
+    /// What backs guest RAM.
+    pub memory: GuestMemory,
+    /// Start from saved state instead of booting the kernel.
+    pub restore: Option<RestoreFrom>,
+}
+
+/// What backs guest RAM. Whatever the backing, the RAM block has the same name, so state
+/// saved from one kind of VM restores into another.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GuestMemory {
+    /// Private anonymous memory.
+    #[default]
+    Anonymous,
+    /// A file mapped as guest RAM (`memory-backend-file`). With `shared`, guest writes go to
+    /// the file (a VM whose memory becomes a memory image); without, the file is mapped
+    /// copy-on-write, so every VM started from one image shares its unmodified pages.
+    File { path: PathBuf, shared: bool },
+}
+
+/// Saved VM state to start from (QEMU's `-incoming`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreFrom {
+    /// The device (and, unless `ignore_shared`, memory) state written by [`crate::Vm::save_state`].
+    pub state: PathBuf,
+    /// The state was saved with `x-ignore-shared`: guest RAM comes from the memory file of
+    /// [`GuestMemory::File`], not from the state file.
+    pub ignore_shared: bool,
 }
 
 /// The runtime files of one VM, all inside its run directory.
@@ -146,6 +173,28 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
             )));
         }
     }
+    if let GuestMemory::File { path, .. } = &cfg.memory {
+        check_plain_path("memory file", path)?;
+    }
+    if let Some(restore) = &cfg.restore {
+        check_plain_path("state file", &restore.state)?;
+        if !restore.state.is_file() {
+            return Err(VmmError::InvalidConfig(format!(
+                "state file {} is not a file",
+                restore.state.display()
+            )));
+        }
+        match (&cfg.memory, restore.ignore_shared) {
+            (GuestMemory::File { path, shared: false }, true) if path.is_file() => {}
+            (_, true) => {
+                return Err(VmmError::InvalidConfig(
+                    "state saved without its memory needs an existing memory file mapped copy-on-write"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
+    }
     if !cfg.run_dir.is_absolute() {
         return Err(VmmError::InvalidConfig(format!(
             "run_dir {} must be absolute (QEMU resolves socket paths itself)",
@@ -153,6 +202,19 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
         )));
     }
     validate_socket_paths(&VmPaths::new(&cfg.run_dir))
+}
+
+/// State and memory paths go into QEMU options and (for state) a shell command of QEMU's
+/// `exec:` migration; only absolute paths without quotes or control characters are accepted.
+pub(crate) fn check_plain_path(what: &str, path: &Path) -> Result<(), VmmError> {
+    let bytes = path.as_os_str().as_bytes();
+    if !path.is_absolute() || bytes.iter().any(|&b| b == b'\'' || b < 0x20 || b == 0x7f) {
+        return Err(VmmError::InvalidConfig(format!(
+            "{what} path {} must be absolute and free of quotes and control characters",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Unix socket paths longer than `sun_path` cannot be bound; say so before QEMU does cryptically.

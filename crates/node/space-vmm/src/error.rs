@@ -58,6 +58,10 @@ pub enum VmmError {
     #[error("VM has exited: {0}")]
     Exited(String),
 
+    /// Saving or restoring VM state (QEMU migration) failed; the VM keeps its previous state.
+    #[error("VM state transfer failed: {0}")]
+    Migration(String),
+
     /// Even SIGKILL did not make the process go away in time.
     #[error("could not stop VM: {0}")]
     KillFailed(String),

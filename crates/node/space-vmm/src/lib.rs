@@ -15,18 +15,22 @@ mod procfs;
 mod qemu;
 mod qemu_args;
 mod qmp;
+mod state;
 mod tsc;
 mod vm;
 
 use std::path::Path;
 
 pub use accel::{accel_for, detect_accel, Accel, ParseAccelError};
-pub use config::{validate_name, VmConfig, VmPaths, MAX_KERNEL_CMDLINE_LEN, MAX_NAME_LEN};
+pub use config::{
+    validate_name, GuestMemory, RestoreFrom, VmConfig, VmPaths, MAX_KERNEL_CMDLINE_LEN, MAX_NAME_LEN,
+};
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
 pub use error::VmmError;
 pub use exit::VmExit;
 pub use qemu::QemuVmm;
 pub use qemu_args::AGENT_PORT_NAME;
+pub use state::{SaveOptions, SaveReport};
 pub use vm::{Vm, VmStatus};
 
 /// A VMM backend (QEMU today; Firecracker could be another).

@@ -284,6 +284,9 @@ async fn start(
             "QEMU exited before the guest started".into(),
         ));
     }
+    if let Some(from) = &cfg.restore {
+        crate::state::restore(&qmp, &from.state, from.ignore_shared, deadline).await?;
+    }
     qmp.execute(qmp::cont {}).await?;
     let status = qmp.execute(qmp::query_status {}).await?;
     if !matches!(status.status, qmp::RunState::running) {

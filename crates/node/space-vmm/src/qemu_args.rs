@@ -14,10 +14,15 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use crate::accel::Accel;
-use crate::config::{VmConfig, VmPaths};
+use crate::config::{GuestMemory, VmConfig, VmPaths};
 
 /// Name of the virtio-serial port the guest daemon opens (`/sys/class/virtio-ports/*/name`).
 pub const AGENT_PORT_NAME: &str = "space.agent";
+/// QEMU object id of guest RAM. The RAM block is named after it, and restores match blocks by
+/// name, so it must never change.
+pub(crate) const RAM_ID: &str = "mem";
+/// QEMU drive id of the root disk (used by `block_resize`).
+pub(crate) const ROOT_DRIVE: &str = "root";
 /// QEMU chardev id of the serial console (matched in `query-chardev`).
 pub(crate) const CONSOLE_CHARDEV: &str = "console";
 
@@ -52,8 +57,9 @@ pub(crate) fn qemu_args(
         .arg(format!("{},debug-threads=off", cfg.name));
     match cfg.accel {
         Accel::Tcg => {
-            a.flag("-M")
-                .arg("microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on");
+            a.flag("-M").arg(format!(
+                "microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on,memory-backend={RAM_ID}"
+            ));
             let accel = match cfg.tcg_tb_size_mib {
                 Some(mib) => format!("tcg,tb-size={mib}"),
                 None => "tcg".to_owned(),
@@ -62,14 +68,16 @@ pub(crate) fn qemu_args(
             a.flag("-cpu").arg("max");
         }
         Accel::Kvm => {
-            a.flag("-M")
-                .arg("microvm,x-option-roms=off,isa-serial=on,rtc=on");
+            a.flag("-M").arg(format!(
+                "microvm,x-option-roms=off,isa-serial=on,rtc=on,memory-backend={RAM_ID}"
+            ));
             a.flag("-accel").arg("kvm");
             a.flag("-cpu").arg("host");
         }
     }
     a.flag("-smp").arg(cfg.vcpus.to_string());
     a.flag("-m").arg(cfg.memory_mib.to_string());
+    a.flag("-object").arg(memory_object(cfg));
     a.flag("-nodefaults")
         .flag("-no-user-config")
         .flag("-nographic")
@@ -87,7 +95,7 @@ pub(crate) fn qemu_args(
     a.flag("-chardev")
         .arg(socket_chardev(CONSOLE_CHARDEV, paths.console.as_os_str()));
     a.flag("-serial").arg(format!("chardev:{CONSOLE_CHARDEV}"));
-    let mut drive = OsString::from("id=root,file=");
+    let mut drive = OsString::from(format!("id={ROOT_DRIVE},file="));
     drive.push(escape_opt(cfg.root_disk.as_os_str()));
     drive.push(",format=raw,if=none,discard=unmap");
     a.flag("-drive").arg(drive);
@@ -99,8 +107,31 @@ pub(crate) fn qemu_args(
         "virtserialport,chardev=channel,name={AGENT_PORT_NAME}"
     ));
     a.flag("-device").arg("virtio-rng-device");
+    if cfg.restore.is_some() {
+        // The state is fed in over QMP (`migrate-incoming`) once QMP and the console are up.
+        a.flag("-incoming").arg("defer");
+    }
     a.flag("-S");
     a.0
+}
+
+/// The `-object` that backs guest RAM.
+fn memory_object(cfg: &VmConfig) -> OsString {
+    match &cfg.memory {
+        GuestMemory::Anonymous => OsString::from(format!(
+            "memory-backend-ram,id={RAM_ID},size={}M",
+            cfg.memory_mib
+        )),
+        GuestMemory::File { path, shared } => {
+            let mut s = OsString::from(format!(
+                "memory-backend-file,id={RAM_ID},size={}M,share={},mem-path=",
+                cfg.memory_mib,
+                if *shared { "on" } else { "off" }
+            ));
+            s.push(escape_opt(path.as_os_str()));
+            s
+        }
+    }
 }
 
 /// A listening Unix socket chardev that does not wait for a client.
@@ -170,6 +201,8 @@ mod tests {
             run_dir: PathBuf::from("/run/sbx-1"),
             accel,
             tcg_tb_size_mib: Some(64),
+            memory: GuestMemory::Anonymous,
+            restore: None,
         }
     }
 
@@ -193,8 +226,13 @@ mod tests {
         assert_eq!(value_of(&args, "-name"), ["sbx-1,debug-threads=off"]);
         assert_eq!(
             value_of(&args, "-M"),
-            ["microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on"]
+            ["microvm,x-option-roms=off,isa-serial=on,rtc=on,pit=on,memory-backend=mem"]
         );
+        assert_eq!(
+            value_of(&args, "-object"),
+            ["memory-backend-ram,id=mem,size=256M"]
+        );
+        assert!(!args.iter().any(|a| a == "-incoming"));
         assert_eq!(value_of(&args, "-accel"), ["tcg,tb-size=64"]);
         assert_eq!(value_of(&args, "-cpu"), ["max"]);
         assert_eq!(
@@ -211,6 +249,26 @@ mod tests {
             value_of(&args, "-device").contains(&"virtserialport,chardev=channel,name=space.agent")
         );
         assert_eq!(value_of(&args, "-pidfile"), ["/run/sbx-1/vmm.pid"]);
+        assert_eq!(args.last().map(String::as_str), Some("-S"));
+    }
+
+    #[test]
+    fn restore_from_shared_memory_file() {
+        let mut c = cfg(Accel::Tcg);
+        c.memory = GuestMemory::File {
+            path: PathBuf::from("/img/a,b/memory"),
+            shared: false,
+        };
+        c.restore = Some(crate::RestoreFrom {
+            state: PathBuf::from("/img/state"),
+            ignore_shared: true,
+        });
+        let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
+        assert_eq!(
+            value_of(&args, "-object"),
+            ["memory-backend-file,id=mem,size=256M,share=off,mem-path=/img/a,,b/memory"]
+        );
+        assert_eq!(value_of(&args, "-incoming"), ["defer"]);
         assert_eq!(args.last().map(String::as_str), Some("-S"));
     }
 

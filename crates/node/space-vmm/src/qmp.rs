@@ -35,10 +35,19 @@ pub(crate) struct ShutdownSeen {
     pub reason: String,
 }
 
+/// When the vCPUs last stopped and started, by QEMU's event timestamps.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RunChanges {
+    pub stopped: Option<Duration>,
+    pub resumed: Option<Duration>,
+}
+
 /// State the event task shares with the VM: the SHUTDOWN seen, and whether QMP has closed.
 #[derive(Debug)]
 pub(crate) struct QmpState {
     shutdown: Mutex<Option<ShutdownSeen>>,
+    /// QEMU's timestamps of the last STOP and RESUME events (vCPUs stopped, started).
+    run_changes: Mutex<RunChanges>,
     closed: watch::Sender<bool>,
 }
 
@@ -46,6 +55,7 @@ impl QmpState {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(QmpState {
             shutdown: Mutex::new(None),
+            run_changes: Mutex::new(RunChanges::default()),
             closed: watch::channel(false).0,
         })
     }
@@ -54,6 +64,19 @@ impl QmpState {
         match self.shutdown.lock() {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn run_changes(&self) -> RunChanges {
+        *self.run_changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record_run_change(&self, stopped: bool, at: Option<Duration>) {
+        let mut g = self.run_changes.lock().unwrap_or_else(|p| p.into_inner());
+        if stopped {
+            g.stopped = at;
+        } else {
+            g.resumed = at;
         }
     }
 
@@ -193,8 +216,23 @@ fn on_event(vm: &str, state: &QmpState, event: qmp::Event) {
         qmp::Event::GUEST_PANICKED { data, .. } => {
             tracing::warn!(vm = %vm, ?data, "QMP event GUEST_PANICKED");
         }
-        qmp::Event::STOP { .. } => tracing::debug!(vm = %vm, "QMP event STOP"),
-        qmp::Event::RESUME { .. } => tracing::debug!(vm = %vm, "QMP event RESUME"),
+        qmp::Event::STOP { timestamp, .. } => {
+            tracing::debug!(vm = %vm, "QMP event STOP");
+            state.record_run_change(true, since_epoch(&timestamp));
+        }
+        qmp::Event::RESUME { timestamp, .. } => {
+            tracing::debug!(vm = %vm, "QMP event RESUME");
+            state.record_run_change(false, since_epoch(&timestamp));
+        }
         other => tracing::debug!(vm = %vm, event = ?other, "QMP event"),
     }
+}
+
+/// `qapi` keeps the fields of an event timestamp private; they serialise as
+/// `{"seconds": s, "microseconds": us}`.
+fn since_epoch(ts: &qapi::Timestamp) -> Option<Duration> {
+    let v = serde_json::to_value(ts).ok()?;
+    let secs = v.get("seconds")?.as_u64()?;
+    let micros = v.get("microseconds")?.as_u64()?;
+    Some(Duration::from_secs(secs) + Duration::from_micros(micros))
 }

@@ -16,6 +16,7 @@ use crate::error::VmmError;
 use crate::exit::{exit_reason, ProcessEnd, VmExit};
 use crate::process::ProcHandle;
 use crate::qmp::{Qmp, QmpState};
+use crate::state::{SaveOptions, SaveReport};
 
 /// How long to wait for the exit after SIGKILL before giving up (D-state processes).
 const KILL_WAIT: Duration = Duration::from_secs(30);
@@ -66,6 +67,7 @@ pub struct Vm {
     paths: VmPaths,
     proc: Arc<ProcHandle>,
     qmp: Qmp,
+    qmp_state: Arc<QmpState>,
     exit_rx: watch::Receiver<Option<VmExit>>,
     kill_lock: tokio::sync::Mutex<()>,
     /// Set before kill() falls back to SIGKILL, so the exit reason can say so.
@@ -101,7 +103,7 @@ impl Vm {
             name.clone(),
             paths.clone(),
             proc.clone(),
-            qmp_state,
+            qmp_state.clone(),
             source,
             sigkilled.clone(),
             exit_tx,
@@ -112,6 +114,7 @@ impl Vm {
             paths,
             proc,
             qmp,
+            qmp_state,
             exit_rx,
             kill_lock: tokio::sync::Mutex::new(()),
             sigkilled,
@@ -167,6 +170,43 @@ impl Vm {
         self.ensure_running()?;
         self.qmp
             .execute(qmp::cont {})
+            .await
+            .map(drop)
+            .map_err(|e| self.explain(e))
+    }
+
+    /// Saves the VM's state to `path` (see [`SaveOptions`]). On success the VM is left paused,
+    /// so the caller can snapshot the disk at the same instant; it then calls
+    /// [`Vm::resume`]. On failure the VM runs on as before.
+    pub async fn save_state(
+        &self,
+        path: &std::path::Path,
+        opts: SaveOptions,
+    ) -> Result<SaveReport, VmmError> {
+        self.ensure_running()?;
+        crate::state::save(&self.qmp, path, opts)
+            .await
+            .map_err(|e| self.explain(e))
+    }
+
+    /// How long the vCPUs were stopped the last time they stopped and started again, by
+    /// QEMU's own event timestamps: the pause the guest saw.
+    pub fn last_pause(&self) -> Option<Duration> {
+        let changes = self.qmp_state.run_changes();
+        changes.resumed?.checked_sub(changes.stopped?)
+    }
+
+    /// Tells the guest its disk grew to `bytes` (the file must already have that size).
+    pub async fn resize_root_disk(&self, bytes: u64) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        let size = i64::try_from(bytes)
+            .map_err(|_| VmmError::InvalidConfig(format!("disk size {bytes} too large")))?;
+        self.qmp
+            .execute(qmp::block_resize {
+                device: Some(crate::qemu_args::ROOT_DRIVE.to_owned()),
+                node_name: None,
+                size,
+            })
             .await
             .map(drop)
             .map_err(|e| self.explain(e))

@@ -125,6 +125,8 @@ impl Fixture {
             run_dir: self.dir.path().join(test),
             accel: detect_accel(),
             tcg_tb_size_mib: Some(32),
+            memory: space_vmm::GuestMemory::Anonymous,
+            restore: None,
         }
     }
 }
@@ -267,6 +269,8 @@ async fn launch_then_exit_process() {
         memory_mib: 256,
         accel: detect_accel(),
         tcg_tb_size_mib: Some(32),
+        memory: space_vmm::GuestMemory::Anonymous,
+        restore: None,
     };
     let vm = QemuVmm::new().launch(&cfg).await.unwrap();
     assert!(wait_until(BOOT_TIMEOUT, || console(&vm).contains("vmm-test: tick 1")).await);
@@ -432,4 +436,100 @@ async fn start_failure_reports_qemu_output() {
         QemuVmm::new().launch(&missing).await,
         Err(VmmError::InvalidConfig(_))
     ));
+}
+
+/// The highest "tick N" on the console.
+fn last_tick(vm: &Vm) -> u32 {
+    console(vm)
+        .lines()
+        .filter_map(|l| l.split("vmm-test: tick ").nth(1))
+        .filter_map(|n| n.trim().parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A memory image (shared memory file + device state saved with x-ignore-shared) starts a
+/// clone that carries on where the original stopped; a live full save restores into
+/// anonymous memory the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn save_and_restore_carry_on_where_the_guest_was() {
+    let fx = Fixture::new();
+    let vmm = QemuVmm::new();
+    let memory = fx.dir.path().join("memory");
+    let mut cfg = fx.config("image", "tick");
+    cfg.memory = space_vmm::GuestMemory::File {
+        path: memory.clone(),
+        shared: true,
+    };
+    let vm = vmm.launch(&cfg).await.unwrap();
+    let _guard = KillOnDrop::new(&vm);
+    assert!(wait_until(BOOT_TIMEOUT, || last_tick(&vm) >= 2).await);
+    let state = fx.dir.path().join("image.state");
+    let report = vm
+        .save_state(
+            &state,
+            space_vmm::SaveOptions {
+                ignore_shared: true,
+                live: false,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let saved_tick = last_tick(&vm);
+    eprintln!("image save: {report:?}");
+    assert!(report.bytes < 1 << 20, "RAM went into the state: {report:?}");
+    vm.kill(Duration::from_secs(5)).await.unwrap();
+
+    // A clone maps the memory file copy-on-write and loads only the device state.
+    let mut clone_cfg = fx.config("clone", "tick");
+    clone_cfg.memory = space_vmm::GuestMemory::File {
+        path: memory.clone(),
+        shared: false,
+    };
+    clone_cfg.restore = Some(space_vmm::RestoreFrom {
+        state: state.clone(),
+        ignore_shared: true,
+    });
+    let started = Instant::now();
+    let clone = vmm.launch(&clone_cfg).await.unwrap();
+    let _clone_guard = KillOnDrop::new(&clone);
+    eprintln!("clone running after {:?}", started.elapsed());
+    assert_eq!(clone.status().await.unwrap(), VmStatus::Running);
+    // It never booted: no kernel banner, and its ticks continue from the saved count.
+    assert!(wait_until(BOOT_TIMEOUT, || last_tick(&clone) > saved_tick).await);
+    assert!(!console(&clone).contains("Linux version"));
+
+    // A live full save of the clone (its RAM is private), restored into anonymous memory.
+    let full = fx.dir.path().join("full.state");
+    let report = clone
+        .save_state(&full, space_vmm::SaveOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(clone.status().await.unwrap(), VmStatus::Other("postmigrate".into()));
+    clone.resume().await.unwrap();
+    let pause = clone.last_pause().expect("STOP and RESUME events seen");
+    eprintln!("live save: {report:?}, guest-visible pause {pause:?}");
+    assert!(report.bytes > 1 << 20, "RAM missing from a full save: {report:?}");
+    let tick_at_save = last_tick(&clone);
+    clone.kill(Duration::from_secs(5)).await.unwrap();
+    let mut restored_cfg = fx.config("restored", "tick");
+    restored_cfg.restore = Some(space_vmm::RestoreFrom {
+        state: full,
+        ignore_shared: false,
+    });
+    let restored = vmm.launch(&restored_cfg).await.unwrap();
+    let _restored_guard = KillOnDrop::new(&restored);
+    assert!(wait_until(BOOT_TIMEOUT, || last_tick(&restored) > tick_at_save).await);
+
+    // A state file that is not one fails the start cleanly.
+    let junk = fx.dir.path().join("junk.state");
+    std::fs::write(&junk, b"not a migration stream").unwrap();
+    let mut bad = fx.config("bad", "tick");
+    bad.restore = Some(space_vmm::RestoreFrom {
+        state: junk,
+        ignore_shared: false,
+    });
+    let err = vmm.launch(&bad).await.unwrap_err();
+    eprintln!("junk state: {err}");
 }
