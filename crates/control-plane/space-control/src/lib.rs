@@ -7,7 +7,8 @@
 //!
 //! Architecture invariants: the database holds desired state and the node live state; every
 //! `/v1` request is authenticated and sees only its tenant's sandboxes; API keys are stored
-//! only as hashes and never logged.
+//! only as hashes and never logged; a mutating request repeated with the same
+//! `Idempotency-Key` does its work once ([`api::idempotency`]).
 
 pub mod api;
 pub mod bootstrap;

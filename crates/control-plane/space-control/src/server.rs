@@ -97,6 +97,7 @@ impl Server {
         create_private_dir(&config.data_dir)?;
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
+        crate::api::idempotency::release_abandoned_at_start(&db).await;
         let state = AppState::new(db, node, config.max_upload_bytes);
         let (stop, stop_rx) = watch::channel(false);
         let reconciler = if config.run_reconciler {

@@ -35,20 +35,15 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
 
 #[tokio::test]
 async fn migrations_are_idempotent() {
+    let all: Vec<i64> = space_control::db::migrations::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(all, vec![1, 2]);
     for t in common::test_dbs().await {
-        assert_eq!(
-            t.db.applied_migrations().await.unwrap(),
-            vec![1],
-            "{}",
-            t.label
-        );
+        assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
-        assert_eq!(
-            t.db.applied_migrations().await.unwrap(),
-            vec![1],
-            "{}",
-            t.label
-        );
+        assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
     }
 }
 

@@ -470,7 +470,9 @@ impl Node {
                     tracing::warn!(%id, error = %e, "cannot finish interrupted delete");
                 }
             }
-            SandboxState::Failed | SandboxState::Deleted => {}
+            SandboxState::Failed | SandboxState::Deleted | SandboxState::Stopped => {}
+            // Replaced by the full recovery of transient states below.
+            _ => {}
         }
     }
 

@@ -115,6 +115,29 @@ pub enum StorageError {
         /// The mount that could not be unmounted.
         mount: PathBuf,
     },
+    /// A snapshot with this id already exists (committed or being taken).
+    #[error("snapshot {0} already exists")]
+    SnapshotExists(PathBuf),
+    /// A snapshot cannot be committed as asked: wrong id or sandbox, or its disk is missing.
+    #[error("cannot commit snapshot {dir}: {reason}")]
+    InvalidSnapshot {
+        /// The snapshot's (pending) directory.
+        dir: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A snapshot label, schedule or retention policy was refused.
+    #[error(transparent)]
+    Snapshot(#[from] space_core::SnapshotError),
+    /// A guest ext4 image could not be read (corrupt, truncated, unsupported, or beyond the
+    /// reader's bounds). The image is never mounted; this comes from the userspace reader.
+    #[error("cannot read the ext4 filesystem in {image}: {message}")]
+    Ext4 {
+        /// The disk image.
+        image: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl StorageError {

@@ -6,21 +6,37 @@
 //! - [`TemplateStore`] and [`KernelStore`]: content-addressed artifacts, both built on
 //!   [`CasDir`], whose `build_or_wait` builds each digest once across threads and processes.
 //! - [`reflink`], [`is_btrfs`]: the filesystem primitives, for other crates too.
+//! - Snapshots of a sandbox under `<sandbox dir>/snapshots/`: [`Store::begin_snapshot`] →
+//!   [`PendingSnapshot`] → commit (atomic rename), listing with [`exclusive_bytes`] measured
+//!   by FIEMAP, and [`diff_disk_images`], a file-level diff of two guest ext4 images read in
+//!   userspace (never mounted).
 
 mod cas;
 pub mod cmd;
 mod error;
+mod ext4diff;
+mod extents;
 mod fsops;
 mod kernels;
 mod loopback;
 pub mod mountinfo;
+mod snapshots;
 mod store;
 mod templates;
 
 pub use cas::{validate_digest, Artifact, CasDir};
 pub use error::StorageError;
+pub use ext4diff::{
+    diff_disk_images, MAX_DIFF_DEPTH, MAX_DIFF_DURATION, MAX_DIFF_ENTRIES, MAX_DIFF_NAME_BYTES,
+    MAX_DIFF_READ_BYTES,
+};
+pub use extents::{exclusive_bytes, extent_usage, ExtentUsage};
 pub use fsops::{copy_sparse, is_btrfs, reflink, reflink_or_copy, write_atomic, FileLock};
 pub use kernels::{KernelBundleInfo, KernelMeta, KernelStore, INITRAMFS_FILE, VMLINUZ_FILE};
 pub use loopback::MIN_IMAGE_SIZE;
-pub use store::{Store, StoreBacking, SANDBOX_DISK_FILE};
+pub use snapshots::{
+    PendingSnapshot, SnapshotPaths, SnapshotSizes, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE,
+    SNAPSHOT_MEMORY_FILE, SNAPSHOT_META_FILE, SNAPSHOT_STATE_FILE,
+};
+pub use store::{ExistingDisk, Store, StoreBacking, SANDBOX_DISK_FILE};
 pub use templates::{TemplateStore, IMAGE_FILE};

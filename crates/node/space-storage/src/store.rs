@@ -162,33 +162,7 @@ impl Store {
         let dir = self.sandbox_dir(id);
         fsops::create_dir_all(&dir)?;
         let disk = dir.join(SANDBOX_DISK_FILE);
-        if disk.exists() {
-            return Err(StorageError::DiskExists(disk));
-        }
-        // Clone under a temporary name so a crash never leaves a half-sized disk under the real one.
-        let tmp = dir.join(format!(
-            ".{SANDBOX_DISK_FILE}.tmp-{}",
-            fsops::random_suffix()
-        ));
-        let result = (|| {
-            fsops::reflink(template_image, &tmp)?;
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&tmp)
-                .ctx("open", &tmp)?;
-            let len = f.metadata().ctx("stat", &tmp)?.len();
-            let want = u64::from(disk_mib) * MIB;
-            if want > len {
-                f.set_len(want).ctx("grow", &tmp)?;
-            }
-            f.sync_all().ctx("sync", &tmp)?;
-            std::fs::rename(&tmp, &disk).ctx("rename into place", &disk)?;
-            fsops::fsync_dir(&dir)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result?;
+        clone_disk(template_image, &disk, disk_mib, ExistingDisk::Refuse)?;
         tracing::debug!(sandbox = %id.as_str(), disk = %disk.display(), disk_mib, "created sandbox disk (reflink)");
         Ok(disk)
     }
@@ -207,4 +181,67 @@ impl Store {
     pub fn kernels(&self) -> KernelStore {
         KernelStore::new(self.root.join("kernels"))
     }
+}
+
+/// What [`clone_disk`] does when the destination already exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExistingDisk {
+    /// Fail with [`StorageError::DiskExists`]: a disk is never overwritten by accident.
+    Refuse,
+    /// Replace it atomically (rollback: the old disk stays whole until the rename).
+    Replace,
+}
+
+/// Makes `dst` a reflink of `src` grown sparsely to `disk_mib` MiB (never below `src`'s
+/// size). The clone is made under a temporary name beside `dst`, synced, and renamed into
+/// place, so a crash never leaves a half-made disk under the real name. Fails rather than
+/// copy when the two are not on one reflink-capable filesystem.
+pub(crate) fn clone_disk(
+    src: &Path,
+    dst: &Path,
+    disk_mib: u32,
+    existing: ExistingDisk,
+) -> Result<(), StorageError> {
+    let dir = dst.parent().unwrap_or(Path::new("."));
+    let name = dst
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if existing == ExistingDisk::Refuse && std::fs::symlink_metadata(dst).is_ok() {
+        return Err(StorageError::DiskExists(dst.to_owned()));
+    }
+    let tmp = dir.join(format!(".{name}.tmp-{}", fsops::random_suffix()));
+    let result = (|| {
+        fsops::reflink(src, &tmp)?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)
+            .ctx("open", &tmp)?;
+        let len = f.metadata().ctx("stat", &tmp)?.len();
+        let want = u64::from(disk_mib) * MIB;
+        if want > len {
+            f.set_len(want).ctx("grow", &tmp)?;
+        }
+        f.sync_all().ctx("sync", &tmp)?;
+        match existing {
+            ExistingDisk::Replace => std::fs::rename(&tmp, dst).ctx("rename into place", dst)?,
+            // RENAME_NOREPLACE: a disk that appeared meanwhile is still never overwritten.
+            ExistingDisk::Refuse => nix::fcntl::renameat2(
+                None,
+                &tmp,
+                None,
+                dst,
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(|e| match e {
+                nix::errno::Errno::EEXIST => StorageError::DiskExists(dst.to_owned()),
+                e => StorageError::io("rename into place", dst, e.into()),
+            })?,
+        }
+        fsops::fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

@@ -1,13 +1,15 @@
 //! The HTTP API: state, router, and one module per resource.
 //!
 //! Every `/v1` route is authenticated by the [`auth`] middleware (a route cannot forget it),
-//! scoped to the caller's tenant, and documented: the router and the OpenAPI document are
+//! scoped to the caller's tenant, accepts an `Idempotency-Key` on mutating requests
+//! ([`idempotency`]), and is documented: the router and the OpenAPI document are
 //! built from the same annotated handlers ([`openapi`]), so they cannot drift apart.
 
 pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod files;
+pub mod idempotency;
 pub mod openapi;
 pub mod processes;
 pub mod sandboxes;

@@ -17,7 +17,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{auth, files, processes, sandboxes, templates, AppState};
+use super::{auth, files, idempotency, processes, sandboxes, templates, AppState};
 
 /// The generated document, shared with the `/openapi.json` handler.
 #[derive(Clone)]
@@ -27,7 +27,7 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
 #[openapi(
     info(
         title = "SPACE API",
-        description = "Sandboxes for AI agents: each sandbox is a microVM. Authenticate with `Authorization: Bearer <api key>`. Every error is `{\"code\": ..., \"message\": ...}`.",
+        description = "Sandboxes for AI agents: each sandbox is a microVM. Authenticate with `Authorization: Bearer <api key>`. Every error is `{\"code\": ..., \"message\": ...}`. Mutating requests (POST, PUT, PATCH, DELETE) accept an `Idempotency-Key` header that makes retries safe.",
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -116,15 +116,22 @@ fn public_routes() -> OpenApiRouter<AppState> {
 /// The router (with state applied) and its OpenAPI document.
 pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
     let (v1, v1_doc) = v1_routes().split_for_parts();
-    // route_layer: only matched routes authenticate, so unknown paths stay 404.
-    let v1 = v1.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        auth::require_api_key,
-    ));
+    // route_layer: only matched routes authenticate, so unknown paths stay 404. The layer
+    // added last runs first: authentication, then idempotency keys (scoped to the tenant).
+    let v1 = v1
+        .route_layer(middleware::from_fn_with_state(
+            idempotency::Idempotency::new(state.db.clone()),
+            idempotency::idempotency,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
     let (public, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(public_routes())
         .split_for_parts();
     doc.merge(v1_doc);
+    idempotency::document(&mut doc);
     (public.merge(v1).with_state(state), doc)
 }
 
@@ -135,5 +142,6 @@ pub fn document() -> OpenApiDoc {
         .merge(public_routes())
         .split_for_parts();
     doc.merge(v1_doc);
+    idempotency::document(&mut doc);
     doc
 }

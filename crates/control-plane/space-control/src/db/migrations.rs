@@ -22,16 +22,17 @@ pub const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_mig
 )";
 
 /// Every migration, oldest first.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "tenants, api keys, sandboxes",
-    statements: &[
-        "CREATE TABLE tenants (
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "tenants, api keys, sandboxes",
+        statements: &[
+            "CREATE TABLE tenants (
             id TEXT PRIMARY KEY,
             name TEXT NOT NULL UNIQUE,
             created_at_ms BIGINT NOT NULL
         )",
-        "CREATE TABLE api_keys (
+            "CREATE TABLE api_keys (
             id TEXT PRIMARY KEY,
             tenant_id TEXT NOT NULL REFERENCES tenants(id),
             key_hash TEXT NOT NULL UNIQUE,
@@ -39,10 +40,10 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             created_at_ms BIGINT NOT NULL,
             revoked_at_ms BIGINT
         )",
-        "CREATE INDEX api_keys_tenant ON api_keys (tenant_id)",
-        // `spec` holds resources and environment variable NAMES; values are secrets and are
-        // only handed to the node at create time.
-        "CREATE TABLE sandboxes (
+            "CREATE INDEX api_keys_tenant ON api_keys (tenant_id)",
+            // `spec` holds resources and environment variable NAMES; values are secrets and are
+            // only handed to the node at create time.
+            "CREATE TABLE sandboxes (
             id TEXT PRIMARY KEY,
             tenant_id TEXT NOT NULL REFERENCES tenants(id),
             node TEXT NOT NULL,
@@ -56,10 +57,36 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             deleted_at_ms BIGINT,
             create_latency_ms BIGINT
         )",
-        "CREATE INDEX sandboxes_tenant ON sandboxes (tenant_id, desired_state, created_at_ms)",
-        "CREATE INDEX sandboxes_desired ON sandboxes (desired_state, expires_at_ms)",
-    ],
-}];
+            "CREATE INDEX sandboxes_tenant ON sandboxes (tenant_id, desired_state, created_at_ms)",
+            "CREATE INDEX sandboxes_desired ON sandboxes (desired_state, expires_at_ms)",
+        ],
+    },
+    // One row per (tenant, Idempotency-Key); see `db::idempotency`. `token` names the
+    // request that claimed the key; the response columns are set once it is `done`.
+    Migration {
+        version: 2,
+        description: "idempotency keys",
+        statements: &[
+            "CREATE TABLE idempotency_keys (
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                idem_key TEXT NOT NULL,
+                token TEXT NOT NULL,
+                method TEXT NOT NULL,
+                path TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                state TEXT NOT NULL,
+                response_status BIGINT,
+                response_headers TEXT,
+                response_body_encoding TEXT,
+                response_body TEXT,
+                created_at_ms BIGINT NOT NULL,
+                completed_at_ms BIGINT,
+                PRIMARY KEY (tenant_id, idem_key)
+            )",
+            "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at_ms)",
+        ],
+    },
+];
 
 #[cfg(test)]
 mod tests {

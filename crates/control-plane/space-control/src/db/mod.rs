@@ -1,4 +1,5 @@
-//! The control plane's database: desired state (sandboxes), tenants and API keys.
+//! The control plane's database: desired state (sandboxes), tenants and API keys, and the
+//! idempotency keys of mutating requests.
 //!
 //! One implementation for both backends through `sqlx::Any`: SQLite by default (a file in
 //! the data directory, WAL mode) and PostgreSQL when given a `postgres://` URL. The SQL is
@@ -8,6 +9,7 @@
 //! The database holds *desired* state; the node holds live state. The reconciler converges
 //! the two.
 
+mod idempotency;
 pub mod migrations;
 mod sandboxes;
 mod tenants;
@@ -19,6 +21,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Connection, Executor};
 
+pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 
