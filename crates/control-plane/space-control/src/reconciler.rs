@@ -221,17 +221,13 @@ mod tests {
     }
 
     fn record(id: &SandboxId, state: SandboxState) -> SandboxRecord {
-        SandboxRecord {
-            id: id.clone(),
-            template: "base".into(),
-            template_digest: "d".into(),
-            resources: Resources::default(),
+        SandboxRecord::new(
+            id.clone(),
+            "base".into(),
+            "d".into(),
+            Resources::default(),
             state,
-            failure_reason: None,
-            created_at_ms: 0,
-            create_latency_ms: None,
-            vmm_pid: None,
-        }
+        )
     }
 
     #[test]

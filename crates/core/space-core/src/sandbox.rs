@@ -58,7 +58,33 @@ pub struct CreateSandboxRequest {
     /// Delete the sandbox automatically after this many seconds; default 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// What the node does if the sandbox's VMM dies; default `restore`.
+    #[serde(default)]
+    pub on_crash: CrashPolicy,
+    /// Pause the sandbox after this many seconds without activity (processes using CPU,
+    /// disk or network I/O, API calls); the next call that needs it resumes it. Default: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
+    /// Automatic disk snapshots and checkpoints; default: disk every minute, checkpoint every
+    /// 15 minutes, retention decaying by tier over a week.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<crate::SnapshotSchedule>,
 }
+
+/// What the node does when a sandbox's VMM dies unexpectedly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CrashPolicy {
+    /// Restore it from its latest checkpoint (or, without one, boot it again on its disk).
+    #[default]
+    Restore,
+    /// Mark it failed.
+    Fail,
+}
+
+/// Shortest `auto_pause_secs` accepted.
+pub const MIN_AUTO_PAUSE_SECS: u64 = 10;
 
 /// Checks labels: count, key charset, lengths.
 pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {

@@ -37,6 +37,18 @@ pub enum NodeError {
     Internal(String),
 }
 
+impl From<space_vmm::VmmError> for NodeError {
+    fn from(e: space_vmm::VmmError) -> Self {
+        NodeError::NodeManager(NodeManagerError::Vmm(e))
+    }
+}
+
+impl From<space_storage::StorageError> for NodeError {
+    fn from(e: space_storage::StorageError) -> Self {
+        NodeError::NodeManager(NodeManagerError::Storage(e))
+    }
+}
+
 impl NodeError {
     /// The machine-readable code.
     pub fn code(&self) -> ErrorCode {

@@ -11,19 +11,25 @@
 //! performs a privileged operation except through [`node_manager::NodeManager`].
 
 pub mod config;
+mod create;
 pub mod error;
+pub mod image;
 pub mod node_manager;
+mod pool;
 pub mod records;
 mod sandbox_manager;
+mod vm_start;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+pub use space_core::sandbox::CrashPolicy;
 use space_core::sandbox::ResourcesRequest;
-use space_core::{Resources, SandboxId, SandboxState};
+use space_core::{Resources, SandboxId, SandboxState, SnapshotId};
 
 pub use config::NodeConfig;
 pub use error::NodeError;
+pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
 pub use space_guest_client::{GuestClient, GuestError};
 
@@ -38,6 +44,44 @@ pub struct CreateSandbox {
     pub resources: ResourcesRequest,
     /// Environment for every process.
     pub env: BTreeMap<String, String>,
+    /// What to do when the VMM dies.
+    pub on_crash: CrashPolicy,
+    /// Pause the sandbox after this long without activity; `None` = never.
+    pub auto_pause_secs: Option<u64>,
+    /// Automatic snapshots; `None` = the default schedule.
+    pub snapshots: Option<space_core::SnapshotSchedule>,
+}
+
+/// Why a sandbox is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseCause {
+    /// A client asked; only a client resumes it.
+    User,
+    /// It was idle longer than its `auto_pause` timeout; the next call that needs the guest
+    /// resumes it.
+    Idle,
+}
+
+/// How the sandbox's current VM came to be.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum VmOrigin {
+    /// Booted from the template's kernel and disk.
+    #[default]
+    Boot,
+    /// Restored from the template's memory image (a warm pool member or a pool miss).
+    TemplateImage {
+        /// Taken ready from the warm pool.
+        pooled: bool,
+    },
+    /// Restored from a checkpoint of this or another sandbox.
+    Checkpoint {
+        /// The sandbox the checkpoint belongs to.
+        sandbox: SandboxId,
+        /// The checkpoint (absent for a fork's transient checkpoint).
+        snapshot: Option<SnapshotId>,
+    },
 }
 
 /// A sandbox as the node knows it (persisted on every transition).
@@ -61,4 +105,64 @@ pub struct SandboxRecord {
     pub create_latency_ms: Option<u64>,
     /// VMM process id while it runs.
     pub vmm_pid: Option<u32>,
+    /// Name of the VM backing the sandbox (its run directory); `None` = the sandbox id.
+    #[serde(default)]
+    pub vm_name: Option<String>,
+    /// How the current VM came to be.
+    #[serde(default)]
+    pub origin: VmOrigin,
+    /// Environment for every process (kept to configure the guest again after a cold start).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// What to do when the VMM dies.
+    #[serde(default)]
+    pub on_crash: CrashPolicy,
+    /// Idle time after which the sandbox is paused.
+    #[serde(default)]
+    pub auto_pause_secs: Option<u64>,
+    /// Set while paused.
+    #[serde(default)]
+    pub paused_by: Option<PauseCause>,
+    /// The snapshot a rollback in progress goes back to.
+    #[serde(default)]
+    pub rollback_to: Option<SnapshotId>,
+    /// Automatic snapshots.
+    #[serde(default)]
+    pub snapshots: space_core::SnapshotSchedule,
+}
+
+impl SandboxRecord {
+    /// A record in `state` with defaults for everything but identity and shape.
+    pub fn new(
+        id: SandboxId,
+        template: String,
+        template_digest: String,
+        resources: Resources,
+        state: SandboxState,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            id,
+            template,
+            template_digest,
+            resources,
+            state,
+            failure_reason: None,
+            created_at_ms: 0,
+            create_latency_ms: None,
+            vmm_pid: None,
+            vm_name: None,
+            origin: VmOrigin::Boot,
+            env: BTreeMap::new(),
+            on_crash: CrashPolicy::default(),
+            auto_pause_secs: None,
+            paused_by: None,
+            rollback_to: None,
+            snapshots: space_core::SnapshotSchedule::default(),
+        }
+    }
+
+    /// Name of the VM (and of its run directory) backing the sandbox.
+    pub fn vm_name(&self) -> &str {
+        self.vm_name.as_deref().unwrap_or(self.id.as_str())
+    }
 }

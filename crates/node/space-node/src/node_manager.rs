@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_core::SandboxId;
-use space_storage::Store;
+use space_storage::{ExistingDisk, Store};
 use space_vmm::{Vm, VmConfig, Vmm};
 
 /// Why a privileged operation failed.
@@ -52,6 +52,22 @@ pub trait NodeManager: Send + Sync + 'static {
         image: &Path,
         disk_mib: u32,
     ) -> Result<PathBuf, NodeManagerError>;
+    /// Makes `dst` a reflink of the disk `src` grown to `disk_mib` (0 keeps its size); the
+    /// parent directory is created. Used for images, pool members, rollbacks and forks.
+    fn clone_disk(
+        &self,
+        store: &Store,
+        src: &Path,
+        dst: &Path,
+        disk_mib: u32,
+        existing: ExistingDisk,
+    ) -> Result<(), NodeManagerError>;
+    /// Moves a disk (e.g. a pool member's) to `dst` in the same store; a running VM keeps
+    /// using it. Creates the parent directory.
+    fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
+    /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
+    /// directory). Idempotent.
+    fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;
     /// Removes a sandbox's disk directory and run directory. Idempotent.
     fn remove_sandbox_files(
         &self,
@@ -96,6 +112,40 @@ impl NodeManager for LocalNodeManager {
         disk_mib: u32,
     ) -> Result<PathBuf, NodeManagerError> {
         Ok(store.create_sandbox_disk(id, image, disk_mib)?)
+    }
+
+    fn clone_disk(
+        &self,
+        store: &Store,
+        src: &Path,
+        dst: &Path,
+        disk_mib: u32,
+        existing: ExistingDisk,
+    ) -> Result<(), NodeManagerError> {
+        Ok(store.clone_snapshot_disk(src, dst, disk_mib, existing)?)
+    }
+
+    fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError> {
+        let io = |what, path: &Path, source| NodeManagerError::Io {
+            what,
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = dst.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io("cannot create directory", dir, e))?;
+        }
+        std::fs::rename(src, dst).map_err(|e| io("cannot move disk", src, e))
+    }
+
+    fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(NodeManagerError::Io {
+                what: "cannot remove directory",
+                path: dir.to_owned(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn remove_sandbox_files(

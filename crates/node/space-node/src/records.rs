@@ -88,6 +88,14 @@ mod tests {
             created_at_ms: 1,
             create_latency_ms: None,
             vmm_pid: Some(42),
+            vm_name: None,
+            origin: crate::VmOrigin::Boot,
+            env: Default::default(),
+            on_crash: Default::default(),
+            auto_pause_secs: None,
+            paused_by: None,
+            rollback_to: None,
+            snapshots: Default::default(),
         };
         store.save(&rec).unwrap();
         fs::write(dir.path().join("junk.json"), b"{not json").unwrap();

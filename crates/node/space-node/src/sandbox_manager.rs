@@ -4,23 +4,23 @@
 //! table and persists the record before anything else sees the new state. Operations on one
 //! sandbox are serialised by its own lock; different sandboxes never wait for each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use space_core::template::TemplateInfo;
 use space_core::{NodeCapacity, SandboxEvent, SandboxId, SandboxState};
 use space_guest_client::GuestClient;
-use space_guest_proto::GuestConfig;
 use space_storage::Store;
-use space_vmm::{Accel, QemuVmm, Vm, VmConfig};
+use space_vmm::{Accel, QemuVmm, Vm};
 use tokio::task::AbortHandle;
 
 use crate::config::{default_capacity, NodeConfig, MAX_DATA_DIR_LEN};
 use crate::node_manager::{LocalNodeManager, NodeManager};
+use crate::pool::Pool;
 use crate::records::RecordStore;
-use crate::{CreateSandbox, NodeError, SandboxRecord};
+use crate::{NodeError, SandboxRecord};
 
 /// Bytes of serial console attached to a failure reason.
 const FAILURE_CONSOLE_TAIL: usize = 4096;
@@ -40,28 +40,30 @@ const EXIT_AFTER_CHANNEL_LOSS: Duration = Duration::from_secs(3);
 /// A running node: the sandbox manager plus its store. Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    cfg: NodeConfig,
-    store: Store,
-    nm: Arc<dyn NodeManager>,
-    records: RecordStore,
-    accel: Accel,
-    capacity: NodeCapacity,
-    run_root: PathBuf,
+pub(crate) struct Inner {
+    pub(crate) cfg: NodeConfig,
+    pub(crate) store: Store,
+    pub(crate) nm: Arc<dyn NodeManager>,
+    pub(crate) records: RecordStore,
+    pub(crate) accel: Accel,
+    pub(crate) capacity: NodeCapacity,
+    pub(crate) run_root: PathBuf,
+    pub(crate) pool: Pool,
+    pub(crate) background: Mutex<Vec<AbortHandle>>,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
 /// Live state of one sandbox.
-struct Entry {
-    record: SandboxRecord,
-    vm: Option<Arc<Vm>>,
-    guest: Option<GuestClient>,
-    /// Serialises create/delete of this sandbox.
-    op: Arc<tokio::sync::Mutex<()>>,
-    monitor: Option<AbortHandle>,
+pub(crate) struct Entry {
+    pub(crate) record: SandboxRecord,
+    pub(crate) vm: Option<Arc<Vm>>,
+    pub(crate) guest: Option<GuestClient>,
+    /// Serialises the operations (create, pause, snapshot, delete…) on this sandbox.
+    pub(crate) op: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) monitor: Option<AbortHandle>,
 }
 
 impl Entry {
@@ -76,14 +78,14 @@ impl Entry {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
 
-fn internal(what: &str, e: impl std::fmt::Display) -> NodeError {
+pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> NodeError {
     NodeError::Internal(format!("{what}: {e}"))
 }
 
@@ -125,6 +127,7 @@ impl Node {
         let run_root = data_dir.join("run");
         std::fs::create_dir_all(&run_root)
             .map_err(|e| internal("cannot create run directory", e))?;
+        let cfg_pool_size = cfg.pool_size;
         let node = Node {
             inner: Arc::new(Inner {
                 cfg: NodeConfig { data_dir, ..cfg },
@@ -134,10 +137,13 @@ impl Node {
                 accel,
                 capacity,
                 run_root,
+                pool: Pool::new(cfg_pool_size),
+                background: Mutex::new(Vec::new()),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };
         node.recover().await?;
+        node.start_background();
         Ok(node)
     }
 
@@ -229,133 +235,8 @@ impl Node {
         }
     }
 
-    /// Creates a sandbox and returns when its daemon is ready (`running`), or fails it.
-    pub async fn create_sandbox(&self, req: CreateSandbox) -> Result<SandboxRecord, NodeError> {
-        let started = Instant::now();
-        let tpl = self.template(&req.template)?;
-        let resources = req.resources.resolve(tpl.default_resources);
-        resources
-            .validate(tpl.image_size_mib)
-            .map_err(NodeError::Capacity)?;
-        space_core::process::validate_env(&req.env)
-            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
-        let record = SandboxRecord {
-            id: req.id.clone(),
-            template: tpl.name.clone(),
-            template_digest: tpl.digest.clone(),
-            resources,
-            state: SandboxState::Creating,
-            failure_reason: None,
-            created_at_ms: now_ms(),
-            create_latency_ms: None,
-            vmm_pid: None,
-        };
-        let op = self.inner.admit(record)?;
-        let _guard = op.lock().await;
-        match self.boot(&req, &tpl).await {
-            Ok((vm, guest)) => {
-                let latency = started.elapsed().as_millis() as u64;
-                let pid = vm.pid();
-                let vm = Arc::new(vm);
-                let rec = self.inner.transition(&req.id, SandboxEvent::Ready, |r| {
-                    r.create_latency_ms = Some(latency);
-                    r.vmm_pid = Some(pid);
-                })?;
-                self.attach(&req.id, vm, guest);
-                tracing::info!(id = %req.id, latency_ms = latency, "sandbox ready");
-                Ok(rec)
-            }
-            Err((err, vm)) => {
-                let reason = err.to_string();
-                self.inner.fail(&req.id, vm.as_ref(), &reason).await;
-                Err(err)
-            }
-        }
-    }
-
-    /// Clones the disk, boots the VM, connects to and configures the daemon. On error, returns
-    /// the VM (if one was started) so the caller can kill it.
-    async fn boot(
-        &self,
-        req: &CreateSandbox,
-        tpl: &TemplateInfo,
-    ) -> Result<(Vm, GuestClient), (NodeError, Option<Vm>)> {
-        let inner = &self.inner;
-        let rec = inner.record(&req.id).map_err(|e| (e, None))?;
-        let kernel = inner
-            .store
-            .kernels()
-            .get(&tpl.kernel_digest)
-            .map_err(|e| (internal("cannot read kernel bundle", e), None))?;
-        let kernel = kernel.ok_or_else(|| {
-            (
-                NodeError::Internal(format!(
-                    "kernel bundle {} of template '{}' is missing; rebuild the template",
-                    tpl.kernel_digest, tpl.name
-                )),
-                None,
-            )
-        })?;
-        let image = inner.store.templates().image_path(tpl);
-        let disk = {
-            let (nm, store, id, size) = (
-                inner.nm.clone(),
-                inner.store.clone(),
-                req.id.clone(),
-                rec.resources.disk_mib,
-            );
-            tokio::task::spawn_blocking(move || nm.create_sandbox_disk(&store, &id, &image, size))
-                .await
-                .map_err(|e| (internal("disk task", e), None))?
-                .map_err(|e| (NodeError::from(e), None))?
-        };
-        let cfg = VmConfig {
-            name: req.id.to_string(),
-            vcpus: rec.resources.vcpus,
-            memory_mib: rec.resources.memory_mib,
-            kernel: kernel.vmlinuz.clone(),
-            initrd: kernel.initramfs.clone(),
-            cmdline: space_images::kernel_cmdline(),
-            root_disk: disk,
-            run_dir: inner.run_dir(&req.id),
-            accel: inner.accel,
-            tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
-            memory: space_vmm::GuestMemory::Anonymous,
-            restore: None,
-        };
-        let vm = inner
-            .nm
-            .launch_vm(&cfg)
-            .await
-            .map_err(|e| (NodeError::from(e), None))?;
-        let deadline = Duration::from_secs(inner.cfg.ready_timeout_secs);
-        let channel = vm.paths().channel.clone();
-        let exited = vm.exited();
-        let ready = async {
-            let guest = GuestClient::connect(&channel, deadline).await?;
-            // The clock is read now, not before boot: the guest sets its clock from it.
-            let guest_config = GuestConfig {
-                hostname: req.id.to_string(),
-                env: req.env.clone(),
-                default_user: tpl.default_user.clone(),
-                resize_root: rec.resources.disk_mib > tpl.image_size_mib,
-                time_unix_ms: now_ms(),
-            };
-            guest.configure(&guest_config).await?;
-            Ok::<_, space_guest_client::GuestError>(guest)
-        };
-        let outcome = tokio::select! {
-            r = ready => r.map_err(NodeError::from),
-            exit = exited => Err(NodeError::SandboxFailed(format!("VM exited during boot: {}", exit.reason))),
-        };
-        match outcome {
-            Ok(guest) => Ok((vm, guest)),
-            Err(e) => Err((e, Some(vm))),
-        }
-    }
-
     /// Keeps the VM and channel of a running sandbox and starts watching them.
-    fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: GuestClient) {
+    pub(crate) fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: GuestClient) {
         let weak = Arc::downgrade(&self.inner);
         let monitor = tokio::spawn(watch(weak, id.clone(), vm.clone(), guest.clone()));
         let mut map = self.inner.lock();
@@ -406,8 +287,21 @@ impl Node {
         }
     }
 
-    /// Stops watching sandboxes; running VMs keep running and are re-adopted by the next start.
+    /// Stops watching sandboxes; running VMs keep running and are re-adopted by the next
+    /// start. Warm pool members are stopped (a new start fills the pool again).
     pub async fn shutdown(&self) {
+        for task in self
+            .inner
+            .background
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+        for member in self.inner.pool.drain() {
+            self.inner.discard_member(member).await;
+        }
         let mut map = self.inner.lock();
         for e in map.values_mut() {
             if let Some(m) = e.monitor.take() {
@@ -451,12 +345,22 @@ impl Node {
                 Ok(()) => tracing::info!(%id, "re-adopted running sandbox"),
                 Err(reason) => {
                     tracing::warn!(%id, %reason, "cannot re-adopt sandbox");
-                    let vm = self.inner.nm.adopt_vm(id.as_str(), &run_dir).await.ok();
+                    let vm = self
+                        .inner
+                        .nm
+                        .adopt_vm(&self.inner.vm_name(id), &run_dir)
+                        .await
+                        .ok();
                     self.inner.fail(id, vm.as_ref(), &reason).await;
                 }
             },
             SandboxState::Creating => {
-                let vm = self.inner.nm.adopt_vm(id.as_str(), &run_dir).await.ok();
+                let vm = self
+                    .inner
+                    .nm
+                    .adopt_vm(&self.inner.vm_name(id), &run_dir)
+                    .await
+                    .ok();
                 self.inner
                     .fail(
                         id,
@@ -480,7 +384,7 @@ impl Node {
         let vm = self
             .inner
             .nm
-            .adopt_vm(id.as_str(), run_dir)
+            .adopt_vm(&self.inner.vm_name(id), run_dir)
             .await
             .map_err(|e| format!("VMM gone after node restart: {e}"))?;
         match reconnect(&vm.paths().channel).await {
@@ -502,7 +406,7 @@ impl Node {
         let vm = self
             .inner
             .nm
-            .adopt_vm(id.as_str(), &self.inner.run_dir(id))
+            .adopt_vm(&self.inner.vm_name(id), &self.inner.run_dir(id))
             .await
             .ok()
             .map(Arc::new);
@@ -512,50 +416,68 @@ impl Node {
         Ok(())
     }
 
-    /// Kills VMs and removes directories that belong to no live sandbox.
+    /// Kills VMs and removes directories that belong to no live sandbox: VMs and disks of
+    /// deleted sandboxes, warm pool members (they never survive a restart), image builds
+    /// that were interrupted.
     async fn remove_orphans(&self) {
-        let live: std::collections::HashSet<String> = self
-            .inner
-            .lock()
-            .values()
-            .filter(|e| e.record.state != SandboxState::Deleted)
-            .map(|e| e.record.id.to_string())
-            .collect();
-        for root in [
-            self.inner.run_root.clone(),
-            self.inner.store.sandboxes_root(),
-        ] {
-            let Ok(dir) = std::fs::read_dir(&root) else {
+        let (live_ids, live_vms): (HashSet<String>, HashSet<String>) = {
+            let map = self.inner.lock();
+            let live: Vec<&SandboxRecord> = map
+                .values()
+                .filter(|e| e.record.state != SandboxState::Deleted)
+                .map(|e| &e.record)
+                .collect();
+            (
+                live.iter().map(|r| r.id.to_string()).collect(),
+                live.iter().map(|r| r.vm_name().to_owned()).collect(),
+            )
+        };
+        let inner = &self.inner;
+        for entry in read_dir_names(&inner.run_root) {
+            if live_vms.contains(&entry) || space_vmm::validate_name(&entry).is_err() {
                 continue;
-            };
-            for entry in dir.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if live.contains(&name) {
-                    continue;
-                }
-                let Ok(id) = name.parse::<SandboxId>() else {
-                    tracing::warn!(path = %entry.path().display(), "unexpected entry in node directory; leaving it");
-                    continue;
-                };
-                tracing::warn!(%id, "removing orphaned sandbox leftovers");
-                if let Ok(vm) = self
-                    .inner
-                    .nm
-                    .adopt_vm(id.as_str(), &self.inner.run_dir(&id))
-                    .await
-                {
-                    let _ = self.inner.nm.kill_vm(&vm).await;
-                }
-                if let Err(e) = self.inner.nm.remove_sandbox_files(
-                    &self.inner.store,
-                    &id,
-                    &self.inner.run_dir(&id),
-                ) {
-                    tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
-                }
+            }
+            tracing::warn!(vm = %entry, "removing orphaned VM");
+            let run_dir = inner.vm_run_dir(&entry);
+            if let Ok(vm) = inner.nm.adopt_vm(&entry, &run_dir).await {
+                let _ = inner.nm.kill_vm(&vm).await;
+            }
+            if let Err(e) = inner.nm.remove_run_dir(&run_dir) {
+                tracing::warn!(vm = %entry, error = %e, "cannot remove orphaned run directory");
             }
         }
+        for entry in read_dir_names(&inner.store.sandboxes_root()) {
+            if live_ids.contains(&entry) {
+                continue;
+            }
+            let Ok(id) = entry.parse::<SandboxId>() else {
+                tracing::warn!(name = %entry, "unexpected entry in the sandboxes directory; leaving it");
+                continue;
+            };
+            tracing::warn!(%id, "removing orphaned sandbox disk");
+            if let Err(e) =
+                inner
+                    .nm
+                    .remove_sandbox_files(&inner.store, &id, &inner.vm_run_dir(id.as_str()))
+            {
+                tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
+            }
+        }
+        if let Err(e) = inner.nm.remove_run_dir(&inner.pool_dir()) {
+            tracing::warn!(error = %e, "cannot remove leftover pool disks");
+        }
     }
+}
+
+/// Names in a directory (none if it cannot be read).
+fn read_dir_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Opens a new channel session to a running daemon and checks it answers, trying a fresh
@@ -608,25 +530,30 @@ async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
         // A panic while holding this lock is a bug; the map itself stays consistent
         // because every mutation is a single insert/update.
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn run_dir(&self, id: &SandboxId) -> PathBuf {
-        self.run_root.join(id.as_str())
-    }
-
-    fn record(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+    /// Name of the VM backing a sandbox (the sandbox id unless it came from the pool).
+    pub(crate) fn vm_name(&self, id: &SandboxId) -> String {
         self.lock()
             .get(id)
-            .map(|e| e.record.clone())
-            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
+            .map(|e| e.record.vm_name().to_owned())
+            .unwrap_or_else(|| id.to_string())
+    }
+
+    /// Run directory of the VM backing a sandbox.
+    pub(crate) fn run_dir(&self, id: &SandboxId) -> PathBuf {
+        self.vm_run_dir(&self.vm_name(id))
     }
 
     /// Checks capacity and inserts a new `creating` record, atomically.
-    fn admit(&self, record: SandboxRecord) -> Result<Arc<tokio::sync::Mutex<()>>, NodeError> {
+    pub(crate) fn admit(
+        &self,
+        record: SandboxRecord,
+    ) -> Result<Arc<tokio::sync::Mutex<()>>, NodeError> {
         let mut map = self.lock();
         if map.contains_key(&record.id) {
             return Err(NodeError::Invalid(format!(
@@ -647,7 +574,7 @@ impl Inner {
     }
 
     /// Applies `event` through the lifecycle table, lets `edit` adjust the record, persists it.
-    fn transition(
+    pub(crate) fn transition(
         &self,
         id: &SandboxId,
         event: SandboxEvent,
@@ -668,7 +595,7 @@ impl Inner {
         Ok(next)
     }
 
-    fn set_pid(&self, id: &SandboxId, pid: u32) -> Result<(), NodeError> {
+    pub(crate) fn set_pid(&self, id: &SandboxId, pid: u32) -> Result<(), NodeError> {
         let mut map = self.lock();
         let entry = map
             .get_mut(id)
@@ -681,7 +608,7 @@ impl Inner {
 
     /// Kills the VM (if any) and marks the sandbox failed with `reason` plus the console tail.
     /// The disk and console log stay until the sandbox is deleted.
-    async fn fail(&self, id: &SandboxId, vm: Option<&Vm>, reason: &str) {
+    pub(crate) async fn fail(&self, id: &SandboxId, vm: Option<&Vm>, reason: &str) {
         if let Some(vm) = vm {
             if let Err(e) = self.nm.kill_vm(vm).await {
                 tracing::error!(%id, error = %e, "cannot kill VM of failed sandbox");
@@ -716,13 +643,17 @@ impl Inner {
     }
 
     /// Kills the VM (if any) and removes the sandbox's files.
-    async fn teardown(&self, id: &SandboxId, vm: Option<Arc<Vm>>) -> Result<(), NodeError> {
+    pub(crate) async fn teardown(
+        &self,
+        id: &SandboxId,
+        vm: Option<Arc<Vm>>,
+    ) -> Result<(), NodeError> {
         let run_dir = self.run_dir(id);
         let vm = match vm {
             Some(vm) => Some(vm),
             None => self
                 .nm
-                .adopt_vm(id.as_str(), &run_dir)
+                .adopt_vm(&self.vm_name(id), &run_dir)
                 .await
                 .ok()
                 .map(Arc::new),

@@ -100,6 +100,7 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 env: parse_pairs(&a.env, "--env")?,
                 labels: parse_pairs(&a.labels, "--label")?,
                 timeout_secs: a.timeout,
+                ..Default::default()
             };
             let info = client.create_sandbox(&req).await?;
             if g.json {

@@ -100,6 +100,19 @@ pub fn validate_create(req: &CreateSandboxRequest) -> Result<(), ApiError> {
     if let Some(t) = req.timeout_secs {
         validate_timeout(t)?;
     }
+    if let Some(secs) = req.auto_pause_secs {
+        if !(space_core::sandbox::MIN_AUTO_PAUSE_SECS..=MAX_TIMEOUT_SECS).contains(&secs) {
+            return Err(ApiError::invalid(format!(
+                "auto_pause_secs must be between {} and {MAX_TIMEOUT_SECS}, got {secs}",
+                space_core::sandbox::MIN_AUTO_PAUSE_SECS
+            )));
+        }
+    }
+    if let Some(schedule) = &req.snapshots {
+        schedule
+            .validate()
+            .map_err(|e| ApiError::invalid(format!("bad snapshot schedule: {e}")))?;
+    }
     Ok(())
 }
 
@@ -196,6 +209,9 @@ pub async fn create_sandbox(
             disk_mib: Some(resources.disk_mib),
         },
         env: req.env,
+        on_crash: req.on_crash,
+        auto_pause_secs: req.auto_pause_secs,
+        snapshots: req.snapshots,
     };
     let task_state = st.clone();
     let task = tokio::spawn(async move {
@@ -534,6 +550,13 @@ mod tests {
             created_at_ms: 1,
             create_latency_ms: Some(3),
             vmm_pid: Some(1),
+            ..SandboxRecord::new(
+                row.id.clone(),
+                row.template.clone(),
+                "d2".into(),
+                Resources::default(),
+                state,
+            )
         }
     }
 

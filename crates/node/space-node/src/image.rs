@@ -1,0 +1,295 @@
+//! Memory images: a booted, ready VM of a template, saved once, from which sandboxes start
+//! without booting.
+//!
+//! An image is the guest RAM as a file (written by a VM whose memory was a shared file),
+//! the device state saved with `x-ignore-shared` (tens of KB), and the disk as it was at that
+//! instant. A sandbox maps the memory file copy-on-write, so every sandbox started from one
+//! image shares the pages it has not written, and loads only the device state: ~50 ms
+//! instead of a multi-second boot under TCG.
+//!
+//! Images are content-addressed by everything that shapes the saved VM ([`ImageKey`]): the
+//! template and kernel bundle, vCPUs, memory and accelerator. Building one boots a VM once;
+//! concurrent requests for the same key wait for that one build (the store's per-digest
+//! lock), so a burst of creates materialises an image once.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use space_core::template::TemplateInfo;
+use space_core::Resources;
+use space_storage::{Artifact, CasDir, ExistingDisk, KernelBundleInfo};
+use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
+
+use crate::NodeError;
+
+/// The memory file of an image.
+pub const MEMORY_FILE: &str = "memory";
+/// The device state of an image.
+pub const STATE_FILE: &str = "vm.state";
+/// The disk of an image.
+pub const DISK_FILE: &str = "disk.raw";
+/// Pause between closing the image VM's channel and saving it.
+const SETTLE_AFTER_CLOSE: Duration = Duration::from_millis(300);
+/// Bound on saving the image's device state (the RAM is in the memory file already).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Everything that shapes a saved VM; two requests with equal keys can share an image.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ImageKey {
+    pub template_digest: String,
+    pub kernel_digest: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    /// Size of the image's disk; sandboxes with larger disks grow theirs after the restore.
+    pub disk_mib: u32,
+    pub accel: String,
+}
+
+impl ImageKey {
+    /// The key for sandboxes of `tpl` with `resources`.
+    pub fn new(tpl: &TemplateInfo, resources: &Resources, accel: space_vmm::Accel) -> ImageKey {
+        ImageKey {
+            template_digest: tpl.digest.clone(),
+            kernel_digest: tpl.kernel_digest.clone(),
+            vcpus: resources.vcpus,
+            memory_mib: resources.memory_mib,
+            disk_mib: tpl.default_resources.disk_mib.min(resources.disk_mib),
+            accel: accel.to_string(),
+        }
+    }
+
+    /// Content address: sha256 of the canonical JSON.
+    pub fn digest(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(json))
+    }
+}
+
+/// Metadata of a stored image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub digest: String,
+    pub key: ImageKey,
+    pub created_at_ms: i64,
+    /// How long the one boot took, spawn to daemon ready.
+    pub boot_ms: u64,
+    /// Size of the device state.
+    pub state_bytes: u64,
+}
+
+impl Artifact for ImageInfo {
+    const META_FILE: &'static str = "image.json";
+    const KIND: &'static str = "memory image";
+    fn digest(&self) -> &str {
+        &self.digest
+    }
+}
+
+/// A stored image and its files.
+#[derive(Debug, Clone)]
+pub struct MemoryImage {
+    pub info: ImageInfo,
+    pub memory: PathBuf,
+    pub state: PathBuf,
+    pub disk: PathBuf,
+}
+
+impl MemoryImage {
+    fn at(dir: &Path, info: ImageInfo) -> MemoryImage {
+        MemoryImage {
+            info,
+            memory: dir.join(MEMORY_FILE),
+            state: dir.join(STATE_FILE),
+            disk: dir.join(DISK_FILE),
+        }
+    }
+
+    /// Guest memory for a VM started from this image: the file, mapped copy-on-write.
+    pub fn guest_memory(&self) -> GuestMemory {
+        GuestMemory::File {
+            path: self.memory.clone(),
+            shared: false,
+        }
+    }
+
+    /// Where to restore a VM started from this image from.
+    pub fn restore_from(&self) -> space_vmm::RestoreFrom {
+        space_vmm::RestoreFrom {
+            state: self.state.clone(),
+            ignore_shared: true,
+        }
+    }
+}
+
+/// The image store: `<store>/images/<digest>/`.
+pub(crate) fn image_dir(store: &space_storage::Store) -> CasDir<ImageInfo> {
+    CasDir::new(store.root().join("images"))
+}
+
+/// What building an image needs from the node.
+pub(crate) struct ImageBuild<'a> {
+    pub key: &'a ImageKey,
+    pub kernel: &'a KernelBundleInfo,
+    pub template_image: &'a Path,
+    pub run_dir: PathBuf,
+    pub vm_name: String,
+    pub cfg: &'a crate::NodeConfig,
+    pub accel: space_vmm::Accel,
+    pub nm: Arc<dyn crate::node_manager::NodeManager>,
+    pub store: space_storage::Store,
+}
+
+/// Returns the image for `build.key`, building it (once, however many callers ask at the
+/// same time) if the store does not have it.
+pub(crate) async fn get_or_build(build: ImageBuild<'_>) -> Result<MemoryImage, NodeError> {
+    let cas = image_dir(&build.store);
+    let digest = build.key.digest();
+    if let Some(info) = cas
+        .get(&digest)
+        .map_err(|e| NodeError::Internal(format!("cannot read memory image: {e}")))?
+    {
+        return Ok(MemoryImage::at(&cas.entry_dir(&digest), info));
+    }
+    // The per-digest lock is a blocking flock, and the build itself is async: run the wait
+    // and the build on a blocking thread that drives the build on this runtime.
+    let handle = tokio::runtime::Handle::current();
+    let entry = cas.entry_dir(&digest);
+    let info = {
+        let build = OwnedBuild::from(&build);
+        let digest = digest.clone();
+        tokio::task::spawn_blocking(move || {
+            cas.build_or_wait(&digest, |staging| {
+                handle.block_on(build.run(&digest, staging))
+            })
+        })
+        .await
+        .map_err(|e| NodeError::Internal(format!("image build task: {e}")))??
+    };
+    Ok(MemoryImage::at(&entry, info))
+}
+
+/// [`ImageBuild`] with owned fields, to move onto the blocking thread.
+struct OwnedBuild {
+    key: ImageKey,
+    kernel: KernelBundleInfo,
+    template_image: PathBuf,
+    run_dir: PathBuf,
+    vm_name: String,
+    ready_timeout: Duration,
+    tcg_tb_size_mib: Option<u32>,
+    accel: space_vmm::Accel,
+    nm: Arc<dyn crate::node_manager::NodeManager>,
+    store: space_storage::Store,
+}
+
+impl From<&ImageBuild<'_>> for OwnedBuild {
+    fn from(b: &ImageBuild<'_>) -> Self {
+        OwnedBuild {
+            key: b.key.clone(),
+            kernel: b.kernel.clone(),
+            template_image: b.template_image.to_owned(),
+            run_dir: b.run_dir.clone(),
+            vm_name: b.vm_name.clone(),
+            ready_timeout: Duration::from_secs(b.cfg.ready_timeout_secs),
+            tcg_tb_size_mib: b.cfg.tcg_tb_size_mib,
+            accel: b.accel,
+            nm: b.nm.clone(),
+            store: b.store.clone(),
+        }
+    }
+}
+
+impl OwnedBuild {
+    /// Boots a VM whose RAM is `staging/memory` (shared), waits for its daemon, and saves
+    /// its device state and disk. The staging directory becomes the image.
+    async fn run(&self, digest: &str, staging: &Path) -> Result<ImageInfo, NodeError> {
+        let started = Instant::now();
+        let disk = staging.join(DISK_FILE);
+        self.nm.clone_disk(
+            &self.store,
+            &self.template_image,
+            &disk,
+            self.key.disk_mib,
+            ExistingDisk::Refuse,
+        )?;
+        let cfg = VmConfig {
+            name: self.vm_name.clone(),
+            vcpus: self.key.vcpus,
+            memory_mib: self.key.memory_mib,
+            kernel: self.kernel.vmlinuz.clone(),
+            initrd: self.kernel.initramfs.clone(),
+            cmdline: space_images::kernel_cmdline(),
+            root_disk: disk,
+            run_dir: self.run_dir.clone(),
+            accel: self.accel,
+            tcg_tb_size_mib: self.tcg_tb_size_mib,
+            memory: GuestMemory::File {
+                path: staging.join(MEMORY_FILE),
+                shared: true,
+            },
+            restore: None,
+        };
+        tracing::info!(digest, vm = %self.vm_name, "building memory image (one boot)");
+        let vm = self.nm.launch_vm(&cfg).await?;
+        let result = self.save(&vm, staging, started).await;
+        if let Err(e) = self.nm.kill_vm(&vm).await {
+            tracing::warn!(vm = %self.vm_name, error = %e, "cannot stop image VM");
+        }
+        if let Err(e) = self.nm.remove_run_dir(&self.run_dir) {
+            tracing::warn!(vm = %self.vm_name, error = %e, "cannot remove image VM run directory");
+        }
+        let (boot_ms, state_bytes) = result?;
+        // The RAM reached the file through the page cache; make it durable before the image
+        // is published.
+        let memory = staging.join(MEMORY_FILE);
+        std::fs::File::open(&memory)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| NodeError::Internal(format!("cannot sync {}: {e}", memory.display())))?;
+        tracing::info!(
+            digest,
+            boot_ms,
+            state_bytes,
+            total_ms = started.elapsed().as_millis() as u64,
+            "memory image built"
+        );
+        Ok(ImageInfo {
+            digest: digest.to_owned(),
+            key: self.key.clone(),
+            created_at_ms: crate::sandbox_manager::now_ms(),
+            boot_ms,
+            state_bytes,
+        })
+    }
+
+    async fn save(
+        &self,
+        vm: &Vm,
+        staging: &Path,
+        started: Instant,
+    ) -> Result<(u64, u64), NodeError> {
+        let guest = crate::vm_start::connect_ready(vm, self.ready_timeout).await?;
+        guest.health().await?;
+        let boot_ms = started.elapsed().as_millis() as u64;
+        // Close the channel before saving: a restored VM starts with no host connected and
+        // the daemon waits for a fresh handshake.
+        drop(guest);
+        // Let the daemon see the close and go back to waiting for a handshake, so restored
+        // VMs do not start in the middle of tearing down this session.
+        tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
+        let report = vm
+            .save_state(
+                &staging.join(STATE_FILE),
+                SaveOptions {
+                    ignore_shared: true,
+                    live: false,
+                    timeout: SAVE_TIMEOUT,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok((boot_ms, report.bytes))
+    }
+}

@@ -1,0 +1,45 @@
+//! Bringing a sandbox's VM to "exec-ready": connecting to its daemon, making a restored VM
+//! unique, and configuring it. Shared by every way a VM starts (boot, memory image, pool
+//! member, checkpoint).
+
+use std::time::Duration;
+
+use rand::RngCore;
+use space_guest_client::{GuestClient, GuestError};
+use space_guest_proto::{GuestConfig, IdentityRequest};
+use space_vmm::Vm;
+
+use crate::NodeError;
+
+/// Bytes of host entropy a restored guest mixes into its kernel RNG.
+const IDENTITY_ENTROPY_BYTES: usize = 64;
+
+/// Connects to the VM's daemon, failing early (with the VM's own reason) if the VM exits.
+pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestClient, NodeError> {
+    let channel = vm.paths().channel.clone();
+    tokio::select! {
+        r = GuestClient::connect(&channel, timeout) => r.map_err(NodeError::from),
+        exit = vm.exited() => Err(NodeError::SandboxFailed(format!("VM exited during start: {}", exit.reason))),
+    }
+}
+
+/// Restored uniqueness: every VM restored from saved state (memory image, pool member, fork,
+/// rollback, crash restore) shares its kernel RNG state with every other VM restored from
+/// the same state. Fresh host entropy is mixed in and the RNG reseeded, and hostname and
+/// clock set, before the sandbox is handed to anyone.
+pub(crate) fn identity(hostname: &str) -> IdentityRequest {
+    let mut entropy = [0u8; IDENTITY_ENTROPY_BYTES];
+    rand::rngs::OsRng.fill_bytes(&mut entropy);
+    IdentityRequest::new(&entropy, hostname, crate::sandbox_manager::now_ms())
+}
+
+/// Makes a restored guest unique and configures it, in one round trip (the two requests
+/// travel concurrently on the channel).
+pub(crate) async fn make_unique_and_configure(
+    guest: &GuestClient,
+    config: &GuestConfig,
+) -> Result<(), GuestError> {
+    let id = identity(&config.hostname);
+    let (a, b) = tokio::join!(guest.set_identity(&id), guest.configure(config));
+    a.and(b)
+}
