@@ -3,8 +3,8 @@
 //! [`GuestClient::connect`] opens the host end of the channel (QEMU's virtio-serial chardev
 //! socket, or `spaced agent --channel unix:…` in development), runs the text handshake
 //! (`handshake.rs`), then speaks HTTP/2 with prior knowledge over the same stream
-//! (`transport.rs`). The API methods (`processes.rs`, `files.rs`) map one-to-one onto the
-//! routes of `space_guest_proto::routes`.
+//! (`transport.rs`). The API methods (`processes.rs`, `files.rs`, `lifecycle.rs`) map
+//! one-to-one onto the routes of `space_guest_proto::routes`.
 //!
 //! The guest is hostile. Everything read from it is bounded (handshake bytes, HTTP/2
 //! frames, header lists and windows, JSON and error bodies, NDJSON lines) and parsed
@@ -16,6 +16,7 @@
 mod error;
 mod files;
 pub mod handshake;
+mod lifecycle;
 pub mod ndjson;
 mod options;
 pub mod prefixed;
@@ -36,7 +37,7 @@ use tokio::time::Instant;
 pub use error::GuestError;
 pub use options::{ClientOptions, MAX_ERROR_BODY, MAX_LISTING_BODY};
 pub use space_guest_proto::handshake::Ready;
-pub use space_guest_proto::{GuestConfig, Health};
+pub use space_guest_proto::{Activity, GuestConfig, Health, IdentityRequest};
 
 use crate::prefixed::Prefixed;
 use crate::transport::Transport;

@@ -37,6 +37,12 @@ impl GuestClient {
 
     /// `POST /v1/configure`: hostname, environment, default user, clock of a fresh guest.
     pub async fn configure(&self, cfg: &GuestConfig) -> Result<(), GuestError> {
+        if !space_guest_proto::valid_hostname(&cfg.hostname) {
+            return Err(GuestError::local(
+                ErrorCode::InvalidRequest,
+                space_guest_proto::RequestError::Hostname.to_string(),
+            ));
+        }
         validate_env(&cfg.env).map_err(|name| {
             GuestError::local(
                 ErrorCode::InvalidRequest,

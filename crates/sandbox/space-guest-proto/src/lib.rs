@@ -22,7 +22,13 @@ pub mod routes;
 
 use std::collections::BTreeMap;
 
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+
+use crate::limits::{
+    MAX_FREEZE_TIMEOUT_MS, MAX_HOSTNAME, MAX_IDENTITY_ENTROPY, MAX_TIME_UNIX_MS,
+    MIN_FREEZE_TIMEOUT_MS, MIN_IDENTITY_ENTROPY,
+};
 
 /// The protocol version spoken after the handshake. Bumped on incompatible route changes.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -60,4 +66,216 @@ pub struct GuestConfig {
     pub resize_root: bool,
     /// Host wall clock, ms since the Unix epoch; the guest sets its clock from it.
     pub time_unix_ms: i64,
+}
+
+/// A hostname the kernel and resolvers accept: 1-64 bytes of letters, digits, `-` and `.`,
+/// not starting with `-` or `.`.
+pub fn valid_hostname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_HOSTNAME
+        && !name.starts_with(['-', '.'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// A request body that breaks one of the protocol's bounds. Both ends check: the host
+/// before sending, the guest on receipt (it trusts nothing from the host either).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// `FreezeRequest::timeout_ms` out of range.
+    #[error("timeout_ms must be {MIN_FREEZE_TIMEOUT_MS}..={MAX_FREEZE_TIMEOUT_MS}, got {0}")]
+    FreezeTimeout(u32),
+    /// `IdentityRequest::entropy` is not standard, padded base64.
+    #[error("entropy must be standard base64")]
+    EntropyEncoding,
+    /// `IdentityRequest::entropy` decodes to too few or too many bytes.
+    #[error("entropy must be {MIN_IDENTITY_ENTROPY}..={MAX_IDENTITY_ENTROPY} bytes, got {0}")]
+    EntropyLength(usize),
+    /// A hostname [`valid_hostname`] refuses.
+    #[error("hostname must be 1-64 letters, digits, '-' or '.'")]
+    Hostname,
+    /// `IdentityRequest::time_unix_ms` out of range.
+    #[error("time_unix_ms must be 1..={MAX_TIME_UNIX_MS}, got {0}")]
+    Time(i64),
+}
+
+/// `POST /v1/fs/freeze`: freeze the guest's disk file systems (FIFREEZE) so the host can
+/// copy the disks consistently; answered 204 once they are frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreezeRequest {
+    /// The guest thaws by itself this long after freezing if no `POST /v1/fs/thaw` came
+    /// (a host that dies mid-snapshot never leaves the guest frozen).
+    /// [`MIN_FREEZE_TIMEOUT_MS`]..=[`MAX_FREEZE_TIMEOUT_MS`].
+    pub timeout_ms: u32,
+}
+
+impl FreezeRequest {
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        if (MIN_FREEZE_TIMEOUT_MS..=MAX_FREEZE_TIMEOUT_MS).contains(&self.timeout_ms) {
+            Ok(())
+        } else {
+            Err(RequestError::FreezeTimeout(self.timeout_ms))
+        }
+    }
+}
+
+/// `POST /v1/identity`: restore the uniqueness of a guest restored from a snapshot or
+/// forked: fresh kernel RNG state, hostname, wall clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityRequest {
+    /// Host entropy, standard base64 of [`MIN_IDENTITY_ENTROPY`]..=[`MAX_IDENTITY_ENTROPY`]
+    /// bytes; mixed into the kernel RNG (credited) before it is reseeded.
+    pub entropy: String,
+    /// Hostname to set (also mapped in `/etc/hosts`), as `POST /v1/configure` does.
+    pub hostname: String,
+    /// Host wall clock, ms since the Unix epoch (1..=[`MAX_TIME_UNIX_MS`]).
+    pub time_unix_ms: i64,
+}
+
+impl IdentityRequest {
+    /// A request carrying `entropy` (encoded here).
+    pub fn new(entropy: &[u8], hostname: impl Into<String>, time_unix_ms: i64) -> Self {
+        Self {
+            entropy: base64::engine::general_purpose::STANDARD.encode(entropy),
+            hostname: hostname.into(),
+            time_unix_ms,
+        }
+    }
+
+    /// Checks every bound; returns the decoded entropy.
+    pub fn validate(&self) -> Result<Vec<u8>, RequestError> {
+        // Refuse oversize text before decoding it.
+        let max_encoded = MAX_IDENTITY_ENTROPY.div_ceil(3) * 4;
+        if self.entropy.len() > max_encoded {
+            return Err(RequestError::EntropyLength(self.entropy.len() / 4 * 3));
+        }
+        let entropy = base64::engine::general_purpose::STANDARD
+            .decode(&self.entropy)
+            .map_err(|_| RequestError::EntropyEncoding)?;
+        if !(MIN_IDENTITY_ENTROPY..=MAX_IDENTITY_ENTROPY).contains(&entropy.len()) {
+            return Err(RequestError::EntropyLength(entropy.len()));
+        }
+        if !valid_hostname(&self.hostname) {
+            return Err(RequestError::Hostname);
+        }
+        if !(1..=MAX_TIME_UNIX_MS).contains(&self.time_unix_ms) {
+            return Err(RequestError::Time(self.time_unix_ms));
+        }
+        Ok(entropy)
+    }
+}
+
+/// `GET /v1/activity`: cumulative counters since boot. The host compares two samples to
+/// decide whether a sandbox is idle; absolute values mean little.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activity {
+    /// Processes in the workload cgroup and its descendants now (without a workload
+    /// cgroup: the processes the daemon started that are still running).
+    pub workload_processes: u32,
+    /// CPU time used by the workload cgroup, microseconds (`usage_usec` of `cpu.stat`;
+    /// 0 without a workload cgroup).
+    pub workload_cpu_usec: u64,
+    /// Bytes read and written on the virtio disks (`/proc/diskstats`, sectors × 512).
+    pub disk_io_bytes: u64,
+    /// Bytes received and sent on every interface but `lo` (`/proc/net/dev`).
+    pub net_bytes: u64,
+    /// TCP connections in state ESTABLISHED now (IPv4 and IPv6).
+    pub tcp_connections: u32,
+    /// Requests the daemon has served, except the platform's housekeeping
+    /// ([`routes::NOT_ACTIVITY`]: health, activity, configure, identity, freeze and thaw).
+    pub api_requests: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostname_rules() {
+        assert!(valid_hostname("sbx-abc.local"));
+        assert!(valid_hostname(&"a".repeat(64)));
+        assert!(!valid_hostname(""));
+        assert!(!valid_hostname("-x"));
+        assert!(!valid_hostname(".x"));
+        assert!(!valid_hostname("a b"));
+        assert!(!valid_hostname("a\nb"));
+        assert!(!valid_hostname(&"a".repeat(65)));
+    }
+
+    #[test]
+    fn freeze_timeout_bounds() {
+        let v = |t| FreezeRequest { timeout_ms: t }.validate();
+        assert_eq!(v(0), Err(RequestError::FreezeTimeout(0)));
+        assert!(v(1).is_ok());
+        assert!(v(30_000).is_ok());
+        assert_eq!(v(30_001), Err(RequestError::FreezeTimeout(30_001)));
+        assert!(serde_json::from_str::<FreezeRequest>(r#"{"timeout_ms":-1}"#).is_err());
+        assert!(
+            serde_json::from_str::<FreezeRequest>(r#"{"timeout_ms":5,"x":1}"#).is_err(),
+            "unknown fields are refused"
+        );
+    }
+
+    #[test]
+    fn identity_bounds() {
+        let ok = IdentityRequest::new(&[7u8; 32], "sbx-1", 1_700_000_000_000);
+        assert_eq!(ok.validate().unwrap(), vec![7u8; 32]);
+        assert!(IdentityRequest::new(&[0u8; 512], "h", 1).validate().is_ok());
+        assert_eq!(
+            IdentityRequest::new(&[0u8; 31], "h", 1).validate(),
+            Err(RequestError::EntropyLength(31))
+        );
+        assert_eq!(
+            IdentityRequest::new(&[0u8; 513], "h", 1).validate(),
+            Err(RequestError::EntropyLength(513))
+        );
+        let huge = IdentityRequest {
+            entropy: "A".repeat(1 << 20),
+            ..ok.clone()
+        };
+        assert!(matches!(
+            huge.validate(),
+            Err(RequestError::EntropyLength(_))
+        ));
+        let bad = IdentityRequest {
+            entropy: "not base64!".repeat(10),
+            ..ok.clone()
+        };
+        assert_eq!(bad.validate(), Err(RequestError::EntropyEncoding));
+        let unpadded = IdentityRequest {
+            entropy: ok.entropy.trim_end_matches('=').to_owned(),
+            ..ok.clone()
+        };
+        assert_eq!(unpadded.validate(), Err(RequestError::EntropyEncoding));
+        assert_eq!(
+            IdentityRequest::new(&[0u8; 32], "-bad", 1).validate(),
+            Err(RequestError::Hostname)
+        );
+        assert_eq!(
+            IdentityRequest::new(&[0u8; 32], "h", 0).validate(),
+            Err(RequestError::Time(0))
+        );
+        assert_eq!(
+            IdentityRequest::new(&[0u8; 32], "h", MAX_TIME_UNIX_MS + 1).validate(),
+            Err(RequestError::Time(MAX_TIME_UNIX_MS + 1))
+        );
+    }
+
+    #[test]
+    fn activity_round_trips() {
+        let a = Activity {
+            workload_processes: 3,
+            workload_cpu_usec: 1,
+            disk_io_bytes: 2,
+            net_bytes: 4,
+            tcp_connections: 5,
+            api_requests: 6,
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(serde_json::from_str::<Activity>(&text).unwrap(), a);
+    }
 }

@@ -31,3 +31,18 @@ pub const MAX_RUNNING_PROCESSES: usize = 1024;
 pub const KEEPALIVE_INTERVAL_SECS: u64 = 10;
 /// See [`KEEPALIVE_INTERVAL_SECS`].
 pub const KEEPALIVE_TIMEOUT_SECS: u64 = 20;
+/// Longest hostname the node may set.
+pub const MAX_HOSTNAME: usize = 64;
+/// Shortest auto-thaw timeout of `POST /v1/fs/freeze`, milliseconds.
+pub const MIN_FREEZE_TIMEOUT_MS: u32 = 1;
+/// Longest auto-thaw timeout of `POST /v1/fs/freeze`, milliseconds: a host that dies
+/// mid-snapshot leaves the guest's disks frozen at most this long.
+pub const MAX_FREEZE_TIMEOUT_MS: u32 = 30_000;
+/// How long `POST /v1/workload/freeze` waits for the workload cgroup to report frozen.
+pub const WORKLOAD_FREEZE_WAIT_MS: u64 = 2_000;
+/// Fewest bytes of host entropy `POST /v1/identity` accepts (decoded).
+pub const MIN_IDENTITY_ENTROPY: usize = 32;
+/// Most bytes of host entropy `POST /v1/identity` accepts (decoded).
+pub const MAX_IDENTITY_ENTROPY: usize = 512;
+/// Latest wall clock the node may set, ms since the Unix epoch (9999-12-31T23:59:59.999Z).
+pub const MAX_TIME_UNIX_MS: i64 = 253_402_300_799_999;

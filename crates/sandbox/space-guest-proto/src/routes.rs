@@ -4,6 +4,12 @@
 //! |---|---|---|---|
 //! | GET | `/v1/health` | – | [`crate::Health`] |
 //! | POST | `/v1/configure` | [`crate::GuestConfig`] | 204 |
+//! | POST | `/v1/identity` | [`crate::IdentityRequest`] | 204 (reseed RNG, hostname, clock) |
+//! | POST | `/v1/fs/freeze` | [`crate::FreezeRequest`] | 204 once frozen (409 `conflict` if frozen by someone else) |
+//! | POST | `/v1/fs/thaw` | – | 204 (also when not frozen) |
+//! | POST | `/v1/workload/freeze` | – | 204 once the workload cgroup is frozen (504 after 2 s; 409 without a workload cgroup) |
+//! | POST | `/v1/workload/thaw` | – | 204 |
+//! | GET | `/v1/activity` | – | [`crate::Activity`] |
 //! | POST | `/v1/processes` | `ProcessSpec` | 201 `ProcessInfo` |
 //! | GET | `/v1/processes` | – | `Vec<ProcessInfo>` |
 //! | GET | `/v1/processes/{id}` | – | `ProcessInfo` |
@@ -19,6 +25,12 @@
 //! | POST | `/v1/files/mkdir` | `MkdirRequest` | `FileStat` |
 //! | POST | `/v1/files/rename` | `RenameRequest` | 204 |
 //!
+//! `/v1/fs/freeze` freezes every writable file system on a virtio disk, in mount order, and
+//! thaws them by itself after `timeout_ms` unless `/v1/fs/thaw` comes first; a freeze while
+//! this daemon already holds one re-arms the timer. Every process the daemon starts runs in
+//! the workload cgroup (`/sys/fs/cgroup/workload`), which `/v1/workload/freeze` freezes as a
+//! whole; while it is frozen, starting a process answers 409.
+//!
 //! Relative paths resolve against the acting user's home. File operations run with the
 //! acting user's file-system uid and gid, so they see exactly what that user may see.
 
@@ -26,6 +38,32 @@
 pub const HEALTH: &str = "/v1/health";
 /// Configure a freshly booted guest.
 pub const CONFIGURE: &str = "/v1/configure";
+/// Restore uniqueness after a snapshot restore or fork: RNG, hostname, clock.
+pub const IDENTITY: &str = "/v1/identity";
+/// Freeze the disk file systems (FIFREEZE), with an auto-thaw timeout.
+pub const FS_FREEZE: &str = "/v1/fs/freeze";
+/// Thaw what `FS_FREEZE` froze (FITHAW).
+pub const FS_THAW: &str = "/v1/fs/thaw";
+/// Freeze the workload cgroup (every process the daemon started).
+pub const WORKLOAD_FREEZE: &str = "/v1/workload/freeze";
+/// Thaw the workload cgroup.
+pub const WORKLOAD_THAW: &str = "/v1/workload/thaw";
+/// Activity counters, for idleness.
+pub const ACTIVITY: &str = "/v1/activity";
+/// Routes that are the platform's own housekeeping, not the sandbox's use: requests to
+/// them do not count in `Activity::api_requests`. Freeze and thaw are here because the
+/// snapshot scheduler calls them every minute, which would otherwise keep every sandbox
+/// "busy" forever.
+pub const NOT_ACTIVITY: &[&str] = &[
+    HEALTH,
+    ACTIVITY,
+    CONFIGURE,
+    IDENTITY,
+    FS_FREEZE,
+    FS_THAW,
+    WORKLOAD_FREEZE,
+    WORKLOAD_THAW,
+];
 /// Start (POST) or list (GET) processes.
 pub const PROCESSES: &str = "/v1/processes";
 /// File content: read (GET), write (PUT), remove (DELETE).

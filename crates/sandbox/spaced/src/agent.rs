@@ -1,15 +1,18 @@
 //! `spaced agent`: sets up the runtime and serves the channel.
 
 use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 
 use crate::channel::{self, ChannelSpec};
+use crate::fsfreeze::FsFreezer;
 use crate::process::reaper::Reaper;
 use crate::process::ProcessManager;
 use crate::state::{AppState, RuntimeConfig, INITIAL_DEFAULT_USER};
+use crate::workload::Workload;
 
 /// Entry point of `spaced agent`.
 pub fn run(spec: ChannelSpec) -> ExitCode {
@@ -61,6 +64,7 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
     let reaper = Arc::new(Reaper::default());
     reaper.clone().start()?;
     let host_safe = matches!(spec, ChannelSpec::Unix(_));
+    let workload = Arc::new(Workload::setup(host_safe));
     let state = Arc::new(AppState {
         boot_id: hex::encode(rand::random::<[u8; 16]>()),
         started: Instant::now(),
@@ -69,7 +73,10 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
             env: Default::default(),
             default_user: INITIAL_DEFAULT_USER.to_owned(),
         }),
-        processes: ProcessManager::new(reaper),
+        processes: ProcessManager::new(reaper, workload.clone()),
+        workload,
+        freezer: Arc::new(FsFreezer::default()),
+        api_requests: AtomicU64::new(0),
     });
     let chan = tokio::task::block_in_place(|| channel::open(&spec))?;
     tracing::info!(version = crate::api::DAEMON_VERSION, boot_id = %state.boot_id, channel = %spec, "spaced agent started");
@@ -81,6 +88,10 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
         res = crate::session::serve(chan, state.clone(), router) => res?,
         _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
         _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    // Never leave the disks frozen behind us (power-off would hang in its final sync).
+    if let Err(e) = state.freezer.thaw().await {
+        tracing::warn!(error = %e, "cannot thaw the file systems");
     }
     state.processes.kill_all();
     if let ChannelSpec::Unix(path) = &spec {

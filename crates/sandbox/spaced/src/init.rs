@@ -207,6 +207,9 @@ fn reap(agent: libc::pid_t) -> Option<libc::c_int> {
 /// Stops everything and powers off. Never returns.
 fn power_off(reason: &str) -> ! {
     console(reason);
+    // A file system left frozen (by a host that vanished mid-snapshot, or by fsfreeze in
+    // the guest) would keep its writers unkillable and hang the final sync forever.
+    crate::fsfreeze::thaw_everything();
     // SAFETY: signalling all processes (except us) and reaping them.
     unsafe {
         libc::kill(-1, libc::SIGTERM);

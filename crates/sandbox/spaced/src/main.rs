@@ -3,17 +3,22 @@
 //!
 //! `spaced init` runs as PID 1: it mounts the pseudo file systems, starts `spaced agent`,
 //! reaps zombies and powers the VM off when the agent dies. `spaced agent` serves the
-//! platform's HTTP/2 API (see `space-guest-proto`) over the channel.
+//! platform's HTTP/2 API (see `space-guest-proto`) over the channel: processes (all in the
+//! workload cgroup, `workload.rs`) and files, plus what snapshots, forks and idleness need
+//! (file-system freeze `fsfreeze.rs`, identity, activity counters `activity.rs`).
 
+mod activity;
 mod agent;
 mod api;
 mod channel;
 mod error;
 mod fdstream;
 mod files;
+mod fsfreeze;
 mod fsuser;
 mod handshake;
 mod init;
+mod mountinfo;
 mod portbridge;
 mod process;
 mod resize;
@@ -21,6 +26,7 @@ mod session;
 mod state;
 mod system;
 mod users;
+mod workload;
 
 use std::process::ExitCode;
 

@@ -12,70 +12,7 @@ use std::path::{Path, PathBuf};
 nix::ioctl_read!(blk_get_size64, 0x12, 114, u64);
 nix::ioctl_write_ptr!(ext4_resize_fs, b'f', 16, u64);
 
-/// One mount, as far as we need it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    /// `major:minor` of the device.
-    pub dev: (u32, u32),
-    /// Where it is mounted.
-    pub mount_point: String,
-    /// File system type.
-    pub fstype: String,
-    /// Mount source (e.g. `/dev/vda`).
-    pub source: String,
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
-        let value = if octal {
-            u32::from(b[i + 1] - b'0') * 64
-                + u32::from(b[i + 2] - b'0') * 8
-                + u32::from(b[i + 3] - b'0')
-        } else {
-            256
-        };
-        if let Ok(byte) = u8::try_from(value) {
-            out.push(byte);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The top-most mount at `mount_point` in `/proc/self/mountinfo` text.
-pub fn find_mount(mountinfo: &str, mount_point: &str) -> Option<MountEntry> {
-    mountinfo
-        .lines()
-        .rev()
-        .filter_map(parse_line)
-        .find(|m| m.mount_point == mount_point)
-}
-
-fn parse_line(line: &str) -> Option<MountEntry> {
-    let (left, right) = line.split_once(" - ")?;
-    let l: Vec<&str> = left.split(' ').collect();
-    let r: Vec<&str> = right.split(' ').collect();
-    if l.len() < 5 || r.len() < 2 {
-        return None;
-    }
-    let (maj, min) = l[2].split_once(':')?;
-    Some(MountEntry {
-        dev: (maj.parse().ok()?, min.parse().ok()?),
-        mount_point: unescape(l[4]),
-        fstype: r[0].to_owned(),
-        source: unescape(r[1]),
-    })
-}
+use crate::mountinfo::{find_mount, MountEntry, MOUNTINFO};
 
 /// What a resize did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,8 +79,7 @@ fn device_bytes(m: &MountEntry) -> Result<u64, ResizeError> {
 /// Grows the ext4 file system mounted at `mount_point` to fill its device.
 pub fn grow(mount_point: &Path) -> Result<Resized, ResizeError> {
     let mp = mount_point.to_string_lossy().into_owned();
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(io_step("read /proc/self/mountinfo"))?;
+    let info = std::fs::read_to_string(MOUNTINFO).map_err(io_step(format!("read {MOUNTINFO}")))?;
     let m = find_mount(&info, &mp).ok_or_else(|| ResizeError::NotMounted(mp.clone()))?;
     if m.fstype != "ext4" {
         return Err(ResizeError::NotExt4 {
@@ -175,31 +111,6 @@ pub fn grow(mount_point: &Path) -> Result<Resized, ResizeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const INFO: &str = "\
-22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
-23 22 0:5 / /dev rw shared:2 - devtmpfs devtmpfs rw,size=1k\n\
-30 22 0:40 / /mnt/with\\040space rw - tmpfs tmpfs rw\n\
-31 1 0:41 / / rw - overlay overlay rw\n";
-
-    #[test]
-    fn parses_mountinfo() {
-        let root = find_mount(INFO, "/").unwrap();
-        assert_eq!(root.fstype, "overlay", "the last (top-most) mount wins");
-        let first = parse_line(INFO.lines().next().unwrap()).unwrap();
-        assert_eq!(
-            first,
-            MountEntry {
-                dev: (254, 0),
-                mount_point: "/".into(),
-                fstype: "ext4".into(),
-                source: "/dev/vda".into()
-            }
-        );
-        assert!(find_mount(INFO, "/mnt/with space").is_some());
-        assert!(find_mount(INFO, "/nope").is_none());
-        assert_eq!(parse_line("garbage"), None);
-    }
 
     /// Grows a real ext4 on a loop device. Needs root, loop devices and mkfs.ext4; skipped
     /// (with a message) where they are missing.

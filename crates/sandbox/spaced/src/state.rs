@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -12,8 +13,10 @@ use space_core::ErrorCode;
 
 use crate::error::ApiError;
 use crate::files::paths;
+use crate::fsfreeze::FsFreezer;
 use crate::process::ProcessManager;
 use crate::users::{self, UserError, UserInfo};
+use crate::workload::Workload;
 
 /// The template's conventional default user (see `ProcessSpec::user`).
 pub const INITIAL_DEFAULT_USER: &str = "user";
@@ -41,6 +44,12 @@ pub struct AppState {
     pub config: RwLock<RuntimeConfig>,
     /// Processes.
     pub processes: Arc<ProcessManager>,
+    /// The workload cgroup every process runs in.
+    pub workload: Arc<Workload>,
+    /// The file-system freeze this daemon holds.
+    pub freezer: Arc<FsFreezer>,
+    /// Requests served, housekeeping excepted (`GET /v1/activity`).
+    pub api_requests: AtomicU64,
 }
 
 impl AppState {

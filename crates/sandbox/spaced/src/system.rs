@@ -1,19 +1,11 @@
-//! Machine-wide settings the node configures: hostname, wall clock, `/etc/hosts`.
+//! Machine-wide settings the node configures: hostname, wall clock, `/etc/hosts`, and the
+//! kernel RNG (reseeded with host entropy after a snapshot restore or fork).
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 
 /// Largest `/etc/hosts` we look at.
 const MAX_HOSTS_BYTES: u64 = 1024 * 1024;
-
-/// A hostname the kernel and resolvers accept: 1-64 bytes of letters, digits, `-` and `.`.
-pub fn valid_hostname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with(['-', '.'])
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-}
 
 /// Sets the kernel hostname (of this UTS namespace).
 pub fn set_hostname(name: &str) -> io::Result<()> {
@@ -21,6 +13,49 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
     if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Sets the hostname and maps it in `/etc/hosts` (best effort: a failure there is only
+/// logged). Blocking: `/etc/hosts` is on the root disk, which may be frozen.
+pub fn apply_hostname(name: &str) -> io::Result<()> {
+    set_hostname(name)?;
+    if let Err(e) = ensure_hosts_entry(name) {
+        tracing::warn!(error = %e, "cannot add hostname to /etc/hosts");
+    }
+    Ok(())
+}
+
+// RNDADDENTROPY is _IOW('R', 0x03, int[2]): the size covers the header of
+// `struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }`.
+nix::ioctl_write_ptr!(rnd_add_entropy, b'R', 0x03, [libc::c_int; 2]);
+nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
+
+/// Mixes `entropy` into the kernel RNG, credited at 8 bits a byte (RNDADDENTROPY), then
+/// makes the RNG reseed from it now (RNDRESEEDCRNG), so a restored or forked guest stops
+/// producing the same random bytes as its siblings. Needs CAP_SYS_ADMIN.
+pub fn reseed_rng(entropy: &[u8]) -> io::Result<()> {
+    let len = libc::c_int::try_from(entropy.len())
+        .ok()
+        .filter(|l| l.checked_mul(8).is_some())
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // rand_pool_info as u32 words: entropy_count, buf_size, then the bytes (padded).
+    let mut info = vec![0u32; 2 + entropy.len().div_ceil(4)];
+    info[0] = (len * 8) as u32;
+    info[1] = len as u32;
+    for (i, chunk) in entropy.chunks(4).enumerate() {
+        let mut word = [0u8; 4];
+        word[..chunk.len()].copy_from_slice(chunk);
+        info[2 + i] = u32::from_ne_bytes(word);
+    }
+    let random = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/random")?;
+    // SAFETY: `info` is a complete rand_pool_info whose buf holds buf_size bytes.
+    unsafe { rnd_add_entropy(random.as_raw_fd(), info.as_ptr().cast()) }
+        .map_err(io::Error::from)?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    unsafe { rnd_reseed_crng(random.as_raw_fd()) }.map_err(io::Error::from)?;
     Ok(())
 }
 
@@ -69,15 +104,6 @@ pub fn ensure_hosts_entry(name: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hostname_rules() {
-        assert!(valid_hostname("sbx-abc.local"));
-        assert!(!valid_hostname(""));
-        assert!(!valid_hostname("-x"));
-        assert!(!valid_hostname("a b"));
-        assert!(!valid_hostname(&"a".repeat(65)));
-    }
 
     #[test]
     fn finds_hosts_entries() {

@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::Json;
 use space_core::process::{validate_env, validate_user_name};
-use space_guest_proto::{GuestConfig, Health};
+use space_guest_proto::{GuestConfig, Health, RequestError};
 
 use super::{ApiJson, St};
 use crate::error::ApiError;
@@ -25,10 +25,8 @@ pub(super) async fn configure(
     axum::extract::State(st): St,
     ApiJson(cfg): ApiJson<GuestConfig>,
 ) -> Result<StatusCode, ApiError> {
-    if !system::valid_hostname(&cfg.hostname) {
-        return Err(ApiError::invalid(
-            "hostname must be 1-64 letters, digits, '-' or '.'",
-        ));
+    if !space_guest_proto::valid_hostname(&cfg.hostname) {
+        return Err(ApiError::invalid(RequestError::Hostname.to_string()));
     }
     validate_env(&cfg.env)
         .map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
@@ -47,15 +45,7 @@ pub(super) async fn configure(
         tracing::info!(hostname = %cfg.hostname, resize_root = cfg.resize_root, "development channel: not changing hostname, clock or disks");
         return Ok(StatusCode::NO_CONTENT);
     }
-    system::set_hostname(&cfg.hostname)
-        .map_err(|e| ApiError::internal(format!("sethostname: {e}")))?;
-    if let Err(e) = system::ensure_hosts_entry(&cfg.hostname) {
-        tracing::warn!(error = %e, "cannot add hostname to /etc/hosts");
-    }
-    if cfg.time_unix_ms > 0 {
-        system::set_clock(cfg.time_unix_ms)
-            .map_err(|e| ApiError::internal(format!("clock_settime: {e}")))?;
-    }
+    apply_hostname_and_clock(&cfg.hostname, cfg.time_unix_ms).await?;
     if cfg.resize_root {
         let res = tokio::task::spawn_blocking(|| resize::grow(std::path::Path::new("/"))).await?;
         match res {
@@ -69,4 +59,22 @@ pub(super) async fn configure(
         }
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets the hostname (and its `/etc/hosts` entry) and, when `time_unix_ms` is positive, the
+/// wall clock: what configure and identity both do. The hostname must be valid already.
+pub(super) async fn apply_hostname_and_clock(
+    hostname: &str,
+    time_unix_ms: i64,
+) -> Result<(), ApiError> {
+    let name = hostname.to_owned();
+    // /etc/hosts is on the root disk, which may be frozen: not on a runtime thread.
+    tokio::task::spawn_blocking(move || system::apply_hostname(&name))
+        .await?
+        .map_err(|e| ApiError::internal(format!("sethostname: {e}")))?;
+    if time_unix_ms > 0 {
+        system::set_clock(time_unix_ms)
+            .map_err(|e| ApiError::internal(format!("clock_settime: {e}")))?;
+    }
+    Ok(())
 }

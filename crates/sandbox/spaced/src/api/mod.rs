@@ -3,8 +3,11 @@
 //! Every error is a JSON `ErrorBody` with the status of its code, including malformed JSON,
 //! bad query strings, unknown routes and oversized bodies.
 
+mod activity;
 mod configure;
 mod files;
+mod freeze;
+mod identity;
 mod processes;
 
 pub use configure::DAEMON_VERSION;
@@ -34,6 +37,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(routes::HEALTH, get(configure::health))
         .route(routes::CONFIGURE, post(configure::configure))
+        .route(routes::IDENTITY, post(identity::identity))
+        .route(routes::FS_FREEZE, post(freeze::fs_freeze))
+        .route(routes::FS_THAW, post(freeze::fs_thaw))
+        .route(routes::WORKLOAD_FREEZE, post(freeze::workload_freeze))
+        .route(routes::WORKLOAD_THAW, post(freeze::workload_thaw))
+        .route(routes::ACTIVITY, get(activity::activity))
         .route(
             routes::PROCESSES,
             post(processes::start).get(processes::list),
@@ -54,6 +63,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            activity::count_requests,
+        ))
         .with_state(state)
 }
 

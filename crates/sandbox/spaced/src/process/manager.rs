@@ -29,6 +29,7 @@ use super::reaper::Reaper;
 use super::spawn::{self, SpawnError, SpawnRequest, Spawned};
 use crate::error::ApiError;
 use crate::fdstream::SharedFd;
+use crate::workload::Workload;
 
 /// After the process exits, how long we wait for its output pipes to reach EOF before
 /// reporting `exit` (descendants may keep them open; their later output is discarded).
@@ -226,6 +227,7 @@ pub struct ProcessManager {
     next_id: AtomicU64,
     table: Mutex<Table>,
     reaper: Arc<Reaper>,
+    workload: Arc<Workload>,
 }
 
 /// What to start, resolved by the API layer.
@@ -240,12 +242,13 @@ pub struct StartRequest {
 }
 
 impl ProcessManager {
-    /// An empty table; `reaper` must already be started.
-    pub fn new(reaper: Arc<Reaper>) -> Arc<Self> {
+    /// An empty table; `reaper` must already be started. Processes start in `workload`.
+    pub fn new(reaper: Arc<Reaper>, workload: Arc<Workload>) -> Arc<Self> {
         Arc::new(ProcessManager {
             next_id: AtomicU64::new(1),
             table: Mutex::new(Table::default()),
             reaper,
+            workload,
         })
     }
 
@@ -309,11 +312,20 @@ impl ProcessManager {
         let argv = req.spawn.argv.clone();
         let user = req.spawn.user.name.clone();
         let reaper = self.reaper.clone();
-        let spawned = tokio::task::spawn_blocking(move || spawn::spawn(req.spawn, &reaper)).await;
+        let workload = self.workload.clone();
+        let spawned = tokio::task::spawn_blocking(move || {
+            // Held until the child is in the workload cgroup and has exec'd.
+            let _permit = workload.spawn_permit().ok_or(SpawnError::WorkloadFrozen)?;
+            spawn::spawn(req.spawn, &reaper, workload.procs_fd())
+        })
+        .await;
         let spawned = match spawned {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e @ SpawnError::Exec { .. })) => {
                 Err(ApiError::new(ErrorCode::ExecFailed, e.to_string()))
+            }
+            Ok(Err(e @ SpawnError::WorkloadFrozen)) => {
+                Err(ApiError::new(ErrorCode::Conflict, e.to_string()))
             }
             Ok(Err(e)) => Err(ApiError::internal(e.to_string())),
             Err(e) => Err(ApiError::from(e)),

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -70,6 +70,9 @@ pub enum SpawnError {
     /// Anything else (out of descriptors, pty failure, fork failure).
     #[error("cannot start process: {0}")]
     Setup(io::Error),
+    /// The workload cgroup is frozen: a process started now would freeze before exec.
+    #[error("the workload is frozen; no process can start until it is thawed")]
+    WorkloadFrozen,
 }
 
 fn classify(program: &str, e: io::Error) -> SpawnError {
@@ -93,8 +96,13 @@ fn classify(program: &str, e: io::Error) -> SpawnError {
     }
 }
 
-/// Starts the process and registers it with the reaper. Blocking.
-pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> {
+/// Starts the process and registers it with the reaper. Blocking. `cgroup_procs` is the
+/// open `cgroup.procs` of the workload cgroup; it must stay open until this returns.
+pub fn spawn(
+    req: SpawnRequest,
+    reaper: &Reaper,
+    cgroup_procs: Option<RawFd>,
+) -> Result<Spawned, SpawnError> {
     let program = req.argv.first().cloned().unwrap_or_default();
     let mut cmd = Command::new(&program);
     cmd.args(req.argv.iter().skip(1));
@@ -126,6 +134,15 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
     // calls on data prepared before the fork (no allocation, no locks).
     unsafe {
         cmd.pre_exec(move || {
+            // Into the workload cgroup, while still root and before anything of the
+            // workload runs: writing "0" to cgroup.procs moves the writer. std::process has
+            // no clone3/CLONE_INTO_CGROUP, and the reaper needs std's spawn (it registers
+            // the pid under its lock), so we move the child here with one async-signal-safe
+            // write(2) on a descriptor opened before the fork. A failure is ignored: the
+            // process then runs outside the workload cgroup rather than not at all.
+            if let Some(fd) = cgroup_procs {
+                let _ = libc::write(fd, b"0".as_ptr().cast(), 1);
+            }
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }
