@@ -75,6 +75,9 @@ fn privileged_calls_stay_in_the_node_manager() {
             "vmm.launch(",
             "store.create_sandbox_disk(",
             "remove_sandbox_dir(",
+            "store.begin_snapshot(",
+            "reflink_disk(",
+            "store.clone_snapshot_disk(",
             "mount(",
         ] {
             assert!(

@@ -20,7 +20,7 @@ pub mod template;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use id::{IdError, SandboxId, SnapshotId, TenantId};
-pub use lifecycle::{LifecycleError, SandboxEvent, SandboxState};
+pub use lifecycle::{LifecycleEntry, LifecycleError, SandboxEvent, SandboxState};
 pub use resources::{NodeCapacity, Resources, ResourcesError};
 pub use snapshot::{
     FileChange, FileChangeKind, RetentionPolicy, RetentionTier, SnapshotDiff, SnapshotError,

@@ -78,6 +78,27 @@ pub enum SandboxEvent {
     Fail,
 }
 
+/// One entry of a sandbox's event log: a lifecycle transition, when it happened, and what
+/// the node had to say about it (e.g. what window of work a crash restore lost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LifecycleEntry {
+    /// The sandbox.
+    pub sandbox_id: crate::SandboxId,
+    /// When, ms since the Unix epoch.
+    pub at_ms: i64,
+    /// What happened.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub event: SandboxEvent,
+    /// State before.
+    pub from: SandboxState,
+    /// State after.
+    pub to: SandboxState,
+    /// Why, or what it cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
 /// A transition the table does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot {event} a sandbox that is {state}")]

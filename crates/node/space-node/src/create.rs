@@ -85,7 +85,7 @@ impl Node {
                     r.vm_name = s.vm_name;
                     r.origin = s.origin;
                 })?;
-                self.attach(&req.id, vm, s.guest);
+                self.attach(&req.id, vm, Some(s.guest));
                 tracing::info!(id = %req.id, latency_ms = latency, origin = ?rec.origin, "sandbox ready");
                 Ok(rec)
             }

@@ -17,6 +17,26 @@ pub enum NodeError {
     /// The request is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// The guest cannot serve requests in this state (e.g. paused by a client, stopped).
+    #[error("the sandbox is {0}; its processes and files are reachable only while it runs")]
+    NotServing(space_core::SandboxState),
+    /// The operation is not possible in the sandbox's state (not a lifecycle transition).
+    #[error("cannot {action} a sandbox that is {state}")]
+    WrongState {
+        /// What was asked, as a verb phrase ("take a disk snapshot of").
+        action: &'static str,
+        /// The state it is in.
+        state: space_core::SandboxState,
+    },
+    /// No such snapshot of this sandbox.
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(space_core::SnapshotId),
+    /// The guest would not (or could not in time) freeze its file systems.
+    #[error("snapshot refused: {0}")]
+    SnapshotRefused(String),
+    /// The node's store has no room.
+    #[error("{0}")]
+    StoreFull(String),
     /// Illegal lifecycle transition.
     #[error(transparent)]
     Lifecycle(#[from] space_core::LifecycleError),
@@ -55,7 +75,12 @@ impl NodeError {
         match self {
             NodeError::SandboxNotFound(_) | NodeError::TemplateNotFound(_) => ErrorCode::NotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
-            NodeError::Lifecycle(_) => ErrorCode::Conflict,
+            NodeError::Lifecycle(_)
+            | NodeError::NotServing(_)
+            | NodeError::WrongState { .. }
+            | NodeError::SnapshotRefused(_) => ErrorCode::Conflict,
+            NodeError::SnapshotNotFound(_) => ErrorCode::NotFound,
+            NodeError::StoreFull(_) => ErrorCode::InsufficientCapacity,
             NodeError::Capacity(space_core::ResourcesError::OutOfRange { .. }) => {
                 ErrorCode::InvalidRequest
             }

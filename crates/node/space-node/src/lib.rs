@@ -13,11 +13,16 @@
 pub mod config;
 mod create;
 pub mod error;
+mod events;
+pub mod fork;
 pub mod image;
 pub mod node_manager;
+mod ops;
 mod pool;
 pub mod records;
+mod recovery;
 mod sandbox_manager;
+pub mod snapshots;
 mod vm_start;
 
 use std::collections::BTreeMap;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use space_core::SandboxId;
-use space_storage::{ExistingDisk, Store};
+use space_core::{SandboxId, SnapshotId};
+use space_storage::{ExistingDisk, PendingSnapshot, Store};
 use space_vmm::{Vm, VmConfig, Vmm};
 
 /// Why a privileged operation failed.
@@ -62,6 +62,29 @@ pub trait NodeManager: Send + Sync + 'static {
         disk_mib: u32,
         existing: ExistingDisk,
     ) -> Result<(), NodeManagerError>;
+    /// Starts a two-phase snapshot of a sandbox (see [`space_storage::PendingSnapshot`]).
+    fn begin_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<PendingSnapshot, NodeManagerError>;
+    /// Reflinks the sandbox's disk into a pending snapshot.
+    fn snapshot_disk(&self, pending: &PendingSnapshot, disk: &Path)
+        -> Result<(), NodeManagerError>;
+    /// Deletes a committed snapshot; false if there was none.
+    fn delete_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Removes snapshots a crash left half-taken.
+    fn remove_pending_snapshots(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+    ) -> Result<usize, NodeManagerError>;
     /// Moves a disk (e.g. a pool member's) to `dst` in the same store; a running VM keeps
     /// using it. Creates the parent directory.
     fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
@@ -123,6 +146,40 @@ impl NodeManager for LocalNodeManager {
         existing: ExistingDisk,
     ) -> Result<(), NodeManagerError> {
         Ok(store.clone_snapshot_disk(src, dst, disk_mib, existing)?)
+    }
+
+    fn begin_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<PendingSnapshot, NodeManagerError> {
+        Ok(store.begin_snapshot(sandbox, snapshot)?)
+    }
+
+    fn snapshot_disk(
+        &self,
+        pending: &PendingSnapshot,
+        disk: &Path,
+    ) -> Result<(), NodeManagerError> {
+        Ok(pending.reflink_disk(disk)?)
+    }
+
+    fn delete_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError> {
+        Ok(store.delete_snapshot(sandbox, snapshot)?)
+    }
+
+    fn remove_pending_snapshots(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+    ) -> Result<usize, NodeManagerError> {
+        Ok(store.remove_pending_snapshots(sandbox)?)
     }
 
     fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError> {

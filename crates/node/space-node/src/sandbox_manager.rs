@@ -17,6 +17,7 @@ use space_vmm::{Accel, QemuVmm, Vm};
 use tokio::task::AbortHandle;
 
 use crate::config::{default_capacity, NodeConfig, MAX_DATA_DIR_LEN};
+use crate::events::EventLog;
 use crate::node_manager::{LocalNodeManager, NodeManager};
 use crate::pool::Pool;
 use crate::records::RecordStore;
@@ -52,6 +53,7 @@ pub(crate) struct Inner {
     pub(crate) capacity: NodeCapacity,
     pub(crate) run_root: PathBuf,
     pub(crate) pool: Pool,
+    pub(crate) events: EventLog,
     pub(crate) background: Mutex<Vec<AbortHandle>>,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
@@ -119,8 +121,9 @@ impl Node {
                 .await
                 .map_err(|e| internal("store task", e))??
         };
-        let records = RecordStore::open(&store.root().join("records"))
-            .map_err(|e| internal("cannot open records", e))?;
+        let records_dir = store.root().join("records");
+        let records =
+            RecordStore::open(&records_dir).map_err(|e| internal("cannot open records", e))?;
         let capacity = cfg
             .capacity
             .unwrap_or_else(|| default_capacity(fs_size(store.root())));
@@ -138,6 +141,7 @@ impl Node {
                 capacity,
                 run_root,
                 pool: Pool::new(cfg_pool_size),
+                events: EventLog::new(&records_dir),
                 background: Mutex::new(Vec::new()),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
@@ -213,12 +217,39 @@ impl Node {
             .filter(|e| e.record.state != SandboxState::Deleted);
         let entry = entry.ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         match (&entry.guest, entry.record.state) {
-            (Some(g), SandboxState::Running) => Ok(g.clone()),
-            (_, state) => Err(NodeError::Lifecycle(space_core::LifecycleError {
-                state,
-                event: SandboxEvent::Ready,
-            })),
+            (Some(g), state) if state.serves_guest() => Ok(g.clone()),
+            (_, state) => Err(NodeError::NotServing(state)),
         }
+    }
+
+    /// Like [`Node::guest`], but first resumes a sandbox that idleness paused: the call
+    /// that needs the guest is what wakes it.
+    pub async fn guest_waking(&self, id: &SandboxId) -> Result<GuestClient, NodeError> {
+        let idle_paused = self.sandbox(id).is_some_and(|r| {
+            r.state == SandboxState::Paused && r.paused_by == Some(crate::PauseCause::Idle)
+        });
+        if idle_paused {
+            match self.resume_sandbox(id).await {
+                Ok(_) => {}
+                // Someone else resumed it first.
+                Err(NodeError::Lifecycle(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.guest(id)
+    }
+
+    /// The sandbox's event log, oldest first.
+    pub fn events(&self, id: &SandboxId) -> Result<Vec<space_core::LifecycleEntry>, NodeError> {
+        if self.sandbox(id).is_none() {
+            return Err(NodeError::SandboxNotFound(id.clone()));
+        }
+        Ok(self.inner.events.read(id))
+    }
+
+    /// Event log entries of every sandbox from now on.
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<space_core::LifecycleEntry> {
+        self.inner.events.subscribe()
     }
 
     /// Last `max_bytes` of the sandbox's serial console.
@@ -236,13 +267,13 @@ impl Node {
     }
 
     /// Keeps the VM and channel of a running sandbox and starts watching them.
-    pub(crate) fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: GuestClient) {
+    pub(crate) fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: Option<GuestClient>) {
         let weak = Arc::downgrade(&self.inner);
         let monitor = tokio::spawn(watch(weak, id.clone(), vm.clone(), guest.clone()));
         let mut map = self.inner.lock();
         if let Some(e) = map.get_mut(id) {
             e.vm = Some(vm);
-            e.guest = Some(guest);
+            e.guest = guest;
             if let Some(old) = e.monitor.replace(monitor.abort_handle()) {
                 old.abort();
             }
@@ -326,6 +357,7 @@ impl Node {
                 && now - rec.created_at_ms > DELETED_RECORD_RETENTION_MS
             {
                 let _ = self.inner.records.remove(&rec.id);
+                self.inner.events.remove(&rec.id);
                 continue;
             }
             let id = rec.id.clone();
@@ -374,9 +406,13 @@ impl Node {
                     tracing::warn!(%id, error = %e, "cannot finish interrupted delete");
                 }
             }
-            SandboxState::Failed | SandboxState::Deleted | SandboxState::Stopped => {}
-            // Replaced by the full recovery of transient states below.
-            _ => {}
+            SandboxState::Failed | SandboxState::Deleted | SandboxState::Stopped => {
+                let _ = self
+                    .inner
+                    .nm
+                    .remove_pending_snapshots(&self.inner.store, id);
+            }
+            other => self.recover_transient(id, other).await,
         }
     }
 
@@ -391,7 +427,7 @@ impl Node {
             Ok(guest) => {
                 let pid = vm.pid();
                 let _ = self.inner.set_pid(id, pid);
-                self.attach(id, Arc::new(vm), guest);
+                self.attach(id, Arc::new(vm), Some(guest));
                 Ok(())
             }
             Err(e) => {
@@ -505,11 +541,18 @@ async fn reconnect(channel: &Path) -> Result<GuestClient, space_guest_client::Gu
     }))
 }
 
-/// Watches a running sandbox until its VM exits or its channel breaks, then fails it.
-async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient) {
+/// Watches a sandbox's VM (and its channel, when connected) until the VM exits or the
+/// channel breaks; then restores the sandbox or fails it, as its crash policy says.
+async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: Option<GuestClient>) {
+    let channel_closed = async {
+        match &guest {
+            Some(g) => g.closed().await,
+            None => std::future::pending().await,
+        }
+    };
     let reason = tokio::select! {
         exit = vm.exited() => format!("VM exited: {}", exit.reason),
-        err = guest.closed() => {
+        err = channel_closed => {
             // A dying guest usually drops the channel a moment before the VM exits; the
             // exit says more about why, so give it a little time.
             match tokio::time::timeout(EXIT_AFTER_CHANNEL_LOSS, vm.exited()).await {
@@ -519,13 +562,19 @@ async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: GuestClient
         }
     };
     let Some(inner) = node.upgrade() else { return };
-    let running = inner
-        .lock()
-        .get(&id)
-        .is_some_and(|e| e.record.state == SandboxState::Running);
-    if running {
+    let record = inner.lock().get(&id).map(|e| e.record.clone());
+    let Some(record) = record else { return };
+    if !matches!(record.state, SandboxState::Running | SandboxState::Paused) {
+        // An operation owns the VM right now (it replaces or stops it on purpose).
+        return;
+    }
+    let node = Node { inner };
+    if record.on_crash == crate::CrashPolicy::Restore && record.state == SandboxState::Running {
+        tracing::warn!(%id, %reason, "sandbox crashed; restoring it");
+        node.restore_after_crash(&id, vm, reason).await;
+    } else {
         tracing::warn!(%id, %reason, "sandbox failed");
-        inner.fail(&id, Some(vm.as_ref()), &reason).await;
+        node.inner.fail(&id, Some(vm.as_ref()), &reason).await;
     }
 }
 
@@ -573,11 +622,37 @@ impl Inner {
         Ok(op)
     }
 
+    /// Checks the node can give a sandbox that holds no compute (stopped) its vCPUs and
+    /// memory again.
+    pub(crate) fn admit_compute(&self, id: &SandboxId) -> Result<(), NodeError> {
+        let map = self.lock();
+        let entry = map
+            .get(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        if entry.record.state.holds_compute() {
+            return Ok(());
+        }
+        self.capacity
+            .admit(&used_by(&map), &entry.record.resources)
+            .map_err(NodeError::Capacity)
+    }
+
     /// Applies `event` through the lifecycle table, lets `edit` adjust the record, persists it.
     pub(crate) fn transition(
         &self,
         id: &SandboxId,
         event: SandboxEvent,
+        edit: impl FnOnce(&mut SandboxRecord),
+    ) -> Result<SandboxRecord, NodeError> {
+        self.transition_noted(id, event, None, edit)
+    }
+
+    /// [`Inner::transition`] with a detail for the event log.
+    pub(crate) fn transition_noted(
+        &self,
+        id: &SandboxId,
+        event: SandboxEvent,
+        detail: Option<String>,
         edit: impl FnOnce(&mut SandboxRecord),
     ) -> Result<SandboxRecord, NodeError> {
         let mut map = self.lock();
@@ -591,7 +666,23 @@ impl Inner {
             .save(&next)
             .map_err(|e| internal("cannot persist sandbox record", e))?;
         tracing::debug!(%id, from = %entry.record.state, to = %next.state, "transition");
+        let from = entry.record.state;
         entry.record = next.clone();
+        drop(map);
+        let detail = detail.or_else(|| {
+            (next.state == SandboxState::Failed)
+                .then(|| next.failure_reason.clone())
+                .flatten()
+                .map(|r| r.lines().next().unwrap_or_default().to_owned())
+        });
+        self.events.append(space_core::LifecycleEntry {
+            sandbox_id: id.clone(),
+            at_ms: now_ms(),
+            event,
+            from,
+            to: next.state,
+            detail,
+        });
         Ok(next)
     }
 

@@ -185,13 +185,17 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
             )));
         }
         match (&cfg.memory, restore.ignore_shared) {
-            (GuestMemory::File { path, shared: false }, true) if path.is_file() => {}
-            (_, true) => {
-                return Err(VmmError::InvalidConfig(
-                    "state saved without its memory needs an existing memory file mapped copy-on-write"
-                        .into(),
-                ))
-            }
+            (
+                GuestMemory::File {
+                    path,
+                    shared: false,
+                },
+                true,
+            ) if path.is_file() => {}
+            (_, true) => return Err(VmmError::InvalidConfig(
+                "state saved without its memory needs an existing memory file mapped copy-on-write"
+                    .into(),
+            )),
             _ => {}
         }
     }

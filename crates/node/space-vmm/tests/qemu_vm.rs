@@ -478,7 +478,10 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
         .unwrap();
     let saved_tick = last_tick(&vm);
     eprintln!("image save: {report:?}");
-    assert!(report.bytes < 1 << 20, "RAM went into the state: {report:?}");
+    assert!(
+        report.bytes < 1 << 20,
+        "RAM went into the state: {report:?}"
+    );
     vm.kill(Duration::from_secs(5)).await.unwrap();
 
     // A clone maps the memory file copy-on-write and loads only the device state.
@@ -506,11 +509,17 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
         .save_state(&full, space_vmm::SaveOptions::default())
         .await
         .unwrap();
-    assert_eq!(clone.status().await.unwrap(), VmStatus::Other("postmigrate".into()));
+    assert_eq!(
+        clone.status().await.unwrap(),
+        VmStatus::Other("postmigrate".into())
+    );
     clone.resume().await.unwrap();
     let pause = clone.last_pause().expect("STOP and RESUME events seen");
     eprintln!("live save: {report:?}, guest-visible pause {pause:?}");
-    assert!(report.bytes > 1 << 20, "RAM missing from a full save: {report:?}");
+    assert!(
+        report.bytes > 1 << 20,
+        "RAM missing from a full save: {report:?}"
+    );
     let tick_at_save = last_tick(&clone);
     clone.kill(Duration::from_secs(5)).await.unwrap();
     let mut restored_cfg = fx.config("restored", "tick");

@@ -1,0 +1,203 @@
+//! Forking: N new sandboxes from a running sandbox (through a checkpoint taken for the
+//! purpose, with the workload frozen) or from one of its checkpoints. Each child gets a CoW
+//! copy of the disk, its own memory restored from the saved state, its own id, and restored
+//! uniqueness (fresh RNG seed, hostname, clock) before its workload runs again.
+
+use std::sync::Arc;
+
+use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotTrigger};
+use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
+
+use crate::sandbox_manager::now_ms;
+use crate::vm_start::{connect_ready, identity};
+use crate::{Node, NodeError, SandboxRecord, VmOrigin};
+
+/// Most children of one fork.
+pub const MAX_FORK_CHILDREN: usize = 16;
+/// Children restored at once (each restore is CPU-bound under TCG).
+const PARALLEL_RESTORES: usize = 4;
+
+impl Node {
+    /// Forks `parent` into one new sandbox per id in `children`, from the parent as it is now
+    /// (`from` = None: a checkpoint is taken and deleted once the children run) or from one
+    /// of its checkpoints. Returns the children; those that could not start are failed.
+    pub async fn fork(
+        &self,
+        parent: &SandboxId,
+        children: &[SandboxId],
+        from: Option<&SnapshotId>,
+    ) -> Result<Vec<SandboxRecord>, NodeError> {
+        if children.is_empty() || children.len() > MAX_FORK_CHILDREN {
+            return Err(NodeError::Invalid(format!(
+                "a fork makes 1 to {MAX_FORK_CHILDREN} sandboxes, not {}",
+                children.len()
+            )));
+        }
+        let parent_rec = self
+            .sandbox(parent)
+            .filter(|r| r.state != SandboxState::Deleted)
+            .ok_or_else(|| NodeError::SandboxNotFound(parent.clone()))?;
+        let op = self.op_lock(parent)?;
+        let guard = op.lock().await;
+        let (snap, transient) = match from {
+            Some(s) => {
+                let paths = self
+                    .inner
+                    .store
+                    .snapshot(parent, s)?
+                    .ok_or_else(|| NodeError::SnapshotNotFound(s.clone()))?;
+                if paths.1.state.is_none() {
+                    return Err(NodeError::Invalid(format!(
+                        "snapshot {s} is a disk snapshot; a fork needs a checkpoint (memory and disk)"
+                    )));
+                }
+                (s.clone(), false)
+            }
+            None => {
+                if parent_rec.state != SandboxState::Running {
+                    return Err(NodeError::WrongState {
+                        action: "fork",
+                        state: parent_rec.state,
+                    });
+                }
+                let taken = self
+                    .checkpoint_locked(parent, None, SnapshotTrigger::Fork, true)
+                    .await?;
+                (taken.info.id, true)
+            }
+        };
+        drop(guard);
+        let (_, paths) = self
+            .inner
+            .store
+            .snapshot(parent, &snap)?
+            .ok_or_else(|| NodeError::SnapshotNotFound(snap.clone()))?;
+        let state = paths
+            .state
+            .clone()
+            .ok_or_else(|| NodeError::Internal("checkpoint without state".into()))?;
+
+        // Admit every child first, so capacity is checked for the whole fork at once.
+        let mut admitted = Vec::new();
+        for child in children {
+            let mut rec = SandboxRecord {
+                id: child.clone(),
+                state: SandboxState::Creating,
+                created_at_ms: now_ms(),
+                origin: VmOrigin::Checkpoint {
+                    sandbox: parent.clone(),
+                    snapshot: (!transient).then(|| snap.clone()),
+                },
+                ..parent_rec.clone()
+            };
+            rec.failure_reason = None;
+            rec.create_latency_ms = None;
+            rec.vmm_pid = None;
+            rec.vm_name = None;
+            rec.paused_by = None;
+            rec.rollback_to = None;
+            match self.inner.admit(rec) {
+                Ok(op) => admitted.push((child.clone(), op)),
+                Err(e) => {
+                    for (id, _) in &admitted {
+                        self.inner
+                            .fail(id, None, "fork aborted: not every child fit")
+                            .await;
+                    }
+                    if transient {
+                        let _ = self
+                            .inner
+                            .nm
+                            .delete_snapshot(&self.inner.store, parent, &snap);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+
+        let started = std::time::Instant::now();
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
+        let work = admitted.iter().map(|(child, op)| {
+            let (semaphore, disk_src, state) =
+                (semaphore.clone(), paths.disk.clone(), state.clone());
+            async move {
+                let _guard = op.lock().await;
+                let _permit = semaphore.acquire().await;
+                match self.start_child(child, &disk_src, &state, started).await {
+                    Ok(rec) => Ok(rec),
+                    Err(e) => {
+                        self.inner
+                            .fail(child, None, &format!("fork failed: {e}"))
+                            .await;
+                        Err(e)
+                    }
+                }
+            }
+        });
+        let results = futures::future::join_all(work).await;
+        if transient {
+            // The children's disks are reflinks and their memory is loaded: the saved state
+            // is no longer needed.
+            if let Err(e) = self
+                .inner
+                .nm
+                .delete_snapshot(&self.inner.store, parent, &snap)
+            {
+                tracing::warn!(%parent, snapshot = %snap, error = %e, "cannot remove fork checkpoint");
+            }
+        }
+        let mut out = Vec::new();
+        for (r, (child, _)) in results.into_iter().zip(&admitted) {
+            match r {
+                Ok(rec) => out.push(rec),
+                Err(e) => {
+                    tracing::warn!(%parent, %child, error = %e, "fork child failed");
+                    if let Some(rec) = self.sandbox(child) {
+                        out.push(rec);
+                    }
+                }
+            }
+        }
+        tracing::info!(%parent, children = out.len(), ms = started.elapsed().as_millis() as u64, "forked");
+        Ok(out)
+    }
+
+    async fn start_child(
+        &self,
+        child: &SandboxId,
+        disk_src: &std::path::Path,
+        state: &std::path::Path,
+        started: std::time::Instant,
+    ) -> Result<SandboxRecord, NodeError> {
+        let rec = self
+            .sandbox(child)
+            .ok_or_else(|| NodeError::SandboxNotFound(child.clone()))?;
+        let disk = self.inner.store.sandbox_dir(child).join(SANDBOX_DISK_FILE);
+        self.inner
+            .nm
+            .clone_disk(&self.inner.store, disk_src, &disk, 0, ExistingDisk::Refuse)?;
+        let vm = self
+            .launch_from_state(child.as_str(), &rec, state, &disk)
+            .await?;
+        let ready = async {
+            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            // Unique before the (frozen) workload runs again.
+            guest.set_identity(&identity(child.as_str())).await?;
+            let _ = guest.thaw_workload().await;
+            Ok::<_, NodeError>(guest)
+        };
+        let guest = match ready.await {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.inner.nm.kill_vm(&vm).await;
+                return Err(e);
+            }
+        };
+        let pid = vm.pid();
+        self.attach(child, Arc::new(vm), Some(guest));
+        self.inner.transition(child, SandboxEvent::Ready, |r| {
+            r.vmm_pid = Some(pid);
+            r.create_latency_ms = Some(started.elapsed().as_millis() as u64);
+        })
+    }
+}

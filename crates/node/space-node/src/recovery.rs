@@ -1,0 +1,212 @@
+//! Recovery: restoring a sandbox whose VMM died (from its latest checkpoint, or by booting
+//! it again on its disk), and finishing or undoing, after a node restart, whatever
+//! operation the previous node process was in the middle of.
+
+use std::sync::Arc;
+
+use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotKind};
+use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
+use space_vmm::{Vm, VmStatus};
+
+use crate::sandbox_manager::now_ms;
+use crate::{Node, NodeError, PauseCause, VmOrigin};
+
+impl Node {
+    /// The VMM of a running sandbox died: restore the sandbox from its latest checkpoint
+    /// (memory, processes and disk as they were then), or, without one, boot it again on
+    /// its current disk. The event log says what was lost. If that fails too, the sandbox
+    /// is failed.
+    pub(crate) async fn restore_after_crash(&self, id: &SandboxId, vm: Arc<Vm>, reason: String) {
+        let Ok(op) = self.op_lock(id) else { return };
+        let _guard = op.lock().await;
+        let crashed_at = now_ms();
+        if let Err(e) =
+            self.inner
+                .transition_noted(id, SandboxEvent::Crash, Some(reason.clone()), |_| {})
+        {
+            tracing::warn!(%id, error = %e, "cannot start crash restore");
+            return;
+        }
+        let _ = self.inner.nm.kill_vm(&vm).await;
+        drop(vm);
+        if let Err(e) = self.finish_restore(id, crashed_at).await {
+            let why = format!("{reason}; restoring it failed: {e}");
+            self.inner.fail(id, None, &why).await;
+        }
+    }
+
+    /// Second half of a crash restore (also used to finish one after a restart).
+    pub(crate) async fn finish_restore(
+        &self,
+        id: &SandboxId,
+        crashed_at: i64,
+    ) -> Result<(), NodeError> {
+        self.discard_current_vm(id).await?;
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let latest = self
+            .inner
+            .store
+            .list_snapshots(id, SnapshotSizes::Stored)?
+            .into_iter()
+            .filter(|s| s.kind == SnapshotKind::Checkpoint)
+            .max_by_key(|s| s.created_at_ms);
+        match latest.and_then(|s| {
+            self.inner
+                .store
+                .snapshot(id, &s.id)
+                .ok()
+                .flatten()
+                .map(|(info, paths)| (info, paths))
+        }) {
+            Some((info, paths)) => {
+                let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
+                self.inner.nm.clone_disk(
+                    &self.inner.store,
+                    &paths.disk,
+                    &disk,
+                    0,
+                    ExistingDisk::Replace,
+                )?;
+                let state = paths
+                    .state
+                    .ok_or_else(|| NodeError::Internal("checkpoint without state".into()))?;
+                let lost_secs = (crashed_at - info.created_at_ms).max(0) / 1000;
+                self.restore_checkpoint_vm(
+                    id,
+                    &rec,
+                    &state,
+                    VmOrigin::Checkpoint {
+                        sandbox: id.clone(),
+                        snapshot: Some(info.id.clone()),
+                    },
+                )
+                .await?;
+                self.inner.events.append(space_core::LifecycleEntry {
+                    sandbox_id: id.clone(),
+                    at_ms: now_ms(),
+                    event: SandboxEvent::Done,
+                    from: SandboxState::Restoring,
+                    to: SandboxState::Running,
+                    detail: Some(format!(
+                        "restored from checkpoint {} taken at {} ms: the last {lost_secs} s of work (memory, processes and disk) were lost",
+                        info.id, info.created_at_ms
+                    )),
+                });
+                Ok(())
+            }
+            None => {
+                self.boot_existing_disk(id).await?;
+                self.inner.events.append(space_core::LifecycleEntry {
+                    sandbox_id: id.clone(),
+                    at_ms: now_ms(),
+                    event: SandboxEvent::Done,
+                    from: SandboxState::Restoring,
+                    to: SandboxState::Running,
+                    detail: Some(
+                        "no checkpoint: booted again on its disk; processes and memory were lost, files kept"
+                            .into(),
+                    ),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// After a node restart: brings a sandbox whose record says `state` back to a stable
+    /// state (finishing or undoing the operation that was in flight).
+    pub(crate) async fn recover_transient(&self, id: &SandboxId, state: SandboxState) {
+        // A snapshot the crash interrupted is never listed or used.
+        if let Err(e) = self
+            .inner
+            .nm
+            .remove_pending_snapshots(&self.inner.store, id)
+        {
+            tracing::warn!(%id, error = %e, "cannot remove half-taken snapshots");
+        }
+        let outcome = match state {
+            SandboxState::Pausing => match self.adopt_watched(id).await {
+                Ok(_) => self.finish_pause(id, PauseCause::User).await.map(drop),
+                Err(e) => Err(e),
+            },
+            SandboxState::Paused => self.adopt_watched(id).await.map(drop),
+            SandboxState::Resuming => match self.adopt_watched(id).await {
+                Ok(_) => self.finish_resume(id).await.map(drop),
+                Err(e) => Err(e),
+            },
+            SandboxState::Stopping => self.finish_stop(id).await.map(drop),
+            SandboxState::Starting => {
+                let undone = self.discard_current_vm(id).await;
+                undone.and_then(|()| {
+                    self.inner
+                        .transition_noted(
+                            id,
+                            SandboxEvent::Abort,
+                            Some("the node restarted while the sandbox was starting".into()),
+                            |r| {
+                                r.vmm_pid = None;
+                                r.vm_name = None;
+                            },
+                        )
+                        .map(drop)
+                })
+            }
+            SandboxState::Checkpointing => {
+                // The half-taken checkpoint is gone (above); the VM may still be stopped for
+                // the final pass of the save.
+                match self.adopt_watched(id).await {
+                    Ok(vm) => {
+                        if !matches!(vm.status().await, Ok(VmStatus::Running)) {
+                            let _ = vm.resume().await;
+                        }
+                        self.reconnect_guest(id, vm).await.and_then(|()| {
+                            self.inner
+                                .transition_noted(
+                                    id,
+                                    SandboxEvent::Abort,
+                                    Some(
+                                        "the node restarted during a checkpoint; it was discarded"
+                                            .into(),
+                                    ),
+                                    |_| {},
+                                )
+                                .map(drop)
+                        })
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            SandboxState::RollingBack => self.finish_rollback(id).await.map(drop),
+            SandboxState::Restoring => self.finish_restore(id, now_ms()).await,
+            _ => Ok(()),
+        };
+        if let Err(e) = outcome {
+            let reason = format!(
+                "the node restarted while the sandbox was {state}, and recovering it failed: {e}"
+            );
+            tracing::warn!(%id, %reason);
+            self.inner.fail(id, None, &reason).await;
+        }
+    }
+
+    /// Re-attaches to the sandbox's VM (watching only the VM, no channel yet).
+    async fn adopt_watched(&self, id: &SandboxId) -> Result<Arc<Vm>, NodeError> {
+        let vm = Arc::new(
+            self.inner
+                .nm
+                .adopt_vm(&self.inner.vm_name(id), &self.inner.run_dir(id))
+                .await?,
+        );
+        let _ = self.inner.set_pid(id, vm.pid());
+        self.attach(id, vm.clone(), None);
+        Ok(vm)
+    }
+
+    async fn reconnect_guest(&self, id: &SandboxId, vm: Arc<Vm>) -> Result<(), NodeError> {
+        let guest = crate::vm_start::connect_ready(&vm, self.inner.ready_timeout()).await?;
+        guest.health().await?;
+        self.attach(id, vm, Some(guest));
+        Ok(())
+    }
+}

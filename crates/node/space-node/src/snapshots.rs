@@ -1,0 +1,482 @@
+//! Snapshots of a sandbox: disk snapshots (guest file systems frozen, disk reflinked, the VM
+//! never pauses), full checkpoints (a live save of memory and device state, the disk
+//! reflinked in the same instant), listing, deleting, diffing, and rolling back.
+//!
+//! Every snapshot is taken two-phase in the store (pending directory, then an atomic
+//! rename), so a crash never leaves a half-written snapshot that could be listed or used.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use space_core::{
+    SandboxEvent, SandboxId, SandboxState, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind,
+    SnapshotTrigger,
+};
+use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
+use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
+
+use crate::sandbox_manager::{internal, now_ms};
+use crate::vm_start::{connect_ready, identity};
+use crate::{Node, NodeError, SandboxRecord, VmOrigin};
+
+/// How long the guest keeps its file systems frozen if the node never thaws them.
+const FREEZE_HOLD: Duration = Duration::from_secs(10);
+/// How long the node waits for a guest to freeze before giving up: a guest that does not
+/// answer gets a clear error, never an endless wait.
+const FREEZE_WAIT: Duration = Duration::from_secs(15);
+/// Longest pause the final pass of a live checkpoint may cause.
+const CHECKPOINT_MAX_DOWNTIME: Duration = Duration::from_millis(100);
+/// Bound on a whole checkpoint save.
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Below this much free space in the store a failed checkpoint is reported as a full disk.
+const LOW_DISK_BYTES: u64 = 256 << 20;
+
+/// A checkpoint just taken, with what the guest saw.
+#[derive(Debug, Clone)]
+pub struct CheckpointTaken {
+    pub info: SnapshotInfo,
+    /// How long the guest's vCPUs were stopped.
+    pub guest_pause: Option<Duration>,
+}
+
+impl Node {
+    fn check_label(label: &Option<String>) -> Result<(), NodeError> {
+        if let Some(l) = label {
+            space_core::snapshot::validate_snapshot_label(l)
+                .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Takes a disk snapshot. A running guest's file systems are frozen for the instant of
+    /// the reflink (so the snapshot is crash-consistent) and the VM keeps running; a stopped
+    /// sandbox's disk is reflinked as it is.
+    pub async fn snapshot_disk(
+        &self,
+        id: &SandboxId,
+        label: Option<String>,
+        trigger: SnapshotTrigger,
+    ) -> Result<SnapshotInfo, NodeError> {
+        Self::check_label(&label)?;
+        let op = self.op_lock(id)?;
+        let _guard = op.lock().await;
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let guest = match rec.state {
+            SandboxState::Running => Some(self.guest(id)?),
+            SandboxState::Stopped => None,
+            state => {
+                return Err(NodeError::WrongState {
+                    action: "take a disk snapshot of",
+                    state,
+                })
+            }
+        };
+        let inner = &self.inner;
+        let snap = SnapshotId::generate();
+        let pending = inner.nm.begin_snapshot(&inner.store, id, &snap)?;
+        let disk = inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
+        if let Some(guest) = &guest {
+            match tokio::time::timeout(FREEZE_WAIT, guest.freeze_fs(FREEZE_HOLD)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(NodeError::SnapshotRefused(format!(
+                        "the guest could not freeze its file systems: {e}"
+                    )))
+                }
+                Err(_) => {
+                    return Err(NodeError::SnapshotRefused(format!(
+                        "the guest did not freeze its file systems within {FREEZE_WAIT:?}"
+                    )))
+                }
+            }
+        }
+        let copied = inner.nm.snapshot_disk(&pending, &disk);
+        if let Some(guest) = &guest {
+            // If this fails the guest thaws by itself after FREEZE_HOLD.
+            if let Err(e) = guest.thaw_fs().await {
+                tracing::warn!(%id, error = %e, "cannot thaw guest file systems");
+            }
+        }
+        copied?;
+        let info = pending.commit(new_info(&snap, id, SnapshotKind::Disk, trigger, label))?;
+        tracing::info!(%id, snapshot = %snap, "disk snapshot taken");
+        Ok(info)
+    }
+
+    /// Takes a full checkpoint: memory and device state saved live (the guest pauses only
+    /// for the final pass), the disk reflinked while the VM is stopped for that pass.
+    pub async fn checkpoint(
+        &self,
+        id: &SandboxId,
+        label: Option<String>,
+        trigger: SnapshotTrigger,
+    ) -> Result<CheckpointTaken, NodeError> {
+        Self::check_label(&label)?;
+        let op = self.op_lock(id)?;
+        let _guard = op.lock().await;
+        self.checkpoint_locked(id, label, trigger, false).await
+    }
+
+    /// A checkpoint with the operation lock held. With `freeze_workload`, the guest's
+    /// workload processes are frozen across the save and stay frozen in the saved state,
+    /// so VMs restored from it run no workload code before they are made unique (forks).
+    pub(crate) async fn checkpoint_locked(
+        &self,
+        id: &SandboxId,
+        label: Option<String>,
+        trigger: SnapshotTrigger,
+        freeze_workload: bool,
+    ) -> Result<CheckpointTaken, NodeError> {
+        self.inner
+            .transition(id, SandboxEvent::Checkpoint, |_| {})?;
+        let vm = self.vm_of(id)?;
+        let guest = self.guest(id).ok();
+        let snap = SnapshotId::generate();
+        let result = async {
+            let pending = self.inner.nm.begin_snapshot(&self.inner.store, id, &snap)?;
+            if freeze_workload {
+                if let Some(g) = &guest {
+                    g.freeze_workload().await?;
+                }
+            }
+            let saved = self
+                .save_with_disk(id, &vm, &pending.state_path(), |disk| {
+                    self.inner.nm.snapshot_disk(&pending, disk)
+                })
+                .await;
+            if freeze_workload {
+                if let Some(g) = &guest {
+                    if let Err(e) = g.thaw_workload().await {
+                        tracing::warn!(%id, error = %e, "cannot thaw workload after checkpoint");
+                    }
+                }
+            }
+            let guest_pause = saved?;
+            let info = pending.commit(new_info(
+                &snap,
+                id,
+                SnapshotKind::Checkpoint,
+                trigger,
+                label,
+            ))?;
+            Ok::<_, NodeError>(CheckpointTaken { info, guest_pause })
+        }
+        .await;
+        match result {
+            Ok(taken) => {
+                self.inner.transition(id, SandboxEvent::Done, |_| {})?;
+                tracing::info!(%id, snapshot = %snap, pause = ?taken.guest_pause, bytes = taken.info.total_bytes, "checkpoint taken");
+                Ok(taken)
+            }
+            Err(e) => {
+                if let Some(exit) = vm.exit_now() {
+                    // The VM died under the checkpoint: treat it like any crash.
+                    self.inner.transition(id, SandboxEvent::Abort, |_| {})?;
+                    let node = self.clone();
+                    let id2 = id.clone();
+                    tokio::spawn(async move {
+                        node.restore_after_crash(
+                            &id2,
+                            vm,
+                            format!("VM exited during a checkpoint: {}", exit.reason),
+                        )
+                        .await;
+                    });
+                    return Err(e);
+                }
+                self.inner.transition(id, SandboxEvent::Abort, |_| {})?;
+                Err(self.explain_checkpoint_failure(e))
+            }
+        }
+    }
+
+    /// Saves the VM's state live into `state`; while the VM is stopped for the final pass,
+    /// `snapshot_disk` copies the disk; then the VM runs again. Returns the guest's pause.
+    async fn save_with_disk(
+        &self,
+        id: &SandboxId,
+        vm: &Vm,
+        state: &std::path::Path,
+        snapshot_disk: impl FnOnce(
+            &std::path::Path,
+        ) -> Result<(), crate::node_manager::NodeManagerError>,
+    ) -> Result<Option<Duration>, NodeError> {
+        let opts = SaveOptions {
+            ignore_shared: false,
+            live: true,
+            max_downtime: CHECKPOINT_MAX_DOWNTIME,
+            timeout: CHECKPOINT_TIMEOUT,
+        };
+        vm.save_state(state, opts).await?;
+        let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
+        let copied = snapshot_disk(&disk);
+        // Resume whatever happened to the copy: the sandbox must keep running.
+        vm.resume().await?;
+        copied?;
+        Ok(vm.last_pause())
+    }
+
+    fn explain_checkpoint_failure(&self, e: NodeError) -> NodeError {
+        let free = nix::sys::statvfs::statvfs(self.inner.store.root())
+            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+            .unwrap_or(u64::MAX);
+        if free < LOW_DISK_BYTES {
+            NodeError::StoreFull(format!(
+                "the checkpoint did not fit: {} MiB free in the node's store ({e})",
+                free >> 20
+            ))
+        } else {
+            e
+        }
+    }
+
+    /// The sandbox's committed snapshots, oldest first, with current sizes.
+    pub async fn snapshots(&self, id: &SandboxId) -> Result<Vec<SnapshotInfo>, NodeError> {
+        self.sandbox(id)
+            .filter(|r| r.state != SandboxState::Deleted)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let store = self.inner.store.clone();
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || store.list_snapshots(&id, SnapshotSizes::Refresh))
+            .await
+            .map_err(|e| internal("snapshot list task", e))?
+            .map_err(NodeError::from)
+    }
+
+    /// Deletes one snapshot of the sandbox.
+    pub async fn delete_snapshot(
+        &self,
+        id: &SandboxId,
+        snap: &SnapshotId,
+    ) -> Result<(), NodeError> {
+        let op = self.op_lock(id)?;
+        let _guard = op.lock().await;
+        if !self.inner.nm.delete_snapshot(&self.inner.store, id, snap)? {
+            return Err(NodeError::SnapshotNotFound(snap.clone()));
+        }
+        Ok(())
+    }
+
+    /// Files that differ between two disk snapshots (or checkpoints) of the sandbox, read
+    /// from the images in user space (a guest-written file system is never mounted).
+    pub async fn diff_snapshots(
+        &self,
+        id: &SandboxId,
+        from: &SnapshotId,
+        to: &SnapshotId,
+        limit: usize,
+    ) -> Result<SnapshotDiff, NodeError> {
+        let a = self.snapshot_paths(id, from)?;
+        let b = self.snapshot_paths(id, to)?;
+        let limit = limit.clamp(1, space_core::snapshot::MAX_DIFF_LIMIT);
+        let (changes, truncated) = tokio::task::spawn_blocking(move || {
+            space_storage::diff_disk_images(&a.disk, &b.disk, limit)
+        })
+        .await
+        .map_err(|e| internal("diff task", e))??;
+        Ok(SnapshotDiff {
+            from: from.clone(),
+            to: to.clone(),
+            changes,
+            truncated,
+        })
+    }
+
+    fn snapshot_paths(
+        &self,
+        id: &SandboxId,
+        snap: &SnapshotId,
+    ) -> Result<space_storage::SnapshotPaths, NodeError> {
+        self.sandbox(id)
+            .filter(|r| r.state != SandboxState::Deleted)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        self.inner
+            .store
+            .snapshot(id, snap)?
+            .map(|(_, paths)| paths)
+            .ok_or_else(|| NodeError::SnapshotNotFound(snap.clone()))
+    }
+
+    /// Rolls the sandbox back to one of its snapshots: a disk snapshot brings back the old
+    /// disk (the VM boots on it); a checkpoint brings back memory and processes too.
+    pub async fn rollback(
+        &self,
+        id: &SandboxId,
+        snap: &SnapshotId,
+    ) -> Result<SandboxRecord, NodeError> {
+        let op = self.op_lock(id)?;
+        let _guard = op.lock().await;
+        // Only this sandbox's own snapshots exist under it: another sandbox's (or tenant's)
+        // snapshot id is simply not found here.
+        self.snapshot_paths(id, snap)?;
+        self.inner.admit_compute(id)?;
+        self.inner.transition(id, SandboxEvent::Rollback, |r| {
+            r.rollback_to = Some(snap.clone())
+        })?;
+        self.finish_rollback(id).await
+    }
+
+    /// Second half of a rollback (also used to finish one after a restart): idempotent.
+    pub(crate) async fn finish_rollback(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let Some(snap) = rec.rollback_to.clone() else {
+            return Err(NodeError::Internal("rollback without a target".into()));
+        };
+        let result = async {
+            let paths = self.snapshot_paths(id, &snap)?;
+            self.discard_current_vm(id).await?;
+            let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
+            self.inner.nm.clone_disk(
+                &self.inner.store,
+                &paths.disk,
+                &disk,
+                0,
+                ExistingDisk::Replace,
+            )?;
+            match &paths.state {
+                Some(state) => {
+                    self.restore_checkpoint_vm(
+                        id,
+                        &rec,
+                        state,
+                        VmOrigin::Checkpoint {
+                            sandbox: id.clone(),
+                            snapshot: Some(snap.clone()),
+                        },
+                    )
+                    .await
+                }
+                None => self.boot_existing_disk(id).await,
+            }
+        }
+        .await;
+        match result {
+            Ok(rec) => {
+                tracing::info!(%id, snapshot = %snap, "rolled back");
+                Ok(rec)
+            }
+            Err(e) => {
+                let reason = format!("rollback to {snap} failed: {e}");
+                self.inner.fail(id, None, &reason).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Kills the sandbox's VM (watched or only running) and removes its run directory.
+    pub(crate) async fn discard_current_vm(&self, id: &SandboxId) -> Result<(), NodeError> {
+        let run_dir = self.inner.run_dir(id);
+        let vm = match self.release_vm(id) {
+            Some(vm) => Some(vm),
+            None => self
+                .inner
+                .nm
+                .adopt_vm(&self.inner.vm_name(id), &run_dir)
+                .await
+                .ok()
+                .map(Arc::new),
+        };
+        if let Some(vm) = vm {
+            self.inner.nm.kill_vm(&vm).await?;
+        }
+        self.inner.nm.remove_run_dir(&run_dir)?;
+        Ok(())
+    }
+
+    /// Starts the sandbox's VM from a saved state (its disk already in place), makes it
+    /// unique, and marks the transient state done (`running`).
+    pub(crate) async fn restore_checkpoint_vm(
+        &self,
+        id: &SandboxId,
+        rec: &SandboxRecord,
+        state: &std::path::Path,
+        origin: VmOrigin,
+    ) -> Result<SandboxRecord, NodeError> {
+        let vm = self
+            .launch_from_state(
+                id.as_str(),
+                rec,
+                state,
+                &self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE),
+            )
+            .await?;
+        let ready = async {
+            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            guest.set_identity(&identity(id.as_str())).await?;
+            // A fork's state has the workload frozen; thawing after the identity is what
+            // guarantees no workload code runs before the guest is unique.
+            let _ = guest.thaw_workload().await;
+            Ok::<_, NodeError>(guest)
+        };
+        let guest = match ready.await {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.inner.nm.kill_vm(&vm).await;
+                return Err(e);
+            }
+        };
+        let pid = vm.pid();
+        self.attach(id, Arc::new(vm), Some(guest));
+        self.inner.transition(id, SandboxEvent::Done, |r| {
+            r.vmm_pid = Some(pid);
+            r.vm_name = None;
+            r.origin = origin;
+            r.rollback_to = None;
+            r.paused_by = None;
+        })
+    }
+
+    /// Launches a VM named `vm_name` for a sandbox shaped like `rec`, from a full saved
+    /// state, on `disk`.
+    pub(crate) async fn launch_from_state(
+        &self,
+        vm_name: &str,
+        rec: &SandboxRecord,
+        state: &std::path::Path,
+        disk: &std::path::Path,
+    ) -> Result<Vm, NodeError> {
+        let tpl = self.template(&rec.template)?;
+        let kernel = self.inner.kernel(&tpl)?;
+        let cfg = VmConfig {
+            name: vm_name.to_owned(),
+            vcpus: rec.resources.vcpus,
+            memory_mib: rec.resources.memory_mib,
+            kernel: kernel.vmlinuz.clone(),
+            initrd: kernel.initramfs.clone(),
+            cmdline: space_images::kernel_cmdline(),
+            root_disk: disk.to_owned(),
+            run_dir: self.inner.vm_run_dir(vm_name),
+            accel: self.inner.accel,
+            tcg_tb_size_mib: self.inner.cfg.tcg_tb_size_mib,
+            memory: GuestMemory::Anonymous,
+            restore: Some(space_vmm::RestoreFrom {
+                state: state.to_owned(),
+                ignore_shared: false,
+            }),
+        };
+        Ok(self.inner.nm.launch_vm(&cfg).await?)
+    }
+}
+
+fn new_info(
+    snap: &SnapshotId,
+    id: &SandboxId,
+    kind: SnapshotKind,
+    trigger: SnapshotTrigger,
+    label: Option<String>,
+) -> SnapshotInfo {
+    SnapshotInfo {
+        id: snap.clone(),
+        sandbox_id: id.clone(),
+        kind,
+        trigger,
+        created_at_ms: now_ms(),
+        exclusive_bytes: 0,
+        total_bytes: 0,
+        label,
+    }
+}
