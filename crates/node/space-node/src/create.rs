@@ -385,6 +385,7 @@ impl Node {
 
     /// Starts the background work of the node: the pool filler.
     pub(crate) fn start_background(&self) {
+        self.start_scheduler();
         if self.inner.pool.target() == 0 || !self.inner.cfg.memory_images {
             return;
         }

@@ -22,6 +22,7 @@ mod pool;
 pub mod records;
 mod recovery;
 mod sandbox_manager;
+pub mod scheduler;
 pub mod snapshots;
 mod vm_start;
 

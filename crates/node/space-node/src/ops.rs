@@ -125,6 +125,7 @@ impl Node {
         match resumed.await {
             Ok(guest) => {
                 self.attach(id, vm, Some(guest));
+                self.inner.scheduler.reset(id);
                 let rec = self
                     .inner
                     .transition(id, SandboxEvent::Done, |r| r.paused_by = None)?;

@@ -54,6 +54,7 @@ pub(crate) struct Inner {
     pub(crate) run_root: PathBuf,
     pub(crate) pool: Pool,
     pub(crate) events: EventLog,
+    pub(crate) scheduler: crate::scheduler::Scheduler,
     pub(crate) background: Mutex<Vec<AbortHandle>>,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
@@ -142,6 +143,7 @@ impl Node {
                 run_root,
                 pool: Pool::new(cfg_pool_size),
                 events: EventLog::new(&records_dir),
+                scheduler: Default::default(),
                 background: Mutex::new(Vec::new()),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
@@ -571,7 +573,8 @@ async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: Option<Gues
     let node = Node { inner };
     if record.on_crash == crate::CrashPolicy::Restore && record.state == SandboxState::Running {
         tracing::warn!(%id, %reason, "sandbox crashed; restoring it");
-        node.restore_after_crash(&id, vm, reason).await;
+        // In its own task: the restore replaces this watcher (and aborts it).
+        tokio::spawn(async move { node.restore_after_crash(&id, vm, reason).await });
     } else {
         tracing::warn!(%id, %reason, "sandbox failed");
         node.inner.fail(&id, Some(vm.as_ref()), &reason).await;

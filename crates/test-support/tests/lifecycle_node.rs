@@ -1,0 +1,170 @@
+//! The node's lifecycle operations on real VMs, driven through `Node` directly (the HTTP
+//! surface is tested in lifecycle_api.rs and snapshots_api.rs): checkpoint and rollback,
+//! crash restore from the latest checkpoint. Forks need the control plane's records of the
+//! children, so they are tested through the API (snapshots_api.rs).
+
+use std::time::{Duration, Instant};
+
+use space_core::process::ProcessSpec;
+use space_core::sandbox::CreateSandboxRequest;
+use space_core::{SandboxId, SandboxState, SnapshotKind, SnapshotTrigger};
+use space_node::{Node, PauseCause};
+use test_support::{wait_until, TestServer, TEST_TEMPLATE};
+
+async fn create(ts: &TestServer) -> SandboxId {
+    ts.client
+        .create_sandbox(&CreateSandboxRequest {
+            template: TEST_TEMPLATE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create")
+        .id
+}
+
+fn node(ts: &TestServer) -> Node {
+    ts.server().state().node.clone()
+}
+
+/// Runs a shell line as root to completion; returns stdout, asserting success.
+async fn sh(ts: &TestServer, id: &SandboxId, line: &str) -> String {
+    let mut spec = ProcessSpec::shell(line);
+    spec.user = Some("root".into());
+    let out = ts.client.run(id, &spec).await.expect("run");
+    assert_eq!(
+        out.status.exit_code,
+        Some(0),
+        "`{line}` failed: {} {}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+    out.stdout_str()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_resume_keeps_processes_and_refuses_double_pause() {
+    let ts = TestServer::start().await;
+    let id = create(&ts).await;
+    let n = node(&ts);
+    sh(
+        &ts,
+        &id,
+        "(while :; do date +%s%N > /tmp/tick; sleep 0.05; done) >/dev/null 2>&1 &",
+    )
+    .await;
+    let t = Instant::now();
+    n.pause_sandbox(&id, PauseCause::User).await.expect("pause");
+    eprintln!("pause took {:?}", t.elapsed());
+    let err = n
+        .pause_sandbox(&id, PauseCause::User)
+        .await
+        .expect_err("double pause");
+    assert_eq!(err.to_string(), "cannot pause a sandbox that is paused");
+    assert!(n.guest(&id).is_err(), "a paused sandbox serves no requests");
+    let t = Instant::now();
+    n.resume_sandbox(&id).await.expect("resume");
+    eprintln!("resume took {:?}", t.elapsed());
+    let a = sh(&ts, &id, "cat /tmp/tick").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = sh(&ts, &id, "cat /tmp/tick").await;
+    assert_ne!(a, b, "the background loop runs again after resume");
+    let events = n.events(&id).expect("events");
+    let names: Vec<String> = events.iter().map(|e| e.to.to_string()).collect();
+    assert!(
+        names
+            .windows(4)
+            .any(|w| w == ["pausing", "paused", "resuming", "running"]),
+        "{names:?}"
+    );
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checkpoint_and_disk_snapshot_rollbacks() {
+    let ts = TestServer::start().await;
+    let id = create(&ts).await;
+    let n = node(&ts);
+    sh(&ts, &id, "mkdir -p /data && echo one > /data/file && sync").await;
+    let disk = n
+        .snapshot_disk(&id, Some("before".into()), SnapshotTrigger::Manual)
+        .await
+        .expect("disk snapshot");
+    sh(
+        &ts,
+        &id,
+        "echo marker-process; (sleep 1000 &) ; echo two > /data/file; sync",
+    )
+    .await;
+    let cp = n
+        .checkpoint(&id, None, SnapshotTrigger::Manual)
+        .await
+        .expect("checkpoint");
+    eprintln!(
+        "checkpoint: {:?} guest pause {:?}",
+        cp.info.total_bytes, cp.guest_pause
+    );
+    assert_eq!(cp.info.kind, SnapshotKind::Checkpoint);
+    // Undo: remove everything, then roll back to the checkpoint: file and process are back.
+    sh(&ts, &id, "rm -rf /data; pkill sleep || true").await;
+    let t = Instant::now();
+    let rec = n
+        .rollback(&id, &cp.info.id)
+        .await
+        .expect("rollback to checkpoint");
+    eprintln!("rollback to checkpoint took {:?}", t.elapsed());
+    assert_eq!(rec.state, SandboxState::Running);
+    assert_eq!(sh(&ts, &id, "cat /data/file").await.trim(), "two");
+    assert!(sh(&ts, &id, "ps").await.contains("sleep 1000"));
+    // Roll back to the disk snapshot: the older file, booted fresh.
+    let rec = n
+        .rollback(&id, &disk.id)
+        .await
+        .expect("rollback to disk snapshot");
+    assert_eq!(rec.state, SandboxState::Running);
+    assert_eq!(sh(&ts, &id, "cat /data/file").await.trim(), "one");
+    let listed = n.snapshots(&id).await.expect("list");
+    assert_eq!(listed.len(), 2);
+
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_restores_from_latest_checkpoint() {
+    let ts = TestServer::start().await;
+    let id = create(&ts).await;
+    let n = node(&ts);
+    sh(&ts, &id, "echo saved > /tmp/state").await;
+    n.checkpoint(&id, None, SnapshotTrigger::Manual)
+        .await
+        .expect("checkpoint");
+    let pid = n.sandbox(&id).and_then(|r| r.vmm_pid).expect("pid");
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill VMM");
+    wait_until(
+        Duration::from_secs(30),
+        "the crashed sandbox to run again",
+        || {
+            let rec = n.sandbox(&id);
+            async move {
+                rec.filter(|r| {
+                    r.state == SandboxState::Running && r.vmm_pid.is_some_and(|p| p != pid)
+                })
+            }
+        },
+    )
+    .await;
+    eprintln!("crash to running again: {:?}", killed.elapsed());
+    assert_eq!(sh(&ts, &id, "cat /tmp/state").await.trim(), "saved");
+    let events = n.events(&id).expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.detail.as_deref().is_some_and(|d| d.contains("were lost"))),
+        "{events:?}"
+    );
+    ts.stop().await;
+}
