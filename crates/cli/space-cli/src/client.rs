@@ -17,9 +17,14 @@ use space_core::process::{
     ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, ProcessSpec, PtySize,
     SignalRequest, MAX_OUTPUT_LINE,
 };
-use space_core::sandbox::{CreateSandboxRequest, SandboxInfo, SandboxList, SetTimeoutRequest};
+use space_core::sandbox::{
+    CreateSandboxRequest, CreateSnapshotRequest, EventList, ForkRequest, PoolStatusList,
+    SandboxInfo, SandboxList, SetTimeoutRequest, SnapshotList, SnapshotTaken,
+};
 use space_core::template::TemplateInfo;
-use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState};
+use space_core::{
+    ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
+};
 
 use crate::ndjson::Lines;
 
@@ -135,6 +140,37 @@ impl SandboxRef for String {
         self
     }
 }
+
+/// Anything that names a snapshot: `&SnapshotId`, `&str`, `&String` (validated by the
+/// server, percent-encoded by the client).
+pub trait SnapshotRef {
+    /// The id as text.
+    fn snapshot_ref(&self) -> &str;
+}
+
+impl SnapshotRef for SnapshotId {
+    fn snapshot_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl SnapshotRef for str {
+    fn snapshot_ref(&self) -> &str {
+        self
+    }
+}
+
+impl SnapshotRef for String {
+    fn snapshot_ref(&self) -> &str {
+        self
+    }
+}
+
+/// A followed event log.
+pub type LifecycleStream = BoxStream<'static, ClientResult<LifecycleEntry>>;
+
+/// Longest line of a followed event log.
+const MAX_EVENT_LINE: usize = 64 * 1024;
 
 /// A client of one SPACE server. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -303,6 +339,144 @@ impl SpaceClient {
         let resp =
             Self::send(self.request(Method::GET, &format!("{}/console{q}", Self::sbx(id)))).await?;
         Ok(resp.text().await?)
+    }
+
+    async fn lifecycle(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        op: &str,
+    ) -> ClientResult<SandboxInfo> {
+        Self::json(self.request(Method::POST, &format!("{}/{op}", Self::sbx(id)))).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/pause`.
+    pub async fn pause_sandbox(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<SandboxInfo> {
+        self.lifecycle(id, "pause").await
+    }
+
+    /// `POST /v1/sandboxes/{id}/resume`.
+    pub async fn resume_sandbox(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<SandboxInfo> {
+        self.lifecycle(id, "resume").await
+    }
+
+    /// `POST /v1/sandboxes/{id}/stop`.
+    pub async fn stop_sandbox(&self, id: &(impl SandboxRef + ?Sized)) -> ClientResult<SandboxInfo> {
+        self.lifecycle(id, "stop").await
+    }
+
+    /// `POST /v1/sandboxes/{id}/start`.
+    pub async fn start_sandbox(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<SandboxInfo> {
+        self.lifecycle(id, "start").await
+    }
+
+    /// `POST /v1/sandboxes/{id}/rollback`.
+    pub async fn rollback(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        snapshot: &(impl SnapshotRef + ?Sized),
+    ) -> ClientResult<SandboxInfo> {
+        Self::json(
+            self.request(Method::POST, &format!("{}/rollback", Self::sbx(id)))
+                .json(&serde_json::json!({ "snapshot": snapshot.snapshot_ref() })),
+        )
+        .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/fork`: returns once every child runs.
+    pub async fn fork(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        req: &ForkRequest,
+    ) -> ClientResult<SandboxList> {
+        Self::json(
+            self.request(Method::POST, &format!("{}/fork", Self::sbx(id)))
+                .json(req),
+        )
+        .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/events`.
+    pub async fn events(&self, id: &(impl SandboxRef + ?Sized)) -> ClientResult<EventList> {
+        Self::json(self.request(Method::GET, &format!("{}/events", Self::sbx(id)))).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/events?follow=true`: the past entries, then new ones as they
+    /// happen; ends when the sandbox is deleted.
+    pub async fn follow_events(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<LifecycleStream> {
+        let resp = Self::send(self.request(
+            Method::GET,
+            &format!("{}/events?follow=true", Self::sbx(id)),
+        ))
+        .await?;
+        Ok(decode_ndjson(resp, MAX_EVENT_LINE))
+    }
+
+    /// `GET /v1/sandboxes/{id}/snapshots`.
+    pub async fn snapshots(&self, id: &(impl SandboxRef + ?Sized)) -> ClientResult<SnapshotList> {
+        Self::json(self.request(Method::GET, &format!("{}/snapshots", Self::sbx(id)))).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshots`.
+    pub async fn create_snapshot(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        req: &CreateSnapshotRequest,
+    ) -> ClientResult<SnapshotTaken> {
+        Self::json(
+            self.request(Method::POST, &format!("{}/snapshots", Self::sbx(id)))
+                .json(req),
+        )
+        .await
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/snapshots/{snapshot_id}`.
+    pub async fn delete_snapshot(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        snapshot: &(impl SnapshotRef + ?Sized),
+    ) -> ClientResult<()> {
+        Self::empty(self.request(
+            Method::DELETE,
+            &format!(
+                "{}/snapshots/{}",
+                Self::sbx(id),
+                encode(snapshot.snapshot_ref())
+            ),
+        ))
+        .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/snapshots/diff?from=&to=&limit=`.
+    pub async fn diff_snapshots(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        from: &(impl SnapshotRef + ?Sized),
+        to: &(impl SnapshotRef + ?Sized),
+        limit: Option<usize>,
+    ) -> ClientResult<SnapshotDiff> {
+        let q = query(&[
+            ("from", Some(from.snapshot_ref().to_owned())),
+            ("to", Some(to.snapshot_ref().to_owned())),
+            ("limit", limit.map(|l| l.to_string())),
+        ]);
+        Self::json(self.request(Method::GET, &format!("{}/snapshots/diff{q}", Self::sbx(id)))).await
+    }
+
+    /// `GET /v1/pool`.
+    pub async fn pool(&self) -> ClientResult<PoolStatusList> {
+        Self::json(self.request(Method::GET, "/v1/pool")).await
     }
 
     /// `POST /v1/sandboxes/{id}/processes`.
@@ -643,11 +817,20 @@ async fn error_from(resp: Response) -> ClientError {
     }
 }
 
-/// Decodes an NDJSON response into events.
+/// Decodes an NDJSON response into output events.
 fn decode_events(resp: Response) -> EventStream {
+    decode_ndjson(resp, MAX_OUTPUT_LINE)
+}
+
+/// Decodes an NDJSON response into values (empty keep-alive lines are skipped); a bad line
+/// ends the stream with an error.
+fn decode_ndjson<T: DeserializeOwned + Send + 'static>(
+    resp: Response,
+    max_line: usize,
+) -> BoxStream<'static, ClientResult<T>> {
     let bytes = resp.bytes_stream();
     futures::stream::unfold(
-        (bytes, Lines::new(MAX_OUTPUT_LINE), false),
+        (bytes, Lines::new(max_line), false),
         |(mut bytes, mut lines, done)| async move {
             if done {
                 return None;
@@ -655,8 +838,8 @@ fn decode_events(resp: Response) -> EventStream {
             loop {
                 match lines.next_line() {
                     Ok(Some(line)) => {
-                        let ev = serde_json::from_slice::<OutputEvent>(&line)
-                            .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
+                        let ev = serde_json::from_slice::<T>(&line)
+                            .map_err(|e| ClientError::Protocol(format!("bad NDJSON line: {e}")));
                         let stop = ev.is_err();
                         return Some((ev, (bytes, lines, stop)));
                     }
@@ -673,8 +856,8 @@ fn decode_events(resp: Response) -> EventStream {
                     Some(Err(e)) => return Some((Err(ClientError::Http(e)), (bytes, lines, true))),
                     None => {
                         let last = lines.finish()?;
-                        let ev = serde_json::from_slice::<OutputEvent>(&last)
-                            .map_err(|e| ClientError::Protocol(format!("bad output event: {e}")));
+                        let ev = serde_json::from_slice::<T>(&last)
+                            .map_err(|e| ClientError::Protocol(format!("bad NDJSON line: {e}")));
                         return Some((ev, (bytes, lines, true)));
                     }
                 }

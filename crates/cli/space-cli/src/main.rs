@@ -56,9 +56,15 @@ enum Command {
     /// Templates: list (API), build and remove (local store).
     #[command(subcommand)]
     Template(cmd::template::TemplateCmd),
-    /// Sandboxes: create, list, get, rm, timeout.
+    /// Sandboxes: create, list, get, rm, timeout, pause/resume, stop/start, rollback, fork,
+    /// events.
     #[command(subcommand)]
     Sandbox(cmd::sandbox::SandboxCmd),
+    /// Snapshots of a sandbox: list, create, rm, diff.
+    #[command(subcommand)]
+    Snapshot(cmd::snapshot::SnapshotCmd),
+    /// The node's warm pool of ready VMs.
+    Pool,
     /// Run a command in a sandbox; exits with its exit code.
     Exec(cmd::exec::ExecArgs),
     /// Interactive shell in a sandbox.
@@ -127,6 +133,8 @@ async fn main() {
         Command::Server(a) => cmd::server::run(&g, a).await,
         Command::Template(c) => cmd::template::run(&g, c).await,
         Command::Sandbox(c) => cmd::sandbox::run(&g, c).await,
+        Command::Snapshot(c) => cmd::snapshot::run(&g, c).await,
+        Command::Pool => cmd::pool::run(&g).await,
         Command::Exec(a) => cmd::exec::run(&g, a).await,
         Command::Shell(a) => cmd::shell::run(&g, a).await,
         Command::Files(c) => cmd::files::run(&g, c).await,

@@ -5,8 +5,9 @@ use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
 use space_core::files::{FileKind, FileStat};
 use space_core::process::ProcessInfo;
-use space_core::sandbox::SandboxInfo;
+use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin};
 use space_core::template::TemplateInfo;
+use space_core::{FileChangeKind, LifecycleEntry, SnapshotDiff, SnapshotInfo};
 
 /// Prints a value as pretty JSON.
 pub fn json<T: Serialize>(v: &T) -> anyhow::Result<()> {
@@ -76,7 +77,10 @@ pub fn sandboxes(list: &[SandboxInfo]) {
         t.add_row(vec![
             s.id.to_string(),
             s.template.clone(),
-            s.state.to_string(),
+            match s.paused_by {
+                Some(PausedBy::Idle) => format!("{} (idle)", s.state),
+                _ => s.state.to_string(),
+            },
             s.resources.vcpus.to_string(),
             format!("{} MiB", s.resources.memory_mib),
             format!("{} MiB", s.resources.disk_mib),
@@ -117,12 +121,157 @@ pub fn sandbox(s: &SandboxInfo) {
     if !s.env_keys.is_empty() {
         lines.push(("env", s.env_keys.join(", ")));
     }
+    if let Some(p) = s.paused_by {
+        lines.push((
+            "paused by",
+            match p {
+                PausedBy::User => "a client (resume to wake it)".to_owned(),
+                PausedBy::Idle => "idleness (the next call wakes it)".to_owned(),
+            },
+        ));
+    }
+    if let Some(o) = &s.origin {
+        lines.push(("vm origin", origin(o)));
+    }
+    if let Some(p) = &s.forked_from {
+        lines.push(("forked from", p.to_string()));
+    }
+    if let Some(secs) = s.auto_pause_secs {
+        lines.push(("auto pause", format!("after {secs} s idle")));
+    }
     if let Some(r) = &s.failure_reason {
         lines.push(("failure", r.clone()));
     }
     for (k, v) in lines {
         println!("{k:>15}: {v}");
     }
+}
+
+/// How a VM came to be, in words.
+pub fn origin(o: &SandboxOrigin) -> String {
+    match o {
+        SandboxOrigin::Boot => "booted".to_owned(),
+        SandboxOrigin::TemplateImage { pooled: true } => "template image (warm pool)".to_owned(),
+        SandboxOrigin::TemplateImage { pooled: false } => "template image".to_owned(),
+        SandboxOrigin::Checkpoint {
+            sandbox_id,
+            snapshot_id: Some(s),
+        } => format!("checkpoint {s} of {sandbox_id}"),
+        SandboxOrigin::Checkpoint {
+            sandbox_id,
+            snapshot_id: None,
+        } => format!("fork of {sandbox_id}"),
+    }
+}
+
+/// `2024-05-01 12:34:56.789Z` (UTC) for ms since the Unix epoch.
+pub fn timestamp(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
+/// Snapshots.
+pub fn snapshots(list: &[SnapshotInfo]) {
+    let mut t = table(&[
+        "ID",
+        "KIND",
+        "TRIGGER",
+        "CREATED",
+        "EXCLUSIVE",
+        "TOTAL",
+        "LABEL",
+    ]);
+    for s in list {
+        t.add_row(vec![
+            s.id.to_string(),
+            s.kind.to_string(),
+            s.trigger.to_string(),
+            format!(
+                "{} ({})",
+                timestamp(s.created_at_ms),
+                relative(s.created_at_ms)
+            ),
+            bytes(s.exclusive_bytes),
+            bytes(s.total_bytes),
+            s.label.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// A snapshot diff: one line per changed path.
+pub fn diff(d: &SnapshotDiff) {
+    let mut t = table(&["CHANGE", "SIZE BEFORE", "SIZE AFTER", "PATH"]);
+    for c in &d.changes {
+        let size = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        t.add_row(vec![
+            match c.kind {
+                FileChangeKind::Added => "added",
+                FileChangeKind::Removed => "removed",
+                FileChangeKind::Modified => "modified",
+                FileChangeKind::TypeChanged => "type changed",
+            }
+            .to_owned(),
+            size(c.size_before),
+            size(c.size_after),
+            c.path.clone(),
+        ]);
+    }
+    println!("{t}");
+    if d.truncated {
+        eprintln!("(diff truncated: more paths may have changed; see --limit)");
+    }
+}
+
+/// One event-log line (also used while following).
+pub fn event_line(e: &LifecycleEntry) -> String {
+    let mut line = format!(
+        "{}  {:<22} {} -> {}",
+        timestamp(e.at_ms),
+        e.event.verb(),
+        e.from,
+        e.to
+    );
+    if let Some(d) = &e.detail {
+        line.push_str("  ");
+        line.push_str(d);
+    }
+    line
+}
+
+/// The warm pool.
+pub fn pool(list: &[PoolShape]) {
+    let mut t = table(&["TEMPLATE", "SHAPE", "READY", "FILLING", "TARGET"]);
+    for p in list {
+        t.add_row(vec![
+            p.template.clone(),
+            format!(
+                "{} vCPU, {} MiB, {} MiB disk",
+                p.resources.vcpus, p.resources.memory_mib, p.resources.disk_mib
+            ),
+            p.ready.to_string(),
+            p.filling.to_string(),
+            p.target.to_string(),
+        ]);
+    }
+    println!("{t}");
 }
 
 /// The first 12 characters of a digest.
@@ -233,6 +382,13 @@ pub fn stat(f: &FileStat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_utc() {
+        assert_eq!(timestamp(0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(timestamp(951_782_400_123), "2000-02-29 00:00:00.123Z");
+        assert_eq!(timestamp(1_700_000_000_000), "2023-11-14 22:13:20.000Z");
+    }
 
     #[test]
     fn sizes() {

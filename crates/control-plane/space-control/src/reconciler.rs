@@ -11,6 +11,12 @@
 //!   create or delete) is deleted on the node.
 //!
 //! Sandboxes whose create call is still running in this process are left alone.
+//!
+//! A sandbox's live state (running, paused by a client or by idleness, stopped, in the
+//! middle of a snapshot or rollback, failed) is the node's business, not drift: the desired
+//! state only says the sandbox should exist ([`crate::db::DesiredState`]), so every node
+//! state but `deleted` is converged. The TTL applies whatever the live state: a paused or
+//! stopped sandbox past its timeout is deleted like a running one.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -210,6 +216,7 @@ mod tests {
             spec: SandboxSpec {
                 resources: Resources::default(),
                 env_keys: vec![],
+                forked_from: None,
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,
@@ -244,6 +251,71 @@ mod tests {
             .map(|r| record(&r.id, SandboxState::Failed))
             .collect();
         assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![]);
+    }
+
+    /// Every live node state, stable or transient.
+    fn live_states() -> Vec<SandboxState> {
+        space_core::lifecycle::ALL_STATES
+            .into_iter()
+            .filter(|s| *s != SandboxState::Deleted)
+            .collect()
+    }
+
+    #[test]
+    fn paused_stopped_and_busy_sandboxes_are_not_drift() {
+        for state in live_states() {
+            let rows = vec![row(2000)];
+            let mut rec = record(&rows[0].id, state);
+            if state == SandboxState::Paused {
+                rec.paused_by = Some(space_node::PauseCause::Idle);
+            }
+            assert_eq!(
+                plan(&rows, &[rec], &HashSet::new(), 1000),
+                vec![],
+                "a live row whose sandbox is {state} needs nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn the_ttl_applies_in_every_live_state() {
+        for state in live_states() {
+            let rows = vec![row(1000)];
+            let records = vec![record(&rows[0].id, state)];
+            assert_eq!(
+                plan(&rows, &records, &HashSet::new(), 1000),
+                vec![Action::Expire(rows[0].id.clone())],
+                "an expired sandbox that is {state} is deleted"
+            );
+        }
+    }
+
+    #[test]
+    fn orphans_are_deleted_in_every_live_state() {
+        for state in live_states() {
+            let orphan = SandboxId::generate();
+            assert_eq!(
+                plan(&[], &[record(&orphan, state)], &HashSet::new(), 1000),
+                vec![Action::DeleteOrphan(orphan)],
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn fork_children_in_flight_are_left_alone() {
+        // A fork inserts the children's rows before the node admits them, and the node
+        // makes their `creating` records while the parent is being checkpointed.
+        let parent = row(5000);
+        let children = vec![row(5000), row(5000)];
+        let mut rows = vec![parent.clone()];
+        rows.extend(children.iter().cloned());
+        let creating: HashSet<_> = children.iter().map(|r| r.id.clone()).collect();
+        let before = vec![record(&parent.id, SandboxState::Checkpointing)];
+        assert_eq!(plan(&rows, &before, &creating, 1000), vec![]);
+        let mut during = before.clone();
+        during.push(record(&children[0].id, SandboxState::Creating));
+        assert_eq!(plan(&rows, &during, &creating, 1000), vec![]);
     }
 
     #[test]

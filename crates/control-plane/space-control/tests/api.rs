@@ -21,6 +21,18 @@ const ROUTES: &[&str] = &[
     "DELETE /v1/sandboxes/{id}",
     "PUT /v1/sandboxes/{id}/timeout",
     "GET /v1/sandboxes/{id}/console",
+    "POST /v1/sandboxes/{id}/pause",
+    "POST /v1/sandboxes/{id}/resume",
+    "POST /v1/sandboxes/{id}/stop",
+    "POST /v1/sandboxes/{id}/start",
+    "POST /v1/sandboxes/{id}/rollback",
+    "POST /v1/sandboxes/{id}/fork",
+    "GET /v1/sandboxes/{id}/events",
+    "GET /v1/sandboxes/{id}/snapshots",
+    "POST /v1/sandboxes/{id}/snapshots",
+    "DELETE /v1/sandboxes/{id}/snapshots/{snapshot_id}",
+    "GET /v1/sandboxes/{id}/snapshots/diff",
+    "GET /v1/pool",
     "POST /v1/sandboxes/{id}/processes",
     "GET /v1/sandboxes/{id}/processes",
     "GET /v1/sandboxes/{id}/processes/{pid}",
@@ -66,6 +78,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         spec: SandboxSpec {
             resources: Resources::default(),
             env_keys: vec![],
+            forked_from: None,
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,
@@ -104,6 +117,10 @@ async fn openapi_document_matches_the_router() {
         "FileStat",
         "ErrorBody",
         "TemplateInfo",
+        "SnapshotInfo",
+        "SnapshotTaken",
+        "ForkRequest",
+        "LifecycleEntry",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),
@@ -127,7 +144,10 @@ async fn openapi_document_matches_the_router() {
         .map(|r| r.split_once(' ').unwrap().1)
         .collect();
     for path in paths {
-        let concrete = path.replace("{id}", id.as_str()).replace("{pid}", "1");
+        let concrete = path
+            .replace("{id}", id.as_str())
+            .replace("{pid}", "1")
+            .replace("{snapshot_id}", space_core::SnapshotId::generate().as_str());
         for method in &all_methods {
             let route = format!("{method} {path}");
             let resp = ts.req(method.clone(), &concrete).send().await.unwrap();
@@ -519,6 +539,138 @@ async fn bad_requests_are_invalid_request_errors() {
             err.message
         );
     }
+    ts.stop().await;
+}
+
+#[tokio::test]
+async fn lifecycle_and_snapshot_requests_are_validated_and_tenant_scoped() {
+    // No reconciler: the staged row has no VM behind it and would be marked deleted.
+    let ts = TestServer::start_with(|c| c.run_reconciler = false).await;
+    let default = ts.db().tenant_by_name("default").await.unwrap().unwrap();
+    let mine = insert_row(&ts, &default.id).await;
+    let snap = space_core::SnapshotId::generate();
+    let post = |path: String, body: &'static str| {
+        ts.req(Method::POST, &path)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+
+    // Malformed snapshot ids and bad bodies or queries: 400 before anything is looked up.
+    let bad: Vec<reqwest::RequestBuilder> = vec![
+        ts.req(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{mine}/snapshots/not-a-snapshot"),
+        ),
+        ts.req(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{mine}/snapshots/{mine}"),
+        ),
+        ts.get(&format!(
+            "/v1/sandboxes/{mine}/snapshots/diff?from=nope&to={snap}"
+        )),
+        ts.get(&format!(
+            "/v1/sandboxes/{mine}/snapshots/diff?from={snap}&to={snap}&limit=0"
+        )),
+        ts.get(&format!("/v1/sandboxes/{mine}/snapshots/diff?from={snap}")),
+        ts.get(&format!("/v1/sandboxes/{mine}/events?follow=maybe")),
+        post(
+            format!("/v1/sandboxes/{mine}/rollback"),
+            r#"{"snapshot":"snap-BAD"}"#,
+        ),
+        post(format!("/v1/sandboxes/{mine}/rollback"), r#"{}"#),
+        post(format!("/v1/sandboxes/{mine}/fork"), r#"{"count":0}"#),
+        post(format!("/v1/sandboxes/{mine}/fork"), r#"{"count":17}"#),
+        post(format!("/v1/sandboxes/{mine}/fork"), r#"{"snapshot":"x"}"#),
+        post(
+            format!("/v1/sandboxes/{mine}/fork"),
+            r#"{"labels":{"bad key":"v"}}"#,
+        ),
+        post(
+            format!("/v1/sandboxes/{mine}/fork"),
+            r#"{"timeout_secs":0}"#,
+        ),
+        post(
+            format!("/v1/sandboxes/{mine}/snapshots"),
+            r#"{"kind":"memory"}"#,
+        ),
+        post(format!("/v1/sandboxes/{mine}/snapshots"), r#"{"label":""}"#),
+    ];
+    for req in bad {
+        let (status, err) = error_of(req.send().await.unwrap()).await;
+        assert_eq!(
+            (status, err.code),
+            (400, ErrorCode::InvalidRequest),
+            "{}",
+            err.message
+        );
+    }
+
+    // Another tenant (and a missing sandbox) get 404 on every new endpoint.
+    let other = ts.db().create_tenant("other").await.unwrap();
+    let other_key = ts.db().create_api_key(&other.id).await.unwrap().plaintext.0;
+    let missing = SandboxId::generate();
+    let endpoints: Vec<(Method, String, Option<&str>)> = vec![
+        (Method::POST, "/pause".into(), None),
+        (Method::POST, "/resume".into(), None),
+        (Method::POST, "/stop".into(), None),
+        (Method::POST, "/start".into(), None),
+        (
+            Method::POST,
+            "/rollback".into(),
+            Some(r#"{"snapshot":"SNAP"}"#),
+        ),
+        (Method::POST, "/fork".into(), Some(r#"{"count":2}"#)),
+        (Method::GET, "/events".into(), None),
+        (Method::GET, "/events?follow=true".into(), None),
+        (Method::GET, "/snapshots".into(), None),
+        (
+            Method::POST,
+            "/snapshots".into(),
+            Some(r#"{"kind":"disk"}"#),
+        ),
+        (Method::DELETE, format!("/snapshots/{snap}"), None),
+        (
+            Method::GET,
+            format!("/snapshots/diff?from={snap}&to={snap}"),
+            None,
+        ),
+    ];
+    for (method, suffix, body) in &endpoints {
+        for (key, sandbox) in [(&other_key, &mine), (&ts.key, &missing)] {
+            let mut req = ts
+                .http
+                .request(
+                    method.clone(),
+                    format!("{}/v1/sandboxes/{sandbox}{suffix}", ts.url),
+                )
+                .bearer_auth(key);
+            if let Some(b) = body {
+                req = req
+                    .header("content-type", "application/json")
+                    .body(b.replace("SNAP", snap.as_str()));
+            }
+            let (status, err) = error_of(req.send().await.unwrap()).await;
+            assert_eq!(
+                (status, err.code),
+                (404, ErrorCode::NotFound),
+                "{method} {suffix}: {}",
+                err.message
+            );
+            assert_eq!(err.message, format!("sandbox {sandbox} not found"));
+        }
+    }
+    // The pool needs a key, nothing more.
+    let resp = ts.get("/v1/pool").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let pools: space_core::sandbox::PoolStatusList = resp.json().await.unwrap();
+    assert!(pools.pools.iter().all(|p| p.ready <= p.target));
+    let resp = ts
+        .http
+        .get(format!("{}/v1/pool", ts.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
     ts.stop().await;
 }
 

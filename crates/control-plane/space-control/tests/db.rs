@@ -20,6 +20,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         spec: SandboxSpec {
             resources: Resources::default(),
             env_keys: vec!["TOKEN".into()],
+            forked_from: None,
         },
         labels: labels
             .iter()
@@ -222,6 +223,7 @@ async fn sandbox_lifecycle_updates() {
                 ..Resources::default()
             },
             env_keys: vec!["A".into()],
+            forked_from: None,
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await

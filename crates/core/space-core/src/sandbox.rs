@@ -4,9 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::id::SandboxId;
+use crate::id::{SandboxId, SnapshotId};
+use crate::lifecycle::LifecycleEntry;
 use crate::lifecycle::SandboxState;
 use crate::resources::Resources;
+use crate::snapshot::{SnapshotInfo, SnapshotKind};
 
 /// Most labels on one sandbox.
 pub const MAX_LABELS: usize = 64;
@@ -149,6 +151,60 @@ pub struct SandboxInfo {
     /// Why it failed, for `failed` sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
+    /// Who paused it, for `paused` sandboxes: a client (only a client resumes it) or
+    /// idleness (the next call that needs the guest resumes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<PausedBy>,
+    /// How its current VM came to be (booted, restored from the template's memory image,
+    /// restored from a checkpoint); absent while it has no VM record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<SandboxOrigin>,
+    /// The sandbox it was forked from, for forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<SandboxId>,
+    /// What the node does if its VMM dies.
+    #[serde(default)]
+    pub on_crash: CrashPolicy,
+    /// Idle time after which it is paused; absent = never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
+}
+
+/// Why a sandbox is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PausedBy {
+    /// A client paused it (`POST /v1/sandboxes/{id}/pause`); only `resume` wakes it.
+    User,
+    /// It was idle longer than `auto_pause_secs`; the next call that needs it resumes it.
+    Idle,
+}
+
+/// How a sandbox's current VM came to be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum SandboxOrigin {
+    /// Booted from the template's kernel and disk (also after `start` or a rollback to a
+    /// disk snapshot).
+    Boot,
+    /// Restored from the template's memory image.
+    TemplateImage {
+        /// Taken ready from the warm pool.
+        pooled: bool,
+    },
+    /// Restored from a checkpoint: of another sandbox for a fork, of itself after a
+    /// rollback or a crash restore.
+    Checkpoint {
+        /// The sandbox the checkpoint belongs to.
+        sandbox_id: SandboxId,
+        /// The checkpoint (absent for the transient checkpoint of a fork of a running
+        /// sandbox, deleted once the children run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+        snapshot_id: Option<SnapshotId>,
+    },
 }
 
 /// `GET /v1/sandboxes`.
@@ -157,4 +213,112 @@ pub struct SandboxInfo {
 pub struct SandboxList {
     /// Sandboxes, newest first.
     pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// Most sandboxes one fork makes.
+pub const MAX_FORK_COUNT: u32 = 16;
+
+/// `POST /v1/sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshotRequest {
+    /// `disk` (default: the guest file systems are frozen for an instant, the VM keeps
+    /// running) or `checkpoint` (memory, device state and disk; the guest pauses briefly).
+    #[serde(default = "default_snapshot_kind")]
+    pub kind: SnapshotKind,
+    /// Free text, 1 to 128 printable characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+fn default_snapshot_kind() -> SnapshotKind {
+    SnapshotKind::Disk
+}
+
+/// Response of `POST /v1/sandboxes/{id}/snapshots`: the snapshot, plus what taking it cost
+/// the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotTaken {
+    /// The new snapshot (its fields appear at the top level of the JSON object).
+    #[serde(flatten)]
+    pub snapshot: SnapshotInfo,
+    /// For checkpoints: how long the guest's vCPUs were stopped, in ms (the final pass of
+    /// the live save). Absent for disk snapshots, which never stop the vCPUs (only writes
+    /// wait while the file systems are frozen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_pause_ms: Option<u64>,
+}
+
+/// `GET /v1/sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SnapshotList {
+    /// Snapshots, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
+}
+
+/// `POST /v1/sandboxes/{id}/rollback`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// One of this sandbox's snapshots: a disk snapshot brings the old disk back (the VM
+    /// boots on it); a checkpoint brings back memory and processes too.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub snapshot: SnapshotId,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes, 1 to 16; default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// Fork from this checkpoint of the sandbox instead of from the sandbox as it is now
+    /// (which must then be running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub snapshot: Option<SnapshotId>,
+    /// Labels of the children: the parent's, with these added or replacing.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Delete the children automatically after this many seconds; default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+/// `GET /v1/sandboxes/{id}/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventList {
+    /// Lifecycle transitions, oldest first.
+    pub events: Vec<LifecycleEntry>,
+}
+
+/// What the warm pool holds for one template shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolShape {
+    /// Template name.
+    pub template: String,
+    /// Resources of the pooled VMs.
+    pub resources: Resources,
+    /// Restored, paused VMs ready to become sandboxes.
+    pub ready: usize,
+    /// Being made right now.
+    pub filling: usize,
+    /// How many ready members the pool aims for.
+    pub target: usize,
+}
+
+/// `GET /v1/pool`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PoolStatusList {
+    /// One entry per template shape creates have asked for.
+    pub pools: Vec<PoolShape>,
 }

@@ -4,9 +4,11 @@ pub mod bench;
 pub mod exec;
 pub mod files;
 pub mod key;
+pub mod pool;
 pub mod sandbox;
 pub mod server;
 pub mod shell;
+pub mod snapshot;
 pub mod template;
 
 use std::collections::BTreeMap;
@@ -27,6 +29,12 @@ pub fn parse_pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<Stri
 pub fn sandbox_id(s: &str) -> anyhow::Result<space_core::SandboxId> {
     s.parse()
         .map_err(|e| anyhow::anyhow!("bad sandbox id {s:?}: {e}"))
+}
+
+/// Parses a snapshot id argument.
+pub fn snapshot_id(s: &str) -> anyhow::Result<space_core::SnapshotId> {
+    s.parse()
+        .map_err(|e| anyhow::anyhow!("bad snapshot id {s:?}: {e}"))
 }
 
 #[cfg(test)]

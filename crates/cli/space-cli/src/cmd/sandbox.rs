@@ -1,10 +1,11 @@
 //! `space sandbox ...` and `space console`.
 
 use clap::{Args, Subcommand};
-use space_core::sandbox::{CreateSandboxRequest, ResourcesRequest};
+use futures::StreamExt;
+use space_core::sandbox::{CreateSandboxRequest, ForkRequest, ResourcesRequest, SandboxInfo};
 use space_core::SandboxState;
 
-use super::{parse_pairs, sandbox_id};
+use super::{parse_pairs, sandbox_id, snapshot_id};
 use crate::{render, Global};
 
 /// Sandbox commands.
@@ -17,7 +18,7 @@ pub enum SandboxCmd {
         /// Only sandboxes with this label (KEY=VALUE, repeatable; all must match).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
-        /// Only sandboxes in this state (creating, running, failed, deleting, deleted).
+        /// Only sandboxes in this state (creating, running, paused, stopped, failed, deleted...).
         #[arg(long)]
         state: Option<String>,
     },
@@ -43,6 +44,62 @@ pub enum SandboxCmd {
     Ps {
         /// Sandbox id.
         id: String,
+    },
+    /// Pause a running sandbox (vCPUs stop, memory stays resident).
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a paused sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Stop a sandbox: the VM goes away, the disk is kept.
+    Stop {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Start a stopped sandbox (a cold boot on its disk).
+    Start {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Roll a sandbox back to one of its snapshots (see `space snapshot list`).
+    Rollback {
+        /// Sandbox id.
+        id: String,
+        /// Snapshot id: a disk snapshot brings the disk back, a checkpoint memory and
+        /// processes too.
+        snapshot: String,
+    },
+    /// Fork a sandbox into new sandboxes (from now, or from one of its checkpoints).
+    Fork {
+        /// Sandbox id.
+        id: String,
+        /// How many children (1-16).
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: u32,
+        /// Fork from this checkpoint instead of from the sandbox as it is now.
+        #[arg(long)]
+        snapshot: Option<String>,
+        /// Label for the children, added to the parent's (KEY=VALUE, repeatable).
+        #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// Delete the children automatically after this many seconds (default 3600).
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// Print only the children's ids.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// The lifecycle transitions of a sandbox, with their times.
+    Events {
+        /// Sandbox id.
+        id: String,
+        /// Keep printing new transitions until the sandbox is deleted.
+        #[arg(long, short)]
+        follow: bool,
     },
 }
 
@@ -173,8 +230,80 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 render::processes(&list);
             }
         }
+        SandboxCmd::Pause { id } => show_state(g, client.pause_sandbox(&sandbox_id(&id)?).await?)?,
+        SandboxCmd::Resume { id } => {
+            show_state(g, client.resume_sandbox(&sandbox_id(&id)?).await?)?
+        }
+        SandboxCmd::Stop { id } => show_state(g, client.stop_sandbox(&sandbox_id(&id)?).await?)?,
+        SandboxCmd::Start { id } => show_state(g, client.start_sandbox(&sandbox_id(&id)?).await?)?,
+        SandboxCmd::Rollback { id, snapshot } => {
+            let info = client
+                .rollback(&sandbox_id(&id)?, &snapshot_id(&snapshot)?)
+                .await?;
+            show_state(g, info)?
+        }
+        SandboxCmd::Fork {
+            id,
+            count,
+            snapshot,
+            labels,
+            timeout,
+            quiet,
+        } => {
+            let req = ForkRequest {
+                count: Some(count),
+                snapshot: snapshot.as_deref().map(snapshot_id).transpose()?,
+                labels: parse_pairs(&labels, "--label")?,
+                timeout_secs: timeout,
+            };
+            let list = client.fork(&sandbox_id(&id)?, &req).await?;
+            if g.json {
+                render::json(&list)?;
+            } else if quiet {
+                for s in &list.sandboxes {
+                    println!("{}", s.id);
+                }
+            } else {
+                render::sandboxes(&list.sandboxes);
+            }
+        }
+        SandboxCmd::Events { id, follow } => {
+            let id = sandbox_id(&id)?;
+            if follow {
+                let mut events = client.follow_events(&id).await?;
+                while let Some(entry) = events.next().await {
+                    let entry = entry?;
+                    if g.json {
+                        println!("{}", serde_json::to_string(&entry)?);
+                    } else {
+                        println!("{}", render::event_line(&entry));
+                    }
+                }
+            } else {
+                let list = client.events(&id).await?;
+                if g.json {
+                    render::json(&list)?;
+                } else if list.events.is_empty() {
+                    eprintln!("no events");
+                } else {
+                    for e in &list.events {
+                        println!("{}", render::event_line(e));
+                    }
+                }
+            }
+        }
     }
     Ok(0)
+}
+
+/// After a lifecycle operation: the sandbox (`--json`), or its id and new state.
+fn show_state(g: &Global, info: SandboxInfo) -> anyhow::Result<()> {
+    if g.json {
+        render::json(&info)?;
+    } else {
+        println!("{} {}", info.id, info.state);
+    }
+    Ok(())
 }
 
 /// `space console ID`.

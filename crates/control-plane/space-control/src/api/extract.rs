@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use space_core::process::ProcessId;
-use space_core::SandboxId;
+use space_core::{SandboxId, SnapshotId};
 
 use super::error::ApiError;
 
@@ -133,6 +133,29 @@ impl<S: Send + Sync> FromRequestParts<S> for ProcessPath {
             .map_err(|_| ApiError::invalid(format!("malformed process id {:?}", truncate(pid))))?;
         Ok(ProcessPath(id, pid))
     }
+}
+
+/// The `{id}` and `{snapshot_id}` of `/v1/sandboxes/{id}/snapshots/{snapshot_id}`, parsed.
+#[derive(Debug, Clone)]
+pub struct SnapshotPath(pub SandboxId, pub SnapshotId);
+
+impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        let id = sandbox_param(&params)?;
+        let snap = parse_snapshot_id(param(&params, "snapshot_id")?)?;
+        Ok(SnapshotPath(id, snap))
+    }
+}
+
+/// Parses a snapshot id from a path or query: `400 invalid_request` if malformed.
+pub fn parse_snapshot_id(raw: &str) -> Result<SnapshotId, ApiError> {
+    raw.parse::<SnapshotId>()
+        .map_err(|e| ApiError::invalid(format!("bad snapshot id {:?}: {e}", truncate(raw))))
 }
 
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiError> {

@@ -10,9 +10,11 @@ pub mod error;
 pub mod extract;
 pub mod files;
 pub mod idempotency;
+pub mod lifecycle;
 pub mod openapi;
 pub mod processes;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod templates;
 
 use std::collections::HashSet;
@@ -80,10 +82,18 @@ impl AppState {
         Ok(row)
     }
 
-    /// The channel to a tenant's live sandbox.
+    /// The channel to a tenant's live sandbox; a sandbox that idleness paused is resumed
+    /// first (the call that needs the guest is what wakes it). A sandbox a client paused, or
+    /// stopped, is `409 conflict` naming its state.
     pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
         self.live_sandbox(tenant, id).await?;
-        Ok(self.node.guest(id)?)
+        // In its own task: a client that hangs up must not cancel a resume half-way.
+        let node = self.node.clone();
+        let id = id.clone();
+        let guest = tokio::spawn(async move { node.guest_waking(&id).await })
+            .await
+            .map_err(ApiError::internal)?;
+        Ok(guest?)
     }
 }
 

@@ -17,7 +17,9 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{auth, files, idempotency, processes, sandboxes, templates, AppState};
+use super::{
+    auth, files, idempotency, lifecycle, processes, sandboxes, snapshots, templates, AppState,
+};
 
 /// The generated document, shared with the `/openapi.json` handler.
 #[derive(Clone)]
@@ -34,7 +36,9 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
     tags(
         (name = "meta", description = "Health and this document"),
         (name = "templates", description = "Templates sandboxes start from"),
-        (name = "sandboxes", description = "Sandbox lifecycle"),
+        (name = "sandboxes", description = "Sandbox lifecycle: create, pause/resume, stop/start, rollback, fork, events"),
+        (name = "snapshots", description = "Disk snapshots and full checkpoints of a sandbox"),
+        (name = "pool", description = "The node's warm pool"),
         (name = "processes", description = "Processes inside a sandbox"),
         (name = "files", description = "Files inside a sandbox"),
     ),
@@ -92,6 +96,20 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::console))
+        .routes(routes!(lifecycle::pause))
+        .routes(routes!(lifecycle::resume))
+        .routes(routes!(lifecycle::stop))
+        .routes(routes!(lifecycle::start))
+        .routes(routes!(lifecycle::rollback))
+        .routes(routes!(lifecycle::fork))
+        .routes(routes!(lifecycle::events))
+        .routes(routes!(lifecycle::pool))
+        .routes(routes!(
+            snapshots::list_snapshots,
+            snapshots::create_snapshot
+        ))
+        .routes(routes!(snapshots::delete_snapshot))
+        .routes(routes!(snapshots::diff_snapshots))
         .routes(routes!(processes::start_process, processes::list_processes))
         .routes(routes!(processes::get_process))
         .routes(routes!(processes::output))

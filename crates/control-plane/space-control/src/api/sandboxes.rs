@@ -1,4 +1,6 @@
-//! Sandboxes: create, list, get, delete, timeout, console.
+//! Sandboxes: create, list, get, delete, timeout, console. The other lifecycle operations
+//! (pause, stop, rollback, fork, events) are in [`super::lifecycle`]; they make new
+//! sandboxes through the same [`begin_create`] / [`finish_create`] steps as a create.
 //!
 //! The database row (desired state, owner, labels) is merged with the node's live record
 //! ([`sandbox_info`]). Creation records the desired state *before* asking the node, so a
@@ -19,15 +21,16 @@ use space_core::sandbox::{
     validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList,
     SetTimeoutRequest, MAX_LABELS, MAX_TIMEOUT_SECS,
 };
+use space_core::sandbox::{PausedBy, SandboxOrigin};
 use space_core::template::validate_template_name;
-use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState};
-use space_node::{CreateSandbox, NodeError, SandboxRecord};
+use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, TenantId};
+use space_node::{CreateSandbox, NodeError, PauseCause, SandboxRecord, VmOrigin};
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery, SandboxPath};
-use super::AppState;
+use super::{AppState, InFlightGuard};
 use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
 
 /// Timeout when a create request gives none.
@@ -76,10 +79,36 @@ pub fn sandbox_info(
         expires_at_ms: row.expires_at_ms,
         create_latency_ms: row.create_latency_ms.and_then(|v| u64::try_from(v).ok()),
         failure_reason,
+        paused_by: record
+            .filter(|r| r.state == SandboxState::Paused)
+            .and_then(|r| r.paused_by)
+            .map(|c| match c {
+                PauseCause::User => PausedBy::User,
+                PauseCause::Idle => PausedBy::Idle,
+            }),
+        origin: record
+            .filter(|r| !matches!(r.state, SandboxState::Deleted | SandboxState::Stopped))
+            .map(|r| origin(&r.origin)),
+        forked_from: row.spec.forked_from.clone(),
+        on_crash: record.map(|r| r.on_crash).unwrap_or_default(),
+        auto_pause_secs: record.and_then(|r| r.auto_pause_secs),
     }
 }
 
-fn info_now(st: &AppState, row: &SandboxRow) -> SandboxInfo {
+/// The API view of how a VM came to be.
+pub fn origin(o: &VmOrigin) -> SandboxOrigin {
+    match o {
+        VmOrigin::Boot => SandboxOrigin::Boot,
+        VmOrigin::TemplateImage { pooled } => SandboxOrigin::TemplateImage { pooled: *pooled },
+        VmOrigin::Checkpoint { sandbox, snapshot } => SandboxOrigin::Checkpoint {
+            sandbox_id: sandbox.clone(),
+            snapshot_id: snapshot.clone(),
+        },
+    }
+}
+
+/// A row merged with the node's record as it is now.
+pub fn info_now(st: &AppState, row: &SandboxRow) -> SandboxInfo {
     sandbox_info(
         row,
         st.node.sandbox(&row.id).as_ref(),
@@ -175,29 +204,24 @@ pub async fn create_sandbox(
         .validate(template.image_size_mib)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
 
-    let now = now_ms();
-    let timeout_ms =
-        i64::try_from(req.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
     let id = SandboxId::generate();
-    let row = SandboxRow {
-        id: id.clone(),
-        tenant_id: tenant.id.clone(),
-        node: st.node.name().to_owned(),
-        template: template.name.clone(),
-        template_digest: template.digest.clone(),
-        spec: SandboxSpec {
-            resources,
-            env_keys: req.env.keys().cloned().collect(),
+    let row = new_row(
+        id.clone(),
+        &tenant.id,
+        &st,
+        NewRow {
+            template: template.name.clone(),
+            template_digest: template.digest.clone(),
+            spec: SandboxSpec {
+                resources,
+                env_keys: req.env.keys().cloned().collect(),
+                forked_from: None,
+            },
+            labels: req.labels.clone(),
+            timeout_secs: req.timeout_secs,
         },
-        labels: req.labels.clone(),
-        desired_state: DesiredState::Running,
-        created_at_ms: now,
-        expires_at_ms: now.saturating_add(timeout_ms),
-        deleted_at_ms: None,
-        create_latency_ms: None,
-    };
-    let guard = st.creating.enter(&id);
-    st.db.insert_sandbox(&row).await?;
+    );
+    let guard = begin_create(&st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, template = %row.template, "creating sandbox");
 
     let create = CreateSandbox {
@@ -224,7 +248,53 @@ pub async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-async fn finish_create(
+/// What a new sandbox row is made of (the rest is set by [`new_row`]).
+pub struct NewRow {
+    /// Template name.
+    pub template: String,
+    /// Template digest.
+    pub template_digest: String,
+    /// Resources and env names.
+    pub spec: SandboxSpec,
+    /// Labels (already validated).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Requested timeout (already validated); default [`DEFAULT_TIMEOUT_SECS`].
+    pub timeout_secs: Option<u64>,
+}
+
+/// The desired-state row of a sandbox about to be made on this node.
+pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> SandboxRow {
+    let now = now_ms();
+    let timeout_ms =
+        i64::try_from(new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
+    SandboxRow {
+        id,
+        tenant_id: tenant.clone(),
+        node: st.node.name().to_owned(),
+        template: new.template,
+        template_digest: new.template_digest,
+        spec: new.spec,
+        labels: new.labels,
+        desired_state: DesiredState::Running,
+        created_at_ms: now,
+        expires_at_ms: now.saturating_add(timeout_ms),
+        deleted_at_ms: None,
+        create_latency_ms: None,
+    }
+}
+
+/// First step of making a sandbox (create or fork child): records the desired state
+/// *before* the node is asked, with the id in the in-flight set so the reconciler leaves
+/// the row (and the node's `creating` record) alone until [`finish_create`] has run.
+pub async fn begin_create(st: &AppState, row: &SandboxRow) -> ApiResult<InFlightGuard> {
+    let guard = st.creating.enter(&row.id);
+    st.db.insert_sandbox(row).await?;
+    Ok(guard)
+}
+
+/// Last step of making a sandbox: records what the node reported, or, if the sandbox did
+/// not come up running, marks the row deleted and releases whatever the node allocated.
+pub async fn finish_create(
     st: &AppState,
     mut row: SandboxRow,
     result: Result<SandboxRecord, NodeError>,
@@ -259,16 +329,21 @@ async fn finish_create(
         Err(e) => ApiError::from(e),
     };
     tracing::warn!(sandbox = %row.id, error = %failure.body, "sandbox creation failed");
-    // Nothing is left half-made: the row stops being desired and the node releases whatever
-    // it allocated (the reconciler retries if this fails too).
-    st.db.mark_deleted(&row.id, now_ms()).await?;
-    match st.node.delete_sandbox(&row.id).await {
+    discard(st, &row.id).await?;
+    Err(failure)
+}
+
+/// Nothing is left half-made: the row stops being desired and the node releases whatever
+/// it allocated (the reconciler retries if the node side fails).
+pub async fn discard(st: &AppState, id: &SandboxId) -> ApiResult<()> {
+    st.db.mark_deleted(id, now_ms()).await?;
+    match st.node.delete_sandbox(id).await {
         Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
         Err(e) => {
-            tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry")
+            tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create failed; the reconciler will retry")
         }
     }
-    Err(failure)
+    Ok(())
 }
 
 /// Filters of `GET /v1/sandboxes` (the query is parsed by hand: `label` repeats).
@@ -526,6 +601,7 @@ mod tests {
             spec: SandboxSpec {
                 resources: Resources::default(),
                 env_keys: vec!["A".into()],
+                forked_from: None,
             },
             labels: BTreeMap::new(),
             desired_state: desired,
@@ -577,6 +653,44 @@ mod tests {
         assert_eq!(
             (info.state, info.failure_reason.as_deref()),
             (SandboxState::Failed, Some("boom"))
+        );
+    }
+
+    #[test]
+    fn merge_shows_who_paused_and_where_the_vm_came_from() {
+        let mut r = row(DesiredState::Running);
+        let parent = SandboxId::generate();
+        r.spec.forked_from = Some(parent.clone());
+        let mut rec = record(&r, SandboxState::Paused);
+        rec.paused_by = Some(PauseCause::Idle);
+        rec.auto_pause_secs = Some(60);
+        rec.origin = VmOrigin::Checkpoint {
+            sandbox: parent.clone(),
+            snapshot: None,
+        };
+        let info = sandbox_info(&r, Some(&rec), false);
+        assert_eq!(info.state, SandboxState::Paused);
+        assert_eq!(info.paused_by, Some(PausedBy::Idle));
+        assert_eq!(info.auto_pause_secs, Some(60));
+        assert_eq!(info.forked_from.as_ref(), Some(&parent));
+        assert_eq!(
+            info.origin,
+            Some(SandboxOrigin::Checkpoint {
+                sandbox_id: parent,
+                snapshot_id: None
+            })
+        );
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["paused_by"], "idle");
+        assert_eq!(json["origin"]["kind"], "checkpoint");
+        // A stale cause is not shown once running; a stopped sandbox has no VM origin.
+        rec.state = SandboxState::Running;
+        assert_eq!(sandbox_info(&r, Some(&rec), false).paused_by, None);
+        rec.state = SandboxState::Stopped;
+        assert_eq!(sandbox_info(&r, Some(&rec), false).origin, None);
+        assert_eq!(
+            sandbox_info(&r, None, true).on_crash,
+            space_core::sandbox::CrashPolicy::Restore
         );
     }
 

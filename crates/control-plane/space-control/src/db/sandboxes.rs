@@ -10,9 +10,15 @@ use sqlx::Row;
 use super::{unique_violation, Db, DbError};
 
 /// What the control plane wants for a sandbox.
+///
+/// Pause, stop, snapshots and rollback change what a sandbox is doing, not whether it should
+/// exist: the node owns and persists those states (and pauses idle sandboxes on its own), so
+/// the desired state stays `running` through all of them and the reconciler treats every
+/// live node state as converged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DesiredState {
-    /// It should exist (the node may still be creating it, or report it failed).
+    /// It should exist, in whatever live state the node reports (creating, running, paused,
+    /// stopped, a transient operation, or failed).
     Running,
     /// It should be gone; the row is kept for listing and auditing.
     Deleted,
@@ -47,6 +53,9 @@ pub struct SandboxSpec {
     pub resources: Resources,
     /// Names of the sandbox-wide environment variables.
     pub env_keys: Vec<String>,
+    /// For a fork: the sandbox it was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<SandboxId>,
 }
 
 /// One row of `sandboxes`.
