@@ -17,12 +17,15 @@ use space_guest_proto::handshake::{Hello, Ready, READY, REFUSED};
 use space_guest_proto::limits::{MAX_HANDSHAKE_DISCARD, MAX_HANDSHAKE_LINE};
 use space_guest_proto::PROTOCOL_VERSION;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::time::{Instant, MissedTickBehavior};
+use std::future::Future;
+use tokio::time::Instant;
 
 use crate::error::{sanitise, GuestError};
 
 /// How often HELLO is repeated until the guest answers.
 pub const HELLO_INTERVAL: Duration = Duration::from_millis(250);
+/// First HELLO retry; retries double up to [`HELLO_INTERVAL`].
+const FIRST_HELLO_RETRY: Duration = Duration::from_millis(10);
 
 /// A completed handshake.
 #[derive(Debug, Clone)]
@@ -168,8 +171,11 @@ where
     // Bytes of the current HELLO already written; hello.len() when idle.
     let mut written = 0usize;
     let mut need_flush = false;
-    let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Retry fast at first, then back off to `interval`: a guest that was just resumed or
+    // restored answers within milliseconds, but may miss a HELLO that arrived while its
+    // port was not open yet; a booting guest needs seconds and only gets `interval`.
+    let mut period = FIRST_HELLO_RETRY.min(interval);
+    let mut retry = Box::pin(tokio::time::sleep(period));
     let mut buf = vec![0u8; 4096];
 
     // Reading, writing and the retry timer run in one poll loop so that a guest that does
@@ -206,7 +212,9 @@ where
                 Poll::Pending => {}
             }
         }
-        if ticker.poll_tick(cx).is_ready() {
+        if retry.as_mut().poll(cx).is_ready() {
+            period = (period * 2).min(interval);
+            retry.as_mut().reset(Instant::now() + period);
             if written == hello.len() {
                 written = 0;
             }

@@ -1,0 +1,363 @@
+//! Benchmark of issue 3's figures on real VMs: create latency from the warm pool, from the
+//! memory image (pool miss) and by cold boot; disk snapshot on 1 GiB and 8 GiB disks;
+//! guest-visible pause of a checkpoint; resume after pause; fork into 10; host memory of 20
+//! idle sandboxes restored from an image versus 20 booted; crash recovery.
+//!
+//! Run with `sudo ./scripts/bench-lifecycle` (builds, then runs this binary). Prints
+//! percentiles; every figure is measured, none is configured.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use space_core::process::ProcessSpec;
+use space_core::sandbox::{CreateSandboxRequest, ResourcesRequest};
+use space_core::{SandboxId, SandboxState, SnapshotTrigger};
+use space_node::{Node, PauseCause, VmOrigin};
+use test_support::{TestServer, TEST_TEMPLATE};
+
+const CREATES: usize = 100;
+const CONCURRENCY: usize = 4;
+const MISS_CREATES: usize = 20;
+const COLD_CREATES: usize = 8;
+const SNAPSHOTS: usize = 20;
+const CHECKPOINTS: usize = 10;
+const RESUMES: usize = 20;
+const FORK_CHILDREN: usize = 10;
+const IDLE_VMS: usize = 20;
+const CRASHES: usize = 5;
+
+fn pct(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[idx]
+}
+
+fn report(name: &str, samples: &mut [f64], unit: &str, target: &str) {
+    let (p50, p90) = (pct(samples, 0.5), pct(samples, 0.9));
+    let max = samples.iter().cloned().fold(f64::NAN, f64::max);
+    println!(
+        "{name:<44} n={:<4} p50={p50:>8.1}{unit} p90={p90:>8.1}{unit} max={max:>8.1}{unit}   target {target}",
+        samples.len()
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn request(memory_mib: Option<u32>, disk_mib: Option<u32>) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        resources: ResourcesRequest {
+            vcpus: None,
+            memory_mib,
+            disk_mib,
+        },
+        ..Default::default()
+    }
+}
+
+async fn server(adjust: impl FnOnce(&mut space_control::ServerConfig)) -> TestServer {
+    TestServer::start_with(|c| {
+        // Nodes-only operations (fork) make sandboxes the database does not know.
+        c.run_reconciler = false;
+        adjust(c);
+    })
+    .await
+}
+
+async fn exec_ok(ts: &TestServer, id: &SandboxId) {
+    let out = ts
+        .client
+        .run(id, &ProcessSpec::shell("true"))
+        .await
+        .expect("exec");
+    assert_eq!(out.status.exit_code, Some(0));
+}
+
+/// Sum of the proportional set size of the VMM processes: shared pages count once.
+fn pss_mib(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .sum::<f64>()
+        / 1024.0
+}
+
+fn store_used_mib(ts: &TestServer) -> f64 {
+    let root = ts.server().state().node.store().root().to_owned();
+    let s = nix::sys::statvfs::statvfs(&root).expect("statvfs");
+    ((s.blocks() - s.blocks_free()) as f64 * s.fragment_size() as f64) / (1 << 20) as f64
+}
+
+async fn wait_pool(node: &Node, want: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        if node.pool_status().iter().map(|p| p.ready).sum::<usize>() >= want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("pool did not reach {want} members");
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    println!("SPACE lifecycle benchmark ({}; accel {})", TEST_TEMPLATE, space_vmm::detect_accel());
+    create_from_pool().await;
+    let miss_p50 = create_pool_miss().await;
+    let cold_p50 = create_cold().await;
+    println!(
+        "{:<44} {:.1}x  (cold p50 {cold_p50:.0} ms / pool-miss p50 {miss_p50:.0} ms)   target >= 10x",
+        "cold boot / memory image restore", cold_p50 / miss_p50
+    );
+    operations().await;
+    memory_of_idle_sandboxes().await;
+}
+
+/// 100 creates at concurrency 4 with the default pool; each create is followed by an exec
+/// (to prove it is exec-ready) and a delete, neither of them timed.
+async fn create_from_pool() {
+    let ts = server(|_| {}).await;
+    let node = ts.server().state().node.clone();
+    // The first create builds the template's memory image; the pool then fills.
+    let first = ts.client.create_sandbox(&request(None, None)).await.expect("first");
+    ts.client.delete_sandbox(first.id.as_str()).await.expect("delete");
+    let target = space_node::config::DEFAULT_POOL_SIZE;
+    wait_pool(&node, target).await;
+    let started = Instant::now();
+    let queue = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers = (0..CONCURRENCY).map(|_| {
+        let (ts, queue, node) = (&ts, queue.clone(), node.clone());
+        async move {
+            let mut out = Vec::new();
+            while queue.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < CREATES {
+                let t = Instant::now();
+                let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+                let latency = t.elapsed();
+                let pooled = matches!(
+                    node.sandbox(&sb.id).map(|r| r.origin),
+                    Some(VmOrigin::TemplateImage { pooled: true })
+                );
+                exec_ok(ts, &sb.id).await;
+                ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+                out.push((ms(latency), pooled));
+            }
+            out
+        }
+    });
+    let results: Vec<(f64, bool)> = futures::stream::iter(workers)
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let hits = results.iter().filter(|r| r.1).count();
+    let mut all: Vec<f64> = results.iter().map(|r| r.0).collect();
+    let mut hit_lat: Vec<f64> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+    println!(
+        "create -> exec-ready, {CREATES} creates at concurrency {CONCURRENCY}, pool of {target}: {hits} pool hits, {} misses, {:.1} s",
+        results.len() - hits,
+        started.elapsed().as_secs_f64()
+    );
+    report("  all creates", &mut all, " ms", "p50 <= 60, p90 <= 89");
+    report("  pool hits only", &mut hit_lat, " ms", "-");
+    ts.stop().await;
+}
+
+/// Creates restored from the memory image with no pool.
+async fn create_pool_miss() -> f64 {
+    let ts = server(|c| c.node.pool_size = 0).await;
+    let first = ts.client.create_sandbox(&request(None, None)).await.expect("first");
+    ts.client.delete_sandbox(first.id.as_str()).await.expect("delete");
+    let mut lat = Vec::new();
+    for _ in 0..MISS_CREATES {
+        let t = Instant::now();
+        let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+        lat.push(ms(t.elapsed()));
+        exec_ok(&ts, &sb.id).await;
+        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+    }
+    let p50 = pct(&mut lat, 0.5);
+    report("create, pool miss (restore from image)", &mut lat, " ms", "p50 <= 250");
+    ts.stop().await;
+    p50
+}
+
+/// Creates by cold boot (memory images off).
+async fn create_cold() -> f64 {
+    let ts = server(|c| {
+        c.node.pool_size = 0;
+        c.node.memory_images = false;
+    })
+    .await;
+    let mut lat = Vec::new();
+    for _ in 0..COLD_CREATES {
+        let t = Instant::now();
+        let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+        lat.push(ms(t.elapsed()));
+        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+    }
+    let p50 = pct(&mut lat, 0.5);
+    report("create, cold boot", &mut lat, " ms", "-");
+    ts.stop().await;
+    p50
+}
+
+async fn operations() {
+    let ts = server(|_| {}).await;
+    let node = ts.server().state().node.clone();
+
+    // Disk snapshots of a 1 GiB and an 8 GiB disk, each with a counter running.
+    let mut p50s = Vec::new();
+    for gib in [1u32, 8] {
+        let sb = ts
+            .client
+            .create_sandbox(&request(Some(512), Some(gib * 1024)))
+            .await
+            .expect("create");
+        ts.client
+            .run(&sb.id, &ProcessSpec::shell("dd if=/dev/urandom of=/home/user/f bs=1M count=32 2>/dev/null; sync"))
+            .await
+            .expect("fill");
+        let mut lat = Vec::new();
+        for _ in 0..SNAPSHOTS {
+            let t = Instant::now();
+            node.snapshot_disk(&sb.id, None, SnapshotTrigger::Manual)
+                .await
+                .expect("snapshot");
+            lat.push(ms(t.elapsed()));
+        }
+        p50s.push(pct(&mut lat, 0.5));
+        report(&format!("disk snapshot, {gib} GiB disk (VM not paused)"), &mut lat, " ms", "p50 <= 50");
+        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+    }
+    println!(
+        "{:<44} {:.2}x   target <= 1.5x",
+        "disk snapshot 8 GiB / 1 GiB (p50)",
+        p50s[1] / p50s[0]
+    );
+
+    // Checkpoints of a 512 MiB sandbox with some memory in use.
+    let sb = ts
+        .client
+        .create_sandbox(&request(Some(512), None))
+        .await
+        .expect("create");
+    ts.client
+        .run(&sb.id, &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"))
+        .await
+        .expect("use memory");
+    let (mut pause, mut total) = (Vec::new(), Vec::new());
+    for _ in 0..CHECKPOINTS {
+        let t = Instant::now();
+        let c = node
+            .checkpoint(&sb.id, None, SnapshotTrigger::Manual)
+            .await
+            .expect("checkpoint");
+        total.push(ms(t.elapsed()));
+        pause.push(c.guest_pause.map(ms).unwrap_or(f64::NAN));
+        node.delete_snapshot(&sb.id, &c.info.id).await.expect("delete snapshot");
+    }
+    report("checkpoint 512 MiB, guest-visible pause", &mut pause, " ms", "p50 <= 300");
+    report("checkpoint 512 MiB, whole operation", &mut total, " ms", "-");
+
+    // Pause / resume.
+    let mut lat = Vec::new();
+    for _ in 0..RESUMES {
+        node.pause_sandbox(&sb.id, PauseCause::User).await.expect("pause");
+        let t = Instant::now();
+        node.resume_sandbox(&sb.id).await.expect("resume");
+        lat.push(ms(t.elapsed()));
+    }
+    report("resume after pause (to exec-ready)", &mut lat, " ms", "p50 <= 50");
+
+    // Fork into 10.
+    let before = store_used_mib(&ts);
+    let children: Vec<SandboxId> = (0..FORK_CHILDREN).map(|_| SandboxId::generate()).collect();
+    let t = Instant::now();
+    let forked = node.fork(&sb.id, &children, None).await.expect("fork");
+    let took = t.elapsed();
+    let running = forked.iter().filter(|r| r.state == SandboxState::Running).count();
+    let after = store_used_mib(&ts);
+    println!(
+        "{:<44} {:.0} ms, {running}/{FORK_CHILDREN} running, extra disk {:+.1} MiB   target <= 3000 ms, ~0",
+        "fork of a running 512 MiB sandbox into 10",
+        ms(took),
+        after - before
+    );
+    for c in &children {
+        let _ = node.delete_sandbox(c).await;
+    }
+
+    // Crash recovery: kill the VMM, time until it runs again (restored from a checkpoint).
+    node.checkpoint(&sb.id, None, SnapshotTrigger::Manual)
+        .await
+        .expect("checkpoint");
+    let mut lat = Vec::new();
+    for _ in 0..CRASHES {
+        let pid = node.sandbox(&sb.id).and_then(|r| r.vmm_pid).expect("pid");
+        let t = Instant::now();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        loop {
+            let r = node.sandbox(&sb.id).expect("record");
+            if r.state == SandboxState::Running && r.vmm_pid.is_some_and(|p| p != pid) {
+                break;
+            }
+            if r.state == SandboxState::Failed || t.elapsed() > Duration::from_secs(60) {
+                panic!("crash restore failed: {r:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        exec_ok(&ts, &sb.id).await;
+        lat.push(ms(t.elapsed()));
+    }
+    report("crash recovery: VMM kill -> exec-ready", &mut lat, " ms", "<= 2000");
+    ts.stop().await;
+}
+
+/// Host memory (sum of PSS) of idle sandboxes restored from one image versus booted.
+async fn memory_of_idle_sandboxes() {
+    let mut results = Vec::new();
+    for images in [true, false] {
+        let ts = server(|c| {
+            c.node.pool_size = 0;
+            c.node.memory_images = images;
+        })
+        .await;
+        let node = ts.server().state().node.clone();
+        let mut pids = Vec::new();
+        for _ in 0..IDLE_VMS {
+            let sb = ts
+                .client
+                .create_sandbox(&request(Some(512), None))
+                .await
+                .expect("create");
+            pids.push(node.sandbox(&sb.id).and_then(|r| r.vmm_pid).expect("pid"));
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mib = pss_mib(&pids);
+        println!(
+            "{:<44} {mib:.0} MiB total, {:.0} MiB each",
+            format!("{IDLE_VMS} idle sandboxes, {}", if images { "restored from image" } else { "cold-booted" }),
+            mib / IDLE_VMS as f64
+        );
+        results.push(mib);
+        ts.stop().await;
+    }
+    println!(
+        "{:<44} {:.2}   target <= 0.5",
+        "memory restored / booted", results[0] / results[1]
+    );
+}
