@@ -16,8 +16,8 @@ use bytes::Bytes;
 use space_guest_proto::handshake::{Hello, Ready, READY, REFUSED};
 use space_guest_proto::limits::{MAX_HANDSHAKE_DISCARD, MAX_HANDSHAKE_LINE};
 use space_guest_proto::PROTOCOL_VERSION;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use std::future::Future;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
 use crate::error::{sanitise, GuestError};

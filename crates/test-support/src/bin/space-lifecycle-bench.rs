@@ -110,7 +110,11 @@ async fn wait_pool(node: &Node, want: usize) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    println!("SPACE lifecycle benchmark ({}; accel {})", TEST_TEMPLATE, space_vmm::detect_accel());
+    println!(
+        "SPACE lifecycle benchmark ({}; accel {})",
+        TEST_TEMPLATE,
+        space_vmm::detect_accel()
+    );
     create_from_pool().await;
     let miss_p50 = create_pool_miss().await;
     let cold_p50 = create_cold().await;
@@ -128,8 +132,15 @@ async fn create_from_pool() {
     let ts = server(|_| {}).await;
     let node = ts.server().state().node.clone();
     // The first create builds the template's memory image; the pool then fills.
-    let first = ts.client.create_sandbox(&request(None, None)).await.expect("first");
-    ts.client.delete_sandbox(first.id.as_str()).await.expect("delete");
+    let first = ts
+        .client
+        .create_sandbox(&request(None, None))
+        .await
+        .expect("first");
+    ts.client
+        .delete_sandbox(first.id.as_str())
+        .await
+        .expect("delete");
     let target = space_node::config::DEFAULT_POOL_SIZE;
     wait_pool(&node, target).await;
     let started = Instant::now();
@@ -140,14 +151,21 @@ async fn create_from_pool() {
             let mut out = Vec::new();
             while queue.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < CREATES {
                 let t = Instant::now();
-                let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+                let sb = ts
+                    .client
+                    .create_sandbox(&request(None, None))
+                    .await
+                    .expect("create");
                 let latency = t.elapsed();
                 let pooled = matches!(
                     node.sandbox(&sb.id).map(|r| r.origin),
                     Some(VmOrigin::TemplateImage { pooled: true })
                 );
                 exec_ok(ts, &sb.id).await;
-                ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+                ts.client
+                    .delete_sandbox(sb.id.as_str())
+                    .await
+                    .expect("delete");
                 out.push((ms(latency), pooled));
             }
             out
@@ -176,18 +194,37 @@ async fn create_from_pool() {
 /// Creates restored from the memory image with no pool.
 async fn create_pool_miss() -> f64 {
     let ts = server(|c| c.node.pool_size = 0).await;
-    let first = ts.client.create_sandbox(&request(None, None)).await.expect("first");
-    ts.client.delete_sandbox(first.id.as_str()).await.expect("delete");
+    let first = ts
+        .client
+        .create_sandbox(&request(None, None))
+        .await
+        .expect("first");
+    ts.client
+        .delete_sandbox(first.id.as_str())
+        .await
+        .expect("delete");
     let mut lat = Vec::new();
     for _ in 0..MISS_CREATES {
         let t = Instant::now();
-        let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+        let sb = ts
+            .client
+            .create_sandbox(&request(None, None))
+            .await
+            .expect("create");
         lat.push(ms(t.elapsed()));
         exec_ok(&ts, &sb.id).await;
-        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+        ts.client
+            .delete_sandbox(sb.id.as_str())
+            .await
+            .expect("delete");
     }
     let p50 = pct(&mut lat, 0.5);
-    report("create, pool miss (restore from image)", &mut lat, " ms", "p50 <= 250");
+    report(
+        "create, pool miss (restore from image)",
+        &mut lat,
+        " ms",
+        "p50 <= 250",
+    );
     ts.stop().await;
     p50
 }
@@ -202,9 +239,16 @@ async fn create_cold() -> f64 {
     let mut lat = Vec::new();
     for _ in 0..COLD_CREATES {
         let t = Instant::now();
-        let sb = ts.client.create_sandbox(&request(None, None)).await.expect("create");
+        let sb = ts
+            .client
+            .create_sandbox(&request(None, None))
+            .await
+            .expect("create");
         lat.push(ms(t.elapsed()));
-        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+        ts.client
+            .delete_sandbox(sb.id.as_str())
+            .await
+            .expect("delete");
     }
     let p50 = pct(&mut lat, 0.5);
     report("create, cold boot", &mut lat, " ms", "-");
@@ -225,7 +269,12 @@ async fn operations() {
             .await
             .expect("create");
         ts.client
-            .run(&sb.id, &ProcessSpec::shell("dd if=/dev/urandom of=/home/user/f bs=1M count=32 2>/dev/null; sync"))
+            .run(
+                &sb.id,
+                &ProcessSpec::shell(
+                    "dd if=/dev/urandom of=/home/user/f bs=1M count=32 2>/dev/null; sync",
+                ),
+            )
             .await
             .expect("fill");
         let mut lat = Vec::new();
@@ -237,8 +286,16 @@ async fn operations() {
             lat.push(ms(t.elapsed()));
         }
         p50s.push(pct(&mut lat, 0.5));
-        report(&format!("disk snapshot, {gib} GiB disk (VM not paused)"), &mut lat, " ms", "p50 <= 50");
-        ts.client.delete_sandbox(sb.id.as_str()).await.expect("delete");
+        report(
+            &format!("disk snapshot, {gib} GiB disk (VM not paused)"),
+            &mut lat,
+            " ms",
+            "p50 <= 50",
+        );
+        ts.client
+            .delete_sandbox(sb.id.as_str())
+            .await
+            .expect("delete");
     }
     println!(
         "{:<44} {:.2}x   target <= 1.5x",
@@ -253,7 +310,10 @@ async fn operations() {
         .await
         .expect("create");
     ts.client
-        .run(&sb.id, &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"))
+        .run(
+            &sb.id,
+            &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"),
+        )
         .await
         .expect("use memory");
     let (mut pause, mut total) = (Vec::new(), Vec::new());
@@ -265,20 +325,39 @@ async fn operations() {
             .expect("checkpoint");
         total.push(ms(t.elapsed()));
         pause.push(c.guest_pause.map(ms).unwrap_or(f64::NAN));
-        node.delete_snapshot(&sb.id, &c.info.id).await.expect("delete snapshot");
+        node.delete_snapshot(&sb.id, &c.info.id)
+            .await
+            .expect("delete snapshot");
     }
-    report("checkpoint 512 MiB, guest-visible pause", &mut pause, " ms", "p50 <= 300");
-    report("checkpoint 512 MiB, whole operation", &mut total, " ms", "-");
+    report(
+        "checkpoint 512 MiB, guest-visible pause",
+        &mut pause,
+        " ms",
+        "p50 <= 300",
+    );
+    report(
+        "checkpoint 512 MiB, whole operation",
+        &mut total,
+        " ms",
+        "-",
+    );
 
     // Pause / resume.
     let mut lat = Vec::new();
     for _ in 0..RESUMES {
-        node.pause_sandbox(&sb.id, PauseCause::User).await.expect("pause");
+        node.pause_sandbox(&sb.id, PauseCause::User)
+            .await
+            .expect("pause");
         let t = Instant::now();
         node.resume_sandbox(&sb.id).await.expect("resume");
         lat.push(ms(t.elapsed()));
     }
-    report("resume after pause (to exec-ready)", &mut lat, " ms", "p50 <= 50");
+    report(
+        "resume after pause (to exec-ready)",
+        &mut lat,
+        " ms",
+        "p50 <= 50",
+    );
 
     // Fork into 10.
     let before = store_used_mib(&ts);
@@ -286,7 +365,10 @@ async fn operations() {
     let t = Instant::now();
     let forked = node.fork(&sb.id, &children, None).await.expect("fork");
     let took = t.elapsed();
-    let running = forked.iter().filter(|r| r.state == SandboxState::Running).count();
+    let running = forked
+        .iter()
+        .filter(|r| r.state == SandboxState::Running)
+        .count();
     let after = store_used_mib(&ts);
     println!(
         "{:<44} {:.0} ms, {running}/{FORK_CHILDREN} running, extra disk {:+.1} MiB   target <= 3000 ms, ~0",
@@ -323,7 +405,12 @@ async fn operations() {
         exec_ok(&ts, &sb.id).await;
         lat.push(ms(t.elapsed()));
     }
-    report("crash recovery: VMM kill -> exec-ready", &mut lat, " ms", "<= 2000");
+    report(
+        "crash recovery: VMM kill -> exec-ready",
+        &mut lat,
+        " ms",
+        "<= 2000",
+    );
     ts.stop().await;
 }
 
@@ -350,7 +437,14 @@ async fn memory_of_idle_sandboxes() {
         let mib = pss_mib(&pids);
         println!(
             "{:<44} {mib:.0} MiB total, {:.0} MiB each",
-            format!("{IDLE_VMS} idle sandboxes, {}", if images { "restored from image" } else { "cold-booted" }),
+            format!(
+                "{IDLE_VMS} idle sandboxes, {}",
+                if images {
+                    "restored from image"
+                } else {
+                    "cold-booted"
+                }
+            ),
             mib / IDLE_VMS as f64
         );
         results.push(mib);
@@ -358,6 +452,7 @@ async fn memory_of_idle_sandboxes() {
     }
     println!(
         "{:<44} {:.2}   target <= 0.5",
-        "memory restored / booted", results[0] / results[1]
+        "memory restored / booted",
+        results[0] / results[1]
     );
 }

@@ -1,0 +1,406 @@
+//! The lifecycle through the HTTP API, on real VMs: pause and resume (processes keep
+//! running), stop and start (files stay, processes go), illegal transitions as `409`, the
+//! event log (listed and followed), and tenant scoping of every lifecycle endpoint.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use space_cli::client::{ClientError, SpaceClient};
+use space_core::process::{ProcessId, ProcessSpec};
+use space_core::sandbox::{
+    CreateSandboxRequest, CreateSnapshotRequest, ForkRequest, PausedBy, SandboxOrigin,
+};
+use space_core::{
+    ErrorCode, LifecycleEntry, SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotKind,
+    SnapshotSchedule,
+};
+use test_support::{wait_until, TestServer, TEST_TEMPLATE};
+
+/// A sandbox without scheduled snapshots (so the event log holds only what the test does).
+async fn create(c: &SpaceClient) -> SandboxId {
+    c.create_sandbox(&CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        snapshots: Some(SnapshotSchedule::disabled()),
+        ..Default::default()
+    })
+    .await
+    .expect("create")
+    .id
+}
+
+/// Runs a shell line to completion; returns stdout, asserting success.
+async fn sh(c: &SpaceClient, id: &SandboxId, line: &str) -> String {
+    let out = c.run(id, &ProcessSpec::shell(line)).await.expect("run");
+    assert_eq!(
+        out.status.exit_code,
+        Some(0),
+        "`{line}` failed: {} {}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+    out.stdout_str()
+}
+
+/// Status, code and message of an API error.
+fn api_error<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, ErrorCode, String) {
+    match r {
+        Err(ClientError::Api { status, body }) => (status, body.code, body.message),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A background counter: `/home/user/counter` goes up ten times a second.
+async fn start_counter(c: &SpaceClient, id: &SandboxId) -> ProcessId {
+    let mut spec = ProcessSpec::shell(
+        "i=0; while true; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.1; done",
+    );
+    spec.tag = Some("counter".into());
+    let p = c.start_process(id, &spec).await.expect("counter");
+    wait_until(Duration::from_secs(30), "the counter to start", || async {
+        (counter(c, id).await > 0).then_some(())
+    })
+    .await;
+    p.id
+}
+
+async fn counter(c: &SpaceClient, id: &SandboxId) -> u64 {
+    let bytes = c
+        .read_file_bytes(id, "/home/user/counter", None)
+        .await
+        .unwrap_or_default();
+    String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_and_resume_keep_processes_running() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = create(c).await;
+    let pid = start_counter(c, &id).await;
+
+    let before_pause = counter(c, &id).await;
+    let paused = c.pause_sandbox(&id).await.expect("pause");
+    assert_eq!(paused.state, SandboxState::Paused);
+    assert_eq!(paused.paused_by, Some(PausedBy::User));
+
+    // A paused sandbox does not serve its guest: 409 naming the state, not a silent resume.
+    let (status, code, msg) = api_error(c.run(&id, &ProcessSpec::shell("true")).await);
+    assert_eq!((status, code), (409, ErrorCode::Conflict), "{msg}");
+    assert!(msg.contains("paused"), "{msg}");
+    let (status, _, msg) = api_error(c.read_file_bytes(&id, "/etc/hostname", None).await);
+    assert_eq!(status, 409, "{msg}");
+    // Illegal transitions name the current state.
+    let (status, code, msg) = api_error(c.pause_sandbox(&id).await);
+    assert_eq!((status, code), (409, ErrorCode::Conflict));
+    assert_eq!(msg, "cannot pause a sandbox that is paused");
+    let (status, _, msg) = api_error(c.start_sandbox(&id).await);
+    assert_eq!(
+        (status, msg.as_str()),
+        (409, "cannot start a sandbox that is paused")
+    );
+    let got = c.sandbox(&id).await.expect("get");
+    assert_eq!(
+        (got.state, got.paused_by),
+        (SandboxState::Paused, Some(PausedBy::User))
+    );
+    // Time passes while paused; the counter does not (it ticks ~5-10 times a second when
+    // running: 8 s would add 40 or more).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    let resumed = c.resume_sandbox(&id).await.expect("resume");
+    assert_eq!(
+        (resumed.state, resumed.paused_by),
+        (SandboxState::Running, None)
+    );
+    let right_after = counter(c, &id).await;
+    assert!(
+        right_after < before_pause + 30,
+        "the counter ran while paused: {before_pause} -> {right_after}"
+    );
+    assert_eq!(sh(c, &id, "echo alive").await, "alive\n");
+    let p = c.process(&id, pid).await.expect("process");
+    assert!(
+        p.exit.is_none(),
+        "the background process died across pause: {p:?}"
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the counter to advance after resume",
+        || async { (counter(c, &id).await > right_after).then_some(()) },
+    )
+    .await;
+    let (status, _, msg) = api_error(c.resume_sandbox(&id).await);
+    assert_eq!(
+        (status, msg.as_str()),
+        (409, "cannot resume a sandbox that is running")
+    );
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stop_and_start_keep_files_but_not_processes() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = create(c).await;
+    c.write_file(
+        &id,
+        "/home/user/kept.txt",
+        None,
+        None,
+        b"still here".to_vec(),
+    )
+    .await
+    .expect("write");
+    sh(c, &id, "echo appended >> /home/user/kept.txt").await;
+    let mut spec = ProcessSpec::argv(["sleep", "3600"]);
+    spec.tag = Some("sleeper".into());
+    c.start_process(&id, &spec).await.expect("sleeper");
+
+    let stopped = c.stop_sandbox(&id).await.expect("stop");
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    assert_eq!(stopped.origin, None, "a stopped sandbox has no VM");
+    assert!(
+        !ts.data_dir
+            .join("run")
+            .join(id.as_str())
+            .join("vmm.pid")
+            .exists(),
+        "the VM of a stopped sandbox is gone"
+    );
+    let (status, code, msg) = api_error(c.run(&id, &ProcessSpec::shell("true")).await);
+    assert_eq!((status, code), (409, ErrorCode::Conflict));
+    assert!(msg.contains("stopped"), "{msg}");
+    let (status, _, msg) = api_error(c.stop_sandbox(&id).await);
+    assert_eq!(
+        (status, msg.as_str()),
+        (409, "cannot stop a sandbox that is stopped")
+    );
+    let (status, _, msg) = api_error(c.pause_sandbox(&id).await);
+    assert_eq!(
+        (status, msg.as_str()),
+        (409, "cannot pause a sandbox that is stopped")
+    );
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").state,
+        SandboxState::Stopped
+    );
+
+    let started = c.start_sandbox(&id).await.expect("start");
+    assert_eq!(started.state, SandboxState::Running);
+    assert_eq!(started.origin, Some(SandboxOrigin::Boot));
+    assert_eq!(
+        c.read_file_bytes(&id, "/home/user/kept.txt", None)
+            .await
+            .expect("read"),
+        b"still hereappended\n"
+    );
+    let procs = c.processes(&id).await.expect("processes");
+    assert!(
+        !procs
+            .iter()
+            .any(|p| p.tag.as_deref() == Some("sleeper") && p.exit.is_none()),
+        "a process survived stop/start: {procs:?}"
+    );
+    assert_eq!(
+        sh(c, &id, "pgrep -f 'sleep 3600' || echo none").await,
+        "none\n"
+    );
+    // And it can be stopped while paused, and deleted while stopped.
+    c.pause_sandbox(&id).await.expect("pause");
+    assert_eq!(
+        c.stop_sandbox(&id).await.expect("stop paused").state,
+        SandboxState::Stopped
+    );
+    c.delete_sandbox(&id).await.expect("delete stopped");
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").state,
+        SandboxState::Deleted
+    );
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_list_and_follow_the_transitions() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let t0 = now_ms();
+    let id = create(c).await;
+    let mut follow = c.follow_events(&id).await.expect("follow");
+    let followed = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(e) = follow.next().await {
+            got.push(e.expect("entry"));
+        }
+        got
+    });
+
+    c.pause_sandbox(&id).await.expect("pause");
+    c.resume_sandbox(&id).await.expect("resume");
+    c.stop_sandbox(&id).await.expect("stop");
+    c.start_sandbox(&id).await.expect("start");
+    let _ = c.pause_sandbox(&id).await; // ok
+    let _ = c.pause_sandbox(&id).await; // refused: no entry
+    let t1 = now_ms();
+
+    let log = c.events(&id).await.expect("events").events;
+    let steps = |log: &[LifecycleEntry]| -> Vec<(SandboxEvent, SandboxState, SandboxState)> {
+        log.iter().map(|e| (e.event, e.from, e.to)).collect()
+    };
+    use SandboxEvent as E;
+    use SandboxState as S;
+    let expected = vec![
+        (E::Ready, S::Creating, S::Running),
+        (E::Pause, S::Running, S::Pausing),
+        (E::Done, S::Pausing, S::Paused),
+        (E::Resume, S::Paused, S::Resuming),
+        (E::Done, S::Resuming, S::Running),
+        (E::Stop, S::Running, S::Stopping),
+        (E::Done, S::Stopping, S::Stopped),
+        (E::Start, S::Stopped, S::Starting),
+        (E::Done, S::Starting, S::Running),
+        (E::Pause, S::Running, S::Pausing),
+        (E::Done, S::Pausing, S::Paused),
+    ];
+    assert_eq!(steps(&log), expected, "{log:#?}");
+    assert!(log.iter().all(|e| e.sandbox_id == id));
+    assert!(
+        log.windows(2).all(|w| w[0].at_ms <= w[1].at_ms),
+        "timestamps go back: {log:#?}"
+    );
+    assert!(
+        log.first().unwrap().at_ms >= t0 && log.last().unwrap().at_ms <= t1,
+        "timestamps outside the test: {t0}..{t1} {log:#?}"
+    );
+
+    // The follower saw the same, then the delete, and its stream ended.
+    c.delete_sandbox(&id).await.expect("delete");
+    let got = tokio::time::timeout(Duration::from_secs(60), followed)
+        .await
+        .expect("the followed stream ends once the sandbox is deleted")
+        .expect("follower");
+    let mut with_delete = expected.clone();
+    with_delete.push((E::Delete, S::Paused, S::Deleting));
+    with_delete.push((E::Done, S::Deleting, S::Deleted));
+    assert_eq!(steps(&got), with_delete, "{got:#?}");
+    // A deleted sandbox keeps its log; following it ends at once.
+    let after = c
+        .events(&id)
+        .await
+        .expect("events of a deleted sandbox")
+        .events;
+    assert_eq!(steps(&after), with_delete);
+    let started = Instant::now();
+    let replay: Vec<_> = c
+        .follow_events(&id)
+        .await
+        .expect("follow deleted")
+        .collect()
+        .await;
+    assert_eq!(replay.len(), with_delete.len());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn other_tenants_and_unknown_sandboxes_get_404_everywhere() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = create(c).await;
+    let snap = c
+        .create_snapshot(
+            &id,
+            &CreateSnapshotRequest {
+                kind: SnapshotKind::Disk,
+                label: None,
+            },
+        )
+        .await
+        .expect("snapshot")
+        .snapshot
+        .id;
+    let other = ts.new_tenant_client("other").await;
+    let unknown = SandboxId::generate();
+
+    for (who, client, target) in [
+        ("another tenant", &other, &id),
+        ("the owner, unknown id", c, &unknown),
+    ] {
+        let expect_404 = |what: &str, r: Result<(), ClientError>| {
+            let (status, code, msg) = api_error(r);
+            assert_eq!(
+                (status, code),
+                (404, ErrorCode::NotFound),
+                "{who}: {what}: {msg}"
+            );
+            assert_eq!(msg, format!("sandbox {target} not found"), "{who}: {what}");
+        };
+        expect_404("pause", client.pause_sandbox(target).await.map(drop));
+        expect_404("resume", client.resume_sandbox(target).await.map(drop));
+        expect_404("stop", client.stop_sandbox(target).await.map(drop));
+        expect_404("start", client.start_sandbox(target).await.map(drop));
+        expect_404("rollback", client.rollback(target, &snap).await.map(drop));
+        expect_404(
+            "fork",
+            client
+                .fork(
+                    target,
+                    &ForkRequest {
+                        count: Some(1),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(drop),
+        );
+        expect_404("events", client.events(target).await.map(drop));
+        expect_404("follow", client.follow_events(target).await.map(drop));
+        expect_404("snapshots", client.snapshots(target).await.map(drop));
+        expect_404(
+            "snapshot",
+            client
+                .create_snapshot(
+                    target,
+                    &CreateSnapshotRequest {
+                        kind: SnapshotKind::Checkpoint,
+                        label: None,
+                    },
+                )
+                .await
+                .map(drop),
+        );
+        expect_404(
+            "delete snapshot",
+            client.delete_snapshot(target, &snap).await,
+        );
+        expect_404(
+            "diff",
+            client
+                .diff_snapshots(target, &snap, &snap, None)
+                .await
+                .map(drop),
+        );
+    }
+    // Nothing the other tenant tried touched the sandbox or its snapshot.
+    let info = c.sandbox(&id).await.expect("get");
+    assert_eq!(info.state, SandboxState::Running);
+    let snaps = c.snapshots(&id).await.expect("snapshots").snapshots;
+    assert_eq!(snaps.iter().map(|s| &s.id).collect::<Vec<_>>(), vec![&snap]);
+    // A well-formed snapshot id this sandbox does not have is a 404 that names it.
+    let stranger = SnapshotId::generate();
+    let (status, code, msg) = api_error(c.rollback(&id, &stranger).await);
+    assert_eq!((status, code), (404, ErrorCode::NotFound));
+    assert!(msg.contains(stranger.as_str()), "{msg}");
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").state,
+        SandboxState::Running,
+        "a refused rollback leaves the sandbox running"
+    );
+    ts.stop().await;
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
