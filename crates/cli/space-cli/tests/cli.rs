@@ -205,3 +205,63 @@ async fn client_maps_errors_to_codes() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn lifecycle_and_snapshot_commands_report_errors() {
+    let (server, dir) = start().await;
+    let missing = SandboxId::generate();
+    let snap = space_core::SnapshotId::generate();
+    let id = missing.as_str();
+    for args in [
+        vec!["sandbox", "pause", id],
+        vec!["sandbox", "resume", id],
+        vec!["sandbox", "stop", id],
+        vec!["sandbox", "start", id],
+        vec!["sandbox", "rollback", id, snap.as_str()],
+        vec!["sandbox", "fork", id, "--count", "2"],
+        vec!["sandbox", "events", id],
+        vec!["sandbox", "events", id, "--follow"],
+        vec!["snapshot", "list", id],
+        vec!["snapshot", "create", id, "--checkpoint", "--label", "x"],
+        vec!["snapshot", "diff", id, snap.as_str(), snap.as_str()],
+    ] {
+        let out = space(&server, &dir.0, &args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            text(&out.stderr).trim(),
+            format!("error: sandbox {missing} not found (not_found)"),
+            "{args:?}"
+        );
+    }
+    // `snapshot rm` goes on after a failure and reports each one.
+    let out = space(
+        &server,
+        &dir.0,
+        &["snapshot", "rm", id, "not-a-snapshot", snap.as_str()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad snapshot id \"not-a-snapshot\""), "{err}");
+    assert!(err.contains("(not_found)"), "{err}");
+    // Bad ids are refused before any request.
+    let out = space(&server, &dir.0, &["sandbox", "rollback", id, "nope"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("bad snapshot id"));
+    let out = space(&server, &dir.0, &["sandbox", "fork", id, "--count", "99"]).await;
+    assert!(
+        text(&out.stderr).contains("count must be between 1 and 16, got 99 (invalid_request)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The pool of a node that has not been asked for anything is empty.
+    let out = space(&server, &dir.0, &["--json", "pool"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pools: space_core::sandbox::PoolStatusList = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(pools.pools.is_empty());
+    let out = space(&server, &dir.0, &["pool"]).await;
+    assert!(out.status.success());
+    assert!(text(&out.stderr).contains("warm pool is empty"));
+    server.shutdown().await;
+}

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use space_core::{SandboxId, SandboxState};
-use space_node::{NodeError, SandboxRecord};
+use space_node::SandboxRecord;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -169,7 +169,8 @@ impl Reconciler {
 
     async fn delete_on_node(&self, id: &SandboxId) {
         match self.state.node.delete_sandbox(id).await {
-            Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
+            Ok(()) => {}
+            Err(e) if crate::api::sandboxes::already_deleted(&e) => {}
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, "node delete failed; retrying next pass")
             }
@@ -307,7 +308,7 @@ mod tests {
         // A fork inserts the children's rows before the node admits them, and the node
         // makes their `creating` records while the parent is being checkpointed.
         let parent = row(5000);
-        let children = vec![row(5000), row(5000)];
+        let children = [row(5000), row(5000)];
         let mut rows = vec![parent.clone()];
         rows.extend(children.iter().cloned());
         let creating: HashSet<_> = children.iter().map(|r| r.id.clone()).collect();

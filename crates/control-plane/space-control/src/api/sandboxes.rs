@@ -338,12 +338,23 @@ pub async fn finish_create(
 pub async fn discard(st: &AppState, id: &SandboxId) -> ApiResult<()> {
     st.db.mark_deleted(id, now_ms()).await?;
     match st.node.delete_sandbox(id).await {
-        Ok(()) | Err(NodeError::SandboxNotFound(_)) => {}
+        Ok(()) => {}
+        Err(e) if already_deleted(&e) => {}
         Err(e) => {
             tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create failed; the reconciler will retry")
         }
     }
     Ok(())
+}
+
+/// A node delete that failed because the sandbox is gone already (unknown, or deleted by
+/// a concurrent delete between the node's check and its transition).
+pub fn already_deleted(e: &NodeError) -> bool {
+    match e {
+        NodeError::SandboxNotFound(_) => true,
+        NodeError::Lifecycle(l) => l.state == SandboxState::Deleted,
+        _ => false,
+    }
 }
 
 /// Filters of `GET /v1/sandboxes` (the query is parsed by hand: `label` repeats).
@@ -492,7 +503,8 @@ pub async fn delete_sandbox(
     let task_id = id.clone();
     let result = tokio::spawn(async move { node.delete_sandbox(&task_id).await }).await;
     match result {
-        Ok(Ok(())) | Ok(Err(NodeError::SandboxNotFound(_))) => {}
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if already_deleted(&e) => {}
         // The desired state is recorded; the reconciler retries the node side.
         Ok(Err(e)) => {
             tracing::warn!(sandbox = %id, error = %e, "node delete failed; the reconciler will retry")
