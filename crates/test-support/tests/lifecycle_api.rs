@@ -1,6 +1,7 @@
 //! The lifecycle through the HTTP API, on real VMs: pause and resume (processes keep
 //! running), stop and start (files stay, processes go), illegal transitions as `409`, the
-//! event log (listed and followed), and tenant scoping of every lifecycle endpoint.
+//! event log (listed and followed), idle auto-pause woken by the next call, the timeout of
+//! paused and stopped sandboxes, and tenant scoping of every lifecycle endpoint.
 
 use std::time::{Duration, Instant};
 
@@ -395,6 +396,134 @@ async fn other_tenants_and_unknown_sandboxes_get_404_everywhere() {
         SandboxState::Running,
         "a refused rollback leaves the sandbox running"
     );
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_sandbox_pauses_itself_and_the_next_call_wakes_it() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = c
+        .create_sandbox(&CreateSandboxRequest {
+            template: TEST_TEMPLATE.into(),
+            snapshots: Some(SnapshotSchedule::disabled()),
+            auto_pause_secs: Some(space_core::sandbox::MIN_AUTO_PAUSE_SECS),
+            ..Default::default()
+        })
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(
+        c.sandbox(&id).await.expect("get").auto_pause_secs,
+        Some(space_core::sandbox::MIN_AUTO_PAUSE_SECS)
+    );
+    c.write_file(&id, "/home/user/note.txt", None, None, b"kept".to_vec())
+        .await
+        .expect("write");
+    let idle = wait_until(
+        Duration::from_secs(90),
+        "the idle sandbox to pause",
+        || async {
+            c.sandbox(&id)
+                .await
+                .ok()
+                .filter(|s| s.state == SandboxState::Paused)
+        },
+    )
+    .await;
+    assert_eq!(idle.paused_by, Some(PausedBy::Idle));
+    let log = c.events(&id).await.expect("events").events;
+    assert!(
+        log.iter()
+            .any(|e| e.event == SandboxEvent::Pause && e.to == SandboxState::Pausing),
+        "{log:#?}"
+    );
+    // Any call that needs the guest wakes it: a file read, then an exec.
+    assert_eq!(
+        c.read_file_bytes(&id, "/home/user/note.txt", None)
+            .await
+            .expect("read wakes it"),
+        b"kept"
+    );
+    assert_eq!(sh(c, &id, "echo awake").await, "awake\n");
+    let info = c.sandbox(&id).await.expect("get");
+    assert_eq!((info.state, info.paused_by), (SandboxState::Running, None));
+    // A client pause is not undone by calls.
+    c.pause_sandbox(&id).await.expect("pause");
+    let (status, _, _) = api_error(c.run(&id, &ProcessSpec::shell("true")).await);
+    assert_eq!(status, 409);
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_timeout_deletes_paused_and_stopped_sandboxes() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let (paused, stopped) = tokio::join!(create(c), create(c));
+    c.pause_sandbox(&paused).await.expect("pause");
+    c.stop_sandbox(&stopped).await.expect("stop");
+    for id in [&paused, &stopped] {
+        c.set_timeout(id, 1).await.expect("timeout");
+    }
+    for id in [&paused, &stopped] {
+        ts.wait_state(id, SandboxState::Deleted, Duration::from_secs(60))
+            .await;
+        assert!(!ts
+            .data_dir
+            .join("store/sandboxes")
+            .join(id.as_str())
+            .exists());
+    }
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retried_lifecycle_calls_with_an_idempotency_key_run_once() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = create(c).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, key: Option<&'static str>, body: &'static str| {
+        let mut req = http
+            .post(format!("{}/v1/sandboxes/{id}/{path}", ts.url()))
+            .bearer_auth(&ts.api_key)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        async move {
+            let resp = req.send().await.expect("send");
+            let replayed = resp.headers().contains_key("idempotent-replayed");
+            (
+                resp.status().as_u16(),
+                replayed,
+                resp.text().await.expect("body"),
+            )
+        }
+    };
+    // A retried pause answers like the first one instead of "cannot pause ... paused".
+    let first = post("pause".into(), Some("pause-1"), "").await;
+    assert_eq!((first.0, first.1), (200, false), "{}", first.2);
+    let again = post("pause".into(), Some("pause-1"), "").await;
+    assert_eq!((again.0, again.1), (200, true));
+    assert_eq!(again.2, first.2);
+    let fresh = post("pause".into(), None, "").await;
+    assert_eq!(fresh.0, 409, "{}", fresh.2);
+    c.resume_sandbox(&id).await.expect("resume");
+
+    // A retried fork makes its children once.
+    let body = r#"{"count":1,"labels":{"retry":"yes"}}"#;
+    let first = post("fork".into(), Some("fork-1"), body).await;
+    assert_eq!(first.0, 201, "{}", first.2);
+    let again = post("fork".into(), Some("fork-1"), body).await;
+    assert_eq!((again.0, again.1, &again.2), (201, true, &first.2));
+    let kids = c
+        .list_sandboxes(&[("retry", "yes")])
+        .await
+        .expect("list")
+        .sandboxes;
+    assert_eq!(kids.len(), 1, "{kids:?}");
     ts.stop().await;
 }
 

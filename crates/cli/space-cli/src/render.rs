@@ -242,13 +242,12 @@ pub fn diff(d: &SnapshotDiff) {
 
 /// One event-log line (also used while following).
 pub fn event_line(e: &LifecycleEntry) -> String {
-    let mut line = format!(
-        "{}  {:<22} {} -> {}",
-        timestamp(e.at_ms),
-        e.event.verb(),
-        e.from,
-        e.to
-    );
+    // The event's API name (`pause`, `done`, `crash`...), as in the JSON.
+    let event = serde_json::to_value(e.event)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut line = format!("{}  {event:<10} {} -> {}", timestamp(e.at_ms), e.from, e.to);
     if let Some(d) = &e.detail {
         line.push_str("  ");
         line.push_str(d);

@@ -361,7 +361,10 @@ pub struct EventsQuery {
     tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"), EventsQuery),
     responses(
-        (status = 200, description = "The event log; with follow=true an application/x-ndjson stream of LifecycleEntry", body = EventList),
+        (status = 200, description = "The event log; with follow=true an NDJSON stream, one LifecycleEntry per line", content(
+            (EventList = "application/json"),
+            (LifecycleEntry = "application/x-ndjson"),
+        )),
         (status = 400, description = "Malformed id or query", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),

@@ -144,7 +144,10 @@ pub struct DiffQuery {
 }
 
 /// Files added, removed or modified between two snapshots of the sandbox (read from the
-/// disk images; nothing is mounted).
+/// disk images; nothing is mounted). Meant for disk snapshots, whose file systems were
+/// flushed when they were taken; a checkpoint's disk holds only what the guest had written
+/// back at that instant (the rest was in its memory), so a diff with a checkpoint can miss
+/// recent changes.
 #[utoipa::path(
     get,
     path = "/v1/sandboxes/{id}/snapshots/diff",
