@@ -24,11 +24,10 @@ use crate::error::{sanitise, GuestError};
 
 /// How often HELLO is repeated until the guest answers.
 pub const HELLO_INTERVAL: Duration = Duration::from_millis(250);
-/// First HELLO retry; retries double up to [`HELLO_INTERVAL`]. A 10 ms first retry cut
-/// resume from 135 to 32 ms, but exposed the guest-side race where a new session starts
-/// while the previous one is still being torn down ("frame with invalid size" on the first
-/// request): kept at the full interval until that race is fixed in `spaced`.
-const FIRST_HELLO_RETRY: Duration = HELLO_INTERVAL;
+/// First HELLO retry; retries double up to [`HELLO_INTERVAL`]. A resumed or restored guest
+/// answers within milliseconds (the node parks the channel before pausing or saving, so
+/// the daemon is waiting for a handshake, not serving a stale session).
+const FIRST_HELLO_RETRY: Duration = Duration::from_millis(10);
 
 /// A completed handshake.
 #[derive(Debug, Clone)]

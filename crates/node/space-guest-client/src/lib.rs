@@ -119,6 +119,23 @@ impl GuestClient {
         }
     }
 
+    /// Leaves the daemon waiting for a new handshake, then disconnects. A daemon may still be
+    /// serving the HTTP/2 session of a host connection that just closed (on a virtio-serial
+    /// port it learns of the close only when it next reads); a VM paused or saved in that
+    /// moment would carry the stale session into its resume or restore, where it eats the
+    /// next host's first HELLO. A completed handshake proves the stale session is over.
+    /// Call it after dropping every client of the channel and before pausing or saving.
+    pub async fn park(socket: &Path, deadline: Duration) -> Result<(), GuestError> {
+        let end = Instant::now() + deadline;
+        let mut stream = tokio::time::timeout_at(end, UnixStream::connect(socket))
+            .await
+            .map_err(|_| GuestError::Timeout("connecting to park the guest channel".into()))?
+            .map_err(|e| {
+                GuestError::Disconnected(format!("connecting to {}: {e}", socket.display()))
+            })?;
+        handshake::handshake(&mut stream, end).await.map(drop)
+    }
+
     /// Runs the handshake and starts HTTP/2 on an already open byte stream (e.g. a
     /// Firecracker vsock connection after its `CONNECT` exchange). No retries.
     pub async fn connect_stream<S>(

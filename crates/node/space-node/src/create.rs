@@ -435,6 +435,7 @@ impl Node {
             let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
             guest.health().await?;
             drop(guest);
+            crate::vm_start::park(&vm).await;
             vm.pause().await?;
             Ok::<_, NodeError>(())
         };

@@ -31,8 +31,6 @@ pub const MEMORY_FILE: &str = "memory";
 pub const STATE_FILE: &str = "vm.state";
 /// The disk of an image.
 pub const DISK_FILE: &str = "disk.raw";
-/// Pause between closing the image VM's channel and saving it.
-const SETTLE_AFTER_CLOSE: Duration = Duration::from_millis(300);
 /// Bound on saving the image's device state (the RAM is in the memory file already).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -276,9 +274,8 @@ impl OwnedBuild {
         // Close the channel before saving: a restored VM starts with no host connected and
         // the daemon waits for a fresh handshake.
         drop(guest);
-        // Let the daemon see the close and go back to waiting for a handshake, so restored
-        // VMs do not start in the middle of tearing down this session.
-        tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
+        // Restored VMs must not start in the middle of tearing down this session.
+        crate::vm_start::park(vm).await;
         let report = vm
             .save_state(
                 &staging.join(STATE_FILE),

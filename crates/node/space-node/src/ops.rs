@@ -86,8 +86,10 @@ impl Node {
         cause: PauseCause,
     ) -> Result<SandboxRecord, NodeError> {
         let vm = self.vm_of(id)?;
-        // A paused guest cannot answer keep-alives: close the channel first.
+        // A paused guest cannot answer keep-alives: close the channel first, and leave the
+        // daemon waiting for the handshake the resume will send.
         self.detach_guest(id);
+        crate::vm_start::park(&vm).await;
         match vm.pause().await {
             Ok(()) => {
                 let rec = self

@@ -43,3 +43,15 @@ pub(crate) async fn make_unique_and_configure(
     let (a, b) = tokio::join!(guest.set_identity(&id), guest.configure(config));
     a.and(b)
 }
+
+/// How long parking a channel may take.
+const PARK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Leaves the VM's daemon waiting for a fresh handshake before the VM is paused or saved
+/// (see [`GuestClient::park`]); every client of the channel must be dropped first. A
+/// failure is logged, not fatal: the next connection then only takes longer.
+pub(crate) async fn park(vm: &Vm) {
+    if let Err(e) = GuestClient::park(&vm.paths().channel, PARK_TIMEOUT).await {
+        tracing::warn!(vm = %vm.name(), error = %e, "cannot park the guest channel");
+    }
+}

@@ -23,8 +23,9 @@ use crate::fdstream::{FdStream, Prefixed};
 use crate::handshake::{Scanner, Step};
 use crate::state::AppState;
 
-/// Pause between reads of a virtio-serial port with no host connected.
-const NO_HOST_POLL: Duration = Duration::from_millis(50);
+/// Pause between reads of a virtio-serial port with no host connected (a guard; the port
+/// bridge paces these reports itself).
+const NO_HOST_POLL: Duration = Duration::from_millis(5);
 /// A READY that cannot be written in this time means the host is gone.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
