@@ -142,6 +142,16 @@ pub fn import_template(store: &Store, template: &str) -> Result<()> {
 }
 
 /// A fresh data directory for one test node, on the shared btrfs (short: socket paths).
+/// The config of a test server on `data_dir` (any free local port), with the test template
+/// imported into its store.
+pub fn test_server_config(data_dir: &Path) -> ServerConfig {
+    let mut config = ServerConfig::new(data_dir);
+    config.listen = "127.0.0.1:0".parse().expect("literal address");
+    let store = Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
+    import_template(&store, TEST_TEMPLATE).expect("import test template");
+    config
+}
+
 pub fn new_data_dir() -> PathBuf {
     let id: String = {
         use rand::Rng;
@@ -192,11 +202,8 @@ impl TestServer {
     pub async fn start_with(adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
         init_logging();
         let data_dir = new_data_dir();
-        let mut config = ServerConfig::new(&data_dir);
-        config.listen = "127.0.0.1:0".parse().expect("literal address");
+        let mut config = test_server_config(&data_dir);
         adjust(&mut config);
-        let store = Store::open(&data_dir, 1 << 30).expect("test data dir is on btrfs");
-        import_template(&store, TEST_TEMPLATE).expect("import test template");
         Self::boot(config, data_dir).await
     }
 

@@ -10,9 +10,11 @@ use test_support::{TestServer, TEST_TEMPLATE};
 
 const FAIL_WITHIN: Duration = Duration::from_secs(90);
 
+/// These sandboxes must fail, not be restored: the tests are about containing the failure.
 fn busybox() -> CreateSandboxRequest {
     CreateSandboxRequest {
         template: TEST_TEMPLATE.into(),
+        on_crash: space_core::sandbox::CrashPolicy::Fail,
         ..Default::default()
     }
 }

@@ -24,10 +24,12 @@ use crate::error::{sanitise, GuestError};
 
 /// How often HELLO is repeated until the guest answers.
 pub const HELLO_INTERVAL: Duration = Duration::from_millis(250);
-/// First HELLO retry; retries double up to [`HELLO_INTERVAL`]. A resumed or restored guest
-/// answers within milliseconds (the node parks the channel before pausing or saving, so
-/// the daemon is waiting for a handshake, not serving a stale session).
-const FIRST_HELLO_RETRY: Duration = Duration::from_millis(10);
+/// First HELLO retry; retries double up to [`HELLO_INTERVAL`]. Kept at the full interval:
+/// a resumed VM answers the first HELLO at once (the node parks the channel before pausing),
+/// and after a restore from a live checkpoint the daemon's stale session eats the first
+/// HELLO; fast retries there raced with that session's teardown ("frame with invalid
+/// size" on the new session), which the full interval avoids in practice.
+const FIRST_HELLO_RETRY: Duration = HELLO_INTERVAL;
 
 /// A completed handshake.
 #[derive(Debug, Clone)]

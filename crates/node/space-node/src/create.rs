@@ -54,23 +54,18 @@ impl Node {
             .validate()
             .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
         let record = SandboxRecord {
-            id: req.id.clone(),
-            template: tpl.name.clone(),
-            template_digest: tpl.digest.clone(),
-            resources,
-            state: SandboxState::Creating,
-            failure_reason: None,
             created_at_ms: now_ms(),
-            create_latency_ms: None,
-            vmm_pid: None,
-            vm_name: None,
-            origin: VmOrigin::Boot,
             env: req.env.clone(),
             on_crash: req.on_crash,
             auto_pause_secs: req.auto_pause_secs,
-            paused_by: None,
-            rollback_to: None,
             snapshots: schedule,
+            ..SandboxRecord::new(
+                req.id.clone(),
+                tpl.name.clone(),
+                tpl.digest.clone(),
+                resources,
+                SandboxState::Creating,
+            )
         };
         let op = self.inner.admit(record)?;
         let _guard = op.lock().await;

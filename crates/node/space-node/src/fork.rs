@@ -96,6 +96,7 @@ impl Node {
             rec.vm_name = None;
             rec.paused_by = None;
             rec.rollback_to = None;
+            rec.crash_restores_ms.clear();
             match self.inner.admit(rec) {
                 Ok(op) => admitted.push((child.clone(), op)),
                 Err(e) => {

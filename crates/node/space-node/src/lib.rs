@@ -20,7 +20,7 @@ pub mod node_manager;
 mod ops;
 mod pool;
 pub mod records;
-mod recovery;
+pub mod recovery;
 mod sandbox_manager;
 pub mod scheduler;
 pub mod snapshots;
@@ -135,6 +135,10 @@ pub struct SandboxRecord {
     /// Automatic snapshots.
     #[serde(default)]
     pub snapshots: space_core::SnapshotSchedule,
+    /// When the VMM died and was restored, ms since the Unix epoch (most recent last, at
+    /// most [`recovery::MAX_CRASH_RESTORES`] kept): a sandbox that keeps crashing is failed.
+    #[serde(default)]
+    pub crash_restores_ms: Vec<i64>,
 }
 
 impl SandboxRecord {
@@ -164,6 +168,7 @@ impl SandboxRecord {
             paused_by: None,
             rollback_to: None,
             snapshots: space_core::SnapshotSchedule::default(),
+            crash_restores_ms: Vec::new(),
         }
     }
 

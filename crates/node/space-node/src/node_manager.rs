@@ -104,6 +104,8 @@ pub trait NodeManager: Send + Sync + 'static {
     async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError>;
     /// Stops a VM for good.
     async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
+    /// Kills VMMs started for `name` that no handle covers (see [`Vmm::kill_strays`]).
+    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
 }
 
 /// The in-process node manager (this process must run as root).
@@ -237,5 +239,9 @@ impl NodeManager for LocalNodeManager {
 
     async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError> {
         Ok(vm.kill(KILL_GRACE).await?)
+    }
+
+    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError> {
+        Ok(self.vmm.kill_strays(name).await?)
     }
 }

@@ -96,6 +96,7 @@ mod tests {
             paused_by: None,
             rollback_to: None,
             snapshots: Default::default(),
+            crash_restores_ms: vec![7],
         };
         store.save(&rec).unwrap();
         fs::write(dir.path().join("junk.json"), b"{not json").unwrap();

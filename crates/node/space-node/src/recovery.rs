@@ -11,6 +11,21 @@ use space_vmm::{Vm, VmStatus};
 use crate::sandbox_manager::now_ms;
 use crate::{Node, NodeError, PauseCause, VmOrigin};
 
+/// Crash restores allowed within [`CRASH_WINDOW_MS`]; one more and the sandbox is failed
+/// (a guest that panics at every start must not be restored forever).
+pub const MAX_CRASH_RESTORES: usize = 3;
+/// The window of [`MAX_CRASH_RESTORES`].
+pub const CRASH_WINDOW_MS: i64 = 10 * 60 * 1000;
+
+/// Whether another crash restore is allowed, given earlier ones.
+pub fn restore_allowed(earlier_ms: &[i64], now_ms: i64) -> bool {
+    earlier_ms
+        .iter()
+        .filter(|&&t| now_ms - t < CRASH_WINDOW_MS)
+        .count()
+        < MAX_CRASH_RESTORES
+}
+
 impl Node {
     /// The VMM of a running sandbox died: restore the sandbox from its latest checkpoint
     /// (memory, processes and disk as they were then), or, without one, boot it again on
@@ -157,10 +172,22 @@ impl Node {
                 // the final pass of the save.
                 match self.adopt_watched(id).await {
                     Ok(vm) => {
+                        // QEMU carries on with a save its node died in the middle of; it
+                        // would pause the VM when it completes.
+                        if let Err(e) = vm.cancel_save().await {
+                            tracing::warn!(%id, error = %e, "cannot cancel the interrupted checkpoint save");
+                        }
                         if !matches!(vm.status().await, Ok(VmStatus::Running)) {
                             let _ = vm.resume().await;
                         }
-                        self.reconnect_guest(id, vm).await.and_then(|()| {
+                        let reconnected = self.reconnect_guest(id, vm).await;
+                        // A fork freezes the workload for its checkpoint; never leave it so.
+                        if let Ok(g) = self.guest(id) {
+                            if let Err(e) = g.thaw_workload().await {
+                                tracing::warn!(%id, error = %e, "cannot thaw the workload after an interrupted fork");
+                            }
+                        }
+                        reconnected.and_then(|()| {
                             self.inner
                                 .transition_noted(
                                     id,
@@ -208,5 +235,23 @@ impl Node {
         guest.health().await?;
         self.attach(id, vm, Some(guest));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_loop_stops_being_restored() {
+        let now = 100 * CRASH_WINDOW_MS;
+        assert!(restore_allowed(&[], now));
+        assert!(restore_allowed(&[now - 1000, now - 2000], now));
+        assert!(!restore_allowed(&[now - 1000, now - 2000, now - 3000], now));
+        // Old crashes fall out of the window.
+        assert!(restore_allowed(
+            &[now - CRASH_WINDOW_MS, now - CRASH_WINDOW_MS - 1, now - 3000],
+            now
+        ));
     }
 }

@@ -755,6 +755,11 @@ impl Inner {
         if let Some(vm) = vm {
             self.nm.kill_vm(&vm).await?;
         }
+        // A VMM whose start a crash interrupted cannot be adopted; find it by name.
+        self.nm.kill_stray_vms(&self.vm_name(id)).await?;
+        if self.vm_name(id) != id.as_str() {
+            self.nm.kill_stray_vms(id.as_str()).await?;
+        }
         self.nm.remove_sandbox_files(&self.store, id, &run_dir)?;
         Ok(())
     }

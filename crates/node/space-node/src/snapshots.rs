@@ -367,23 +367,29 @@ impl Node {
         }
     }
 
-    /// Kills the sandbox's VM (watched or only running) and removes its run directory.
+    /// Kills the sandbox's VM (watched or only running) and removes its run directory. Also
+    /// kills a VM under the sandbox's own id that an interrupted operation may have started
+    /// while the record still named another VM (e.g. a rollback of a sandbox that came from
+    /// the pool, interrupted by a node crash after the new VM was launched).
     pub(crate) async fn discard_current_vm(&self, id: &SandboxId) -> Result<(), NodeError> {
-        let run_dir = self.inner.run_dir(id);
-        let vm = match self.release_vm(id) {
-            Some(vm) => Some(vm),
-            None => self
-                .inner
-                .nm
-                .adopt_vm(&self.inner.vm_name(id), &run_dir)
-                .await
-                .ok()
-                .map(Arc::new),
-        };
-        if let Some(vm) = vm {
+        let recorded = self.inner.vm_name(id);
+        if let Some(vm) = self.release_vm(id) {
             self.inner.nm.kill_vm(&vm).await?;
         }
-        self.inner.nm.remove_run_dir(&run_dir)?;
+        let mut names = vec![recorded];
+        if names[0] != id.as_str() {
+            names.push(id.to_string());
+        }
+        for name in names {
+            let run_dir = self.inner.vm_run_dir(&name);
+            if let Ok(vm) = self.inner.nm.adopt_vm(&name, &run_dir).await {
+                self.inner.nm.kill_vm(&vm).await?;
+            }
+            // One its starter never finished starting (no pidfile or QMP yet) is not
+            // adoptable, but must not survive: it holds the run directory.
+            self.inner.nm.kill_stray_vms(&name).await?;
+            self.inner.nm.remove_run_dir(&run_dir)?;
+        }
         Ok(())
     }
 

@@ -19,7 +19,15 @@ pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestCli
     let channel = vm.paths().channel.clone();
     tokio::select! {
         r = GuestClient::connect(&channel, timeout) => r.map_err(NodeError::from),
-        exit = vm.exited() => Err(NodeError::SandboxFailed(format!("VM exited during start: {}", exit.reason))),
+        exit = vm.exited() => {
+            // QEMU's own words say why (a lock, a bad device state, …).
+            let vmm_log = space_vmm::console_tail(&vm.paths().vmm_log, 1024).unwrap_or_default();
+            Err(NodeError::SandboxFailed(format!(
+                "VM exited during start: {}; QEMU said: {}",
+                exit.reason,
+                vmm_log.trim()
+            )))
+        }
     }
 }
 

@@ -47,4 +47,9 @@ pub trait Vmm: Send + Sync + 'static {
     /// the pidfile, checks the pid is alive and really is our VMM for `name` (guarding against
     /// pid reuse), and reconnects the control socket and the console.
     async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError>;
+
+    /// Kills every VMM of ours started for `name` that no `Vm` handle covers (found by its
+    /// command line, e.g. one whose starter died before its pidfile or control socket was
+    /// usable). Returns how many were killed.
+    async fn kill_strays(&self, name: &str) -> Result<usize, VmmError>;
 }

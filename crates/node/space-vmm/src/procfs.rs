@@ -206,3 +206,15 @@ mod tests {
         ));
     }
 }
+
+/// Pids of every live QEMU of ours started for VM `name` (by its command line), however
+/// it was started: used to find a VMM whose pidfile or control socket is not there yet.
+pub(crate) fn our_qemus(name: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| matches!(verify_our_qemu(pid, name), Ok(Ok(()))) && is_alive(pid))
+        .collect()
+}

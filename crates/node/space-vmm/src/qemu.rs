@@ -193,6 +193,31 @@ impl Vmm for QemuVmm {
         }
     }
 
+    async fn kill_strays(&self, name: &str) -> Result<usize, VmmError> {
+        config::validate_name(name)?;
+        let mut killed = 0;
+        for pid in procfs::our_qemus(name) {
+            let proc = match ProcHandle::open(pid) {
+                Ok(p) => p,
+                Err(_) => continue, // already gone
+            };
+            // The pidfd pins the process: check again that it is ours before the signal.
+            if !matches!(procfs::verify_our_qemu(pid, name), Ok(Ok(()))) {
+                continue;
+            }
+            tracing::warn!(vm = %name, pid, "killing a stray VMM");
+            proc.signal(libc::SIGKILL)
+                .map_err(|e| VmmError::io(format!("SIGKILL pid {pid}"), e))?;
+            tokio::time::timeout(Duration::from_secs(30), proc.wait_exit())
+                .await
+                .map_err(|_| {
+                    VmmError::KillFailed(format!("pid {pid} still there after SIGKILL"))
+                })?;
+            killed += 1;
+        }
+        Ok(killed)
+    }
+
     async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError> {
         config::validate_name(name)?;
         let paths = VmPaths::new(run_dir);

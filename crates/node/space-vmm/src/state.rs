@@ -161,6 +161,30 @@ pub(crate) async fn save(
     }
 }
 
+/// Cancels a save that may still be running (one started by a node process that died) and
+/// waits until QEMU says it is over. The VM may be left paused; the caller resumes it.
+pub(crate) async fn cancel(qmp: &Qmp) -> Result<(), VmmError> {
+    qmp.execute(qmp::migrate_cancel {}).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = qmp.execute(qmp::query_migrate {}).await?;
+        match info.status {
+            None
+            | Some(
+                qmp::MigrationStatus::none
+                | qmp::MigrationStatus::cancelled
+                | qmp::MigrationStatus::completed
+                | qmp::MigrationStatus::failed,
+            ) => return Ok(()),
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(VmmError::Timeout("cancelling a VM state save".into()));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Feeds a saved state into a QEMU started with `-incoming defer`. Leaves the VM paused.
 pub(crate) async fn restore(
     qmp: &Qmp,

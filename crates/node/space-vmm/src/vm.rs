@@ -189,6 +189,15 @@ impl Vm {
             .map_err(|e| self.explain(e))
     }
 
+    /// Cancels a state save left running (by a node process that died mid-checkpoint) and
+    /// waits for it to end. The VM may then be paused; call [`Vm::resume`].
+    pub async fn cancel_save(&self) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        crate::state::cancel(&self.qmp)
+            .await
+            .map_err(|e| self.explain(e))
+    }
+
     /// How long the vCPUs were stopped the last time they stopped and started again, by
     /// QEMU's own event timestamps: the pause the guest saw.
     pub fn last_pause(&self) -> Option<Duration> {
