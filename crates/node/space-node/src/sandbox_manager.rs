@@ -293,6 +293,13 @@ impl Node {
             }
         };
         let _guard = op.lock().await;
+        // Another delete may have finished while this one waited for the lock.
+        if self
+            .sandbox(id)
+            .is_none_or(|r| r.state == SandboxState::Deleted)
+        {
+            return Err(NodeError::SandboxNotFound(id.clone()));
+        }
         self.inner.transition(id, SandboxEvent::Delete, |_| {})?;
         let vm = {
             let mut map = self.inner.lock();

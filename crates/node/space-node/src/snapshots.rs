@@ -136,6 +136,14 @@ impl Node {
         let snap = SnapshotId::generate();
         let result = async {
             let pending = self.inner.nm.begin_snapshot(&self.inner.store, id, &snap)?;
+            // Flush the guest's dirty file data first (a freeze syncs, the thaw follows at
+            // once), so the checkpoint's disk also reads right on its own (e.g. in a diff).
+            // Best effort, and outside the guest-visible pause.
+            if let Some(g) = &guest {
+                if g.freeze_fs(FREEZE_HOLD).await.is_ok() {
+                    let _ = g.thaw_fs().await;
+                }
+            }
             if freeze_workload {
                 if let Some(g) = &guest {
                     g.freeze_workload().await?;

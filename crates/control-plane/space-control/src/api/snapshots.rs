@@ -144,10 +144,9 @@ pub struct DiffQuery {
 }
 
 /// Files added, removed or modified between two snapshots of the sandbox (read from the
-/// disk images; nothing is mounted). Meant for disk snapshots, whose file systems were
-/// flushed when they were taken; a checkpoint's disk holds only what the guest had written
-/// back at that instant (the rest was in its memory), so a diff with a checkpoint can miss
-/// recent changes.
+/// disk images; nothing is mounted). Disk snapshots are taken with the guest's file
+/// systems frozen; a checkpoint flushes them just before it starts, so only writes made
+/// during the checkpoint itself (kept in its memory) can be missing from its disk.
 #[utoipa::path(
     get,
     path = "/v1/sandboxes/{id}/snapshots/diff",
