@@ -476,7 +476,9 @@ async fn fill_pool(weak: std::sync::Weak<Inner>) {
                 match member {
                     Ok(m) => {
                         tracing::debug!(member = %m.name, template = %tpl.name, "pool member ready");
-                        node.inner.pool.filled(&key, Some(m));
+                        if let Some(late) = node.inner.pool.filled(&key, Some(m)) {
+                            node.inner.discard_member(late).await;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(template = %tpl.name, error = %e, "cannot make pool member");

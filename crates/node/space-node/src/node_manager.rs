@@ -106,6 +106,8 @@ pub trait NodeManager: Send + Sync + 'static {
     async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
     /// Kills VMMs started for `name` that no handle covers (see [`Vmm::kill_strays`]).
     async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
+    /// Names of the live VMMs whose runtime files are under `run_root`.
+    fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
 }
 
 /// The in-process node manager (this process must run as root).
@@ -243,5 +245,9 @@ impl NodeManager for LocalNodeManager {
 
     async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError> {
         Ok(self.vmm.kill_strays(name).await?)
+    }
+
+    fn vm_names_under(&self, run_root: &Path) -> Vec<String> {
+        self.vmm.names_under(run_root)
     }
 }

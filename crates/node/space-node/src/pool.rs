@@ -57,6 +57,8 @@ pub(crate) struct Shape {
 pub(crate) struct Pool {
     target: usize,
     shapes: Mutex<HashMap<String, Shape>>,
+    /// Set by [`Pool::drain`]: fills that finish later must discard their member.
+    closed: std::sync::atomic::AtomicBool,
     /// Woken when a member was taken or a new shape is wanted.
     pub wake: Notify,
 }
@@ -66,6 +68,7 @@ impl Pool {
         Pool {
             target,
             shapes: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
             wake: Notify::new(),
         }
     }
@@ -93,7 +96,7 @@ impl Pool {
 
     /// Registers demand for `key` so the filler keeps members of it.
     pub(crate) fn want(&self, key: &ImageKey, template: &TemplateInfo, resources: &Resources) {
-        if self.target == 0 {
+        if self.target == 0 || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let mut shapes = self.lock();
@@ -133,14 +136,24 @@ impl Pool {
         Some((shape.key.clone(), shape.template.clone(), shape.resources))
     }
 
-    /// A fill finished: adds the member (if it worked) and clears the in-flight mark.
-    pub(crate) fn filled(&self, key: &ImageKey, member: Option<Member>) {
+    /// A fill finished: adds the member (if it worked) and clears the in-flight mark. Hands
+    /// the member back if the pool was drained meanwhile (the caller discards it).
+    pub(crate) fn filled(&self, key: &ImageKey, member: Option<Member>) -> Option<Member> {
         let mut shapes = self.lock();
         if let Some(shape) = shapes.get_mut(&key.digest()) {
             shape.filling = shape.filling.saturating_sub(1);
-            if let Some(m) = member {
-                shape.members.push_back(m);
+        }
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return member;
+        }
+        match shapes.get_mut(&key.digest()) {
+            Some(shape) => {
+                if let Some(m) = member {
+                    shape.members.push_back(m);
+                }
+                None
             }
+            None => member,
         }
     }
 
@@ -153,9 +166,15 @@ impl Pool {
             .and_then(|s| s.members.pop_back())
     }
 
-    /// Takes every member (shutdown).
+    /// Fills in flight.
+    pub(crate) fn filling(&self) -> usize {
+        self.lock().values().map(|s| s.filling).sum()
+    }
+
+    /// Takes every member and closes the pool (shutdown).
     pub(crate) fn drain(&self) -> Vec<Member> {
         let mut shapes = self.lock();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         shapes
             .values_mut()
             .flat_map(|s| s.members.drain(..))

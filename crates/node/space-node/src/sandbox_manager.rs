@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use space_core::template::TemplateInfo;
 use space_core::{NodeCapacity, SandboxEvent, SandboxId, SandboxState};
@@ -35,6 +35,8 @@ const READOPT_HEALTH_TIMEOUTS: [Duration; 3] = [
     Duration::from_secs(10),
     Duration::from_secs(20),
 ];
+/// How long shutdown waits for pool fills in flight.
+const SHUTDOWN_FILL_WAIT: Duration = Duration::from_secs(30);
 /// How long to wait for the VM to exit after its channel broke, for a better reason.
 const EXIT_AFTER_CHANNEL_LOSS: Duration = Duration::from_secs(3);
 
@@ -342,6 +344,12 @@ impl Node {
         for member in self.inner.pool.drain() {
             self.inner.discard_member(member).await;
         }
+        // Fills still running discard their member when they finish; wait for them, so no
+        // VM outlives the node unseen.
+        let deadline = Instant::now() + SHUTDOWN_FILL_WAIT;
+        while self.inner.pool.filling() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let mut map = self.inner.lock();
         for e in map.values_mut() {
             if let Some(m) = e.monitor.take() {
@@ -489,6 +497,17 @@ impl Node {
             }
             if let Err(e) = inner.nm.remove_run_dir(&run_dir) {
                 tracing::warn!(vm = %entry, error = %e, "cannot remove orphaned run directory");
+            }
+        }
+        // VMMs whose run directory is already gone, or that never got as far as a pidfile.
+        for name in inner.nm.vm_names_under(&inner.run_root) {
+            if live_vms.contains(&name) {
+                continue;
+            }
+            match inner.nm.kill_stray_vms(&name).await {
+                Ok(n) if n > 0 => tracing::warn!(vm = %name, "killed an orphaned VMM"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(vm = %name, error = %e, "cannot kill an orphaned VMM"),
             }
         }
         for entry in read_dir_names(&inner.store.sandboxes_root()) {

@@ -52,4 +52,7 @@ pub trait Vmm: Send + Sync + 'static {
     /// command line, e.g. one whose starter died before its pidfile or control socket was
     /// usable). Returns how many were killed.
     async fn kill_strays(&self, name: &str) -> Result<usize, VmmError>;
+
+    /// Names of every live VMM of this backend whose runtime files lie under `run_root`.
+    fn names_under(&self, run_root: &Path) -> Vec<String>;
 }

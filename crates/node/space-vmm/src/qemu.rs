@@ -193,6 +193,10 @@ impl Vmm for QemuVmm {
         }
     }
 
+    fn names_under(&self, run_root: &Path) -> Vec<String> {
+        procfs::qemu_names_under(run_root)
+    }
+
     async fn kill_strays(&self, name: &str) -> Result<usize, VmmError> {
         config::validate_name(name)?;
         let mut killed = 0;
