@@ -168,3 +168,70 @@ async fn crash_restores_from_latest_checkpoint() {
     );
     ts.stop().await;
 }
+
+/// Runs a shell line in a sandbox the control plane does not know (a node-level fork
+/// child), through the node's own channel; returns stdout.
+async fn guest_sh(n: &Node, id: &SandboxId, line: &str) -> String {
+    use futures::StreamExt;
+    let guest = n.guest(id).expect("guest");
+    let p = guest
+        .start_process(&ProcessSpec::shell(line))
+        .await
+        .expect("start");
+    let mut events = guest.output(p.id, None).await.expect("output");
+    let mut out = Vec::new();
+    while let Some(ev) = events.next().await {
+        if let Some((space_core::process::OutputStream::Stdout, bytes)) = ev.expect("event").bytes()
+        {
+            out.extend(bytes);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fork_into_four_through_a_memory_image() {
+    // The children exist only on the node; keep the reconciler from reaping them.
+    let ts = TestServer::start_with(|c| c.run_reconciler = false).await;
+    let id = create(&ts).await;
+    let n = node(&ts);
+    sh(&ts, &id, "echo parent > /home/user/who").await;
+    let children: Vec<SandboxId> = (0..4).map(|_| SandboxId::generate()).collect();
+    let t = Instant::now();
+    let forked = n.fork(&id, &children, None).await.expect("fork");
+    eprintln!("fork into 4 took {:?}", t.elapsed());
+    assert!(
+        forked.iter().all(|r| r.state == SandboxState::Running),
+        "{forked:?}"
+    );
+    let mut seen = Vec::new();
+    for c in &children {
+        let text = guest_sh(
+            &n,
+            c,
+            "cat /home/user/who; head -c 32 /dev/urandom | od -An -x; hostname",
+        )
+        .await;
+        assert!(text.starts_with("parent"), "{text}");
+        assert!(
+            text.contains(c.as_str()),
+            "hostname is the child's id: {text}"
+        );
+        seen.push(text);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "forks produced the same random bytes");
+    // The parent runs on, and the image is gone from tmpfs.
+    assert_eq!(sh(&ts, &id, "cat /home/user/who").await.trim(), "parent");
+    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("space-fork-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    for c in &children {
+        n.delete_sandbox(c).await.expect("delete child");
+    }
+    ts.stop().await;
+}

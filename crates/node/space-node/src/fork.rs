@@ -16,6 +16,35 @@ use crate::{Node, NodeError, SandboxRecord, VmOrigin};
 pub const MAX_FORK_CHILDREN: usize = 16;
 /// Children restored at once (each restore is CPU-bound under TCG).
 const PARALLEL_RESTORES: usize = 4;
+/// From this many children on, the checkpoint is first turned into a memory image (RAM as
+/// a file on tmpfs): each child then maps it copy-on-write and loads ~60 KB of device
+/// state instead of the whole RAM, and the children share their unmodified pages.
+const IMAGE_FORK_MIN_CHILDREN: usize = 3;
+/// Where fork images live: tmpfs, so loading RAM into one is a memory copy.
+const FORK_IMAGE_ROOT: &str = "/dev/shm";
+
+/// A checkpoint turned into a memory image for one fork; removed when the children run
+/// (their mappings keep the memory alive).
+struct ForkImage {
+    dir: std::path::PathBuf,
+    memory: std::path::PathBuf,
+    state: std::path::PathBuf,
+}
+
+impl Drop for ForkImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Prefix of this node's fork image directories (so a restart removes only its own).
+pub(crate) fn fork_image_prefix(run_root: &std::path::Path) -> String {
+    use sha2::Digest;
+    let h = hex::encode(sha2::Sha256::digest(
+        run_root.as_os_str().as_encoded_bytes(),
+    ));
+    format!("space-fork-{}-", &h[..12])
+}
 
 impl Node {
     /// Forks `parent` into one new sandbox per id in `children`, from the parent as it is now
@@ -117,6 +146,18 @@ impl Node {
         }
 
         let started = std::time::Instant::now();
+        let image = if children.len() >= IMAGE_FORK_MIN_CHILDREN {
+            match self.fork_image(&parent_rec, &state, &paths.disk).await {
+                Ok(image) => Some(image),
+                Err(e) => {
+                    tracing::warn!(%parent, error = %e, "cannot make a fork image; restoring each child from the checkpoint");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let image = image.as_ref();
         let semaphore = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
         let work = admitted.iter().map(|(child, op)| {
             let (semaphore, disk_src, state) =
@@ -124,7 +165,10 @@ impl Node {
             async move {
                 let _guard = op.lock().await;
                 let _permit = semaphore.acquire().await;
-                match self.start_child(child, &disk_src, &state, started).await {
+                match self
+                    .start_child(child, &disk_src, &state, image, started)
+                    .await
+                {
                     Ok(rec) => Ok(rec),
                     Err(e) => {
                         self.inner
@@ -168,6 +212,7 @@ impl Node {
         child: &SandboxId,
         disk_src: &std::path::Path,
         state: &std::path::Path,
+        image: Option<&ForkImage>,
         started: std::time::Instant,
     ) -> Result<SandboxRecord, NodeError> {
         let rec = self
@@ -177,9 +222,25 @@ impl Node {
         self.inner
             .nm
             .clone_disk(&self.inner.store, disk_src, &disk, 0, ExistingDisk::Refuse)?;
-        let vm = self
-            .launch_from_state(child.as_str(), &rec, state, &disk)
-            .await?;
+        let vm = match image {
+            Some(img) => {
+                let restore = space_vmm::RestoreFrom {
+                    state: img.state.clone(),
+                    ignore_shared: true,
+                    paused: false,
+                };
+                let memory = space_vmm::GuestMemory::File {
+                    path: img.memory.clone(),
+                    shared: false,
+                };
+                self.launch_restored(child.as_str(), &rec, restore, memory, &disk)
+                    .await?
+            }
+            None => {
+                self.launch_from_state(child.as_str(), &rec, state, &disk)
+                    .await?
+            }
+        };
         let ready = async {
             let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
             // Unique before the (frozen) workload runs again.
@@ -200,5 +261,58 @@ impl Node {
             r.vmm_pid = Some(pid);
             r.create_latency_ms = Some(started.elapsed().as_millis() as u64);
         })
+    }
+
+    /// Loads the checkpoint once into a VM whose RAM is a shared file on tmpfs, and saves
+    /// that VM's device state without its RAM: a memory image of the checkpoint.
+    async fn fork_image(
+        &self,
+        parent: &SandboxRecord,
+        state: &std::path::Path,
+        disk: &std::path::Path,
+    ) -> Result<ForkImage, NodeError> {
+        let suffix = SandboxId::generate()
+            .as_str()
+            .trim_start_matches(SandboxId::PREFIX)
+            .to_owned();
+        let dir = std::path::Path::new(FORK_IMAGE_ROOT).join(format!(
+            "{}{suffix}",
+            fork_image_prefix(&self.inner.run_root)
+        ));
+        std::fs::create_dir(&dir)
+            .map_err(|e| NodeError::Internal(format!("cannot create {}: {e}", dir.display())))?;
+        let image = ForkImage {
+            memory: dir.join(crate::image::MEMORY_FILE),
+            state: dir.join(crate::image::STATE_FILE),
+            dir,
+        };
+        let name = format!("fork-{suffix}");
+        let restore = space_vmm::RestoreFrom {
+            state: state.to_owned(),
+            ignore_shared: false,
+            paused: true,
+        };
+        let memory = space_vmm::GuestMemory::File {
+            path: image.memory.clone(),
+            shared: true,
+        };
+        let vm = self
+            .launch_restored(&name, parent, restore, memory, disk)
+            .await?;
+        let saved = vm
+            .save_state(
+                &image.state,
+                space_vmm::SaveOptions {
+                    ignore_shared: true,
+                    live: false,
+                    ..Default::default()
+                },
+            )
+            .await;
+        self.inner
+            .discard_vm(&vm, &self.inner.vm_run_dir(&name))
+            .await;
+        saved?;
+        Ok(image)
     }
 }

@@ -118,6 +118,7 @@ impl MemoryImage {
         space_vmm::RestoreFrom {
             state: self.state.clone(),
             ignore_shared: true,
+            paused: false,
         }
     }
 }

@@ -527,6 +527,15 @@ impl Node {
                 tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
             }
         }
+        // Fork images a crash left behind (tmpfs: they hold memory).
+        let prefix = crate::fork::fork_image_prefix(&inner.run_root);
+        for entry in read_dir_names(std::path::Path::new("/dev/shm")) {
+            if entry.starts_with(&prefix) {
+                let _ = inner
+                    .nm
+                    .remove_run_dir(&std::path::Path::new("/dev/shm").join(entry));
+            }
+        }
         if let Err(e) = inner.nm.remove_run_dir(&inner.pool_dir()) {
             tracing::warn!(error = %e, "cannot remove leftover pool disks");
         }

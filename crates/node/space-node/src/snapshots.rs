@@ -453,6 +453,25 @@ impl Node {
         state: &std::path::Path,
         disk: &std::path::Path,
     ) -> Result<Vm, NodeError> {
+        let restore = space_vmm::RestoreFrom {
+            state: state.to_owned(),
+            ignore_shared: false,
+            paused: false,
+        };
+        self.launch_restored(vm_name, rec, restore, GuestMemory::Anonymous, disk)
+            .await
+    }
+
+    /// Launches a VM named `vm_name` for a sandbox shaped like `rec` from `restore`, with
+    /// `memory` as its RAM, on `disk`.
+    pub(crate) async fn launch_restored(
+        &self,
+        vm_name: &str,
+        rec: &SandboxRecord,
+        restore: space_vmm::RestoreFrom,
+        memory: GuestMemory,
+        disk: &std::path::Path,
+    ) -> Result<Vm, NodeError> {
         let tpl = self.template(&rec.template)?;
         let kernel = self.inner.kernel(&tpl)?;
         let cfg = VmConfig {
@@ -466,11 +485,8 @@ impl Node {
             run_dir: self.inner.vm_run_dir(vm_name),
             accel: self.inner.accel,
             tcg_tb_size_mib: self.inner.cfg.tcg_tb_size_mib,
-            memory: GuestMemory::Anonymous,
-            restore: Some(space_vmm::RestoreFrom {
-                state: state.to_owned(),
-                ignore_shared: false,
-            }),
+            memory,
+            restore: Some(restore),
         };
         Ok(self.inner.nm.launch_vm(&cfg).await?)
     }

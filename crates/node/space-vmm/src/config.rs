@@ -60,6 +60,9 @@ pub struct RestoreFrom {
     /// The state was saved with `x-ignore-shared`: guest RAM comes from the memory file of
     /// [`GuestMemory::File`], not from the state file.
     pub ignore_shared: bool,
+    /// Leave the VM paused once the state is loaded (to save it again, e.g. into a memory
+    /// image) instead of letting the guest run.
+    pub paused: bool,
 }
 
 /// The runtime files of one VM, all inside its run directory.

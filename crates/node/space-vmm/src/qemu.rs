@@ -315,6 +315,10 @@ async fn start(
     }
     if let Some(from) = &cfg.restore {
         crate::state::restore(&qmp, &from.state, from.ignore_shared, deadline).await?;
+        if from.paused {
+            tracing::debug!(vm = %cfg.name, pid = proc.pid(), "state loaded; VM left paused");
+            return Ok((qmp, qmp_state, tasks));
+        }
     }
     qmp.execute(qmp::cont {}).await?;
     let status = qmp.execute(qmp::query_status {}).await?;

@@ -262,6 +262,7 @@ mod tests {
         c.restore = Some(crate::RestoreFrom {
             state: PathBuf::from("/img/state"),
             ignore_shared: true,
+            paused: false,
         });
         let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
         assert_eq!(

@@ -493,6 +493,7 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     clone_cfg.restore = Some(space_vmm::RestoreFrom {
         state: state.clone(),
         ignore_shared: true,
+        paused: false,
     });
     let started = Instant::now();
     let clone = vmm.launch(&clone_cfg).await.unwrap();
@@ -526,6 +527,7 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     restored_cfg.restore = Some(space_vmm::RestoreFrom {
         state: full,
         ignore_shared: false,
+        paused: false,
     });
     let restored = vmm.launch(&restored_cfg).await.unwrap();
     let _restored_guard = KillOnDrop::new(&restored);
@@ -538,6 +540,7 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     bad.restore = Some(space_vmm::RestoreFrom {
         state: junk,
         ignore_shared: false,
+        paused: false,
     });
     let err = vmm.launch(&bad).await.unwrap_err();
     eprintln!("junk state: {err}");
