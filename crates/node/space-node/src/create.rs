@@ -113,10 +113,15 @@ impl Node {
             .join(SANDBOX_DISK_FILE);
         if self.inner.cfg.memory_images && resources.disk_mib >= tpl.default_resources.disk_mib {
             let key = ImageKey::new(tpl, resources, self.inner.accel);
+            // The image's file system already fills its disk; grow only beyond it.
+            let config = &GuestConfig {
+                resize_root: resources.disk_mib > key.disk_mib,
+                ..config.clone()
+            };
             self.inner.pool.want(&key, tpl, resources);
             if let Some(member) = self.inner.pool.take(&key) {
                 let name = member.name.clone();
-                match self.claim(member, &disk, resources, &config).await {
+                match self.claim(member, &disk, resources, config).await {
                     Ok(started) => return Ok(started),
                     // A broken member is not the request's fault: fall through to a restore.
                     Err(e) => {
@@ -363,6 +368,7 @@ impl Node {
             key,
             kernel: &kernel,
             template_image: &template_image,
+            default_user: &tpl.default_user,
             run_dir: inner.vm_run_dir(&vm_name),
             vm_name,
             cfg: &inner.cfg,
@@ -435,6 +441,9 @@ impl Node {
             Ok::<_, NodeError>(())
         };
         if let Err(e) = warm.await {
+            let console =
+                space_vmm::console_tail(&vm.paths().console_log, 2048).unwrap_or_default();
+            tracing::warn!(member = %name, error = %e, %console, "pool member did not warm up");
             self.inner.discard_vm(&vm, &run_dir).await;
             let _ = self
                 .inner

@@ -31,12 +31,19 @@ pub const MEMORY_FILE: &str = "memory";
 pub const STATE_FILE: &str = "vm.state";
 /// The disk of an image.
 pub const DISK_FILE: &str = "disk.raw";
+/// Version of what an image holds. 2: the root file system is already grown to the image's
+/// disk size (sandboxes started from it need no online resize).
+pub const IMAGE_FORMAT: u32 = 2;
+/// Hostname of the image VM (every sandbox gets its own at restore).
+const IMAGE_HOSTNAME: &str = "space-image";
 /// Bound on saving the image's device state (the RAM is in the memory file already).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything that shapes a saved VM; two requests with equal keys can share an image.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ImageKey {
+    /// Bumped whenever what an image holds changes (old images are then not reused).
+    pub format: u32,
     pub template_digest: String,
     pub kernel_digest: String,
     pub vcpus: u32,
@@ -50,6 +57,7 @@ impl ImageKey {
     /// The key for sandboxes of `tpl` with `resources`.
     pub fn new(tpl: &TemplateInfo, resources: &Resources, accel: space_vmm::Accel) -> ImageKey {
         ImageKey {
+            format: IMAGE_FORMAT,
             template_digest: tpl.digest.clone(),
             kernel_digest: tpl.kernel_digest.clone(),
             vcpus: resources.vcpus,
@@ -133,6 +141,8 @@ pub(crate) struct ImageBuild<'a> {
     pub key: &'a ImageKey,
     pub kernel: &'a KernelBundleInfo,
     pub template_image: &'a Path,
+    /// The template's default user (the image VM is configured like a sandbox).
+    pub default_user: &'a str,
     pub run_dir: PathBuf,
     pub vm_name: String,
     pub cfg: &'a crate::NodeConfig,
@@ -175,6 +185,7 @@ struct OwnedBuild {
     key: ImageKey,
     kernel: KernelBundleInfo,
     template_image: PathBuf,
+    default_user: String,
     run_dir: PathBuf,
     vm_name: String,
     ready_timeout: Duration,
@@ -190,6 +201,7 @@ impl From<&ImageBuild<'_>> for OwnedBuild {
             key: b.key.clone(),
             kernel: b.kernel.clone(),
             template_image: b.template_image.to_owned(),
+            default_user: b.default_user.to_owned(),
             run_dir: b.run_dir.clone(),
             vm_name: b.vm_name.clone(),
             ready_timeout: Duration::from_secs(b.cfg.ready_timeout_secs),
@@ -270,6 +282,19 @@ impl OwnedBuild {
         started: Instant,
     ) -> Result<(u64, u64), NodeError> {
         let guest = crate::vm_start::connect_ready(vm, self.ready_timeout).await?;
+        // Grow the file system now, once, rather than online in every sandbox (slow under
+        // TCG); env, hostname and clock are set again in each sandbox.
+        let config = space_guest_proto::GuestConfig {
+            hostname: IMAGE_HOSTNAME.to_owned(),
+            env: Default::default(),
+            default_user: self.default_user.clone(),
+            resize_root: true,
+            time_unix_ms: crate::sandbox_manager::now_ms(),
+        };
+        guest
+            .with_timeouts(self.ready_timeout, self.ready_timeout)
+            .configure(&config)
+            .await?;
         guest.health().await?;
         let boot_ms = started.elapsed().as_millis() as u64;
         // Close the channel before saving: a restored VM starts with no host connected and

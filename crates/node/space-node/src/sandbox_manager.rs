@@ -29,12 +29,6 @@ const FAILURE_CONSOLE_TAIL: usize = 4096;
 const DELETED_RECORD_RETENTION_MS: i64 = 24 * 3600 * 1000;
 /// How long a re-adopted daemon has to answer the handshake after a node restart.
 const READOPT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Health-check timeout of each successive session tried when re-adopting.
-const READOPT_HEALTH_TIMEOUTS: [Duration; 3] = [
-    Duration::from_secs(5),
-    Duration::from_secs(10),
-    Duration::from_secs(20),
-];
 /// How long shutdown waits for pool fills in flight.
 const SHUTDOWN_FILL_WAIT: Duration = Duration::from_secs(30);
 /// How long to wait for the VM to exit after its channel broke, for a better reason.
@@ -440,7 +434,7 @@ impl Node {
             .adopt_vm(&self.inner.vm_name(id), run_dir)
             .await
             .map_err(|e| format!("VMM gone after node restart: {e}"))?;
-        match reconnect(&vm.paths().channel).await {
+        match crate::vm_start::connect_ready(&vm, READOPT_TIMEOUT).await {
             Ok(guest) => {
                 let pid = vm.pid();
                 let _ = self.inner.set_pid(id, pid);
@@ -551,31 +545,6 @@ fn read_dir_names(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Opens a new channel session to a running daemon and checks it answers, trying a fresh
-/// session when one stalls: the handshake resynchronises the port each time, so a session
-/// that caught the tail of the previous host's connection is simply replaced.
-async fn reconnect(channel: &Path) -> Result<GuestClient, space_guest_client::GuestError> {
-    let mut last = None;
-    for health_timeout in READOPT_HEALTH_TIMEOUTS {
-        match GuestClient::connect(channel, READOPT_TIMEOUT).await {
-            Ok(guest) => match guest
-                .with_timeouts(health_timeout, health_timeout)
-                .health()
-                .await
-            {
-                Ok(_) => return Ok(guest),
-                // Dropping `guest` closes the session before the next one is opened (the
-                // channel socket takes one client at a time).
-                Err(e) => last = Some(e),
-            },
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        space_guest_client::GuestError::Timeout("no reconnect attempt was made".into())
-    }))
 }
 
 /// Watches a sandbox's VM (and its channel, when connected) until the VM exits or the

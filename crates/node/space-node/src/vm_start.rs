@@ -14,11 +14,41 @@ use crate::NodeError;
 /// Bytes of host entropy a restored guest mixes into its kernel RNG.
 const IDENTITY_ENTROPY_BYTES: usize = 64;
 
-/// Connects to the VM's daemon, failing early (with the VM's own reason) if the VM exits.
+/// Health-probe timeout of each successive session tried: a session that completed the
+/// handshake but does not answer is replaced by a fresh one (seen after restores under
+/// load, and after node restarts: the handshake resynchronises the port each time).
+const PROBE_TIMEOUTS: [Duration; 3] = [
+    Duration::from_secs(3),
+    Duration::from_secs(6),
+    Duration::from_secs(15),
+];
+
+/// Connects to the VM's daemon and checks the session answers, trying fresh sessions when
+/// one stalls; fails early (with the VM's own reason) if the VM exits.
 pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestClient, NodeError> {
     let channel = vm.paths().channel.clone();
+    let attempts = async {
+        let mut last = None;
+        for probe in PROBE_TIMEOUTS {
+            match GuestClient::connect(&channel, timeout).await {
+                Ok(guest) => match guest.with_timeouts(probe, probe).health().await {
+                    Ok(_) => return Ok(guest),
+                    // Dropping `guest` closes the session before the next one is opened
+                    // (the channel socket takes one client at a time).
+                    Err(e) => {
+                        tracing::warn!(vm = %vm.name(), error = %e, "guest session did not answer; opening a fresh one");
+                        last = Some(e);
+                    }
+                },
+                Err(e) => return Err(NodeError::from(e)),
+            }
+        }
+        Err(NodeError::from(last.unwrap_or_else(|| {
+            space_guest_client::GuestError::Timeout("no session attempt was made".into())
+        })))
+    };
     tokio::select! {
-        r = GuestClient::connect(&channel, timeout) => r.map_err(NodeError::from),
+        r = attempts => r,
         exit = vm.exited() => {
             // QEMU's own words say why (a lock, a bad device state, …).
             let vmm_log = space_vmm::console_tail(&vm.paths().vmm_log, 1024).unwrap_or_default();
