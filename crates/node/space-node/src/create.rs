@@ -320,7 +320,7 @@ impl Node {
     ) -> Result<Started, NodeError> {
         let inner = &self.inner;
         let result = async {
-            inner.nm.move_disk(&member.disk, disk)?;
+            inner.nm.link_disk(&member.disk, disk)?;
             if resources.disk_mib > member.image.info.key.disk_mib {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
@@ -336,10 +336,8 @@ impl Node {
             Ok::<_, NodeError>(guest)
         }
         .await;
-        let pool_dir = member.disk.parent().map(Path::to_path_buf);
-        if let Some(dir) = pool_dir {
-            let _ = inner.nm.remove_run_dir(&dir);
-        }
+        // The member's own disk path stays (QEMU reopens the disk by it); it goes when the
+        // sandbox's VM does (see `Node::discard_current_vm` and teardown).
         match result {
             Ok(guest) => Ok(Started {
                 vm: member.vm,
@@ -348,7 +346,7 @@ impl Node {
                 origin: VmOrigin::TemplateImage { pooled: true },
             }),
             Err(e) => {
-                inner.discard_vm(&member.vm, &member.run_dir).await;
+                inner.discard_member(member).await;
                 Err(e)
             }
         }

@@ -85,9 +85,10 @@ pub trait NodeManager: Send + Sync + 'static {
         store: &Store,
         sandbox: &SandboxId,
     ) -> Result<usize, NodeManagerError>;
-    /// Moves a disk (e.g. a pool member's) to `dst` in the same store; a running VM keeps
-    /// using it. Creates the parent directory.
-    fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
+    /// Gives a disk (a pool member's) a second name `dst` in the same store (a hard link).
+    /// The first name must stay while the VM runs: QEMU reopens its disk by the path it was
+    /// started with (e.g. when a checkpoint hands the disk over), and fails if it is gone.
+    fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
     /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
     /// directory). Idempotent.
     fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;
@@ -186,7 +187,7 @@ impl NodeManager for LocalNodeManager {
         Ok(store.remove_pending_snapshots(sandbox)?)
     }
 
-    fn move_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError> {
+    fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError> {
         let io = |what, path: &Path, source| NodeManagerError::Io {
             what,
             path: path.to_owned(),
@@ -195,7 +196,7 @@ impl NodeManager for LocalNodeManager {
         if let Some(dir) = dst.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io("cannot create directory", dir, e))?;
         }
-        std::fs::rename(src, dst).map_err(|e| io("cannot move disk", src, e))
+        std::fs::hard_link(src, dst).map_err(|e| io("cannot link disk", src, e))
     }
 
     fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError> {

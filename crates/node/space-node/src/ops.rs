@@ -177,6 +177,9 @@ impl Node {
             self.inner.nm.kill_vm(&vm).await?;
         }
         self.inner.nm.remove_run_dir(&run_dir)?;
+        self.inner
+            .nm
+            .remove_run_dir(&self.inner.pool_dir().join(self.inner.vm_name(id)))?;
         let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
             r.vmm_pid = None;
             r.vm_name = None;

@@ -530,8 +530,14 @@ impl Node {
                     .remove_run_dir(&std::path::Path::new("/dev/shm").join(entry));
             }
         }
-        if let Err(e) = inner.nm.remove_run_dir(&inner.pool_dir()) {
-            tracing::warn!(error = %e, "cannot remove leftover pool disks");
+        // Pool disks of members (they never survive a restart), but not those of VMs that
+        // became sandboxes: their QEMU still refers to the disk by that path.
+        for entry in read_dir_names(&inner.pool_dir()) {
+            if !live_vms.contains(&entry) {
+                if let Err(e) = inner.nm.remove_run_dir(&inner.pool_dir().join(&entry)) {
+                    tracing::warn!(member = %entry, error = %e, "cannot remove leftover pool disk");
+                }
+            }
         }
     }
 }
@@ -765,6 +771,9 @@ impl Inner {
             self.nm.kill_stray_vms(id.as_str()).await?;
         }
         self.nm.remove_sandbox_files(&self.store, id, &run_dir)?;
+        // A VM claimed from the pool kept its disk's first name there.
+        self.nm
+            .remove_run_dir(&self.pool_dir().join(self.vm_name(id)))?;
         Ok(())
     }
 }

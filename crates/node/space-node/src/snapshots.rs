@@ -397,6 +397,10 @@ impl Node {
             // adoptable, but must not survive: it holds the run directory.
             self.inner.nm.kill_stray_vms(&name).await?;
             self.inner.nm.remove_run_dir(&run_dir)?;
+            // A VM claimed from the pool kept its disk's first name there.
+            self.inner
+                .nm
+                .remove_run_dir(&self.inner.pool_dir().join(&name))?;
         }
         Ok(())
     }

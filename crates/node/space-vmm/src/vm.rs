@@ -186,7 +186,16 @@ impl Vm {
         self.ensure_running()?;
         crate::state::save(&self.qmp, path, opts)
             .await
-            .map_err(|e| self.explain(e))
+            .map_err(|e| match self.explain(e) {
+                // QEMU 7.2 gives no detail over QMP; its stderr does.
+                VmmError::Migration(msg) => {
+                    let log = crate::console::tail_of(&self.paths.vmm_log, 512)
+                        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+                        .unwrap_or_default();
+                    VmmError::Migration(format!("{msg}; QEMU said: {log}"))
+                }
+                other => other,
+            })
     }
 
     /// Cancels a state save left running (by a node process that died mid-checkpoint) and
