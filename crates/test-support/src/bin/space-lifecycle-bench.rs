@@ -438,6 +438,12 @@ async fn memory_of_idle_sandboxes() {
         let ts = server(|c| {
             c.node.pool_size = 0;
             c.node.memory_images = images;
+            // 20 one-vCPU sandboxes exceed the default 8x overcommit of a 2-core host.
+            c.node.capacity = Some(space_core::NodeCapacity {
+                vcpus: 64,
+                memory_mib: 16 * 1024,
+                disk_mib: 256 * 1024,
+            });
         })
         .await;
         let node = ts.server().state().node.clone();
