@@ -139,7 +139,7 @@ impl Node {
                             &image,
                             &disk,
                             resources,
-                            &config,
+                            config,
                         )
                         .await
                         .map(|(vm, guest)| Started {

@@ -101,17 +101,14 @@ impl Pool {
         }
         let mut shapes = self.lock();
         let digest = key.digest();
-        if !shapes.contains_key(&digest) {
-            shapes.insert(
-                digest,
-                Shape {
-                    key: key.clone(),
-                    template: template.clone(),
-                    resources: *resources,
-                    members: VecDeque::new(),
-                    filling: 0,
-                },
-            );
+        if let std::collections::hash_map::Entry::Vacant(e) = shapes.entry(digest) {
+            e.insert(Shape {
+                key: key.clone(),
+                template: template.clone(),
+                resources: *resources,
+                members: VecDeque::new(),
+                filling: 0,
+            });
             drop(shapes);
             self.wake.notify_one();
         }

@@ -67,14 +67,7 @@ impl Node {
             .into_iter()
             .filter(|s| s.kind == SnapshotKind::Checkpoint)
             .max_by_key(|s| s.created_at_ms);
-        match latest.and_then(|s| {
-            self.inner
-                .store
-                .snapshot(id, &s.id)
-                .ok()
-                .flatten()
-                .map(|(info, paths)| (info, paths))
-        }) {
+        match latest.and_then(|s| self.inner.store.snapshot(id, &s.id).ok().flatten()) {
             Some((info, paths)) => {
                 let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
                 self.inner.nm.clone_disk(

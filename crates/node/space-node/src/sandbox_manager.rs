@@ -789,6 +789,6 @@ fn used_by(map: &HashMap<SandboxId, Entry>) -> NodeCapacity {
 
 fn fs_size(path: &Path) -> u64 {
     nix::sys::statvfs::statvfs(path)
-        .map(|s| s.blocks() as u64 * s.fragment_size() as u64)
+        .map(|s| s.blocks() * s.fragment_size())
         .unwrap_or(0)
 }

@@ -287,11 +287,11 @@ mod tests {
         let s = Scheduler::default();
         let id = SandboxId::generate();
         let a = sample(0, 0, 0);
-        let (idle, changed) = s.observe(&id, Some(a.clone()), 1_000);
+        let (idle, changed) = s.observe(&id, Some(a), 1_000);
         assert_eq!(idle, 0);
         assert!(changed["disk"]);
         s.snapshot_taken(&id, SnapshotKind::Disk);
-        let (idle, changed) = s.observe(&id, Some(a.clone()), 61_000);
+        let (idle, changed) = s.observe(&id, Some(a), 61_000);
         assert_eq!(idle, 60_000);
         assert!(!changed["disk"], "no new disk snapshot of an idle sandbox");
         assert!(changed["checkpoint"]);

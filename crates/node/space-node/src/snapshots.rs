@@ -228,7 +228,7 @@ impl Node {
 
     fn explain_checkpoint_failure(&self, e: NodeError) -> NodeError {
         let free = nix::sys::statvfs::statvfs(self.inner.store.root())
-            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+            .map(|s| s.blocks_available() * s.fragment_size())
             .unwrap_or(u64::MAX);
         if free < LOW_DISK_BYTES {
             NodeError::StoreFull(format!(

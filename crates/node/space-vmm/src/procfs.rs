@@ -129,6 +129,60 @@ pub(crate) fn is_alive(pid: u32) -> bool {
     }
 }
 
+/// Pids of every live QEMU of ours started for VM `name` (by its command line), however
+/// it was started: used to find a VMM whose pidfile or control socket is not there yet.
+pub(crate) fn our_qemus(name: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| matches!(verify_our_qemu(pid, name), Ok(Ok(()))) && is_alive(pid))
+        .collect()
+}
+
+/// Names (`-name`) of every live QEMU whose pidfile lies under `run_root`: all the VMs a
+/// node with that run directory ever started, adoptable or not.
+pub(crate) fn qemu_names_under(run_root: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let root = run_root.as_os_str().as_encoded_bytes();
+    let mut names = Vec::new();
+    for pid in dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let Ok(raw) = read_bounded(Path::new(&format!("/proc/{pid}/cmdline")), 64 * 1024) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+        let is_qemu = args.first().is_some_and(|a| {
+            let a = String::from_utf8_lossy(a);
+            a.rsplit('/')
+                .next()
+                .unwrap_or(&a)
+                .starts_with("qemu-system-")
+        });
+        let pidfile_under = args.windows(2).any(|w| {
+            w[0] == b"-pidfile" && w[1].starts_with(root) && w[1].get(root.len()) == Some(&b'/')
+        });
+        if !is_qemu || !pidfile_under {
+            continue;
+        }
+        if let Some(w) = args.windows(2).find(|w| w[0] == b"-name") {
+            let value = String::from_utf8_lossy(w[1]);
+            let name = name_from_name_option(&value);
+            if !name.is_empty() && is_alive(pid) {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,58 +259,4 @@ mod tests {
             Err(CmdlineMismatch::NotQemu(_))
         ));
     }
-}
-
-/// Pids of every live QEMU of ours started for VM `name` (by its command line), however
-/// it was started: used to find a VMM whose pidfile or control socket is not there yet.
-pub(crate) fn our_qemus(name: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| matches!(verify_our_qemu(pid, name), Ok(Ok(()))) && is_alive(pid))
-        .collect()
-}
-
-/// Names (`-name`) of every live QEMU whose pidfile lies under `run_root`: all the VMs a
-/// node with that run directory ever started, adoptable or not.
-pub(crate) fn qemu_names_under(run_root: &Path) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let root = run_root.as_os_str().as_encoded_bytes();
-    let mut names = Vec::new();
-    for pid in dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-    {
-        let Ok(raw) = read_bounded(Path::new(&format!("/proc/{pid}/cmdline")), 64 * 1024) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
-        let is_qemu = args.first().is_some_and(|a| {
-            let a = String::from_utf8_lossy(a);
-            a.rsplit('/')
-                .next()
-                .unwrap_or(&a)
-                .starts_with("qemu-system-")
-        });
-        let pidfile_under = args.windows(2).any(|w| {
-            w[0] == b"-pidfile" && w[1].starts_with(root) && w[1].get(root.len()) == Some(&b'/')
-        });
-        if !is_qemu || !pidfile_under {
-            continue;
-        }
-        if let Some(w) = args.windows(2).find(|w| w[0] == b"-name") {
-            let value = String::from_utf8_lossy(w[1]);
-            let name = name_from_name_option(&value);
-            if !name.is_empty() && is_alive(pid) {
-                names.push(name.to_owned());
-            }
-        }
-    }
-    names.sort();
-    names.dedup();
-    names
 }
