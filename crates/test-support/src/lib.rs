@@ -335,3 +335,33 @@ pub fn cleanup_data_dir(data_dir: &Path) {
     }
     let _ = std::fs::remove_dir_all(data_dir);
 }
+
+/// Runs a shell line in a sandbox to completion (as root when `root`) and returns its
+/// stdout, asserting it exited 0.
+pub async fn shell(c: &SpaceClient, id: &space_core::SandboxId, line: &str, root: bool) -> String {
+    let mut spec = space_core::process::ProcessSpec::shell(line);
+    if root {
+        spec.user = Some("root".into());
+    }
+    let out = c.run(id, &spec).await.expect("run");
+    assert_eq!(
+        out.status.exit_code,
+        Some(0),
+        "`{line}` failed: {} {}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+    out.stdout_str()
+}
+
+/// Status, code and message of an API error; panics on success or another failure.
+pub fn api_error<T: std::fmt::Debug>(
+    r: Result<T, space_cli::client::ClientError>,
+) -> (u16, space_core::ErrorCode, String) {
+    match r {
+        Err(space_cli::client::ClientError::Api { status, body }) => {
+            (status, body.code, body.message)
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}

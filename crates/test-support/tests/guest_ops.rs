@@ -33,19 +33,7 @@ async fn sandbox(ts: &TestServer) -> (SandboxId, GuestClient) {
 
 /// Runs a shell line to completion (as root when `root`); returns stdout, asserting success.
 async fn sh(ts: &TestServer, id: &SandboxId, line: &str, root: bool) -> String {
-    let mut spec = ProcessSpec::shell(line);
-    if root {
-        spec.user = Some("root".into());
-    }
-    let out = ts.client.run(id, &spec).await.expect("run");
-    assert_eq!(
-        out.status.exit_code,
-        Some(0),
-        "`{line}` failed: {} {}",
-        out.stdout_str(),
-        out.stderr_str()
-    );
-    out.stdout_str()
+    test_support::shell(&ts.client, id, line, root).await
 }
 
 /// Starts a background process through the guest client.

@@ -15,7 +15,7 @@ use space_core::{
     ErrorCode, LifecycleEntry, SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotKind,
     SnapshotSchedule,
 };
-use test_support::{wait_until, TestServer, TEST_TEMPLATE};
+use test_support::{api_error, shell, wait_until, TestServer, TEST_TEMPLATE};
 
 /// A sandbox without scheduled snapshots (so the event log holds only what the test does).
 async fn create(c: &SpaceClient) -> SandboxId {
@@ -31,23 +31,7 @@ async fn create(c: &SpaceClient) -> SandboxId {
 
 /// Runs a shell line to completion; returns stdout, asserting success.
 async fn sh(c: &SpaceClient, id: &SandboxId, line: &str) -> String {
-    let out = c.run(id, &ProcessSpec::shell(line)).await.expect("run");
-    assert_eq!(
-        out.status.exit_code,
-        Some(0),
-        "`{line}` failed: {} {}",
-        out.stdout_str(),
-        out.stderr_str()
-    );
-    out.stdout_str()
-}
-
-/// Status, code and message of an API error.
-fn api_error<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, ErrorCode, String) {
-    match r {
-        Err(ClientError::Api { status, body }) => (status, body.code, body.message),
-        other => panic!("expected an API error, got {other:?}"),
-    }
+    shell(c, id, line, false).await
 }
 
 /// A background counter: `/home/user/counter` goes up ten times a second.

@@ -9,7 +9,7 @@ use space_core::process::ProcessSpec;
 use space_core::sandbox::CreateSandboxRequest;
 use space_core::{SandboxId, SandboxState, SnapshotKind, SnapshotTrigger};
 use space_node::{Node, PauseCause};
-use test_support::{wait_until, TestServer, TEST_TEMPLATE};
+use test_support::{shell, wait_until, TestServer, TEST_TEMPLATE};
 
 async fn create(ts: &TestServer) -> SandboxId {
     ts.client
@@ -28,17 +28,7 @@ fn node(ts: &TestServer) -> Node {
 
 /// Runs a shell line as root to completion; returns stdout, asserting success.
 async fn sh(ts: &TestServer, id: &SandboxId, line: &str) -> String {
-    let mut spec = ProcessSpec::shell(line);
-    spec.user = Some("root".into());
-    let out = ts.client.run(id, &spec).await.expect("run");
-    assert_eq!(
-        out.status.exit_code,
-        Some(0),
-        "`{line}` failed: {} {}",
-        out.stdout_str(),
-        out.stderr_str()
-    );
-    out.stdout_str()
+    shell(&ts.client, id, line, true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use space_cli::client::{ClientError, SpaceClient};
+use space_cli::client::SpaceClient;
 use space_core::process::ProcessSpec;
 use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, ForkRequest, SandboxOrigin, SnapshotTaken,
@@ -15,7 +15,7 @@ use space_core::{
     ErrorCode, FileChangeKind, SandboxId, SandboxState, SnapshotKind, SnapshotSchedule,
     SnapshotTrigger,
 };
-use test_support::{wait_until, TestServer, TEST_TEMPLATE};
+use test_support::{api_error, shell, wait_until, TestServer, TEST_TEMPLATE};
 
 /// A sandbox without scheduled snapshots (so listings hold only what the test took).
 fn request() -> CreateSandboxRequest {
@@ -30,32 +30,8 @@ async fn create(c: &SpaceClient) -> SandboxId {
     c.create_sandbox(&request()).await.expect("create").id
 }
 
-/// Runs a shell line to completion (as root when `root`); returns stdout, asserting success.
-async fn run(c: &SpaceClient, id: &SandboxId, line: &str, root: bool) -> String {
-    let mut spec = ProcessSpec::shell(line);
-    if root {
-        spec.user = Some("root".into());
-    }
-    let out = c.run(id, &spec).await.expect("run");
-    assert_eq!(
-        out.status.exit_code,
-        Some(0),
-        "`{line}` failed: {} {}",
-        out.stdout_str(),
-        out.stderr_str()
-    );
-    out.stdout_str()
-}
-
 async fn sh(c: &SpaceClient, id: &SandboxId, line: &str) -> String {
-    run(c, id, line, false).await
-}
-
-fn api_error<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, ErrorCode, String) {
-    match r {
-        Err(ClientError::Api { status, body }) => (status, body.code, body.message),
-        other => panic!("expected an API error, got {other:?}"),
-    }
+    shell(c, id, line, false).await
 }
 
 async fn snapshot(
@@ -640,7 +616,7 @@ async fn a_guest_that_froze_itself_gets_a_clear_conflict() {
         ts.stop().await;
         return;
     }
-    run(c, &id, "fsfreeze --freeze /", true).await;
+    shell(c, &id, "fsfreeze --freeze /", true).await;
     let t = Instant::now();
     let (status, code, msg) = api_error(
         c.create_snapshot(
@@ -667,7 +643,7 @@ async fn a_guest_that_froze_itself_gets_a_clear_conflict() {
         c.sandbox(&id).await.expect("get").state,
         SandboxState::Running
     );
-    run(c, &id, "fsfreeze --unfreeze /", true).await;
+    shell(c, &id, "fsfreeze --unfreeze /", true).await;
     sh(c, &id, "echo thawed > /home/user/after.txt").await;
     let ok = snapshot(c, &id, SnapshotKind::Disk, None).await;
     assert_eq!(ok.snapshot.kind, SnapshotKind::Disk);

@@ -161,25 +161,7 @@ impl Node {
                 tracing::warn!(%id, error = %e, "guest did not flush its file systems before stop");
             }
         }
-        let vm = self.release_vm(id);
-        let run_dir = self.inner.run_dir(id);
-        let vm = match vm {
-            Some(vm) => Some(vm),
-            None => self
-                .inner
-                .nm
-                .adopt_vm(&self.inner.vm_name(id), &run_dir)
-                .await
-                .ok()
-                .map(Arc::new),
-        };
-        if let Some(vm) = vm {
-            self.inner.nm.kill_vm(&vm).await?;
-        }
-        self.inner.nm.remove_run_dir(&run_dir)?;
-        self.inner
-            .nm
-            .remove_run_dir(&self.inner.pool_dir().join(self.inner.vm_name(id)))?;
+        self.discard_current_vm(id).await?;
         let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
             r.vmm_pid = None;
             r.vm_name = None;

@@ -224,8 +224,8 @@ impl Node {
     }
 
     async fn reconnect_guest(&self, id: &SandboxId, vm: Arc<Vm>) -> Result<(), NodeError> {
+        // `connect_ready` already checked the session answers.
         let guest = crate::vm_start::connect_ready(&vm, self.inner.ready_timeout()).await?;
-        guest.health().await?;
         self.attach(id, vm, Some(guest));
         Ok(())
     }

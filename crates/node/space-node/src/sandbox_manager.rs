@@ -752,28 +752,39 @@ impl Inner {
         id: &SandboxId,
         vm: Option<Arc<Vm>>,
     ) -> Result<(), NodeError> {
-        let run_dir = self.run_dir(id);
-        let vm = match vm {
-            Some(vm) => Some(vm),
-            None => self
-                .nm
-                .adopt_vm(&self.vm_name(id), &run_dir)
-                .await
-                .ok()
-                .map(Arc::new),
-        };
+        self.discard_vms(id, vm).await?;
+        self.nm
+            .remove_sandbox_files(&self.store, id, &self.run_dir(id))?;
+        Ok(())
+    }
+
+    /// Kills `vm` (if given) and every VM that may belong to the sandbox: the one its
+    /// record names and one under its own id that an interrupted operation may have started
+    /// while the record still named another VM (e.g. a rollback of a sandbox that came from
+    /// the pool, interrupted by a node crash). Each is adopted if it can be; one whose
+    /// starter died before its pidfile or QMP existed is found by its command line. Their
+    /// run directories go, and so does a pool VM's first name for its disk.
+    pub(crate) async fn discard_vms(
+        &self,
+        id: &SandboxId,
+        vm: Option<Arc<Vm>>,
+    ) -> Result<(), NodeError> {
         if let Some(vm) = vm {
             self.nm.kill_vm(&vm).await?;
         }
-        // A VMM whose start a crash interrupted cannot be adopted; find it by name.
-        self.nm.kill_stray_vms(&self.vm_name(id)).await?;
-        if self.vm_name(id) != id.as_str() {
-            self.nm.kill_stray_vms(id.as_str()).await?;
+        let mut names = vec![self.vm_name(id)];
+        if names[0] != id.as_str() {
+            names.push(id.to_string());
         }
-        self.nm.remove_sandbox_files(&self.store, id, &run_dir)?;
-        // A VM claimed from the pool kept its disk's first name there.
-        self.nm
-            .remove_run_dir(&self.pool_dir().join(self.vm_name(id)))?;
+        for name in names {
+            let run_dir = self.vm_run_dir(&name);
+            if let Ok(vm) = self.nm.adopt_vm(&name, &run_dir).await {
+                self.nm.kill_vm(&vm).await?;
+            }
+            self.nm.kill_stray_vms(&name).await?;
+            self.nm.remove_run_dir(&run_dir)?;
+            self.nm.remove_run_dir(&self.pool_dir().join(&name))?;
+        }
         Ok(())
     }
 }

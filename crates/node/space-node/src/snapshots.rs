@@ -375,34 +375,11 @@ impl Node {
         }
     }
 
-    /// Kills the sandbox's VM (watched or only running) and removes its run directory. Also
-    /// kills a VM under the sandbox's own id that an interrupted operation may have started
-    /// while the record still named another VM (e.g. a rollback of a sandbox that came from
-    /// the pool, interrupted by a node crash after the new VM was launched).
+    /// Stops watching the sandbox's VM, kills it and every other VM that may belong to the
+    /// sandbox, and removes their run directories (see [`Inner::discard_vms`]).
     pub(crate) async fn discard_current_vm(&self, id: &SandboxId) -> Result<(), NodeError> {
-        let recorded = self.inner.vm_name(id);
-        if let Some(vm) = self.release_vm(id) {
-            self.inner.nm.kill_vm(&vm).await?;
-        }
-        let mut names = vec![recorded];
-        if names[0] != id.as_str() {
-            names.push(id.to_string());
-        }
-        for name in names {
-            let run_dir = self.inner.vm_run_dir(&name);
-            if let Ok(vm) = self.inner.nm.adopt_vm(&name, &run_dir).await {
-                self.inner.nm.kill_vm(&vm).await?;
-            }
-            // One its starter never finished starting (no pidfile or QMP yet) is not
-            // adoptable, but must not survive: it holds the run directory.
-            self.inner.nm.kill_stray_vms(&name).await?;
-            self.inner.nm.remove_run_dir(&run_dir)?;
-            // A VM claimed from the pool kept its disk's first name there.
-            self.inner
-                .nm
-                .remove_run_dir(&self.inner.pool_dir().join(&name))?;
-        }
-        Ok(())
+        let vm = self.release_vm(id);
+        self.inner.discard_vms(id, vm).await
     }
 
     /// Starts the sandbox's VM from a saved state (its disk already in place), makes it
