@@ -166,14 +166,16 @@ pub fn new_data_dir() -> PathBuf {
     dir
 }
 
-/// Logs to the test's output (shown for failing tests), once per process.
+/// Logs to the test's output (shown for failing tests), once per process. Warnings only by
+/// default, so a failure's panic message is not buried (CI shows only part of the output);
+/// `SPACE_TEST_LOG=info` (any `EnvFilter`) for the whole story.
 pub fn init_logging() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("SPACE_TEST_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
             )
             .with_test_writer()
             .try_init();

@@ -77,8 +77,14 @@ impl RotatingLog {
     }
 }
 
-/// Copies the console socket into the log until QEMU closes it (VM exit).
-pub(crate) async fn copy_console(vm: String, mut stream: UnixStream, mut log: RotatingLog) {
+/// Copies the console socket into the log until QEMU closes it (VM exit). `_drained` is
+/// dropped when the copier ends, which is how the exit monitor knows the log is complete.
+pub(crate) async fn copy_console(
+    vm: String,
+    mut stream: UnixStream,
+    mut log: RotatingLog,
+    _drained: tokio::sync::oneshot::Sender<()>,
+) {
     let mut buf = vec![0u8; COPY_CHUNK];
     loop {
         match stream.read(&mut buf).await {

@@ -21,7 +21,7 @@ use crate::process::ProcHandle;
 use crate::procfs;
 use crate::qemu_args::{self, CONSOLE_CHARDEV};
 use crate::qmp::{self as qmp_conn, Qmp, QmpState};
-use crate::vm::{ExitSource, Tasks, Vm};
+use crate::vm::{ConsoleCopier, ExitSource, Tasks, Vm};
 use crate::{Accel, Vmm};
 
 /// From spawn to a QMP greeting; QEMU needs ~50 ms, but the host may be very busy.
@@ -267,7 +267,7 @@ impl Vmm for QemuVmm {
         );
         // Output the guest wrote while nobody was connected is lost; from now on it is kept.
         match attach_console(name, &paths).await {
-            Ok(handle) => tasks.push(handle),
+            Ok(copier) => tasks.push_console(copier),
             Err(e) => {
                 tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
             }
@@ -306,7 +306,7 @@ async fn start(
         .abort_handle(),
     );
     // QMP answering means QEMU has created all its sockets, including the console's.
-    tasks.push(attach_console(&cfg.name, paths).await?);
+    tasks.push_console(attach_console(&cfg.name, paths).await?);
     wait_console_attached(&qmp).await?;
     if !alive() {
         return Err(VmmError::Exited(
@@ -334,7 +334,7 @@ async fn start(
 }
 
 /// Connects to the console socket and starts copying it into console.log.
-async fn attach_console(name: &str, paths: &VmPaths) -> Result<tokio::task::AbortHandle, VmmError> {
+async fn attach_console(name: &str, paths: &VmPaths) -> Result<ConsoleCopier, VmmError> {
     let stream = UnixStream::connect(&paths.console).await.map_err(|e| {
         VmmError::io(
             format!("connect console socket {}", paths.console.display()),
@@ -344,7 +344,17 @@ async fn attach_console(name: &str, paths: &VmPaths) -> Result<tokio::task::Abor
     let log = RotatingLog::open(&paths.console_log, CONSOLE_LOG_MAX_BYTES)
         .await
         .map_err(|e| VmmError::io(format!("open {}", paths.console_log.display()), e))?;
-    Ok(tokio::spawn(console::copy_console(name.to_owned(), stream, log)).abort_handle())
+    let (drained_tx, drained) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(console::copy_console(
+        name.to_owned(),
+        stream,
+        log,
+        drained_tx,
+    ));
+    Ok(ConsoleCopier {
+        task: task.abort_handle(),
+        drained,
+    })
 }
 
 /// QEMU accepts socket clients from its main loop; until it has accepted ours, serial output

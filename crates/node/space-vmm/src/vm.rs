@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use qapi::{qmp, Enum};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::AbortHandle;
 
 use crate::config::VmPaths;
@@ -43,19 +43,34 @@ pub(crate) enum ExitSource {
     Pidfd,
 }
 
+/// The task copying the serial console into console.log.
+pub(crate) struct ConsoleCopier {
+    pub(crate) task: AbortHandle,
+    /// Resolves (with an error) once the copier has ended, i.e. written all QEMU sent.
+    pub(crate) drained: oneshot::Receiver<()>,
+}
+
 /// Aborts the VM's background tasks when the [`Vm`] goes away.
 #[derive(Default)]
-pub(crate) struct Tasks(Vec<AbortHandle>);
+pub(crate) struct Tasks {
+    handles: Vec<AbortHandle>,
+    console_drained: Option<oneshot::Receiver<()>>,
+}
 
 impl Tasks {
     pub(crate) fn push(&mut self, handle: AbortHandle) {
-        self.0.push(handle);
+        self.handles.push(handle);
+    }
+
+    pub(crate) fn push_console(&mut self, copier: ConsoleCopier) {
+        self.handles.push(copier.task);
+        self.console_drained = Some(copier.drained);
     }
 }
 
 impl Drop for Tasks {
     fn drop(&mut self) {
-        for t in &self.0 {
+        for t in &self.handles {
             t.abort();
         }
     }
@@ -104,6 +119,7 @@ impl Vm {
             paths.clone(),
             proc.clone(),
             qmp_state.clone(),
+            tasks.console_drained.take(),
             source,
             sigkilled.clone(),
             exit_tx,
@@ -322,6 +338,7 @@ async fn monitor(
     paths: VmPaths,
     proc: Arc<ProcHandle>,
     qmp_state: Arc<QmpState>,
+    console_drained: Option<oneshot::Receiver<()>>,
     source: ExitSource,
     sigkilled: Arc<AtomicBool>,
     exit_tx: watch::Sender<Option<VmExit>>,
@@ -349,8 +366,18 @@ async fn monitor(
         }
     };
     // QEMU writes SHUTDOWN before exiting, but our reader may not have processed it yet; the
-    // socket is at EOF now, so draining it is quick.
-    let _ = tokio::time::timeout(EVENT_DRAIN, qmp_state.wait_closed()).await;
+    // socket is at EOF now, so draining it is quick. The same holds for the console: whoever
+    // reads console.log after the exit (a failure reason, say) must see the guest's last words.
+    let console = async {
+        if let Some(drained) = console_drained {
+            let _ = drained.await;
+        }
+    };
+    let _ = tokio::time::timeout(
+        EVENT_DRAIN,
+        futures::future::join(qmp_state.wait_closed(), console),
+    )
+    .await;
     let reason = exit_reason(
         qmp_state.shutdown().as_ref(),
         end,
