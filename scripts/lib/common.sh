@@ -19,8 +19,12 @@ APT_PACKAGES=(
     e2fsprogs            # template images (mkfs.ext4 -d)
     debootstrap          # the `base` template
     busybox-static       # initramfs and the `busybox` template
+    iproute2             # sandbox network namespaces, TAP devices
+    nftables             # the default-deny firewall of every sandbox namespace
     util-linux           # losetup, mount
     kmod                 # modules.dep of the guest kernel
+    curl                 # copied into the `busybox` template, with libcurl4 and its libraries
+    openssl              # copied into the `busybox` template, with libssl3 (and openssl.cnf)
     ca-certificates
 )
 

@@ -147,6 +147,9 @@ pub fn import_template(store: &Store, template: &str) -> Result<()> {
 pub fn test_server_config(data_dir: &Path) -> ServerConfig {
     let mut config = ServerConfig::new(data_dir);
     config.listen = "127.0.0.1:0".parse().expect("literal address");
+    // Every test server would otherwise keep the production pool warm (many VMs each, all
+    // competing for CI's two cores); tests of the pool itself ask for one.
+    config.node.pool_size = 0;
     let store = Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
     import_template(&store, TEST_TEMPLATE).expect("import test template");
     config

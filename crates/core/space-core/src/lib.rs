@@ -8,6 +8,7 @@
 //! Architecture invariant: this crate performs no I/O and depends on no runtime. It is
 //! shared by the guest daemon, so it must stay small.
 
+pub mod egress;
 pub mod error;
 pub mod files;
 pub mod id;

@@ -214,8 +214,13 @@ pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     Ok(())
 }
 
+/// A user name that [`validate_user_name`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid user name: want [a-z_][a-z0-9_-]*, at most 32 bytes")]
+pub struct InvalidUserName;
+
 /// A POSIX-ish user name: `[a-z_][a-z0-9_-]*`, at most 32 bytes.
-pub fn validate_user_name(name: &str) -> Result<(), ()> {
+pub fn validate_user_name(name: &str) -> Result<(), InvalidUserName> {
     let ok = !name.is_empty()
         && name.len() <= 32
         && name.bytes().enumerate().all(|(i, b)| {
@@ -224,7 +229,7 @@ pub fn validate_user_name(name: &str) -> Result<(), ()> {
     if ok {
         Ok(())
     } else {
-        Err(())
+        Err(InvalidUserName)
     }
 }
 

@@ -32,7 +32,7 @@ fn check_path(path: &str) -> Result<(), GuestError> {
 fn check_user(user: Option<&str>) -> Result<(), GuestError> {
     match user {
         Some(u) => validate_user_name(u)
-            .map_err(|()| GuestError::local(ErrorCode::InvalidRequest, "bad user name")),
+            .map_err(|_| GuestError::local(ErrorCode::InvalidRequest, "bad user name")),
         None => Ok(()),
     }
 }

@@ -50,7 +50,7 @@ impl GuestClient {
             )
         })?;
         validate_user_name(&cfg.default_user)
-            .map_err(|()| GuestError::local(ErrorCode::InvalidRequest, "bad default user name"))?;
+            .map_err(|_| GuestError::local(ErrorCode::InvalidRequest, "bad default user name"))?;
         self.transport()
             .unit(
                 Method::POST,

@@ -80,6 +80,15 @@ pub enum ImageError {
         /// What was wrong.
         detail: String,
     },
+    /// A file a template takes from the host is missing or unusable (e.g. a library of it
+    /// is not found).
+    #[error("host file {path}: {detail}")]
+    HostFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// A file is too large for the cpio (newc) format.
     #[error("{0} is too large for an initramfs (4 GiB limit per file)")]
     TooLarge(PathBuf),

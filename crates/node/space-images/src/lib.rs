@@ -12,6 +12,7 @@
 mod digest;
 mod error;
 pub mod ext4;
+mod hostfiles;
 pub mod initramfs;
 mod kernel;
 pub mod mirror;

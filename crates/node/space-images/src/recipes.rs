@@ -18,11 +18,48 @@ pub struct ConfigFile {
     pub contents: &'static str,
 }
 
+/// A file a recipe copies from the host, at the same path (dereferenced, owned by root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFile {
+    /// Path on the host and in the root filesystem, without the leading `/`.
+    pub path: &'static str,
+    /// A dynamically linked program: mode 0755, and the shared libraries it needs (as the
+    /// host's `ldd` resolves them) and its dynamic loader are copied too, at the paths the
+    /// host has them. Otherwise a data file, mode 0644.
+    pub executable: bool,
+}
+
+/// A symbolic link a recipe creates (owned by root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Path of the link, without the leading `/`.
+    pub path: &'static str,
+    /// What it points to.
+    pub target: &'static str,
+}
+
+/// A directory a recipe creates (owned by root), with any missing parents (mode 0755).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dir {
+    /// Path, without the leading `/`.
+    pub path: &'static str,
+    /// Permission bits.
+    pub mode: u32,
+}
+
 /// How the root filesystem is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecipeKind {
-    /// A static busybox with its applets linked, and a minimal /etc. Builds in seconds.
-    Busybox,
+    /// A static busybox with its applets linked, a minimal /etc, and a few programs (with
+    /// their libraries and glibc) copied from the host's Debian packages. Builds in seconds.
+    Busybox {
+        /// Files copied from the host (their sha256 are digest inputs).
+        host_files: &'static [HostFile],
+        /// Directories created.
+        dirs: &'static [Dir],
+        /// Symbolic links created.
+        links: &'static [Link],
+    },
     /// `debootstrap --variant=<variant> --include=<packages> <suite>`, then a `user` account.
     Debootstrap {
         /// Debian suite.
@@ -76,6 +113,80 @@ const BUSYBOX_FILES: &[ConfigFile] = &[
         mode: 0o644,
         contents: include_str!("../../../../images/templates/busybox/etc/hosts"),
     },
+    ConfigFile {
+        path: "etc/nsswitch.conf",
+        mode: 0o644,
+        contents: include_str!("../../../../images/templates/busybox/etc/nsswitch.conf"),
+    },
+    // The CA bundle curl and openssl use by default (Debian's path); empty: the node appends
+    // the sandbox's CA (and puts the PEM in usr/local/share/ca-certificates).
+    ConfigFile {
+        path: "etc/ssl/certs/ca-certificates.crt",
+        mode: 0o644,
+        contents: include_str!(
+            "../../../../images/templates/busybox/etc/ssl/certs/ca-certificates.crt"
+        ),
+    },
+];
+
+/// Network clients for tests inside sandboxes, from the host's Debian packages (curl,
+/// libcurl4, openssl, libssl3 and their dependencies; installed by scripts/lib/common.sh).
+const BUSYBOX_HOST_FILES: &[HostFile] = &[
+    HostFile {
+        path: "usr/bin/curl",
+        executable: true,
+    },
+    HostFile {
+        path: "usr/bin/openssl",
+        executable: true,
+    },
+    // `openssl req`, `ca` and friends need a config file.
+    HostFile {
+        path: "etc/ssl/openssl.cnf",
+        executable: false,
+    },
+];
+
+const BUSYBOX_DIRS: &[Dir] = &[
+    Dir {
+        path: "etc/ssl",
+        mode: 0o755,
+    },
+    Dir {
+        path: "etc/ssl/certs",
+        mode: 0o755,
+    },
+    Dir {
+        path: "etc/ssl/private",
+        mode: 0o700,
+    },
+    // Where the node puts the sandbox's CA certificate (as Debian's update-ca-certificates
+    // expects local CAs).
+    Dir {
+        path: "usr/local/share/ca-certificates",
+        mode: 0o755,
+    },
+];
+
+/// OpenSSL's directory (OPENSSLDIR), laid out as Debian's openssl package does: its default
+/// CA file is the bundle in /etc/ssl/certs, as curl's is.
+const BUSYBOX_LINKS: &[Link] = &[
+    Link {
+        path: "usr/lib/ssl/cert.pem",
+        target: "/etc/ssl/certs/ca-certificates.crt",
+    },
+    Link {
+        path: "usr/lib/ssl/certs",
+        target: "/etc/ssl/certs",
+    },
+    Link {
+        path: "usr/lib/ssl/openssl.cnf",
+        target: "/etc/ssl/openssl.cnf",
+    },
+    Link {
+        path: "usr/lib/ssl/private",
+        target: "/etc/ssl/private",
+    },
 ];
 
 const BASE_FILES: &[ConfigFile] = &[
@@ -103,8 +214,8 @@ const BASE_FILES: &[ConfigFile] = &[
 
 const BASE_PACKAGES: &str = include_str!("../../../../images/templates/base/packages");
 
-/// The size of the busybox template's image.
-pub const BUSYBOX_IMAGE_MIB: u32 = 48;
+/// The size of the busybox template's image (about 24 MiB of files).
+pub const BUSYBOX_IMAGE_MIB: u32 = 64;
 
 /// All recipes, by name.
 pub fn recipes() -> Vec<TemplateRecipe> {
@@ -122,9 +233,13 @@ pub fn recipes() -> Vec<TemplateRecipe> {
         },
         TemplateRecipe {
             name: "busybox",
-            version: 1,
-            description: "Static busybox only; small and fast to build (for tests)",
-            kind: RecipeKind::Busybox,
+            version: 2,
+            description: "Static busybox, plus Debian's curl and openssl; small and fast to build (for tests)",
+            kind: RecipeKind::Busybox {
+                host_files: BUSYBOX_HOST_FILES,
+                dirs: BUSYBOX_DIRS,
+                links: BUSYBOX_LINKS,
+            },
             packages: Vec::new(),
             files: BUSYBOX_FILES,
             image_size_mib: Some(BUSYBOX_IMAGE_MIB),
@@ -141,19 +256,39 @@ pub fn recipe(name: &str) -> Option<TemplateRecipe> {
 
 impl TemplateRecipe {
     /// The template digest: name, version, how it is built, packages and config files, plus
-    /// `extra` inputs that are part of the content (e.g. the busybox binary's sha256). Not
-    /// the mirror, nor the kernel it boots with, nor metadata like default resources.
+    /// `extra` inputs that are part of the content (e.g. the sha256 of the busybox binary
+    /// and of every file copied from the host). Not the mirror, nor the kernel it boots
+    /// with, nor metadata like default resources.
     pub fn digest(&self, extra: &[(&str, &str)]) -> String {
         let mut d = InputDigest::new("space-template");
         d.field("name", self.name.as_bytes());
         d.field("version", &self.version.to_le_bytes());
         match self.kind {
-            RecipeKind::Busybox => d.field("kind", b"busybox"),
-            RecipeKind::Debootstrap { suite, variant } => d
-                .field("kind", b"debootstrap")
-                .field("suite", suite.as_bytes())
-                .field("variant", variant.as_bytes()),
-        };
+            RecipeKind::Busybox {
+                host_files,
+                dirs,
+                links,
+            } => {
+                d.field("kind", b"busybox");
+                for f in host_files {
+                    d.field("host_file", f.path.as_bytes())
+                        .field("executable", &[u8::from(f.executable)]);
+                }
+                for dir in dirs {
+                    d.field("dir", dir.path.as_bytes())
+                        .field("mode", &dir.mode.to_le_bytes());
+                }
+                for l in links {
+                    d.field("link", l.path.as_bytes())
+                        .field("target", l.target.as_bytes());
+                }
+            }
+            RecipeKind::Debootstrap { suite, variant } => {
+                d.field("kind", b"debootstrap")
+                    .field("suite", suite.as_bytes())
+                    .field("variant", variant.as_bytes());
+            }
+        }
         for p in &self.packages {
             d.field("package", p.as_bytes());
         }
@@ -218,6 +353,42 @@ mod tests {
     }
 
     #[test]
+    fn busybox_has_network_clients_and_the_ca_bundle() {
+        let bb = recipe("busybox").unwrap();
+        let RecipeKind::Busybox {
+            host_files,
+            dirs,
+            links,
+        } = bb.kind
+        else {
+            panic!("busybox is not a busybox recipe");
+        };
+        for exe in ["usr/bin/curl", "usr/bin/openssl"] {
+            assert!(
+                host_files.iter().any(|f| f.path == exe && f.executable),
+                "{exe}"
+            );
+        }
+        assert!(bb
+            .files
+            .iter()
+            .any(|f| f.path == "etc/ssl/certs/ca-certificates.crt"));
+        assert!(dirs
+            .iter()
+            .any(|d| d.path == "usr/local/share/ca-certificates"));
+        assert!(links.iter().any(|l| l.path == "usr/lib/ssl/cert.pem"
+            && l.target == "/etc/ssl/certs/ca-certificates.crt"));
+        let paths = host_files
+            .iter()
+            .map(|f| f.path)
+            .chain(dirs.iter().map(|d| d.path))
+            .chain(links.iter().map(|l| l.path));
+        for p in paths {
+            assert!(!p.starts_with('/') && !p.contains(".."), "{p}");
+        }
+    }
+
+    #[test]
     fn digest_depends_on_content_inputs_only() {
         let bb = recipe("busybox").unwrap();
         let d1 = bb.digest(&[("busybox", "aa")]);
@@ -230,5 +401,30 @@ mod tests {
         other_defaults.default_resources.memory_mib = 1024;
         assert_eq!(d1, other_defaults.digest(&[("busybox", "aa")]));
         assert_ne!(recipe("base").unwrap().digest(&[]), d1);
+        // Host files: their contents (extra inputs) and the recipe's lists.
+        let with_curl = bb.digest(&[
+            ("busybox", "aa"),
+            ("host_file", "usr/bin/curl"),
+            ("host_file_sha256", "11"),
+        ]);
+        assert_ne!(with_curl, d1);
+        assert_ne!(
+            with_curl,
+            bb.digest(&[
+                ("busybox", "aa"),
+                ("host_file", "usr/bin/curl"),
+                ("host_file_sha256", "22"),
+            ])
+        );
+        let mut fewer = bb.clone();
+        if let RecipeKind::Busybox { host_files, .. } = &mut fewer.kind {
+            *host_files = &host_files[..1];
+        }
+        assert_ne!(d1, fewer.digest(&[("busybox", "aa")]));
+        let mut no_links = bb.clone();
+        if let RecipeKind::Busybox { links, .. } = &mut no_links.kind {
+            *links = &[];
+        }
+        assert_ne!(d1, no_links.digest(&[("busybox", "aa")]));
     }
 }

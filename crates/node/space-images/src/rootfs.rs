@@ -6,7 +6,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::error::{ImageError, IoContext};
-use crate::recipes::ConfigFile;
+use crate::hostfiles::make_parents;
+use crate::recipes::{ConfigFile, Dir, Link};
 use crate::run;
 
 /// uid and gid of the sandbox user.
@@ -36,12 +37,15 @@ pub(crate) fn write_files(tree: &Path, files: &[ConfigFile]) -> Result<(), Image
 }
 
 /// The busybox tree: `/bin/busybox` with every applet linked in `/bin` and `/usr/bin`, the
-/// recipe's `/etc` files, `/home/user` owned by the user, and the usual empty directories.
+/// recipe's directories, links and `/etc` files, `/home/user` owned by the user, and the
+/// usual empty directories. (Host files are copied in afterwards, over any applet link.)
 pub(crate) fn busybox_tree(
     tree: &Path,
     busybox: &Path,
     applets: &[String],
     files: &[ConfigFile],
+    dirs: &[Dir],
+    links: &[Link],
 ) -> Result<(), ImageError> {
     for (dir, mode) in [
         ("bin", 0o755),
@@ -61,6 +65,11 @@ pub(crate) fn busybox_tree(
         make_dir(&tree.join(dir), mode, 0, 0)?;
     }
     make_dir(&tree.join("home/user"), 0o755, USER_ID, USER_ID)?;
+    for d in dirs {
+        let path = tree.join(d.path);
+        make_parents(tree, &path)?;
+        make_dir(&path, d.mode, 0, 0)?;
+    }
     let bb = tree.join("bin/busybox");
     std::fs::copy(busybox, &bb).ctx("copy busybox to", &bb)?;
     std::fs::set_permissions(&bb, std::fs::Permissions::from_mode(0o755)).ctx("chmod", &bb)?;
@@ -77,6 +86,11 @@ pub(crate) fn busybox_tree(
             program: busybox.display().to_string(),
             detail: "no 'sh' applet".into(),
         });
+    }
+    for l in links {
+        let path = tree.join(l.path);
+        make_parents(tree, &path)?;
+        symlink(l.target, &path).ctx("symlink", &path)?;
     }
     write_files(tree, files)
 }

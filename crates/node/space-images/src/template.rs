@@ -8,6 +8,7 @@ use space_storage::{Store, IMAGE_FILE};
 
 use crate::digest::sha256_file;
 use crate::error::ImageError;
+use crate::hostfiles::{self, CopiedFile};
 use crate::kernel::{busybox_applets, now_ms, short};
 use crate::recipes::{recipe, recipes, RecipeKind, TemplateRecipe};
 use crate::{ext4, mirror, rootfs};
@@ -37,12 +38,30 @@ impl Default for BuildOpts {
 /// The digest template `name` would have with these options (its cache key).
 pub fn template_digest(name: &str, opts: &BuildOpts) -> Result<String, ImageError> {
     let r = find(name)?;
+    let host = host_files(&r)?;
+    digest_of(&r, opts, &host)
+}
+
+/// The recipe's digest, given the host files it copies.
+fn digest_of(
+    r: &TemplateRecipe,
+    opts: &BuildOpts,
+    host: &[CopiedFile],
+) -> Result<String, ImageError> {
     Ok(r.digest(
-        &extra_inputs(&r, opts)?
+        &extra_inputs(r, opts, host)?
             .iter()
             .map(|(k, v)| (*k, v.as_str()))
             .collect::<Vec<_>>(),
     ))
+}
+
+/// The files the recipe copies from the host, libraries resolved.
+fn host_files(r: &TemplateRecipe) -> Result<Vec<CopiedFile>, ImageError> {
+    match r.kind {
+        RecipeKind::Busybox { host_files, .. } => hostfiles::resolve(host_files),
+        RecipeKind::Debootstrap { .. } => Ok(Vec::new()),
+    }
 }
 
 fn find(name: &str) -> Result<TemplateRecipe, ImageError> {
@@ -56,14 +75,22 @@ fn find(name: &str) -> Result<TemplateRecipe, ImageError> {
     })
 }
 
+/// Content inputs beyond the recipe: the busybox binary's sha256, then each host file's
+/// path in the tree (libraries included) and sha256, in path order.
 fn extra_inputs(
     r: &TemplateRecipe,
     opts: &BuildOpts,
+    host: &[CopiedFile],
 ) -> Result<Vec<(&'static str, String)>, ImageError> {
-    Ok(match r.kind {
-        RecipeKind::Busybox => vec![("busybox_sha256", sha256_file(&opts.busybox)?)],
+    let mut extra = match r.kind {
+        RecipeKind::Busybox { .. } => vec![("busybox_sha256", sha256_file(&opts.busybox)?)],
         RecipeKind::Debootstrap { .. } => vec![],
-    })
+    };
+    for f in host {
+        extra.push(("host_file", f.dest.clone()));
+        extra.push(("host_file_sha256", sha256_file(&f.source)?));
+    }
+    Ok(extra)
 }
 
 /// Builds template `name` into the store (or finds it built) and binds it to the kernel
@@ -85,7 +112,8 @@ pub fn build_template(
     if store.kernels().get(kernel_digest)?.is_none() {
         return Err(ImageError::KernelMissing(kernel_digest.to_owned()));
     }
-    let digest = template_digest(name, opts)?;
+    let host = host_files(&r)?;
+    let digest = digest_of(&r, opts, &host)?;
     let templates = store.templates();
     if templates.lookup_digest(&digest)?.is_some() {
         progress(&format!("template {name} ({}) is cached", short(&digest)));
@@ -97,9 +125,11 @@ pub fn build_template(
         progress(&format!("building template {name} ({})", short(&digest)));
         let tree = staging.join("tree");
         match r.kind {
-            RecipeKind::Busybox => {
+            RecipeKind::Busybox { dirs, links, .. } => {
                 let applets = busybox_applets(&opts.busybox)?;
-                rootfs::busybox_tree(&tree, &opts.busybox, &applets, r.files)?;
+                rootfs::busybox_tree(&tree, &opts.busybox, &applets, r.files, dirs, links)?;
+                hostfiles::copy_into(&tree, &host)?;
+                hostfiles::check_in_tree(&tree, &host)?;
             }
             RecipeKind::Debootstrap { suite, variant } => {
                 let m = opts

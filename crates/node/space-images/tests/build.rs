@@ -163,10 +163,10 @@ fn busybox_template_image() {
     .unwrap();
     assert_eq!(t.name, "busybox");
     assert_eq!(t.kernel_digest, k.digest);
-    assert_eq!(t.image_size_mib, 48);
+    assert_eq!(t.image_size_mib, 64);
     assert_eq!(t.default_resources.disk_mib, 256);
     let image = g.store().templates().image_path(&t);
-    assert_eq!(std::fs::metadata(&image).unwrap().len(), 48 << 20);
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 64 << 20);
     sh(Command::new("e2fsck").arg("-fn").arg(&image));
     let home = sh(Command::new("debugfs")
         .arg("-R")
@@ -195,6 +195,43 @@ fn busybox_template_image() {
         .arg("stat /bin/sh")
         .arg(&image));
     assert!(bin.contains("Fast link dest: \"/bin/busybox\""), "{bin}");
+    // Debian's curl and openssl, their libraries (glibc too) and the CA bundle they use.
+    let usr_bin = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("ls -l /usr/bin")
+        .arg(&image));
+    for exe in [" curl", " openssl"] {
+        let line = usr_bin
+            .lines()
+            .find(|l| l.trim_end().ends_with(exe))
+            .unwrap_or_else(|| panic!("no{exe} in /usr/bin: {usr_bin}"));
+        assert!(line.contains("100755"), "{line}");
+    }
+    let libs = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("ls /lib/x86_64-linux-gnu")
+        .arg(&image));
+    for lib in ["libc.so.6", "libcurl.so.4", "libssl.so.3", "libcrypto.so.3", "libnghttp2.so.14"] {
+        assert!(libs.contains(lib), "no {lib}: {libs}");
+    }
+    let loader = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("stat /lib64/ld-linux-x86-64.so.2")
+        .arg(&image));
+    assert!(loader.contains("Type: regular"), "{loader}");
+    let bundle = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("stat /usr/lib/ssl/cert.pem")
+        .arg(&image));
+    assert!(
+        bundle.contains("Fast link dest: \"/etc/ssl/certs/ca-certificates.crt\""),
+        "{bundle}"
+    );
+    let ca_dir = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("stat /usr/local/share/ca-certificates")
+        .arg(&image));
+    assert!(ca_dir.contains("Type: directory"), "{ca_dir}");
     assert_eq!(g.store().templates().list().unwrap(), vec![t.clone()]);
 
     // Cached on the second call.

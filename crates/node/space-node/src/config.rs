@@ -29,9 +29,10 @@ pub struct NodeConfig {
 }
 
 /// Default warm pool members per template shape. A paused member costs no CPU and about
-/// 45 MiB of host memory (it shares the image's pages); the pool sheds members when host
-/// memory runs low.
-pub const DEFAULT_POOL_SIZE: usize = 16;
+/// 45 MiB of host memory (it shares the image's pages), so 32 cost ~1.4 GiB; the pool sheds
+/// members when host memory runs low. Under TCG a member takes ~0.5 s of CPU to make, so a
+/// burst of creates outruns the refill: the pool is sized to absorb bursts.
+pub const DEFAULT_POOL_SIZE: usize = 32;
 
 impl NodeConfig {
     /// A config with defaults for everything but the data directory.

@@ -319,6 +319,7 @@ impl Node {
         config: &GuestConfig,
     ) -> Result<Started, NodeError> {
         let inner = &self.inner;
+        let t0 = Instant::now();
         let result = async {
             inner.nm.link_disk(&member.disk, disk)?;
             if resources.disk_mib > member.image.info.key.disk_mib {
@@ -329,10 +330,21 @@ impl Node {
                 f.set_len(u64::from(resources.disk_mib) << 20)
                     .map_err(|e| internal("cannot grow disk", e))?;
             }
+            let t_disk = t0.elapsed();
             member.vm.resume().await?;
             self.grow_disk(&member.vm, &member.image, resources).await?;
+            let t_resume = t0.elapsed();
             let guest = connect_ready(&member.vm, inner.ready_timeout()).await?;
+            let t_connect = t0.elapsed();
             make_unique_and_configure(&guest, config).await?;
+            tracing::debug!(
+                member = %member.name,
+                disk_ms = t_disk.as_millis() as u64,
+                resume_ms = t_resume.as_millis() as u64,
+                connect_ms = t_connect.as_millis() as u64,
+                ready_ms = t0.elapsed().as_millis() as u64,
+                "pool member claimed"
+            );
             Ok::<_, NodeError>(guest)
         }
         .await;
@@ -428,11 +440,21 @@ impl Node {
                 return Err(e);
             }
         };
-        // One answered request warms the daemon's code paths under TCG; then the member
-        // waits paused (no CPU) with no host connected.
+        // Under TCG every code path a VM runs for the first time is translated first (tens
+        // to hundreds of ms for identity and configure: RNG ioctls, ext4 writes). So the
+        // member runs the very requests a claim sends, once, while nobody waits; a claim
+        // then finds them translated. It also leaves the member unique already (its own
+        // RNG seed). Then it waits paused (no CPU) with no host connected.
         let warm = async {
             let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
-            guest.health().await?;
+            let config = GuestConfig {
+                hostname: name.clone(),
+                env: Default::default(),
+                default_user: tpl.default_user.clone(),
+                resize_root: false,
+                time_unix_ms: now_ms(),
+            };
+            make_unique_and_configure(&guest, &config).await?;
             drop(guest);
             crate::vm_start::park(&vm).await;
             vm.pause().await?;

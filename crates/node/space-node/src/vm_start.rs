@@ -16,8 +16,11 @@ const IDENTITY_ENTROPY_BYTES: usize = 64;
 
 /// Health-probe timeout of each successive session tried: a session that completed the
 /// handshake but does not answer is replaced by a fresh one (seen after restores under
-/// load, and after node restarts: the handshake resynchronises the port each time).
-const PROBE_TIMEOUTS: [Duration; 3] = [
+/// load, a few in a hundred, cause not found yet; and after node restarts: the handshake
+/// resynchronises the port each time). A healthy probe answers in tens of ms, so the first
+/// timeout is short: a false alarm costs one more handshake (~20 ms), a stall costs it all.
+const PROBE_TIMEOUTS: [Duration; 4] = [
+    Duration::from_secs(1),
     Duration::from_secs(3),
     Duration::from_secs(6),
     Duration::from_secs(15),
@@ -30,13 +33,19 @@ pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestCli
     let attempts = async {
         let mut last = None;
         for probe in PROBE_TIMEOUTS {
+            let t0 = std::time::Instant::now();
             match GuestClient::connect(&channel, timeout).await {
                 Ok(guest) => match guest.with_timeouts(probe, probe).health().await {
-                    Ok(_) => return Ok(guest),
+                    Ok(_) => {
+                        tracing::debug!(vm = %vm.name(), total_ms = t0.elapsed().as_millis() as u64, "guest session ready");
+                        return Ok(guest);
+                    }
                     // Dropping `guest` closes the session before the next one is opened
                     // (the channel socket takes one client at a time).
                     Err(e) => {
-                        tracing::warn!(vm = %vm.name(), error = %e, "guest session did not answer; opening a fresh one");
+                        let console = space_vmm::console_tail(&vm.paths().console_log, 600)
+                            .unwrap_or_default();
+                        tracing::warn!(vm = %vm.name(), error = %e, %console, "guest session did not answer; opening a fresh one");
                         last = Some(e);
                     }
                 },

@@ -118,8 +118,10 @@ impl Vm {
             name.clone(),
             paths.clone(),
             proc.clone(),
-            qmp_state.clone(),
-            tasks.console_drained.take(),
+            Outputs {
+                qmp: qmp_state.clone(),
+                console_drained: tasks.console_drained.take(),
+            },
             source,
             sigkilled.clone(),
             exit_tx,
@@ -332,17 +334,27 @@ impl Vm {
     }
 }
 
+/// What a VM's output readers leave behind when QEMU exits, to be drained before the exit
+/// is published.
+struct Outputs {
+    qmp: Arc<QmpState>,
+    console_drained: Option<oneshot::Receiver<()>>,
+}
+
 /// Waits for the process to end, then publishes why (after removing its stale sockets).
 async fn monitor(
     name: String,
     paths: VmPaths,
     proc: Arc<ProcHandle>,
-    qmp_state: Arc<QmpState>,
-    console_drained: Option<oneshot::Receiver<()>>,
+    outputs: Outputs,
     source: ExitSource,
     sigkilled: Arc<AtomicBool>,
     exit_tx: watch::Sender<Option<VmExit>>,
 ) {
+    let Outputs {
+        qmp: qmp_state,
+        console_drained,
+    } = outputs;
     let end = match source {
         ExitSource::Child(mut rx) => {
             let reported = rx

@@ -14,13 +14,25 @@ use crate::process::ProcessManager;
 use crate::state::{AppState, RuntimeConfig, INITIAL_DEFAULT_USER};
 use crate::workload::Workload;
 
+/// Log lines queued for the console before new ones are dropped.
+const LOG_QUEUE_LINES: usize = 1024;
+
 /// Entry point of `spaced agent`.
 pub fn run(spec: ChannelSpec) -> ExitCode {
     let filter = EnvFilter::try_from_env("SPACED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Logs go to the serial console through a bounded queue and a thread of their own, lines
+    // dropped when it is full: a console write can block for good (after a restore the
+    // emulated UART may never raise its transmit interrupt again, and the tty buffer fills),
+    // and a log line must never stall a session.
+    let (console, _console_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .thread_name("spaced-log")
+        .finish(std::io::stderr());
     // Plain text: the console ends up in a log file on the host.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(console)
         .with_target(false)
         .with_ansi(false)
         .init();

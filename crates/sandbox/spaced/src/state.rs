@@ -67,7 +67,7 @@ impl AppState {
         let io_err = |e: UserError| ApiError::internal(e.to_string());
         match requested {
             Some(name) => {
-                validate_user_name(name).map_err(|()| {
+                validate_user_name(name).map_err(|_| {
                     ApiError::invalid(format!("bad user name '{}'", name.escape_debug()))
                 })?;
                 users::lookup(name).map_err(|e| match e {

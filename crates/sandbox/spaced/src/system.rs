@@ -1,7 +1,7 @@
 //! Machine-wide settings the node configures: hostname, wall clock, `/etc/hosts`, and the
 //! kernel RNG (reseeded with host entropy after a snapshot restore or fork).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 
 /// Largest `/etc/hosts` we look at.
@@ -79,26 +79,46 @@ pub fn hosts_has(text: &str, name: &str) -> bool {
         .any(|l| l.split_whitespace().skip(1).any(|h| h == name))
 }
 
-/// Appends `127.0.1.1 name` to `/etc/hosts` unless the name is already there, so programs
-/// that resolve their own hostname (sudo, many servers) do not stall or warn.
+/// Marks the `/etc/hosts` line this daemon owns, so a new hostname (after a fork or a
+/// pool claim) replaces the old one instead of adding a line per name ever used.
+const HOSTS_MARKER: &str = "# space hostname";
+
+/// `/etc/hosts` text with `name` mapped to 127.0.1.1 on the line we own (replaced, or
+/// appended), or `None` when the name is mapped already. Lines the user wrote stay as they are.
+pub fn hosts_with_hostname(text: &str, name: &str) -> Option<String> {
+    if hosts_has(text, name) {
+        return None;
+    }
+    let ours = format!("127.0.1.1\t{name}\t{HOSTS_MARKER}");
+    let mut out = String::with_capacity(text.len() + ours.len() + 1);
+    let mut replaced = false;
+    for line in text.lines() {
+        if !replaced && line.trim_end().ends_with(HOSTS_MARKER) {
+            out.push_str(&ours);
+            replaced = true;
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if !replaced {
+        out.push_str(&ours);
+        out.push('\n');
+    }
+    Some(out)
+}
+
+/// Maps `name` in `/etc/hosts` (see [`hosts_with_hostname`]), so programs that resolve
+/// their own hostname (sudo, many servers) do not stall or warn.
 pub fn ensure_hosts_entry(name: &str) -> io::Result<()> {
     let mut text = String::new();
     if let Ok(f) = std::fs::File::open("/etc/hosts") {
         f.take(MAX_HOSTS_BYTES).read_to_string(&mut text)?;
     }
-    if hosts_has(&text, name) {
-        return Ok(());
+    match hosts_with_hostname(&text, name) {
+        Some(new) => std::fs::write("/etc/hosts", new),
+        None => Ok(()),
     }
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open("/etc/hosts")?;
-    let sep = if text.is_empty() || text.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
-    writeln!(f, "{sep}127.0.1.1\t{name}")
 }
 
 #[cfg(test)]
@@ -112,5 +132,26 @@ mod tests {
         assert!(hosts_has(t, "box2"));
         assert!(!hosts_has(t, "box"));
         assert!(!hosts_has(t, "127.0.0.1"));
+    }
+
+    #[test]
+    fn hostname_line_is_replaced_not_accumulated() {
+        let t = "127.0.0.1 localhost\n127.0.1.1 mine # user's own\n";
+        assert_eq!(hosts_with_hostname(t, "localhost"), None);
+        let one = hosts_with_hostname(t, "pool-a").expect("added");
+        assert_eq!(
+            one,
+            "127.0.0.1 localhost\n127.0.1.1 mine # user's own\n127.0.1.1\tpool-a\t# space hostname\n"
+        );
+        let two = hosts_with_hostname(&one, "sbx-b").expect("replaced");
+        assert_eq!(
+            two,
+            "127.0.0.1 localhost\n127.0.1.1 mine # user's own\n127.0.1.1\tsbx-b\t# space hostname\n"
+        );
+        assert_eq!(hosts_with_hostname(&two, "sbx-b"), None);
+        assert_eq!(
+            hosts_with_hostname("", "x-1").as_deref(),
+            Some("127.0.1.1\tx-1\t# space hostname\n")
+        );
     }
 }

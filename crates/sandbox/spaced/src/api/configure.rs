@@ -30,7 +30,7 @@ pub(super) async fn configure(
     }
     validate_env(&cfg.env)
         .map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
-    validate_user_name(&cfg.default_user).map_err(|()| ApiError::invalid("bad default_user"))?;
+    validate_user_name(&cfg.default_user).map_err(|_| ApiError::invalid("bad default_user"))?;
 
     {
         let mut c = st.config.write().unwrap_or_else(|p| p.into_inner());
