@@ -160,3 +160,80 @@ async fn create_exec_files_delete() {
         .all(|(_, cmd)| !cmd.contains(id.as_str())));
     ts.stop().await;
 }
+
+/// The template's network clients (Debian's curl and openssl, with their libraries and
+/// glibc) run as the default user, and the CA bundle they use by default is in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curl_and_openssl_run() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let sb = c.create_sandbox(&create_request()).await.expect("create");
+    let id = sb.id.clone();
+
+    let curl = c
+        .run(&id, &ProcessSpec::argv(["curl", "--version"]))
+        .await
+        .expect("run curl");
+    assert_eq!(
+        curl.status.exit_code,
+        Some(0),
+        "curl --version: {}{}",
+        curl.stdout_str(),
+        curl.stderr_str()
+    );
+    let version = curl.stdout_str();
+    assert!(
+        version
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("OpenSSL/")),
+        "{version}"
+    );
+    let features: Vec<&str> = version
+        .lines()
+        .find_map(|l| l.strip_prefix("Features:"))
+        .unwrap_or_else(|| panic!("no features: {version}"))
+        .split_whitespace()
+        .collect();
+    for f in ["HTTP2", "SSL"] {
+        assert!(features.contains(&f), "no {f} in {features:?}");
+    }
+
+    let openssl = c
+        .run(&id, &ProcessSpec::shell("openssl version; id -u"))
+        .await
+        .expect("run openssl");
+    assert_eq!(
+        openssl.status.exit_code,
+        Some(0),
+        "openssl version: {}{}",
+        openssl.stdout_str(),
+        openssl.stderr_str()
+    );
+    let out = openssl.stdout_str();
+    assert!(out.starts_with("OpenSSL 3."), "{out}");
+    assert!(out.ends_with("\n1000\n"), "not the default user: {out}");
+
+    // Where the node installs the sandbox's CA, and where curl and openssl look for it.
+    let ca = c
+        .run(
+            &id,
+            &ProcessSpec::shell(
+                "test -f /etc/ssl/certs/ca-certificates.crt \
+                 && test -d /usr/local/share/ca-certificates \
+                 && readlink /usr/lib/ssl/cert.pem",
+            ),
+        )
+        .await
+        .expect("run");
+    assert_eq!(
+        ca.stdout_str(),
+        "/etc/ssl/certs/ca-certificates.crt\n",
+        "{}",
+        ca.stderr_str()
+    );
+    assert_eq!(ca.status.exit_code, Some(0));
+
+    c.delete_sandbox(&id).await.expect("delete");
+    ts.stop().await;
+}

@@ -211,7 +211,13 @@ fn busybox_template_image() {
         .arg("-R")
         .arg("ls /lib/x86_64-linux-gnu")
         .arg(&image));
-    for lib in ["libc.so.6", "libcurl.so.4", "libssl.so.3", "libcrypto.so.3", "libnghttp2.so.14"] {
+    for lib in [
+        "libc.so.6",
+        "libcurl.so.4",
+        "libssl.so.3",
+        "libcrypto.so.3",
+        "libnghttp2.so.14",
+    ] {
         assert!(libs.contains(lib), "no {lib}: {libs}");
     }
     let loader = sh(Command::new("debugfs")

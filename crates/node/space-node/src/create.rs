@@ -105,6 +105,7 @@ impl Node {
             default_user: tpl.default_user.clone(),
             resize_root: resources.disk_mib > tpl.image_size_mib,
             time_unix_ms: now_ms(),
+            network: None,
         };
         let disk = self
             .inner
@@ -204,6 +205,7 @@ impl Node {
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
             memory: GuestMemory::Anonymous,
             restore: None,
+            network: None,
         };
         let vm = inner
             .nm
@@ -290,6 +292,7 @@ impl Node {
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
             memory: image.guest_memory(),
             restore: Some(image.restore_from()),
+            network: None,
         };
         Ok(inner.nm.launch_vm(&cfg).await?)
     }
@@ -453,6 +456,7 @@ impl Node {
                 default_user: tpl.default_user.clone(),
                 resize_root: false,
                 time_unix_ms: now_ms(),
+                network: None,
             };
             make_unique_and_configure(&guest, &config).await?;
             drop(guest);

@@ -242,6 +242,7 @@ impl OwnedBuild {
                 shared: true,
             },
             restore: None,
+            network: None,
         };
         tracing::info!(digest, vm = %self.vm_name, "building memory image (one boot)");
         let vm = self.nm.launch_vm(&cfg).await?;
@@ -290,6 +291,7 @@ impl OwnedBuild {
             default_user: self.default_user.clone(),
             resize_root: true,
             time_unix_ms: crate::sandbox_manager::now_ms(),
+            network: None,
         };
         guest
             .with_timeouts(self.ready_timeout, self.ready_timeout)

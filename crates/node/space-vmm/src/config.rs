@@ -37,6 +37,33 @@ pub struct VmConfig {
     pub memory: GuestMemory,
     /// Start from saved state instead of booting the kernel.
     pub restore: Option<RestoreFrom>,
+    /// The guest's network card, if it has one.
+    pub network: Option<VmNetwork>,
+}
+
+/// The guest's NIC (virtio-net), attached to a TAP device inside a network namespace. The
+/// VMM process itself runs in that namespace: it opens the TAP there, and a VMM compromised
+/// by its guest finds nothing else to reach. A VM's device set is part of its saved state,
+/// so a VM restored from state must have a network exactly when the saved one had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmNetwork {
+    /// The namespace (a `/run/netns/<name>` file).
+    pub netns: PathBuf,
+    /// The TAP device inside it (made beforehand, persistent).
+    pub tap: String,
+    /// The guest's MAC address.
+    pub mac: [u8; 6],
+}
+
+impl VmNetwork {
+    /// The MAC as `aa:bb:cc:dd:ee:ff`.
+    pub fn mac_text(&self) -> String {
+        self.mac
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    }
 }
 
 /// What backs guest RAM. Whatever the backing, the RAM block has the same name, so state
@@ -178,6 +205,32 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
     }
     if let GuestMemory::File { path, .. } = &cfg.memory {
         check_plain_path("memory file", path)?;
+    }
+    if let Some(net) = &cfg.network {
+        // IFNAMSIZ is 16 with the NUL; the name goes into a QEMU option string.
+        let plain_tap = !net.tap.is_empty()
+            && net.tap.len() < 16
+            && net
+                .tap
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
+        if !plain_tap {
+            return Err(VmmError::InvalidConfig(format!(
+                "TAP name {:?} must be 1..=15 ASCII letters, digits, '-' or '_'",
+                net.tap
+            )));
+        }
+        if net.mac[0] & 1 == 1 {
+            return Err(VmmError::InvalidConfig(
+                "the guest MAC must be unicast".into(),
+            ));
+        }
+        if !net.netns.is_file() {
+            return Err(VmmError::InvalidConfig(format!(
+                "network namespace {} does not exist",
+                net.netns.display()
+            )));
+        }
     }
     if let Some(restore) = &cfg.restore {
         check_plain_path("state file", &restore.state)?;

@@ -23,7 +23,7 @@ use std::path::Path;
 
 pub use accel::{accel_for, detect_accel, Accel, ParseAccelError};
 pub use config::{
-    validate_name, GuestMemory, RestoreFrom, VmConfig, VmPaths, MAX_KERNEL_CMDLINE_LEN,
+    validate_name, GuestMemory, RestoreFrom, VmConfig, VmNetwork, VmPaths, MAX_KERNEL_CMDLINE_LEN,
     MAX_NAME_LEN,
 };
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};

@@ -90,21 +90,37 @@ impl QemuVmm {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .kill_on_drop(false);
-        // SAFETY: setsid(2) is async-signal-safe and touches no memory. A new session keeps
-        // QEMU out of our process group and terminal, so signals aimed at the node (Ctrl-C,
-        // a service manager stopping it) do not take the VMs down with it.
+        // Opened here (close-on-exec): the child only calls setns on it.
+        let netns = match &cfg.network {
+            Some(net) => Some(std::fs::File::open(&net.netns).map_err(|e| {
+                VmmError::io(format!("open network namespace {}", net.netns.display()), e)
+            })?),
+            None => None,
+        };
+        let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: setsid(2) and setns(2) are async-signal-safe and touch no memory; the fd
+        // stays open until spawn returns (`netns` lives past it). A new session keeps QEMU
+        // out of our process group and terminal, so signals aimed at the node (Ctrl-C, a
+        // service manager stopping it) do not take the VMs down with it.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = netns_fd {
+                    if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
         }
-        cmd.spawn().map_err(|source| VmmError::Spawn {
+        let child = cmd.spawn().map_err(|source| VmmError::Spawn {
             binary: self.binary.clone(),
             source,
-        })
+        });
+        drop(netns);
+        child
     }
 }
 

@@ -107,6 +107,18 @@ pub(crate) fn qemu_args(
         "virtserialport,chardev=channel,name={AGENT_PORT_NAME}"
     ));
     a.flag("-device").arg("virtio-rng-device");
+    if let Some(net) = &cfg.network {
+        // The TAP exists already (persistent, with a virtio-net header) in the namespace
+        // QEMU runs in; no scripts, QEMU never configures the host.
+        a.flag("-netdev").arg(format!(
+            "tap,id=net0,ifname={},script=no,downscript=no,vnet_hdr=on",
+            net.tap
+        ));
+        a.flag("-device").arg(format!(
+            "virtio-net-device,netdev=net0,mac={}",
+            net.mac_text()
+        ));
+    }
     if cfg.restore.is_some() {
         // The state is fed in over QMP (`migrate-incoming`) once QMP and the console are up.
         a.flag("-incoming").arg("defer");
@@ -203,7 +215,24 @@ mod tests {
             tcg_tb_size_mib: Some(64),
             memory: GuestMemory::Anonymous,
             restore: None,
+            network: None,
         }
+    }
+
+    #[test]
+    fn network_card_on_a_tap() {
+        let mut c = cfg(Accel::Tcg);
+        let none = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
+        assert!(!none.iter().any(|a| a.contains("virtio-net")));
+        c.network = Some(crate::VmNetwork {
+            netns: PathBuf::from("/run/netns/x"),
+            tap: "tap0".into(),
+            mac: [2, 0x53, 0x50, 0, 2, 0x0f],
+        });
+        let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
+        assert!(args
+            .contains(&"tap,id=net0,ifname=tap0,script=no,downscript=no,vnet_hdr=on".to_owned()));
+        assert!(args.contains(&"virtio-net-device,netdev=net0,mac=02:53:50:00:02:0f".to_owned()));
     }
 
     fn strings(args: &[OsString]) -> Vec<String> {

@@ -3,6 +3,7 @@
 //! and re-adoption after a simulated node restart.
 
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -127,6 +128,7 @@ impl Fixture {
             tcg_tb_size_mib: Some(32),
             memory: space_vmm::GuestMemory::Anonymous,
             restore: None,
+            network: None,
         }
     }
 }
@@ -271,6 +273,7 @@ async fn launch_then_exit_process() {
         tcg_tb_size_mib: Some(32),
         memory: space_vmm::GuestMemory::Anonymous,
         restore: None,
+        network: None,
     };
     let vm = QemuVmm::new().launch(&cfg).await.unwrap();
     assert!(wait_until(BOOT_TIMEOUT, || console(&vm).contains("vmm-test: tick 1")).await);
@@ -544,4 +547,78 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     });
     let err = vmm.launch(&bad).await.unwrap_err();
     eprintln!("junk state: {err}");
+}
+
+/// Runs `ip` with `args`, panicking with its stderr on failure.
+fn ip(args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Deletes the namespace when the test ends, however it ends.
+struct NetnsGuard(String);
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_card_attaches_to_the_tap_inside_its_namespace() {
+    let f = Fixture::new();
+    let ns = format!("vmmtest-net-{}", std::process::id());
+    ip(&["netns", "add", &ns]);
+    let _guard = NetnsGuard(ns.clone());
+    ip(&[
+        "-n", &ns, "tuntap", "add", "dev", "tap0", "mode", "tap", "vnet_hdr",
+    ]);
+    ip(&["-n", &ns, "link", "set", "tap0", "up"]);
+    // Nobody has the TAP open yet: no carrier.
+    assert!(ip(&["-n", &ns, "link", "show", "tap0"]).contains("NO-CARRIER"));
+
+    let mut cfg = f.config("net", "tick");
+    cfg.network = Some(space_vmm::VmNetwork {
+        netns: PathBuf::from("/run/netns").join(&ns),
+        tap: "tap0".into(),
+        mac: [0x02, 0x53, 0x50, 0x00, 0x02, 0x0f],
+    });
+    let vm = QemuVmm::new().launch(&cfg).await.expect("launch");
+    let _kill = KillOnDrop::new(&vm);
+
+    // QEMU runs in the namespace, and holds the TAP there (the carrier is up).
+    let ours = std::fs::metadata(format!("/run/netns/{ns}"))
+        .expect("netns")
+        .ino();
+    let qemu = std::fs::metadata(format!("/proc/{}/ns/net", vm.pid()))
+        .expect("qemu netns")
+        .ino();
+    assert_eq!(ours, qemu, "QEMU must run inside the sandbox namespace");
+    let link = ip(&["-n", &ns, "link", "show", "tap0"]);
+    assert!(!link.contains("NO-CARRIER"), "{link}");
+
+    // A namespace that does not exist is refused before QEMU starts.
+    let mut bad = f.config("net-missing", "tick");
+    bad.network = Some(space_vmm::VmNetwork {
+        netns: PathBuf::from("/run/netns/vmmtest-no-such-namespace"),
+        tap: "tap0".into(),
+        mac: [0x02, 0, 0, 0, 0, 1],
+    });
+    let err = QemuVmm::new()
+        .launch(&bad)
+        .await
+        .expect_err("missing netns");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+
+    vm.kill(Duration::from_secs(5)).await.expect("kill");
 }

@@ -66,6 +66,58 @@ pub struct GuestConfig {
     pub resize_root: bool,
     /// Host wall clock, ms since the Unix epoch; the guest sets its clock from it.
     pub time_unix_ms: i64,
+    /// The guest's network card and how to address it; absent when the sandbox has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<GuestNetwork>,
+}
+
+/// Static addressing of the guest's one network card (the gateway is the node's, on the
+/// other end of the link; there is no DHCP).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestNetwork {
+    /// MAC of the card to configure (`aa:bb:cc:dd:ee:ff`): the guest finds it by this.
+    pub mac: String,
+    /// The guest's IPv4 address.
+    pub address: std::net::Ipv4Addr,
+    /// Prefix length of the link (1..=30).
+    pub prefix: u8,
+    /// Default gateway.
+    pub gateway: std::net::Ipv4Addr,
+    /// The only DNS server (written to /etc/resolv.conf).
+    pub dns: std::net::Ipv4Addr,
+    /// Link MTU (576..=9000).
+    pub mtu: u16,
+}
+
+impl GuestNetwork {
+    /// The MAC as bytes, if it is six `:`-separated hex octets.
+    pub fn mac_bytes(&self) -> Option<[u8; 6]> {
+        let mut out = [0u8; 6];
+        let mut parts = self.mac.split(':');
+        for b in out.iter_mut() {
+            let p = parts.next()?;
+            if p.len() != 2 {
+                return None;
+            }
+            *b = u8::from_str_radix(p, 16).ok()?;
+        }
+        parts.next().is_none().then_some(out)
+    }
+
+    /// Checks the bounds both ends enforce.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        let ok = self.mac_bytes().is_some_and(|m| m[0] & 1 == 0)
+            && (1..=30).contains(&self.prefix)
+            && (576..=9000).contains(&self.mtu)
+            && !self.address.is_unspecified()
+            && self.address != self.gateway;
+        if ok {
+            Ok(())
+        } else {
+            Err(RequestError::Network)
+        }
+    }
 }
 
 /// A hostname the kernel and resolvers accept: 1-64 bytes of letters, digits, `-` and `.`,
@@ -98,6 +150,9 @@ pub enum RequestError {
     /// `IdentityRequest::time_unix_ms` out of range.
     #[error("time_unix_ms must be 1..={MAX_TIME_UNIX_MS}, got {0}")]
     Time(i64),
+    /// A `GuestNetwork` out of bounds.
+    #[error("network: want a unicast MAC aa:bb:cc:dd:ee:ff, prefix 1..=30, MTU 576..=9000, an address other than the gateway's")]
+    Network,
 }
 
 /// `POST /v1/fs/freeze`: freeze the guest's disk file systems (FIFREEZE) so the host can

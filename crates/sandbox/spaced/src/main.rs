@@ -19,6 +19,7 @@ mod fsuser;
 mod handshake;
 mod init;
 mod mountinfo;
+mod netconfig;
 mod portbridge;
 mod process;
 mod resize;

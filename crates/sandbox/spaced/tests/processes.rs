@@ -32,6 +32,7 @@ async fn health_and_configure_without_touching_the_host() {
         default_user: "nobody".into(),
         resize_root: true,
         time_unix_ms: 1,
+        network: None,
     };
     let (status, _, body) = c
         .call(

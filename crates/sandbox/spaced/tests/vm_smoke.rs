@@ -40,6 +40,7 @@ async fn vm_smoke() {
         default_user: "user".into(),
         resize_root: true,
         time_unix_ms: now_ms,
+        network: None,
     };
     let (s, _, body) = c
         .call(

@@ -31,6 +31,10 @@ pub(super) async fn configure(
     validate_env(&cfg.env)
         .map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
     validate_user_name(&cfg.default_user).map_err(|_| ApiError::invalid("bad default_user"))?;
+    if let Some(net) = &cfg.network {
+        net.validate()
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+    }
 
     {
         let mut c = st.config.write().unwrap_or_else(|p| p.into_inner());
@@ -46,6 +50,13 @@ pub(super) async fn configure(
         return Ok(StatusCode::NO_CONTENT);
     }
     apply_hostname_and_clock(&cfg.hostname, cfg.time_unix_ms).await?;
+    if let Some(net) = cfg.network.clone() {
+        // /etc/resolv.conf is on the root disk, which may be frozen: not on a runtime thread.
+        let ifname = tokio::task::spawn_blocking(move || crate::netconfig::apply(&net))
+            .await?
+            .map_err(|e| ApiError::internal(format!("configure the network: {e}")))?;
+        tracing::info!(interface = %ifname, "network configured");
+    }
     if cfg.resize_root {
         let res = tokio::task::spawn_blocking(|| resize::grow(std::path::Path::new("/"))).await?;
         match res {
