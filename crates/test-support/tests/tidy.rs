@@ -37,8 +37,10 @@ fn every_file_has_a_module_doc() {
     );
 }
 
-/// The guest daemon must not listen on the network: no TCP or UDP listener, and no IP socket
-/// address to bind one to (an `AF_INET` socket is fine for interface ioctls).
+/// The guest daemon must not listen on the network: no TCP or UDP listener, and no IP
+/// socket address to bind one to. An `AF_INET` socket is fine
+/// for interface ioctls, and `netconfig.rs` (which configures the guest's card with them)
+/// is the one file that may build IP socket addresses, for those ioctls only.
 #[test]
 fn guest_daemon_opens_no_network_socket() {
     let mut files = Vec::new();
@@ -48,7 +50,20 @@ fn guest_daemon_opens_no_network_socket() {
     );
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_default();
-        for needle in ["TcpListener", "UdpSocket", "TcpStream", "sockaddr_in"] {
+        let mut needles = vec!["TcpListener", "UdpSocket", "TcpStream"];
+        if f.ends_with("netconfig.rs") {
+            // Its addresses go into ioctls only. (Elsewhere bind/listen serve the vsock
+            // channel, which is not a network.)
+            needles.extend([
+                "libc::bind",
+                "libc::listen",
+                "libc::connect",
+                "libc::accept",
+            ]);
+        } else {
+            needles.push("sockaddr_in");
+        }
+        for needle in needles {
             assert!(
                 !text.contains(needle),
                 "{} mentions {needle}: the daemon listens on no network socket",

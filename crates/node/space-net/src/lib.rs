@@ -14,8 +14,15 @@
 //!   termination.
 //! - `dns`: the resolver a sandbox talks to: answers only names its policy allows, never
 //!   with private or metadata addresses, and remembers (pins) what it answered.
+//! - `proxy`: the transparent TCP proxy every guest connection is redirected to: connects
+//!   only to addresses pinned for allowed names (or named by a CIDR rule), splices, or
+//!   terminates TLS to inspect and inject credentials.
 
 pub mod ca;
 pub mod datapath;
 pub mod dns;
+pub mod proxy;
 pub mod sniff;
+
+#[cfg(test)]
+pub(crate) mod test_util;

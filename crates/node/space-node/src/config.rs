@@ -26,6 +26,10 @@ pub struct NodeConfig {
     pub memory_images: bool,
     /// Warm pool members kept per template shape that creates ask for (0 = no pool).
     pub pool_size: usize,
+    /// Give every sandbox VM a network card in a network namespace of its own, behind the
+    /// default-deny firewall of `space_net::datapath` (issue 4: the gateway that lets
+    /// allowed traffic out is being wired in; until then nothing leaves the namespace).
+    pub sandbox_network: bool,
 }
 
 /// Default warm pool members per template shape. A paused member costs no CPU and about
@@ -47,6 +51,7 @@ impl NodeConfig {
             tcg_tb_size_mib: Some(64),
             memory_images: true,
             pool_size: DEFAULT_POOL_SIZE,
+            sandbox_network: false,
         }
     }
 }

@@ -105,7 +105,7 @@ impl Node {
             default_user: tpl.default_user.clone(),
             resize_root: resources.disk_mib > tpl.image_size_mib,
             time_unix_ms: now_ms(),
-            network: None,
+            network: self.inner.guest_network(),
         };
         let disk = self
             .inner
@@ -113,7 +113,12 @@ impl Node {
             .sandbox_dir(&req.id)
             .join(SANDBOX_DISK_FILE);
         if self.inner.cfg.memory_images && resources.disk_mib >= tpl.default_resources.disk_mib {
-            let key = ImageKey::new(tpl, resources, self.inner.accel);
+            let key = ImageKey::new(
+                tpl,
+                resources,
+                self.inner.accel,
+                self.inner.cfg.sandbox_network,
+            );
             // The image's file system already fills its disk; grow only beyond it.
             let config = &GuestConfig {
                 resize_root: resources.disk_mib > key.disk_mib,
@@ -205,7 +210,7 @@ impl Node {
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
             memory: GuestMemory::Anonymous,
             restore: None,
-            network: None,
+            network: inner.vm_network(vm_name).map_err(|e| (e, None))?,
         };
         let vm = inner
             .nm
@@ -292,7 +297,7 @@ impl Node {
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
             memory: image.guest_memory(),
             restore: Some(image.restore_from()),
-            network: None,
+            network: inner.vm_network(vm_name)?,
         };
         Ok(inner.nm.launch_vm(&cfg).await?)
     }
@@ -383,6 +388,10 @@ impl Node {
             template_image: &template_image,
             default_user: &tpl.default_user,
             run_dir: inner.vm_run_dir(&vm_name),
+            netns: inner
+                .cfg
+                .sandbox_network
+                .then(|| inner.netns_name(&vm_name)),
             vm_name,
             cfg: &inner.cfg,
             accel: inner.accel,
@@ -436,6 +445,7 @@ impl Node {
             Ok(vm) => vm,
             Err(e) => {
                 let _ = self.inner.nm.remove_run_dir(&run_dir);
+                self.inner.drop_vm_network(&name);
                 let _ = self
                     .inner
                     .nm
@@ -456,7 +466,7 @@ impl Node {
                 default_user: tpl.default_user.clone(),
                 resize_root: false,
                 time_unix_ms: now_ms(),
-                network: None,
+                network: self.inner.guest_network(),
             };
             make_unique_and_configure(&guest, &config).await?;
             drop(guest);
@@ -571,6 +581,7 @@ impl Inner {
         if let Err(e) = self.nm.remove_run_dir(run_dir) {
             tracing::warn!(vm = %vm.name(), error = %e, "cannot remove VM run directory");
         }
+        self.drop_vm_network(vm.name());
     }
 
     /// Kills a pool member and removes its files.

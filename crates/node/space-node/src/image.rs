@@ -51,11 +51,19 @@ pub struct ImageKey {
     /// Size of the image's disk; sandboxes with larger disks grow theirs after the restore.
     pub disk_mib: u32,
     pub accel: String,
+    /// The VM has a network card (its device set differs from one without).
+    #[serde(default)]
+    pub network: bool,
 }
 
 impl ImageKey {
     /// The key for sandboxes of `tpl` with `resources`.
-    pub fn new(tpl: &TemplateInfo, resources: &Resources, accel: space_vmm::Accel) -> ImageKey {
+    pub fn new(
+        tpl: &TemplateInfo,
+        resources: &Resources,
+        accel: space_vmm::Accel,
+        network: bool,
+    ) -> ImageKey {
         ImageKey {
             format: IMAGE_FORMAT,
             template_digest: tpl.digest.clone(),
@@ -64,6 +72,7 @@ impl ImageKey {
             memory_mib: resources.memory_mib,
             disk_mib: tpl.default_resources.disk_mib.min(resources.disk_mib),
             accel: accel.to_string(),
+            network,
         }
     }
 
@@ -149,6 +158,9 @@ pub(crate) struct ImageBuild<'a> {
     pub accel: space_vmm::Accel,
     pub nm: Arc<dyn crate::node_manager::NodeManager>,
     pub store: space_storage::Store,
+    /// Network namespace for the image VM when sandboxes have a network card (the image
+    /// must have the same devices as the VMs restored from it).
+    pub netns: Option<String>,
 }
 
 /// Returns the image for `build.key`, building it (once, however many callers ask at the
@@ -193,6 +205,7 @@ struct OwnedBuild {
     accel: space_vmm::Accel,
     nm: Arc<dyn crate::node_manager::NodeManager>,
     store: space_storage::Store,
+    netns: Option<String>,
 }
 
 impl From<&ImageBuild<'_>> for OwnedBuild {
@@ -209,6 +222,7 @@ impl From<&ImageBuild<'_>> for OwnedBuild {
             accel: b.accel,
             nm: b.nm.clone(),
             store: b.store.clone(),
+            netns: b.netns.clone(),
         }
     }
 }
@@ -242,14 +256,28 @@ impl OwnedBuild {
                 shared: true,
             },
             restore: None,
-            network: None,
+            network: match &self.netns {
+                Some(netns) => Some(self.nm.ensure_vm_network(netns)?),
+                None => None,
+            },
         };
         tracing::info!(digest, vm = %self.vm_name, "building memory image (one boot)");
-        let vm = self.nm.launch_vm(&cfg).await?;
-        let result = self.save(&vm, staging, started).await;
-        if let Err(e) = self.nm.kill_vm(&vm).await {
-            tracing::warn!(vm = %self.vm_name, error = %e, "cannot stop image VM");
+        let launched = self.nm.launch_vm(&cfg).await;
+        let result = match &launched {
+            Ok(vm) => self.save(vm, staging, started).await,
+            Err(_) => Err(NodeError::Internal("image VM did not start".into())),
+        };
+        if let Ok(vm) = &launched {
+            if let Err(e) = self.nm.kill_vm(vm).await {
+                tracing::warn!(vm = %self.vm_name, error = %e, "cannot stop image VM");
+            }
         }
+        if let Some(netns) = &self.netns {
+            if let Err(e) = self.nm.remove_vm_network(netns) {
+                tracing::warn!(vm = %self.vm_name, error = %e, "cannot remove image VM network");
+            }
+        }
+        launched?;
         if let Err(e) = self.nm.remove_run_dir(&self.run_dir) {
             tracing::warn!(vm = %self.vm_name, error = %e, "cannot remove image VM run directory");
         }

@@ -16,6 +16,7 @@ pub mod error;
 mod events;
 pub mod fork;
 pub mod image;
+mod network;
 pub mod node_manager;
 mod ops;
 mod pool;

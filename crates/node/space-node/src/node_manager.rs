@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
+use space_net::datapath::{netns, GuestLink, NetError, SandboxNetwork};
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
-use space_vmm::{Vm, VmConfig, Vmm};
+use space_vmm::{Vm, VmConfig, VmNetwork, Vmm};
 
 /// Why a privileged operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,9 @@ pub enum NodeManagerError {
     /// VMM failure.
     #[error(transparent)]
     Vmm(#[from] space_vmm::VmmError),
+    /// Network namespace, TAP or firewall failure.
+    #[error(transparent)]
+    Network(#[from] NetError),
     /// File system failure on run directories.
     #[error("{what} {path}")]
     Io {
@@ -109,6 +113,13 @@ pub trait NodeManager: Send + Sync + 'static {
     async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
     /// Names of the live VMMs whose runtime files are under `run_root`.
     fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
+    /// Makes the network namespace `netns` (TAP, gateway address, firewall) unless it
+    /// exists, and returns the NIC a VM in it gets.
+    fn ensure_vm_network(&self, netns: &str) -> Result<VmNetwork, NodeManagerError>;
+    /// Removes the network namespace `netns`. Idempotent.
+    fn remove_vm_network(&self, netns: &str) -> Result<(), NodeManagerError>;
+    /// Network namespaces whose names start with `prefix`.
+    fn vm_networks(&self, prefix: &str) -> Vec<String>;
 }
 
 /// The in-process node manager (this process must run as root).
@@ -250,5 +261,33 @@ impl NodeManager for LocalNodeManager {
 
     fn vm_names_under(&self, run_root: &Path) -> Vec<String> {
         self.vmm.names_under(run_root)
+    }
+
+    fn ensure_vm_network(&self, name: &str) -> Result<VmNetwork, NodeManagerError> {
+        let link = GuestLink::default();
+        let net = match SandboxNetwork::existing(name, link.clone()) {
+            Some(net) => net,
+            None => SandboxNetwork::create(name, link)?,
+        };
+        Ok(VmNetwork {
+            netns: netns::path(&net.netns),
+            tap: net.link.tap.clone(),
+            mac: net.link.guest_mac,
+        })
+    }
+
+    fn remove_vm_network(&self, name: &str) -> Result<(), NodeManagerError> {
+        Ok(netns::delete(name)?)
+    }
+
+    fn vm_networks(&self, prefix: &str) -> Vec<String> {
+        std::fs::read_dir(netns::NETNS_DIR)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }

@@ -207,7 +207,7 @@ impl Node {
             default_user: tpl.default_user.clone(),
             resize_root: false,
             time_unix_ms: now_ms(),
-            network: None,
+            network: self.inner.guest_network(),
         };
         let (vm, guest) = match self
             .boot(

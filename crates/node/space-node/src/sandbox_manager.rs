@@ -539,6 +539,7 @@ impl Node {
                 }
             }
         }
+        inner.sweep_vm_networks(&live_vms);
     }
 }
 
@@ -784,6 +785,7 @@ impl Inner {
             self.nm.kill_stray_vms(&name).await?;
             self.nm.remove_run_dir(&run_dir)?;
             self.nm.remove_run_dir(&self.pool_dir().join(&name))?;
+            self.drop_vm_network(&name);
         }
         Ok(())
     }

@@ -468,7 +468,7 @@ impl Node {
             tcg_tb_size_mib: self.inner.cfg.tcg_tb_size_mib,
             memory,
             restore: Some(restore),
-            network: None,
+            network: self.inner.vm_network(vm_name)?,
         };
         Ok(self.inner.nm.launch_vm(&cfg).await?)
     }

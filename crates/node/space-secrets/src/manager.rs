@@ -18,6 +18,7 @@ use space_core::id::{SandboxId, TenantId};
 use crate::audit::{AuditDecision, AuditEvent, AuditKind, AuditLog};
 use crate::backend::{BackendError, SecretBackend};
 use crate::cache::{ValueCache, DEFAULT_CACHE_TTL};
+use crate::egress::Hostname;
 use crate::inject::{self, InjectionPlan, KnownPlaceholder, PlannedInjection};
 use crate::model::{Credential, CredentialId, CredentialName, ProjectId, ValidationError};
 use crate::placeholder::{Placeholder, PlaceholderKey};
@@ -294,6 +295,32 @@ impl CredentialManager {
                 )
             })
             .collect()
+    }
+
+    /// Whether a credential visible to `sandbox` — for each name, the one of the most specific
+    /// scope, as [`CredentialManager::resolve`] picks it — has a host pattern matching `host`.
+    /// Expired credentials count: requests to their hosts must reach [`Self::resolve`] and be
+    /// refused, not go by without them.
+    ///
+    /// For the gateway deciding whether to terminate a connection: it reads the metadata in
+    /// memory only (no backend call, no audit event, no rate-limit token). Should two
+    /// credentials share a name and scope (which [`Self::put`] and [`Self::load`] prevent),
+    /// every credential covering the sandbox counts, so that the requests reach
+    /// [`Self::resolve`], which refuses them.
+    pub fn applies_to_host(
+        &self,
+        tenant: &TenantId,
+        project: Option<&ProjectId>,
+        sandbox: &SandboxId,
+        host: &Hostname,
+    ) -> bool {
+        let entries = self.snapshot();
+        match resolve::winners(&entries, tenant, project, sandbox) {
+            Ok(winners) => winners.values().any(|e| e.rule.matches_host(host)),
+            Err(_) => entries.iter().any(|e| {
+                e.credential.scope.covers(tenant, project, sandbox) && e.rule.matches_host(host)
+            }),
+        }
     }
 
     /// Decides which credentials `ctx` gets (see [`crate::resolve`]), charges their rate

@@ -110,6 +110,16 @@ impl Fx {
         c
     }
 
+    /// `api` for `*.example.com` tenant-wide (`broad`), overridden in the sandbox by `api`
+    /// for `a.example.com` only (`narrow`).
+    async fn add_broad_and_narrow(&self) {
+        let broad = bearer_rule(&["*.example.com"]);
+        self.add("api", self.tenant_scope(), broad, "broad").await;
+        let narrow = bearer_rule(&["a.example.com"]);
+        self.add("api", self.sandbox_scope(), narrow, "narrow")
+            .await;
+    }
+
     /// Runs `req` to `host_name` through `authorize_request`; returns the outcome and the
     /// rewritten request head.
     async fn send_from(
@@ -175,6 +185,16 @@ fn header<'p>(parts: &'p Parts, name: &str) -> Vec<&'p str> {
         .iter()
         .map(|v| v.to_str().unwrap())
         .collect()
+}
+
+/// A bearer rule for `api.example.com`, limited to `requests` a minute.
+fn per_minute(requests: u32) -> CredentialRule {
+    let mut rule = bearer_rule(&["api.example.com"]);
+    rule.rate_limit = Some(RateLimit {
+        requests,
+        per_secs: 60,
+    });
+    rule
 }
 
 fn denied(outcome: Result<Vec<CredentialRef>, Denial>) -> Denial {
@@ -247,20 +267,7 @@ async fn the_most_specific_scope_wins() {
 #[tokio::test]
 async fn an_override_replaces_the_broader_credential_entirely() {
     let fx = fx().await;
-    fx.add(
-        "api",
-        fx.tenant_scope(),
-        bearer_rule(&["*.example.com"]),
-        "broad",
-    )
-    .await;
-    fx.add(
-        "api",
-        fx.sandbox_scope(),
-        bearer_rule(&["a.example.com"]),
-        "narrow",
-    )
-    .await;
+    fx.add_broad_and_narrow().await;
     let (r, p) = fx.send("a.example.com", get("/")).await;
     assert_eq!(r.unwrap().len(), 1);
     assert_eq!(header(&p, "authorization"), vec!["Bearer narrow"]);
@@ -337,14 +344,85 @@ async fn expired_credentials_deny() {
 }
 
 #[tokio::test]
+async fn applies_to_host_follows_scope_precedence_and_counts_expired_credentials() {
+    let fx = fx().await;
+    fx.add_broad_and_narrow().await;
+    let mut old = credential("old", fx.project_scope(), bearer_rule(&["old.example.net"]));
+    old.expires_at_ms = Some(5_000);
+    fx.manager
+        .put(old, SecretValue::new("v".into()).unwrap())
+        .await
+        .unwrap();
+    let applies = |who: &Who<'_>, h: &str| {
+        fx.manager
+            .applies_to_host(who.tenant, who.project, who.sandbox, &host(h))
+    };
+
+    let me = fx.me();
+    assert!(applies(&me, "a.example.com"));
+    // The sandbox's override replaces the tenant-wide credential, hosts and all.
+    assert!(!applies(&me, "b.example.com"));
+    // Expired, yet it counts: requests to its host must be refused, not go by without it.
+    assert!(applies(&me, "old.example.net"));
+    let d = denied(fx.send("old.example.net", get("/")).await.0);
+    assert_eq!(d.reason, DenyReason::Expired { at_ms: 5_000 });
+    assert!(!applies(&me, "example.net"));
+    assert!(!applies(&me, "example.com"));
+
+    // A neighbour outside the project sees the tenant-wide credential only.
+    let neighbour = SandboxId::generate();
+    let no_project = Who {
+        tenant: &fx.tenant,
+        project: None,
+        sandbox: &neighbour,
+    };
+    assert!(applies(&no_project, "b.example.com"));
+    assert!(applies(&no_project, "a.example.com"));
+    assert!(!applies(&no_project, "old.example.net"));
+
+    // Nothing crosses tenants.
+    let stranger_tenant = TenantId::generate();
+    let stranger = Who {
+        tenant: &stranger_tenant,
+        project: Some(&fx.project),
+        sandbox: &fx.sandbox,
+    };
+    assert!(!applies(&stranger, "a.example.com"));
+    assert!(!applies(&stranger, "old.example.net"));
+}
+
+#[tokio::test]
+async fn applies_to_host_fetches_audits_and_charges_nothing() {
+    let fx = fx().await;
+    fx.add("api", fx.tenant_scope(), per_minute(1), "v").await;
+    let events = fx.events().len();
+    for _ in 0..5 {
+        assert!(fx.manager.applies_to_host(
+            &fx.tenant,
+            Some(&fx.project),
+            &fx.sandbox,
+            &host("api.example.com")
+        ));
+    }
+    assert_eq!(fx.backend.get_count(), 0);
+    assert_eq!(fx.events().len(), events);
+    // The only token is still there.
+    assert_eq!(
+        fx.send("api.example.com", get("/")).await.0.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        denied(fx.send("api.example.com", get("/")).await.0)
+            .reason
+            .code(),
+        "rate_limited"
+    );
+}
+
+#[tokio::test]
 async fn rate_limits_deny_then_refill() {
     let fx = fx().await;
-    let mut rule = bearer_rule(&["api.example.com"]);
-    rule.rate_limit = Some(RateLimit {
-        requests: 2,
-        per_secs: 60,
-    });
-    fx.add("api", fx.tenant_scope(), rule, "v").await;
+    fx.add("api", fx.tenant_scope(), per_minute(2), "v").await;
     let me = fx.me();
     let at = |t: i64| fx.send_from(&me, "api.example.com", get("/"), true, t);
     assert!(at(0).await.0.is_ok());

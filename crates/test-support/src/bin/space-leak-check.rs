@@ -1,5 +1,5 @@
 //! Runs after the whole test suite: unmounts the shared test store and fails if any QEMU
-//! process, mount, loop device or sandbox disk of SPACE is left on the machine.
+//! process, mount, loop device, network namespace or sandbox disk of SPACE is left on the machine.
 
 use std::process::ExitCode;
 
@@ -22,8 +22,11 @@ fn main() -> ExitCode {
     for l in test_support::leaks::loop_devices_under(&root) {
         problems.push(format!("stray loop device {l}"));
     }
+    for n in test_support::leaks::sandbox_namespaces() {
+        problems.push(format!("stray network namespace {n}"));
+    }
     if problems.is_empty() {
-        println!("leak check: no stray QEMU process, mount, loop device or sandbox disk");
+        println!("leak check: no stray QEMU process, mount, loop device, network namespace or sandbox disk");
         ExitCode::SUCCESS
     } else {
         for p in &problems {

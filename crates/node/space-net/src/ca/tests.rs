@@ -7,6 +7,7 @@ use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::FromDer;
 
 use super::*;
+use crate::test_util::client_tls;
 
 fn name(s: &str) -> Hostname {
     Hostname::parse(s).unwrap()
@@ -18,15 +19,7 @@ fn test_ca() -> Arc<SandboxCa> {
 
 /// A client trusting only `ca`, offering `alpn`.
 fn client_config(ca: &SandboxCa, alpn: &[&[u8]]) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.cert_der().clone()).unwrap();
-    let mut config = ClientConfig::builder_with_provider(crypto_provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
+    Arc::new(client_tls(ca.cert_der(), alpn))
 }
 
 /// Moves everything `from` wants to send into `to`, and lets `to` process it.

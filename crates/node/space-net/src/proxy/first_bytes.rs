@@ -105,7 +105,9 @@ pub(super) async fn read<S: AsyncRead + Unpin>(
             _ => deadline,
         };
         let n = match tokio::time::timeout_at(until, stream.read(&mut chunk)).await {
-            Err(_) if buf.is_empty() && until < deadline => return Ok(unnamed(buf, Unnamed::Silent)),
+            Err(_) if buf.is_empty() && until < deadline => {
+                return Ok(unnamed(buf, Unnamed::Silent))
+            }
             Err(_) => return Ok(unnamed(buf, Unnamed::Timeout)),
             Ok(Err(e)) => return Err(e),
             Ok(Ok(0)) => return Ok(unnamed(buf, Unnamed::Closed)),
@@ -121,8 +123,7 @@ pub(super) async fn read<S: AsyncRead + Unpin>(
                 // The sniffer waits for a blank line that a non-HTTP protocol starting with
                 // a letter (an SSH banner) never sends: decide on the first line instead.
                 let starts_alpha = buf.first().is_some_and(u8::is_ascii_alphabetic);
-                if starts_alpha
-                    && first_line(&buf).is_some_and(|line| !is_http_request_line(line))
+                if starts_alpha && first_line(&buf).is_some_and(|line| !is_http_request_line(line))
                 {
                     return Ok(unnamed(buf, Unnamed::NotHttp));
                 }
@@ -239,24 +240,25 @@ mod tests {
         assert_eq!(first.what, FirstBytes::Unnamed(Unnamed::H2PriorKnowledge));
     }
 
-    #[tokio::test(start_paused = true)]
+    const SHORT: Duration = Duration::from_millis(50);
+    const LONGER: Duration = Duration::from_millis(300);
+
+    #[tokio::test]
     async fn silence_is_bounded() {
         let (_guest, mut proxy) = tokio::io::duplex(64);
-        let first = read(&mut proxy, Duration::from_secs(10), Some(Duration::from_secs(1)))
-            .await
-            .unwrap();
+        let start = Instant::now();
+        let first = read(&mut proxy, LONGER, Some(SHORT)).await.unwrap();
         assert_eq!(first.what, FirstBytes::Unnamed(Unnamed::Silent));
-        let first = read(&mut proxy, Duration::from_secs(10), None).await.unwrap();
+        assert!(start.elapsed() < LONGER);
+        let first = read(&mut proxy, SHORT, None).await.unwrap();
         assert_eq!(first.what, FirstBytes::Unnamed(Unnamed::Timeout));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_partial_hello_times_out() {
         let (mut guest, mut proxy) = tokio::io::duplex(64);
         guest.write_all(&[22, 3, 1, 0, 200, 1]).await.unwrap();
-        let first = read(&mut proxy, Duration::from_secs(10), Some(Duration::from_secs(1)))
-            .await
-            .unwrap();
+        let first = read(&mut proxy, LONGER, Some(SHORT)).await.unwrap();
         assert_eq!(first.what, FirstBytes::Unnamed(Unnamed::Timeout));
         assert_eq!(first.buf.len(), 6);
     }

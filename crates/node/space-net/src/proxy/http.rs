@@ -278,7 +278,10 @@ impl Forwarder {
         }
     }
 
-    async fn try_forward(&self, mut req: Request<Incoming>) -> Result<Response<Body>, RequestRefusal> {
+    async fn try_forward(
+        &self,
+        mut req: Request<Incoming>,
+    ) -> Result<Response<Body>, RequestRefusal> {
         if req.method() == Method::CONNECT {
             return Err(RequestRefusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -435,12 +438,16 @@ fn check_one_authority(text: &str, origin: &Origin) -> Result<(), RequestRefusal
         .parse()
         .map_err(|_| RequestRefusal::bad_request("malformed Host or :authority"))?;
     if authority.as_str().contains('@') {
-        return Err(RequestRefusal::bad_request("user information in the authority"));
+        return Err(RequestRefusal::bad_request(
+            "user information in the authority",
+        ));
     }
     let port = match (authority.port_u16(), authority.as_str().rsplit_once(':')) {
         (Some(port), _) => port,
         (None, Some((_, rest))) if !rest.contains(']') => {
-            return Err(RequestRefusal::bad_request("malformed port in the authority"))
+            return Err(RequestRefusal::bad_request(
+                "malformed port in the authority",
+            ))
         }
         (None, _) => origin.default_port(),
     };
@@ -470,9 +477,13 @@ fn wants_websocket<B>(req: &Request<B>) -> bool {
         .is_some_and(|p| {
             let p = p.trim();
             p.eq_ignore_ascii_case("websocket")
-                || p.get(..10).is_some_and(|s| s.eq_ignore_ascii_case("websocket/"))
+                || p.get(..10)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("websocket/"))
         });
-    req.version() == Version::HTTP_11 && req.method() == Method::GET && connection_upgrade && websocket
+    req.version() == Version::HTTP_11
+        && req.method() == Method::GET
+        && connection_upgrade
+        && websocket
 }
 
 /// Drops hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names,
@@ -538,7 +549,9 @@ pub(super) fn refusal_response(refusal: &Refusal) -> Vec<u8> {
         Refusal::Connect => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
         Refusal::PortMismatch { .. } => (StatusCode::MISDIRECTED_REQUEST, "misdirected_request"),
         Refusal::Unnamed {
-            what: Unnamed::Unparsable { ip_literal: true, .. },
+            what: Unnamed::Unparsable {
+                ip_literal: true, ..
+            },
             ..
         } => (StatusCode::FORBIDDEN, "egress_denied"),
         Refusal::Unnamed { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
@@ -588,33 +601,49 @@ mod tests {
     #[test]
     fn authority_must_name_the_connections_origin() {
         let tls = origin(true, 443);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com"]), &tls)), 200);
-        assert_eq!(status(check_authority(&req("/", &["API.example.com."]), &tls)), 200);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com:443"]), &tls)), 200);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com:8443"]), &tls)), 421);
-        assert_eq!(status(check_authority(&req("/", &["other.example.com"]), &tls)), 421);
-        assert_eq!(status(check_authority(&req("/", &["93.184.215.14"]), &tls)), 421);
-        assert_eq!(status(check_authority(&req("/", &["[::1]:443"]), &tls)), 421);
-        assert_eq!(status(check_authority(&req("/", &["user@api.example.com"]), &tls)), 400);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com:x"]), &tls)), 400);
-        assert_eq!(status(check_authority(&req("/", &[]), &tls)), 400);
-        assert_eq!(
-            status(check_authority(&req("/", &["api.example.com", "api.example.com"]), &tls)),
-            400
-        );
-        // Absolute form (and HTTP/2's :authority) must agree too, scheme included.
-        assert_eq!(status(check_authority(&req("https://api.example.com/x", &[]), &tls)), 200);
-        assert_eq!(status(check_authority(&req("https://evil.example.com/x", &["api.example.com"]), &tls)), 421);
-        assert_eq!(status(check_authority(&req("http://api.example.com/x", &[]), &tls)), 421);
         let plain = origin(false, 8080);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com"]), &plain)), 421);
-        assert_eq!(status(check_authority(&req("/", &["api.example.com:8080"]), &plain)), 200);
+        // (origin, URI, Host headers, status)
+        let cases: &[(&Origin, &str, &[&str], u16)] = &[
+            (&tls, "/", &["api.example.com"], 200),
+            (&tls, "/", &["API.example.com."], 200),
+            (&tls, "/", &["api.example.com:443"], 200),
+            (&tls, "/", &["api.example.com:8443"], 421),
+            (&tls, "/", &["other.example.com"], 421),
+            (&tls, "/", &["93.184.215.14"], 421),
+            (&tls, "/", &["[::1]:443"], 421),
+            (&tls, "/", &["user@api.example.com"], 400),
+            (&tls, "/", &["api.example.com:x"], 400),
+            (&tls, "/", &[], 400),
+            (&tls, "/", &["api.example.com", "api.example.com"], 400),
+            // Absolute form (and HTTP/2's :authority) must agree too, scheme included.
+            (&tls, "https://api.example.com/x", &[], 200),
+            (
+                &tls,
+                "https://evil.example.com/x",
+                &["api.example.com"],
+                421,
+            ),
+            (&tls, "http://api.example.com/x", &[], 421),
+            (&plain, "/", &["api.example.com"], 421),
+            (&plain, "/", &["api.example.com:8080"], 200),
+        ];
+        for (origin, uri, hosts, want) in cases {
+            assert_eq!(
+                status(check_authority(&req(uri, hosts), origin)),
+                *want,
+                "{uri} {hosts:?} (tls: {})",
+                origin.tls
+            );
+        }
     }
 
     #[test]
     fn hop_by_hop_headers_are_dropped() {
         let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop, upgrade"));
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop, upgrade"),
+        );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(UPGRADE, HeaderValue::from_static("h2c"));
@@ -650,7 +679,10 @@ mod tests {
     #[test]
     fn refusal_responses_are_complete_http_messages() {
         let text = String::from_utf8(refusal_response(&Refusal::Connect)).unwrap();
-        assert!(text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{text}");
+        assert!(
+            text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+            "{text}"
+        );
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("content-length: {}", body.len())));
         let json: serde_json::Value = serde_json::from_str(body).unwrap();

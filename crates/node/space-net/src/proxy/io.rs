@@ -269,12 +269,22 @@ mod tests {
         assert_eq!((stats.bytes_up, stats.bytes_down), (5, 3));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn idle_waits_for_quiet() {
         let activity = Activity::new();
-        activity.touch();
         let start = Instant::now();
-        idle(&activity, Duration::from_secs(5)).await;
-        assert!(start.elapsed() >= Duration::from_secs(5));
+        let toucher = async {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                activity.touch();
+            }
+        };
+        tokio::join!(toucher, idle(&activity, Duration::from_millis(60)));
+        // Quiet only after the last touch (~90 ms), then 60 ms more.
+        assert!(
+            start.elapsed() >= Duration::from_millis(140),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }

@@ -37,8 +37,7 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
             u16::from_be(addr.sin_port),
         )))
     } else {
-        let addr: libc::sockaddr_in6 =
-            getsockopt(fd, libc::SOL_IPV6, libc::IP6T_SO_ORIGINAL_DST)?;
+        let addr: libc::sockaddr_in6 = getsockopt(fd, libc::SOL_IPV6, libc::IP6T_SO_ORIGINAL_DST)?;
         if i32::from(addr.sin6_family) != libc::AF_INET6 {
             return Err(unexpected("address family of IP6T_SO_ORIGINAL_DST"));
         }

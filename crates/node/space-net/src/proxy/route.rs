@@ -193,7 +193,10 @@ pub(super) fn admit_name(
 /// A connection without a name to `dst`: allowed only when a CIDR rule allows the address
 /// and port explicitly (not merely the mode's default). Returns the address to connect to
 /// (`dst`, canonical) or why not.
-pub(super) fn address_allowed(policy: &EgressPolicy, dst: SocketAddr) -> Result<SocketAddr, String> {
+pub(super) fn address_allowed(
+    policy: &EgressPolicy,
+    dst: SocketAddr,
+) -> Result<SocketAddr, String> {
     let addr = dst.ip().to_canonical();
     let decision = policy.decide(&facts(None, addr, dst.port()));
     let by_cidr = match decision.reason {
@@ -263,9 +266,18 @@ mod tests {
 
     #[test]
     fn a_pinned_allowed_name_is_spliced_to_its_pinned_address() {
-        let p = policy(EgressMode::Allowlist, vec![EgressRule::allow(domain("api.example.com"))]);
+        let p = policy(
+            EgressMode::Allowlist,
+            vec![EgressRule::allow(domain("api.example.com"))],
+        );
         let t = pins(&[("api.example.com", "93.184.215.14")]);
-        let plan = plan(&p, &t, &tls("api.example.com"), dst("93.184.215.14:443"), never);
+        let plan = plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("93.184.215.14:443"),
+            never,
+        );
         assert_eq!(
             plan,
             Ok(Plan::Splice {
@@ -292,19 +304,40 @@ mod tests {
     fn an_allowed_name_towards_another_address_is_refused() {
         let p = policy(EgressMode::Denylist, vec![]);
         let t = pins(&[("api.example.com", "93.184.215.14")]);
-        let plan = plan(&p, &t, &tls("api.example.com"), dst("198.51.100.7:443"), never);
+        let plan = plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("198.51.100.7:443"),
+            never,
+        );
         assert_eq!(plan, Err(Refusal::NotPinned));
         // Pinned for another name is not pinned for this one.
         let t = pins(&[("other.example.com", "198.51.100.7")]);
-        let plan = super::plan(&p, &t, &tls("api.example.com"), dst("198.51.100.7:443"), never);
+        let plan = super::plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("198.51.100.7:443"),
+            never,
+        );
         assert_eq!(plan, Err(Refusal::NotPinned));
     }
 
     #[test]
     fn a_name_the_policy_no_longer_allows_is_refused_despite_its_pin() {
-        let p = policy(EgressMode::Allowlist, vec![EgressRule::allow(domain("api.example.com"))]);
+        let p = policy(
+            EgressMode::Allowlist,
+            vec![EgressRule::allow(domain("api.example.com"))],
+        );
         let t = pins(&[("evil.example.net", "93.184.215.14")]);
-        let plan = plan(&p, &t, &tls("evil.example.net"), dst("93.184.215.14:443"), never);
+        let plan = plan(
+            &p,
+            &t,
+            &tls("evil.example.net"),
+            dst("93.184.215.14:443"),
+            never,
+        );
         assert_eq!(plan, Err(Refusal::NameNotAllowed));
     }
 
@@ -315,16 +348,28 @@ mod tests {
             vec![EgressRule::allow(domain("api.example.com")).with_ports([PortRange::single(443)])],
         );
         let t = pins(&[("api.example.com", "93.184.215.14")]);
-        let plan = plan(&p, &t, &tls("api.example.com"), dst("93.184.215.14:8443"), never);
+        let plan = plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("93.184.215.14:8443"),
+            never,
+        );
         assert_eq!(plan, Err(Refusal::Denied(DecisionReason::DeniedByDefault)));
     }
 
     #[test]
     fn a_pinned_private_address_needs_its_cidr_rule() {
-        let p = policy(EgressMode::Allowlist, vec![EgressRule::allow(domain("db.example.com"))]);
+        let p = policy(
+            EgressMode::Allowlist,
+            vec![EgressRule::allow(domain("db.example.com"))],
+        );
         let t = pins(&[("db.example.com", "10.1.2.3")]);
         let plan = plan(&p, &t, &tls("db.example.com"), dst("10.1.2.3:443"), never);
-        assert!(matches!(plan, Err(Refusal::Denied(DecisionReason::NonPublicAddress { .. }))));
+        assert!(matches!(
+            plan,
+            Err(Refusal::Denied(DecisionReason::NonPublicAddress { .. }))
+        ));
     }
 
     #[test]
@@ -338,10 +383,25 @@ mod tests {
             host: name("api.example.com"),
             addr: dst("93.184.215.14:443"),
         });
-        let plan1 = plan(&p, &t, &tls("api.example.com"), dst("93.184.215.14:443"), never);
+        let plan1 = plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("93.184.215.14:443"),
+            never,
+        );
         assert_eq!(plan1, terminate);
-        let p = policy(EgressMode::Allowlist, vec![EgressRule::allow(domain("api.example.com"))]);
-        let plan2 = plan(&p, &t, &tls("api.example.com"), dst("93.184.215.14:443"), |_| true);
+        let p = policy(
+            EgressMode::Allowlist,
+            vec![EgressRule::allow(domain("api.example.com"))],
+        );
+        let plan2 = plan(
+            &p,
+            &t,
+            &tls("api.example.com"),
+            dst("93.184.215.14:443"),
+            |_| true,
+        );
         assert_eq!(plan2, terminate);
         let other_alpn = FirstBytes::Tls {
             sni: name("api.example.com"),
@@ -374,7 +434,10 @@ mod tests {
             })
         );
         assert!(plan(&p, &t, &http(Some(8080)), dst("93.184.215.14:8080"), never).is_ok());
-        assert_eq!(plan(&p, &t, &FirstBytes::Connect, dst("93.184.215.14:80"), never), Err(Refusal::Connect));
+        assert_eq!(
+            plan(&p, &t, &FirstBytes::Connect, dst("93.184.215.14:80"), never),
+            Err(Refusal::Connect)
+        );
     }
 
     #[test]
