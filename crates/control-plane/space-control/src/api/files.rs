@@ -217,7 +217,10 @@ pub async fn write_file(
     let limit = st.max_upload_bytes;
     let too_large =
         || ApiError::too_large(format!("upload is larger than the limit of {limit} bytes"));
-    if content_length(&headers).is_some_and(|len| len > limit) {
+    if let Some(len) = content_length(&headers).filter(|&len| len > limit) {
+        if len <= MAX_DRAIN_BYTES {
+            drain(body).await;
+        }
         return Err(too_large());
     }
     let guest = st.guest(&tenant.id, &id).await?;
@@ -232,6 +235,29 @@ pub async fn write_file(
         Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Largest oversized upload the server reads and throws away before it answers 413: a
+/// client still sending its body would otherwise see the connection reset rather than the
+/// answer (HTTP/1 has no way to stop a sender politely). Anything larger is answered at
+/// once, and the connection closed.
+const MAX_DRAIN_BYTES: u64 = 16 << 20;
+/// How long draining an oversized upload may take.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads and discards `body`, at most [`MAX_DRAIN_BYTES`] and for at most [`DRAIN_TIMEOUT`].
+async fn drain(body: Body) {
+    let mut stream = body.into_data_stream();
+    let mut seen = 0u64;
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            seen += chunk.len() as u64;
+            if seen > MAX_DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Remove a file or directory.
