@@ -8,6 +8,8 @@
 //!
 //! - `datapath`: the sandbox's namespace, TAP and default-deny firewall (privileged: the
 //!   node manager calls it).
+//! - `uplink`: the gateway's way out: connections and upstream DNS made from the uplink
+//!   namespace (the host's, or a test's "internet"), never a sandbox's.
 //! - `sniff`: what a guest's TCP stream is for — TLS ClientHello SNI or HTTP Host — parsed
 //!   from bytes the guest controls (bounded, fail-closed).
 //! - `ca`: the per-sandbox certificate authority and the leaf certificates it mints for TLS
@@ -23,6 +25,7 @@ pub mod datapath;
 pub mod dns;
 pub mod proxy;
 pub mod sniff;
+pub mod uplink;
 
 #[cfg(test)]
 pub(crate) mod test_util;

@@ -1,0 +1,155 @@
+//! The gateway's way out: outbound TCP connections and upstream DNS lookups made from the
+//! uplink network namespace (the host's by default; a test's isolated "internet" in tests),
+//! never from a sandbox's.
+//!
+//! A socket belongs for good to the namespace of the thread that created it. So the uplink
+//! runs one thread that entered the uplink namespace and drives a small runtime of its own:
+//! connections and lookups are started on it and their results handed back. A connected
+//! `TcpStream` can then be used from any runtime.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::rr::RecordType;
+use space_core::egress::Hostname;
+use tokio::net::TcpStream;
+
+use crate::datapath::{netns, NetError};
+use crate::dns::{HickoryUpstream, Upstream, UpstreamAddr, UpstreamError};
+use crate::proxy::{ConnectFuture, Uplink};
+
+/// How long an outbound connect may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The uplink: a runtime on a thread inside the uplink namespace.
+#[derive(Clone)]
+pub struct NetnsUplink {
+    handle: tokio::runtime::Handle,
+    resolver: Arc<HickoryUpstream>,
+    /// Dropping the last clone stops the uplink thread.
+    _stop: Arc<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl NetnsUplink {
+    /// Starts the uplink in namespace `netns` (`None`: the namespace of this process), with
+    /// upstream DNS servers `name_servers` (empty: those of `/etc/resolv.conf`).
+    pub fn start(netns: Option<&str>, name_servers: &[SocketAddr]) -> Result<Self, NetError> {
+        let ns_file = match netns {
+            Some(name) => {
+                Some(
+                    std::fs::File::open(netns::path(name)).map_err(|e| NetError::Io {
+                        what: format!("open namespace {name}"),
+                        source: e,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let name_servers = name_servers.to_vec();
+        std::thread::Builder::new()
+            .name("space-uplink".into())
+            .spawn(move || {
+                let started = (|| -> Result<_, NetError> {
+                    if let Some(ns) = &ns_file {
+                        use std::os::fd::AsFd;
+                        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                            .map_err(|e| NetError::Io {
+                                what: "setns into the uplink namespace".into(),
+                                source: e.into(),
+                            })?;
+                    }
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| NetError::Io {
+                            what: "uplink runtime".into(),
+                            source: e,
+                        })?;
+                    // The resolver's sockets are made lazily by tasks on this runtime, so
+                    // inside this namespace.
+                    let resolver = rt.block_on(async {
+                        if name_servers.is_empty() {
+                            HickoryUpstream::from_system_conf()
+                        } else {
+                            HickoryUpstream::with_name_servers(&name_servers)
+                        }
+                    });
+                    Ok((rt, resolver))
+                })();
+                match started {
+                    Ok((rt, Ok(resolver))) => {
+                        let _ = ready_tx.send(Ok((rt.handle().clone(), resolver)));
+                        rt.block_on(async {
+                            let _ = stop_rx.await;
+                        });
+                    }
+                    Ok((_, Err(e))) => {
+                        let _ = ready_tx.send(Err(NetError::Command {
+                            command: "uplink resolver".into(),
+                            message: e.to_string(),
+                        }));
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| NetError::Io {
+                what: "spawn the uplink thread".into(),
+                source: e,
+            })?;
+        let (handle, resolver) = ready_rx.recv().map_err(|_| NetError::Command {
+            command: "uplink thread".into(),
+            message: "ended before it was ready".into(),
+        })??;
+        Ok(NetnsUplink {
+            handle,
+            resolver: Arc::new(resolver),
+            _stop: Arc::new(stop_tx),
+        })
+    }
+
+    fn run<T, F>(&self, f: F) -> impl Future<Output = Result<T, String>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let task = self.handle.spawn(f);
+        async move { task.await.map_err(|e| format!("uplink task: {e}")) }
+    }
+}
+
+impl Uplink for NetnsUplink {
+    fn connect(&self, addr: SocketAddr) -> ConnectFuture<'_> {
+        let fut = self.run(async move {
+            let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+                })??;
+            // Hand the socket to whichever runtime awaits this.
+            stream.into_std()
+        });
+        Box::pin(async move {
+            let std_stream = fut.await.map_err(std::io::Error::other)??;
+            TcpStream::from_std(std_stream)
+        })
+    }
+}
+
+impl Upstream for NetnsUplink {
+    fn lookup(
+        &self,
+        name: &Hostname,
+        record_type: RecordType,
+    ) -> impl Future<Output = Result<Vec<UpstreamAddr>, UpstreamError>> + Send {
+        let resolver = self.resolver.clone();
+        let name = name.clone();
+        let fut = self.run(async move { resolver.lookup(&name, record_type).await });
+        async move { fut.await.map_err(UpstreamError::Failed)? }
+    }
+}
