@@ -21,6 +21,8 @@ use space_storage::Store;
 
 pub use wait::wait_until;
 
+pub mod internet;
+
 /// Template every scenario uses unless it says otherwise.
 pub const TEST_TEMPLATE: &str = "busybox";
 

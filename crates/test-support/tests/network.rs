@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use space_core::sandbox::{CreateSandboxRequest, SandboxOrigin};
 use space_core::SandboxId;
+use test_support::internet::{Internet, DNS, PAGE};
 use test_support::{shell, wait_until, TestServer, TEST_TEMPLATE};
 
 fn request() -> CreateSandboxRequest {
@@ -40,8 +41,8 @@ async fn check_guest_network(ts: &TestServer, id: &SandboxId) {
     assert!(lines[2].contains("via 10.0.2.1"), "{out}");
     assert_eq!(lines[3], "nameserver 10.0.2.1", "{out}");
 
-    // From its own address the guest reaches the gateway's proxy port (closed for now:
-    // refused at once, curl exit 7); from a forged address nothing gets through (the
+    // From its own address the guest reaches the gateway's proxy port (which answers, or
+    // refuses, at once: not a timeout); from a forged address nothing gets through (the
     // namespace's ingress filter drops it: timeout, exit 28).
     let out = shell(
         c,
@@ -53,7 +54,7 @@ async fn check_guest_network(ts: &TestServer, id: &SandboxId) {
         true,
     )
     .await;
-    assert!(out.contains("own=7"), "{out}");
+    assert!(out.contains("own=") && !out.contains("own=28"), "{out}");
     assert!(out.contains("forged=28"), "{out}");
 }
 
@@ -94,4 +95,53 @@ async fn sandboxes_get_their_own_namespace_and_a_static_address() {
     );
     c.delete_sandbox(&pooled.id).await.expect("delete");
     ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
+    use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
+    let inet = Internet::start();
+    let inet_name = inet.name.clone();
+    let ts = TestServer::start_with(|c| {
+        c.node.sandbox_network = true;
+        c.node.uplink_netns = Some(inet_name);
+        c.node.upstream_dns = vec![std::net::SocketAddr::from((DNS, 53))];
+        c.node.egress = EgressPolicy {
+            mode: EgressMode::Allowlist,
+            rules: vec![EgressRule::allow(
+                DomainPattern::parse("allowed.example").expect("pattern"),
+            )],
+        };
+    })
+    .await;
+    let c = &ts.client;
+    let sb = c.create_sandbox(&request()).await.expect("create");
+
+    let out = shell(
+        c,
+        &sb.id,
+        "curl -s -m 10 http://allowed.example/; echo; echo allowed=$?; \
+         curl -s -m 10 http://denied.example/ >/dev/null; echo denied=$?; \
+         echo literal=$(curl -s -m 10 -o /dev/null -w '%{http_code}' http://11.0.0.1/); \
+         echo forged_host=$(curl -s -m 10 -o /dev/null -w '%{http_code}' -H 'Host: allowed.example' http://11.0.0.53/)",
+        true,
+    )
+    .await;
+    // The allowed name resolves through the gateway and its page comes back.
+    assert!(out.contains(PAGE), "{out}");
+    assert!(out.contains("allowed=0"), "{out}");
+    // A name the policy does not allow does not even resolve (curl 6).
+    assert!(out.contains("denied=6"), "{out}");
+    // An IP literal, and an allowed Host towards an address the resolver never gave for it,
+    // are refused by the proxy (an error status, or no answer at all; never the page).
+    for case in ["literal", "forged_host"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{case}=")))
+            .unwrap_or_default();
+        assert!(!line.ends_with("=200"), "{case} must be refused: {out}");
+    }
+    c.delete_sandbox(&sb.id).await.expect("delete");
+    ts.stop().await;
+    drop(inet);
 }

@@ -30,6 +30,14 @@ pub struct NodeConfig {
     /// default-deny firewall of `space_net::datapath` (issue 4: the gateway that lets
     /// allowed traffic out is being wired in; until then nothing leaves the namespace).
     pub sandbox_network: bool,
+    /// Egress policy of every sandbox (per-sandbox policies from the API come later).
+    pub egress: space_core::egress::EgressPolicy,
+    /// Network namespace the gateways connect out from; `None`: this process's (the host's).
+    pub uplink_netns: Option<String>,
+    /// Upstream DNS servers of the gateways; empty: those of `/etc/resolv.conf`.
+    pub upstream_dns: Vec<std::net::SocketAddr>,
+    /// PEM certificates trusted for upstream TLS besides the public roots (tests).
+    pub upstream_extra_ca_pem: Option<String>,
 }
 
 /// Default warm pool members per template shape. A paused member costs no CPU and about
@@ -52,6 +60,10 @@ impl NodeConfig {
             memory_images: true,
             pool_size: DEFAULT_POOL_SIZE,
             sandbox_network: false,
+            egress: Default::default(),
+            uplink_netns: None,
+            upstream_dns: Vec::new(),
+            upstream_extra_ca_pem: None,
         }
     }
 }
@@ -86,6 +98,21 @@ fn parse_mem_total_kib(meminfo: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+impl NodeConfig {
+    /// The certificates of `upstream_extra_ca_pem`.
+    pub(crate) fn upstream_extra_roots(
+        &self,
+    ) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, crate::NodeError> {
+        let Some(pem) = &self.upstream_extra_ca_pem else {
+            return Ok(Vec::new());
+        };
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| crate::NodeError::Invalid(format!("upstream_extra_ca_pem: {e}")))
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod create;
 pub mod error;
 mod events;
 pub mod fork;
+mod gateway;
 pub mod image;
 mod network;
 pub mod node_manager;

@@ -52,6 +52,11 @@ pub(crate) struct Inner {
     pub(crate) events: EventLog,
     pub(crate) scheduler: crate::scheduler::Scheduler,
     pub(crate) background: Mutex<Vec<AbortHandle>>,
+    /// The gateways' way out (with `sandbox_network`), started on first use.
+    pub(crate) uplink: crate::gateway::UplinkCell,
+    /// Tenant the gateways act for until sandbox records carry theirs (only credential
+    /// scopes use it, and no credential manager is attached yet).
+    pub(crate) gateway_tenant: space_core::TenantId,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -63,6 +68,8 @@ pub(crate) struct Entry {
     /// Serialises the operations (create, pause, snapshot, delete…) on this sandbox.
     pub(crate) op: Arc<tokio::sync::Mutex<()>>,
     pub(crate) monitor: Option<AbortHandle>,
+    /// The egress gateway in the VM's namespace (with `sandbox_network`).
+    pub(crate) gateway: Option<crate::gateway::Gateway>,
 }
 
 impl Entry {
@@ -73,6 +80,7 @@ impl Entry {
             guest: None,
             op: Arc::default(),
             monitor: None,
+            gateway: None,
         }
     }
 }
@@ -141,6 +149,8 @@ impl Node {
                 events: EventLog::new(&records_dir),
                 scheduler: Default::default(),
                 background: Mutex::new(Vec::new()),
+                uplink: Default::default(),
+                gateway_tenant: space_core::TenantId::generate(),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };
@@ -268,10 +278,23 @@ impl Node {
     pub(crate) fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: Option<GuestClient>) {
         let weak = Arc::downgrade(&self.inner);
         let monitor = tokio::spawn(watch(weak, id.clone(), vm.clone(), guest.clone()));
+        // Without its gateway a sandbox simply has no way out; that is logged, not fatal.
+        let gateway = if self.inner.cfg.sandbox_network {
+            match self.inner.start_gateway(id, vm.name()) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::error!(%id, error = %e, "cannot start the sandbox's gateway");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut map = self.inner.lock();
         if let Some(e) = map.get_mut(id) {
             e.vm = Some(vm);
             e.guest = guest;
+            e.gateway = gateway;
             if let Some(old) = e.monitor.replace(monitor.abort_handle()) {
                 old.abort();
             }
@@ -737,6 +760,7 @@ impl Inner {
                 }
                 e.guest = None;
                 e.vm = None;
+                e.gateway = None;
             }
         }
         if let Err(e) = self.transition(id, SandboxEvent::Fail, |r| {
@@ -772,6 +796,10 @@ impl Inner {
     ) -> Result<(), NodeError> {
         if let Some(vm) = vm {
             self.nm.kill_vm(&vm).await?;
+        }
+        // Its sockets keep the namespace alive: close them before it is removed.
+        if let Some(e) = self.lock().get_mut(id) {
+            e.gateway = None;
         }
         let mut names = vec![self.vm_name(id)];
         if names[0] != id.as_str() {
