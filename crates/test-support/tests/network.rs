@@ -141,6 +141,20 @@ async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
             .unwrap_or_default();
         assert!(!line.ends_with("=200"), "{case} must be refused: {out}");
     }
+
+    // The gateway outlives a pause: the same VM keeps its resolver, proxy and pins (this
+    // request skips DNS and relies on the address the resolver gave before the pause).
+    c.pause_sandbox(&sb.id).await.expect("pause");
+    c.resume_sandbox(&sb.id).await.expect("resume");
+    let again = shell(
+        c,
+        &sb.id,
+        "curl -s -m 10 --resolve allowed.example:80:11.0.0.1 http://allowed.example/",
+        true,
+    )
+    .await;
+    assert_eq!(again, PAGE);
+
     c.delete_sandbox(&sb.id).await.expect("delete");
     ts.stop().await;
     drop(inet);

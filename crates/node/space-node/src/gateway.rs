@@ -24,6 +24,8 @@ use crate::NodeError;
 
 /// A running gateway; its tasks stop when it is dropped.
 pub(crate) struct Gateway {
+    /// The VM whose namespace it listens in.
+    pub(crate) vm_name: String,
     tasks: Vec<AbortHandle>,
 }
 
@@ -108,6 +110,9 @@ impl Inner {
             tokio::spawn(proxy_srv.serve(proxy)).abort_handle(),
         ];
         tracing::debug!(%id, netns = %ns, "gateway started");
-        Ok(Gateway { tasks })
+        Ok(Gateway {
+            vm_name: vm_name.to_owned(),
+            tasks,
+        })
     }
 }

@@ -278,8 +278,16 @@ impl Node {
     pub(crate) fn attach(&self, id: &SandboxId, vm: Arc<Vm>, guest: Option<GuestClient>) {
         let weak = Arc::downgrade(&self.inner);
         let monitor = tokio::spawn(watch(weak, id.clone(), vm.clone(), guest.clone()));
-        // Without its gateway a sandbox simply has no way out; that is logged, not fatal.
-        let gateway = if self.inner.cfg.sandbox_network {
+        // The same VM again (pause, resume, a new session): its gateway keeps running, with
+        // its connections. Without a gateway a sandbox simply has no way out; that is
+        // logged, not fatal.
+        let same_vm = self
+            .inner
+            .lock()
+            .get(id)
+            .and_then(|e| e.gateway.as_ref())
+            .is_some_and(|g| g.vm_name == vm.name());
+        let gateway = if self.inner.cfg.sandbox_network && !same_vm {
             match self.inner.start_gateway(id, vm.name()) {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -294,7 +302,9 @@ impl Node {
         if let Some(e) = map.get_mut(id) {
             e.vm = Some(vm);
             e.guest = guest;
-            e.gateway = gateway;
+            if !same_vm {
+                e.gateway = gateway;
+            }
             if let Some(old) = e.monitor.replace(monitor.abort_handle()) {
                 old.abort();
             }
