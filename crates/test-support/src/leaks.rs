@@ -68,12 +68,5 @@ pub fn loop_devices_under(root: &Path) -> Vec<String> {
 
 /// Network namespaces a node made (`spc<node hash>-<vm>`) that are still there.
 pub fn sandbox_namespaces() -> Vec<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("spc"))
-                .collect()
-        })
-        .unwrap_or_default()
+    space_net::datapath::netns::names_with_prefix("spc")
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod files;
 pub mod id;
 pub mod lifecycle;
+pub mod mac;
 pub mod process;
 pub mod resources;
 pub mod sandbox;

@@ -80,11 +80,7 @@ impl Default for GuestLink {
 impl GuestLink {
     /// The MAC as `aa:bb:cc:dd:ee:ff`.
     pub fn guest_mac_text(&self) -> String {
-        self.guest_mac
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
+        space_core::mac::format(&self.guest_mac)
     }
 }
 

@@ -37,18 +37,29 @@ impl Drop for Gateway {
     }
 }
 
-/// The node's uplink, started on first use.
-pub(crate) type UplinkCell = OnceLock<NetnsUplink>;
+/// What every gateway of the node shares: the uplink and the upstream TLS configuration.
+pub(crate) struct GatewayShared {
+    uplink: Arc<NetnsUplink>,
+    upstream_tls: Arc<rustls::ClientConfig>,
+}
+
+/// The node's [`GatewayShared`], made on first use.
+pub(crate) type GatewayCell = OnceLock<GatewayShared>;
 
 impl Inner {
-    fn uplink(&self) -> Result<NetnsUplink, NodeError> {
-        if let Some(u) = self.uplink.get() {
-            return Ok(u.clone());
+    fn gateway_shared(&self) -> Result<&GatewayShared, NodeError> {
+        if let Some(s) = self.gateway_shared.get() {
+            return Ok(s);
         }
-        let started = NetnsUplink::start(self.cfg.uplink_netns.as_deref(), &self.cfg.upstream_dns)
+        let uplink = NetnsUplink::start(self.cfg.uplink_netns.as_deref(), &self.cfg.upstream_dns)
             .map_err(|e| NodeError::Internal(format!("cannot start the uplink: {e}")))?;
-        // Two first users may race: one uplink wins, the other is dropped (its thread ends).
-        Ok(self.uplink.get_or_init(|| started).clone())
+        let upstream_tls = upstream_tls_config(&self.cfg.upstream_extra_roots()?)
+            .map_err(|e| NodeError::Internal(format!("upstream TLS: {e}")))?;
+        // Two first users may race: one wins, the other's uplink is dropped (its thread ends).
+        Ok(self.gateway_shared.get_or_init(|| GatewayShared {
+            uplink: Arc::new(uplink),
+            upstream_tls,
+        }))
     }
 
     /// Starts the gateway of sandbox `id` in the namespace of VM `vm_name`.
@@ -77,7 +88,8 @@ impl Inner {
         let dns_tcp = tokio::net::TcpListener::from_std(dns_tcp).map_err(io)?;
         let proxy = tokio::net::TcpListener::from_std(proxy).map_err(io)?;
 
-        let uplink = Arc::new(self.uplink()?);
+        let shared = self.gateway_shared()?;
+        let uplink = shared.uplink.clone();
         let policy = Arc::new(ArcSwap::from_pointee(self.cfg.egress.clone()));
         let pins = Arc::new(PinTable::new(PinLimits::default()));
         let resolver = Arc::new(SandboxResolver::new(
@@ -88,9 +100,6 @@ impl Inner {
         ));
         let ca = SandboxCa::generate(id.as_str())
             .map_err(|e| NodeError::Internal(format!("cannot make the sandbox CA: {e}")))?;
-        let extra_roots = self.cfg.upstream_extra_roots()?;
-        let upstream_tls = upstream_tls_config(&extra_roots)
-            .map_err(|e| NodeError::Internal(format!("upstream TLS: {e}")))?;
         let proxy_srv = Arc::new(SandboxProxy::new(
             ProxyContext {
                 sandbox: id.clone(),
@@ -100,7 +109,7 @@ impl Inner {
                 pins,
                 leaves: Arc::new(LeafCache::new(Arc::new(ca))),
                 credentials: None,
-                upstream_tls,
+                upstream_tls: shared.upstream_tls.clone(),
                 limits: ProxyLimits::default(),
             },
             uplink,

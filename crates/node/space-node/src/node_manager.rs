@@ -281,13 +281,6 @@ impl NodeManager for LocalNodeManager {
     }
 
     fn vm_networks(&self, prefix: &str) -> Vec<String> {
-        std::fs::read_dir(netns::NETNS_DIR)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with(prefix))
-                    .collect()
-            })
-            .unwrap_or_default()
+        netns::names_with_prefix(prefix)
     }
 }

@@ -52,8 +52,8 @@ pub(crate) struct Inner {
     pub(crate) events: EventLog,
     pub(crate) scheduler: crate::scheduler::Scheduler,
     pub(crate) background: Mutex<Vec<AbortHandle>>,
-    /// The gateways' way out (with `sandbox_network`), started on first use.
-    pub(crate) uplink: crate::gateway::UplinkCell,
+    /// The gateways' way out and upstream TLS (with `sandbox_network`), made on first use.
+    pub(crate) gateway_shared: crate::gateway::GatewayCell,
     /// Tenant the gateways act for until sandbox records carry theirs (only credential
     /// scopes use it, and no credential manager is attached yet).
     pub(crate) gateway_tenant: space_core::TenantId,
@@ -149,7 +149,7 @@ impl Node {
                 events: EventLog::new(&records_dir),
                 scheduler: Default::default(),
                 background: Mutex::new(Vec::new()),
-                uplink: Default::default(),
+                gateway_shared: Default::default(),
                 gateway_tenant: space_core::TenantId::generate(),
                 sandboxes: Mutex::new(HashMap::new()),
             }),

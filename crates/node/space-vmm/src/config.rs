@@ -58,11 +58,7 @@ pub struct VmNetwork {
 impl VmNetwork {
     /// The MAC as `aa:bb:cc:dd:ee:ff`.
     pub fn mac_text(&self) -> String {
-        self.mac
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
+        space_core::mac::format(&self.mac)
     }
 }
 

@@ -93,16 +93,7 @@ pub struct GuestNetwork {
 impl GuestNetwork {
     /// The MAC as bytes, if it is six `:`-separated hex octets.
     pub fn mac_bytes(&self) -> Option<[u8; 6]> {
-        let mut out = [0u8; 6];
-        let mut parts = self.mac.split(':');
-        for b in out.iter_mut() {
-            let p = parts.next()?;
-            if p.len() != 2 {
-                return None;
-            }
-            *b = u8::from_str_radix(p, 16).ok()?;
-        }
-        parts.next().is_none().then_some(out)
+        space_core::mac::parse(&self.mac)
     }
 
     /// Checks the bounds both ends enforce.

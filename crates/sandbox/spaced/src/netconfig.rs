@@ -46,11 +46,7 @@ pub fn apply(net: &GuestNetwork) -> io::Result<String> {
 
 /// The interface whose MAC is `mac`, from sysfs.
 fn find_interface(sys_class_net: &Path, mac: [u8; 6]) -> io::Result<String> {
-    let want = mac
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":");
+    let want = space_core::mac::format(&mac);
     for entry in std::fs::read_dir(sys_class_net)? {
         let entry = entry?;
         let address = std::fs::read_to_string(entry.path().join("address")).unwrap_or_default();

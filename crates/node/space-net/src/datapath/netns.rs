@@ -20,6 +20,18 @@ pub fn path(name: &str) -> PathBuf {
     PathBuf::from(NETNS_DIR).join(name)
 }
 
+/// Names of the namespaces that start with `prefix`.
+pub fn names_with_prefix(prefix: &str) -> Vec<String> {
+    std::fs::read_dir(NETNS_DIR)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether the namespace exists.
 pub fn exists(name: &str) -> bool {
     path(name).exists()
