@@ -315,7 +315,8 @@ impl Drop for TestServer {
     }
 }
 
-/// Kills every VMM whose pidfile is in `data_dir/run/*/`, then removes `data_dir`.
+/// Kills every VMM whose pidfile is in `data_dir/run/*/`, deletes the node's network
+/// namespaces, then removes `data_dir`.
 pub fn cleanup_data_dir(data_dir: &Path) {
     if data_dir.as_os_str().is_empty() {
         return;
@@ -338,6 +339,13 @@ pub fn cleanup_data_dir(data_dir: &Path) {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
+        }
+    }
+    // And their network namespaces, which outlive the VMs (the node removes them on delete).
+    if let Ok(dir) = std::path::absolute(data_dir) {
+        let prefix = space_node::network::netns_prefix(&dir.join("run"));
+        for ns in space_net::datapath::netns::names_with_prefix(&prefix) {
+            let _ = space_net::datapath::netns::delete(&ns);
         }
     }
     let _ = std::fs::remove_dir_all(data_dir);

@@ -1,7 +1,8 @@
-//! Sandbox networks on real VMs (issue 4, first part): every VM runs in a network namespace
-//! of its own, the guest is addressed statically, the namespace's firewall refuses spoofed
-//! sources, and the namespace goes with the sandbox. The gateway that lets allowed traffic
-//! out is not attached yet: a guest connection reaches the (closed) proxy port and nothing else.
+//! Sandbox networks on real VMs: every VM runs in a network namespace of its own, the guest
+//! is addressed statically, the namespace's firewall refuses spoofed sources, the namespace
+//! goes with the sandbox, and the gateway lets out only names the node's policy allows.
+//! Policies from the API, TLS interception and credentials: `gateway_credentials.rs`; one
+//! test per bypass attempt: `egress_bypass.rs`.
 
 use std::time::Duration;
 

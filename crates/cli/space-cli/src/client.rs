@@ -26,6 +26,11 @@ use space_core::{
     ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
 };
 
+use space_control::api::credentials::{
+    AuditList, CredentialInfo, CredentialList, CredentialRequest,
+};
+use space_core::egress::EgressPolicy;
+
 use crate::ndjson::Lines;
 
 /// Longest error body read from the server.
@@ -780,6 +785,93 @@ impl SpaceClient {
                 .json(req),
         )
         .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/egress-policy`.
+    pub async fn egress_policy(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<EgressPolicy> {
+        Self::json(self.request(Method::GET, &format!("{}/egress-policy", Self::sbx(id)))).await
+    }
+
+    /// `PUT /v1/sandboxes/{id}/egress-policy`: takes effect at once.
+    pub async fn set_egress_policy(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        policy: &EgressPolicy,
+    ) -> ClientResult<EgressPolicy> {
+        Self::json(
+            self.request(Method::PUT, &format!("{}/egress-policy", Self::sbx(id)))
+                .json(policy),
+        )
+        .await
+    }
+
+    /// `GET /v1/egress-policy`: the tenant's default (404 when it has none).
+    pub async fn default_egress_policy(&self) -> ClientResult<EgressPolicy> {
+        Self::json(self.request(Method::GET, "/v1/egress-policy")).await
+    }
+
+    /// `PUT /v1/egress-policy` (`Some`) or `DELETE` it (`None`).
+    pub async fn set_default_egress_policy(
+        &self,
+        policy: Option<&EgressPolicy>,
+    ) -> ClientResult<()> {
+        match policy {
+            Some(p) => Self::empty(self.request(Method::PUT, "/v1/egress-policy").json(p)).await,
+            None => Self::empty(self.request(Method::DELETE, "/v1/egress-policy")).await,
+        }
+    }
+
+    /// `POST /v1/credentials`.
+    pub async fn create_credential(&self, req: &CredentialRequest) -> ClientResult<CredentialInfo> {
+        Self::json(self.request(Method::POST, "/v1/credentials").json(req)).await
+    }
+
+    /// `PUT /v1/credentials/{id}`.
+    pub async fn replace_credential(
+        &self,
+        id: &str,
+        req: &CredentialRequest,
+    ) -> ClientResult<CredentialInfo> {
+        Self::json(
+            self.request(Method::PUT, &format!("/v1/credentials/{}", encode(id)))
+                .json(req),
+        )
+        .await
+    }
+
+    /// `GET /v1/credentials`.
+    pub async fn credentials(&self) -> ClientResult<CredentialList> {
+        Self::json(self.request(Method::GET, "/v1/credentials")).await
+    }
+
+    /// `GET /v1/credentials/{id}`.
+    pub async fn credential(&self, id: &str) -> ClientResult<CredentialInfo> {
+        Self::json(self.request(Method::GET, &format!("/v1/credentials/{}", encode(id)))).await
+    }
+
+    /// `DELETE /v1/credentials/{id}`.
+    pub async fn delete_credential(&self, id: &str) -> ClientResult<()> {
+        Self::empty(self.request(Method::DELETE, &format!("/v1/credentials/{}", encode(id)))).await
+    }
+
+    /// `GET /v1/audit?sandbox=&credential=&since_ms=&limit=`.
+    pub async fn audit(
+        &self,
+        sandbox: Option<&str>,
+        credential: Option<&str>,
+        since_ms: Option<i64>,
+        limit: Option<usize>,
+    ) -> ClientResult<AuditList> {
+        let q = query(&[
+            ("sandbox", sandbox.map(str::to_owned)),
+            ("credential", credential.map(str::to_owned)),
+            ("since_ms", since_ms.map(|v| v.to_string())),
+            ("limit", limit.map(|v| v.to_string())),
+        ]);
+        Self::json(self.request(Method::GET, &format!("/v1/audit{q}"))).await
     }
 }
 

@@ -74,6 +74,14 @@ enum Command {
     Files(cmd::files::FilesCmd),
     /// The tail of a sandbox's serial console.
     Console(cmd::sandbox::ConsoleArgs),
+    /// What may leave a sandbox: its egress policy, and the tenant's default.
+    #[command(subcommand)]
+    Egress(cmd::egress::EgressCmd),
+    /// Credentials the egress gateway injects into sandbox requests (write-only values).
+    #[command(subcommand)]
+    Credential(cmd::credential::CredentialCmd),
+    /// The credential audit log: every resolution, injection and denial.
+    Audit(cmd::credential::AuditArgs),
     /// API keys (local admin on the database).
     #[command(subcommand)]
     Key(cmd::key::KeyCmd),
@@ -139,6 +147,9 @@ async fn main() {
         Command::Shell(a) => cmd::shell::run(&g, a).await,
         Command::Files(c) => cmd::files::run(&g, c).await,
         Command::Console(a) => cmd::sandbox::console(&g, a).await,
+        Command::Egress(c) => cmd::egress::run(&g, c).await,
+        Command::Credential(c) => cmd::credential::run(&g, c).await,
+        Command::Audit(a) => cmd::credential::audit(&g, a).await,
         Command::Key(c) => cmd::key::run(&g, c).await,
         Command::Bench(a) => cmd::bench::run(&g, a).await,
     };

@@ -265,3 +265,74 @@ async fn lifecycle_and_snapshot_commands_report_errors() {
     assert!(text(&out.stderr).contains("warm pool is empty"));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn egress_and_credential_commands_round_trip() {
+    let (server, dir) = start().await;
+    let run = |args: &'static [&'static str]| space(&server, &dir.0, args);
+
+    let out = run(&[
+        "egress",
+        "set-default",
+        "--allow",
+        "*.github.com",
+        "--deny",
+        "gist.github.com",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&["egress", "get-default"]).await;
+    let policy: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(policy["mode"], "allowlist");
+    assert_eq!(policy["rules"].as_array().unwrap().len(), 2);
+    let out = run(&["egress", "clear-default"]).await;
+    assert!(out.status.success());
+    let out = run(&["egress", "get-default"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("(not_found)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["egress", "set-default", "--allow", "a b"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a bad domain is refused before sending"
+    );
+
+    // The value comes from a file (or stdin), never the command line, and never comes back.
+    let value = "ghp_cli_test_value_4d3c2b1a";
+    std::fs::write(dir.0.join("value"), format!("{value}\n")).unwrap();
+    let value_file = dir.0.join("value").display().to_string();
+    let rule = r#"{"hosts": ["api.github.com"], "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"}}"#;
+    let out = space(
+        &server,
+        &dir.0,
+        &[
+            "credential",
+            "create",
+            "--name",
+            "github",
+            "--rule",
+            rule,
+            "--value-file",
+            &value_file,
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains(value));
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let out = run(&["credential", "list"]).await;
+    assert!(text(&out.stdout).contains(&id) && !text(&out.stdout).contains(value));
+    let out = run(&["audit", "--limit", "10"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = space(&server, &dir.0, &["credential", "rm", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = space(&server, &dir.0, &["credential", "get", &id]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("(not_found)"));
+    server.shutdown().await;
+}

@@ -48,6 +48,17 @@ const ROUTES: &[&str] = &[
     "GET /v1/sandboxes/{id}/files/list",
     "POST /v1/sandboxes/{id}/files/mkdir",
     "POST /v1/sandboxes/{id}/files/rename",
+    "GET /v1/sandboxes/{id}/egress-policy",
+    "PUT /v1/sandboxes/{id}/egress-policy",
+    "GET /v1/egress-policy",
+    "PUT /v1/egress-policy",
+    "DELETE /v1/egress-policy",
+    "POST /v1/credentials",
+    "GET /v1/credentials",
+    "GET /v1/credentials/{id}",
+    "PUT /v1/credentials/{id}",
+    "DELETE /v1/credentials/{id}",
+    "GET /v1/audit",
 ];
 
 fn documented_routes(doc: &serde_json::Value) -> BTreeSet<String> {

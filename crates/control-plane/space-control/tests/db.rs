@@ -40,11 +40,42 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2]);
+    assert_eq!(all, vec![1, 2, 3]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn tenant_egress_policies_upsert_and_clear_on_every_backend() {
+    use space_core::egress::{EgressMode, EgressPolicy};
+    for t in common::test_dbs().await {
+        let tenant = t.db.create_tenant("egress").await.unwrap();
+        assert_eq!(t.db.tenant_egress_policy(&tenant.id).await.unwrap(), None);
+        let open = EgressPolicy::allow_all_public();
+        t.db.set_tenant_egress_policy(&tenant.id, Some(&open))
+            .await
+            .unwrap();
+        let none = EgressPolicy {
+            mode: EgressMode::None,
+            rules: vec![],
+        };
+        // A second set replaces the first (upsert), on SQLite and PostgreSQL alike.
+        t.db.set_tenant_egress_policy(&tenant.id, Some(&none))
+            .await
+            .unwrap();
+        assert_eq!(
+            t.db.tenant_egress_policy(&tenant.id).await.unwrap(),
+            Some(none),
+            "{}",
+            t.label
+        );
+        t.db.set_tenant_egress_policy(&tenant.id, None)
+            .await
+            .unwrap();
+        assert_eq!(t.db.tenant_egress_policy(&tenant.id).await.unwrap(), None);
     }
 }
 

@@ -196,18 +196,22 @@ pub fn validate_signal(signal: i32) -> Result<(), InvalidSignal> {
     }
 }
 
+/// A portable variable name: `[A-Za-z_][A-Za-z0-9_]*`, at most 256 bytes.
+pub fn valid_env_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= 256
+        && k.bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()))
+}
+
 /// Checks environment variables; the error carries the offending name.
 pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     if env.len() > MAX_ENV {
         return Err(format!("{} variables", env.len()));
     }
     for (k, v) in env {
-        let ok_name = !k.is_empty()
-            && k.len() <= 256
-            && k.bytes().enumerate().all(|(i, b)| {
-                b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
-            });
-        if !ok_name || v.len() > MAX_ENV_VALUE || v.contains('\0') {
+        if !valid_env_key(k) || v.len() > MAX_ENV_VALUE || v.contains('\0') {
             return Err(k.chars().take(64).collect());
         }
     }

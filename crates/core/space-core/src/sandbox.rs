@@ -71,6 +71,14 @@ pub struct CreateSandboxRequest {
     /// 15 minutes, retention decaying by tier over a week.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<crate::SnapshotSchedule>,
+    /// What may leave the sandbox; default: the tenant's default policy, else the node's
+    /// (mode `none`: no network). Changed later with `PUT /v1/sandboxes/{id}/egress-policy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressPolicy>,
+    /// Project within the tenant (`[a-z0-9][a-z0-9_-]*`, at most 64): credentials scoped to
+    /// the project apply to the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// What the node does when a sandbox's VMM dies unexpectedly.
@@ -168,6 +176,12 @@ pub struct SandboxInfo {
     /// Idle time after which it is paused; absent = never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause_secs: Option<u64>,
+    /// Project within the tenant, if it was created in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// What may leave it (absent while its node has no record of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressPolicy>,
 }
 
 /// Why a sandbox is paused.

@@ -25,6 +25,7 @@ pub mod datapath;
 pub mod dns;
 pub mod proxy;
 pub mod sniff;
+pub mod udp;
 pub mod uplink;
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ use crate::dns::{PinTable, PolicyHandle};
 pub use first_bytes::Unnamed;
 pub use original_dst::original_dst;
 pub use route::Refusal;
-pub use upstream::{upstream_tls_config, ConnectFuture, Uplink};
+pub use upstream::{upstream_tls_config, ConnectFuture, UdpFuture, Uplink};
 
 /// The proxy's bounds, per sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

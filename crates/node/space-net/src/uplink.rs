@@ -139,6 +139,24 @@ impl Uplink for NetnsUplink {
             TcpStream::from_std(std_stream)
         })
     }
+
+    fn udp(&self, addr: SocketAddr) -> crate::proxy::UdpFuture<'_> {
+        let fut = self.run(async move {
+            let local: SocketAddr = if addr.is_ipv4() {
+                (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let socket = std::net::UdpSocket::bind(local)?;
+            socket.connect(addr)?;
+            socket.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(socket)
+        });
+        Box::pin(async move {
+            let socket = fut.await.map_err(std::io::Error::other)??;
+            tokio::net::UdpSocket::from_std(socket)
+        })
+    }
 }
 
 impl Upstream for NetnsUplink {

@@ -38,6 +38,9 @@ fn namespace_with_tap_address_and_firewall_comes_and_goes() {
 
     let links = in_ns(&name, &["ip", "-o", "addr", "show", "dev", "tap0"]);
     assert!(links.contains("10.0.2.1/24"), "{links}");
+    // The gateway's MAC is the same in every namespace (restored guests keep it in ARP).
+    let tap = in_ns(&name, &["ip", "-o", "link", "show", "dev", "tap0"]);
+    assert!(tap.contains("link/ether 02:53:50:00:02:01"), "{tap}");
     let ipv6 = in_ns(&name, &["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]);
     assert_eq!(ipv6.trim(), "1");
 

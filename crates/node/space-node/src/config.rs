@@ -27,17 +27,31 @@ pub struct NodeConfig {
     /// Warm pool members kept per template shape that creates ask for (0 = no pool).
     pub pool_size: usize,
     /// Give every sandbox VM a network card in a network namespace of its own, behind the
-    /// default-deny firewall of `space_net::datapath` (issue 4: the gateway that lets
-    /// allowed traffic out is being wired in; until then nothing leaves the namespace).
+    /// default-deny firewall of `space_net::datapath`, with an egress gateway (resolver and
+    /// proxy) that lets out what the sandbox's egress policy allows.
     pub sandbox_network: bool,
-    /// Egress policy of every sandbox (per-sandbox policies from the API come later).
+    /// Egress policy of a sandbox whose create request (and tenant) names none.
     pub egress: space_core::egress::EgressPolicy,
+    /// Where credential values live (metadata and values, encrypted, or an external helper).
+    pub credentials: CredentialBackend,
     /// Network namespace the gateways connect out from; `None`: this process's (the host's).
     pub uplink_netns: Option<String>,
     /// Upstream DNS servers of the gateways; empty: those of `/etc/resolv.conf`.
     pub upstream_dns: Vec<std::net::SocketAddr>,
     /// PEM certificates trusted for upstream TLS besides the public roots (tests).
     pub upstream_extra_ca_pem: Option<String>,
+}
+
+/// Where the node's credential manager keeps credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialBackend {
+    /// The built-in store: `<data_dir>/credentials/`, one file per credential encrypted
+    /// with XChaCha20-Poly1305 under `<data_dir>/credentials.key` (made on first start,
+    /// mode 0600; keep it off backups of the data directory).
+    Store,
+    /// An external helper asked for values (git-credential-helper style; see
+    /// `space_secrets::command`).
+    Command(space_secrets::CommandConfig),
 }
 
 /// Default warm pool members per template shape. A paused member costs no CPU and about
@@ -59,8 +73,9 @@ impl NodeConfig {
             tcg_tb_size_mib: Some(64),
             memory_images: true,
             pool_size: DEFAULT_POOL_SIZE,
-            sandbox_network: false,
+            sandbox_network: true,
             egress: Default::default(),
+            credentials: CredentialBackend::Store,
             uplink_netns: None,
             upstream_dns: Vec::new(),
             upstream_extra_ca_pem: None,

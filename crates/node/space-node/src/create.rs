@@ -59,6 +59,12 @@ impl Node {
             on_crash: req.on_crash,
             auto_pause_secs: req.auto_pause_secs,
             snapshots: schedule,
+            tenant: Some(req.tenant.clone()),
+            project: req.project.clone(),
+            egress: req
+                .egress
+                .clone()
+                .unwrap_or_else(|| self.inner.cfg.egress.clone()),
             ..SandboxRecord::new(
                 req.id.clone(),
                 tpl.name.clone(),
@@ -99,13 +105,18 @@ impl Node {
         tpl: &TemplateInfo,
         resources: &Resources,
     ) -> Result<Started, StartError> {
+        let (env, trusted_ca_pem) = self
+            .inner
+            .guest_env_and_trust(&req.id)
+            .map_err(|e| (e, None))?;
         let config = GuestConfig {
             hostname: req.id.to_string(),
-            env: req.env.clone(),
+            env,
             default_user: tpl.default_user.clone(),
             resize_root: resources.disk_mib > tpl.image_size_mib,
             time_unix_ms: now_ms(),
             network: self.inner.guest_network(),
+            trusted_ca_pem,
         };
         let disk = self
             .inner
@@ -467,6 +478,7 @@ impl Node {
                 resize_root: false,
                 time_unix_ms: now_ms(),
                 network: self.inner.guest_network(),
+                trusted_ca_pem: None,
             };
             make_unique_and_configure(&guest, &config).await?;
             drop(guest);

@@ -126,9 +126,16 @@ impl Node {
             rec.paused_by = None;
             rec.rollback_to = None;
             rec.crash_restores_ms.clear();
-            match self.inner.admit(rec) {
+            // The child's disk and memory trust the parent's CA: its gateway signs with it.
+            let admit = self
+                .inner
+                .sandbox_cas
+                .copy(parent, child)
+                .and_then(|()| self.inner.admit(rec));
+            match admit {
                 Ok(op) => admitted.push((child.clone(), op)),
                 Err(e) => {
+                    self.inner.sandbox_cas.remove(child);
                     for (id, _) in &admitted {
                         self.inner
                             .fail(id, None, "fork aborted: not every child fit")

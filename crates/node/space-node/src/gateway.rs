@@ -1,31 +1,38 @@
-//! The egress gateway of each sandbox: a DNS resolver and the transparent proxy, listening
+//! The egress gateway of each sandbox: a DNS resolver, the transparent proxy and the UDP
+//! relay (UDP only to addresses a CIDR rule allows), listening
 //! on the gateway address inside the sandbox VM's network namespace, connecting out through
 //! the node's uplink. Started whenever a VM becomes a sandbox's (create, start, restore,
 //! fork, re-adoption); dropped with the VM.
 //!
-//! Not wired yet (issue 4): per-sandbox policies from the API (every sandbox gets the node's
-//! `egress` policy), the sandbox CA in the guest's trust store (so TLS termination is not
-//! trusted by the guest yet), credentials.
+//! The gateway enforces the sandbox's egress policy (held in a [`PolicyHandle`] that
+//! [`crate::Node::set_egress_policy`] swaps while it runs), signs intercepted TLS with the
+//! sandbox's own CA ([`crate::sandbox_ca`]) and injects the node's credentials for the
+//! sandbox's tenant, project and id.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
+use space_core::egress::EgressPolicy;
 use space_core::SandboxId;
-use space_net::ca::{LeafCache, SandboxCa};
+use space_net::ca::LeafCache;
 use space_net::datapath::{netns, GuestLink};
-use space_net::dns::{PinLimits, PinTable, SandboxResolver};
+use space_net::dns::{PinLimits, PinTable, PolicyHandle, SandboxResolver};
 use space_net::proxy::{upstream_tls_config, ProxyContext, ProxyLimits, SandboxProxy};
+use space_net::udp::{UdpLimits, UdpRelay};
 use space_net::uplink::NetnsUplink;
 use tokio::task::AbortHandle;
 
 use crate::sandbox_manager::Inner;
-use crate::NodeError;
+use crate::{NodeError, SandboxRecord};
 
 /// A running gateway; its tasks stop when it is dropped.
 pub(crate) struct Gateway {
     /// The VM whose namespace it listens in.
     pub(crate) vm_name: String,
+    /// The policy it enforces, swapped in place on an update.
+    pub(crate) policy: PolicyHandle,
     tasks: Vec<AbortHandle>,
 }
 
@@ -62,12 +69,13 @@ impl Inner {
         }))
     }
 
-    /// Starts the gateway of sandbox `id` in the namespace of VM `vm_name`.
+    /// Starts the gateway of the sandbox of `record` in the namespace of VM `vm_name`.
     pub(crate) fn start_gateway(
         &self,
-        id: &SandboxId,
+        record: &SandboxRecord,
         vm_name: &str,
     ) -> Result<Gateway, NodeError> {
+        let id = &record.id;
         let link = GuestLink::default();
         let ns = self.netns_name(vm_name);
         let gw = link.gateway;
@@ -90,7 +98,7 @@ impl Inner {
 
         let shared = self.gateway_shared()?;
         let uplink = shared.uplink.clone();
-        let policy = Arc::new(ArcSwap::from_pointee(self.cfg.egress.clone()));
+        let policy: PolicyHandle = Arc::new(ArcSwap::from_pointee(record.egress.clone()));
         let pins = Arc::new(PinTable::new(PinLimits::default()));
         let resolver = Arc::new(SandboxResolver::new(
             id.clone(),
@@ -98,30 +106,132 @@ impl Inner {
             pins.clone(),
             uplink.clone(),
         ));
-        let ca = SandboxCa::generate(id.as_str())
-            .map_err(|e| NodeError::Internal(format!("cannot make the sandbox CA: {e}")))?;
+        let ca = self.sandbox_cas.load_or_create(id)?;
+        // A sandbox without an owner (made before records had one) gets no credentials.
+        let (tenant, credentials) = match &record.tenant {
+            Some(t) => (t.clone(), Some(self.credentials.manager.clone())),
+            None => (space_core::TenantId::generate(), None),
+        };
         let proxy_srv = Arc::new(SandboxProxy::new(
             ProxyContext {
                 sandbox: id.clone(),
-                tenant: self.gateway_tenant.clone(),
-                project: None,
-                policy,
+                tenant,
+                project: record.project.clone(),
+                policy: policy.clone(),
                 pins,
-                leaves: Arc::new(LeafCache::new(Arc::new(ca))),
-                credentials: None,
+                leaves: Arc::new(LeafCache::new(ca)),
+                credentials,
                 upstream_tls: shared.upstream_tls.clone(),
                 limits: ProxyLimits::default(),
             },
             uplink,
         ));
+        let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);
+        let relay_socket = space_net::udp::bind_listener(&ns, relay_addr)
+            .map_err(|e| NodeError::Internal(format!("cannot open the UDP relay socket: {e}")))?;
+        let relay = Arc::new(UdpRelay::new(
+            id.clone(),
+            ns.clone(),
+            policy.clone(),
+            shared.uplink.clone(),
+            UdpLimits::default(),
+        ));
         let tasks = vec![
             tokio::spawn(resolver.serve(udp, dns_tcp)).abort_handle(),
             tokio::spawn(proxy_srv.serve(proxy)).abort_handle(),
+            tokio::spawn(relay.serve(relay_socket)).abort_handle(),
         ];
         tracing::debug!(%id, netns = %ns, "gateway started");
         Ok(Gateway {
             vm_name: vm_name.to_owned(),
+            policy,
             tasks,
         })
+    }
+}
+
+impl Inner {
+    /// What the guest of sandbox `id` is configured with beyond its record's env: the
+    /// placeholders of the credentials that ask for one (under the credential's name, unless
+    /// the sandbox's env sets that name), and with a network the sandbox CA to trust.
+    pub(crate) fn guest_env_and_trust(
+        &self,
+        id: &SandboxId,
+    ) -> Result<(BTreeMap<String, String>, Option<String>), NodeError> {
+        let record = self
+            .lock()
+            .get(id)
+            .map(|e| e.record.clone())
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let mut env = record.env.clone();
+        if let Some(tenant) = &record.tenant {
+            let placeholders =
+                self.credentials
+                    .manager
+                    .placeholders(tenant, record.project.as_ref(), id);
+            for (name, placeholder) in placeholders {
+                // Credential names allow '-', which no shell accepts in a variable name.
+                if space_core::process::valid_env_key(name.as_str()) {
+                    env.entry(name.as_str().to_owned())
+                        .or_insert_with(|| placeholder.as_str().to_owned());
+                }
+            }
+        }
+        let trust = if self.cfg.sandbox_network {
+            Some(self.sandbox_cas.load_or_create(id)?.cert_pem().to_owned())
+        } else {
+            None
+        };
+        Ok((env, trust))
+    }
+}
+
+impl crate::Node {
+    /// Replaces the sandbox's egress policy: saved in its record, then enforced by its
+    /// running gateway from the next DNS query or connection on (connections already open
+    /// keep going; a proxy re-checks every new one).
+    pub fn set_egress_policy(
+        &self,
+        id: &SandboxId,
+        policy: EgressPolicy,
+    ) -> Result<SandboxRecord, NodeError> {
+        policy
+            .validate()
+            .map_err(|e| NodeError::Invalid(format!("bad egress policy: {e}")))?;
+        let mut map = self.inner.lock();
+        let entry = map
+            .get_mut(id)
+            .filter(|e| e.record.state != space_core::SandboxState::Deleted)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let mut record = entry.record.clone();
+        record.egress = policy.clone();
+        self.inner
+            .records
+            .save(&record)
+            .map_err(|e| NodeError::Internal(format!("cannot save the record: {e}")))?;
+        entry.record = record.clone();
+        if let Some(gateway) = &entry.gateway {
+            gateway.policy.store(Arc::new(policy));
+        }
+        tracing::info!(%id, mode = ?record.egress.mode, rules = record.egress.rules.len(), "egress policy updated");
+        Ok(record)
+    }
+
+    /// The node's credential manager (secrets are managed through it; values never leave it
+    /// except into a gateway's upstream request).
+    pub fn credentials(&self) -> &Arc<space_secrets::CredentialManager> {
+        &self.inner.credentials.manager
+    }
+
+    /// Audit log entries matching `filter`, oldest first.
+    pub fn audit(
+        &self,
+        filter: &space_secrets::AuditFilter,
+    ) -> Result<Vec<space_secrets::AuditEvent>, NodeError> {
+        self.inner
+            .credentials
+            .audit
+            .query(filter)
+            .map_err(|e| NodeError::Internal(format!("cannot read the audit log: {e}")))
     }
 }

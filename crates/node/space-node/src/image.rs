@@ -320,6 +320,7 @@ impl OwnedBuild {
             resize_root: true,
             time_unix_ms: crate::sandbox_manager::now_ms(),
             network: None,
+            trusted_ca_pem: None,
         };
         guest
             .with_timeouts(self.ready_timeout, self.ready_timeout)

@@ -12,17 +12,19 @@
 
 pub mod config;
 mod create;
+mod credentials;
 pub mod error;
 mod events;
 pub mod fork;
 mod gateway;
 pub mod image;
-mod network;
+pub mod network;
 pub mod node_manager;
 mod ops;
 mod pool;
 pub mod records;
 pub mod recovery;
+mod sandbox_ca;
 mod sandbox_manager;
 pub mod scheduler;
 pub mod snapshots;
@@ -31,9 +33,11 @@ mod vm_start;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use space_core::egress::EgressPolicy;
 pub use space_core::sandbox::CrashPolicy;
 use space_core::sandbox::ResourcesRequest;
-use space_core::{Resources, SandboxId, SandboxState, SnapshotId};
+use space_core::{Resources, SandboxId, SandboxState, SnapshotId, TenantId};
+pub use space_secrets::ProjectId;
 
 pub use config::NodeConfig;
 pub use error::NodeError;
@@ -58,6 +62,12 @@ pub struct CreateSandbox {
     pub auto_pause_secs: Option<u64>,
     /// Automatic snapshots; `None` = the default schedule.
     pub snapshots: Option<space_core::SnapshotSchedule>,
+    /// The owner (credential scopes and audit entries name it).
+    pub tenant: TenantId,
+    /// The project within the tenant, if any (credential scopes).
+    pub project: Option<ProjectId>,
+    /// What may leave the sandbox; `None` = the node's default ([`NodeConfig::egress`]).
+    pub egress: Option<EgressPolicy>,
 }
 
 /// Why a sandbox is paused.
@@ -141,6 +151,16 @@ pub struct SandboxRecord {
     /// most [`recovery::MAX_CRASH_RESTORES`] kept): a sandbox that keeps crashing is failed.
     #[serde(default)]
     pub crash_restores_ms: Vec<i64>,
+    /// The owner; `None` only for sandboxes made before records carried it (their gateway
+    /// injects no credentials).
+    #[serde(default)]
+    pub tenant: Option<TenantId>,
+    /// The project within the tenant.
+    #[serde(default)]
+    pub project: Option<ProjectId>,
+    /// What may leave the sandbox (enforced by its gateway; changed live).
+    #[serde(default)]
+    pub egress: EgressPolicy,
 }
 
 impl SandboxRecord {
@@ -171,6 +191,9 @@ impl SandboxRecord {
             rollback_to: None,
             snapshots: space_core::SnapshotSchedule::default(),
             crash_restores_ms: Vec::new(),
+            tenant: None,
+            project: None,
+            egress: EgressPolicy::default(),
         }
     }
 

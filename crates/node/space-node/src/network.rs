@@ -17,13 +17,19 @@ use crate::NodeError;
 /// and 20-24 characters).
 const MAX_VM_NAME_IN_NETNS: usize = 48;
 
+/// Prefix of every namespace a node whose run directory is `run_root` (`<data_dir>/run`,
+/// absolute) makes: `spc` and 8 hex digits of a hash of the path.
+pub fn netns_prefix(run_root: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
+    format!("spc{}-", &hex::encode(digest)[..8])
+}
+
 impl Inner {
     /// Prefix of every namespace this node makes: `spc` and 8 hex digits of a hash of the run
     /// directory.
     pub(crate) fn netns_prefix(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(self.run_root.as_os_str().as_encoded_bytes());
-        format!("spc{}-", &hex::encode(digest)[..8])
+        netns_prefix(&self.run_root)
     }
 
     /// Namespace of the VM called `vm_name`.

@@ -201,13 +201,15 @@ impl Node {
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         let tpl = self.template(&rec.template)?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
+        let (env, trusted_ca_pem) = self.inner.guest_env_and_trust(id)?;
         let config = GuestConfig {
             hostname: id.to_string(),
-            env: rec.env.clone(),
+            env,
             default_user: tpl.default_user.clone(),
             resize_root: false,
             time_unix_ms: now_ms(),
             network: self.inner.guest_network(),
+            trusted_ca_pem,
         };
         let (vm, guest) = match self
             .boot(

@@ -97,6 +97,9 @@ mod tests {
             rollback_to: None,
             snapshots: Default::default(),
             crash_restores_ms: vec![7],
+            tenant: Some(space_core::TenantId::generate()),
+            project: Some("apollo".parse().unwrap()),
+            egress: space_core::egress::EgressPolicy::allow_all_public(),
         };
         store.save(&rec).unwrap();
         fs::write(dir.path().join("junk.json"), b"{not json").unwrap();

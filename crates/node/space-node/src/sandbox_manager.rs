@@ -54,9 +54,10 @@ pub(crate) struct Inner {
     pub(crate) background: Mutex<Vec<AbortHandle>>,
     /// The gateways' way out and upstream TLS (with `sandbox_network`), made on first use.
     pub(crate) gateway_shared: crate::gateway::GatewayCell,
-    /// Tenant the gateways act for until sandbox records carry theirs (only credential
-    /// scopes use it, and no credential manager is attached yet).
-    pub(crate) gateway_tenant: space_core::TenantId,
+    /// Each sandbox's CA for TLS interception.
+    pub(crate) sandbox_cas: crate::sandbox_ca::CaStore,
+    /// The credential manager and its audit log.
+    pub(crate) credentials: crate::credentials::Credentials,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -136,6 +137,8 @@ impl Node {
         std::fs::create_dir_all(&run_root)
             .map_err(|e| internal("cannot create run directory", e))?;
         let cfg_pool_size = cfg.pool_size;
+        let sandbox_cas = crate::sandbox_ca::CaStore::open(&data_dir.join("sandbox-ca"))?;
+        let credentials = crate::credentials::open(&data_dir, &cfg.credentials).await?;
         let node = Node {
             inner: Arc::new(Inner {
                 cfg: NodeConfig { data_dir, ..cfg },
@@ -150,7 +153,8 @@ impl Node {
                 scheduler: Default::default(),
                 background: Mutex::new(Vec::new()),
                 gateway_shared: Default::default(),
-                gateway_tenant: space_core::TenantId::generate(),
+                sandbox_cas,
+                credentials,
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };
@@ -288,7 +292,11 @@ impl Node {
             .and_then(|e| e.gateway.as_ref())
             .is_some_and(|g| g.vm_name == vm.name());
         let gateway = if self.inner.cfg.sandbox_network && !same_vm {
-            match self.inner.start_gateway(id, vm.name()) {
+            let record = self.sandbox(id);
+            match record
+                .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
+                .and_then(|r| self.inner.start_gateway(&r, vm.name()))
+            {
                 Ok(g) => Some(g),
                 Err(e) => {
                     tracing::error!(%id, error = %e, "cannot start the sandbox's gateway");
@@ -344,6 +352,7 @@ impl Node {
             Ok(()) => {
                 self.inner
                     .transition(id, SandboxEvent::Done, |r| r.vmm_pid = None)?;
+                self.inner.sandbox_cas.remove(id);
                 tracing::info!(%id, "sandbox deleted");
                 Ok(())
             }
@@ -384,6 +393,9 @@ impl Node {
             }
             e.guest = None;
             e.vm = None;
+            // Close the gateway's sockets: the next start opens them again in the same
+            // namespaces (the VMs keep running, and their guests' connections retry).
+            e.gateway = None;
         }
     }
 

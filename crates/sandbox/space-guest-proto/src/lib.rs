@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::{
     MAX_FREEZE_TIMEOUT_MS, MAX_HOSTNAME, MAX_IDENTITY_ENTROPY, MAX_TIME_UNIX_MS,
-    MIN_FREEZE_TIMEOUT_MS, MIN_IDENTITY_ENTROPY,
+    MAX_TRUSTED_CA_PEM, MIN_FREEZE_TIMEOUT_MS, MIN_IDENTITY_ENTROPY,
 };
 
 /// The protocol version spoken after the handshake. Bumped on incompatible route changes.
@@ -69,6 +69,49 @@ pub struct GuestConfig {
     /// The guest's network card and how to address it; absent when the sandbox has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<GuestNetwork>,
+    /// The sandbox CA's certificate (PEM), which the gateway signs its TLS interception
+    /// certificates with: the guest adds it to its trust store. Absent without a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_ca_pem: Option<String>,
+}
+
+impl GuestConfig {
+    /// Checks the bounds both ends enforce on the parts the hostname and env checks miss.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        if !valid_hostname(&self.hostname) {
+            return Err(RequestError::Hostname);
+        }
+        if let Some(net) = &self.network {
+            net.validate()?;
+        }
+        if let Some(pem) = &self.trusted_ca_pem {
+            validate_certificate_pem(pem)?;
+        }
+        Ok(())
+    }
+}
+
+/// One PEM `CERTIFICATE` block, at most [`MAX_TRUSTED_CA_PEM`] bytes, base64 lines only:
+/// what the guest is willing to write into its trust store.
+pub fn validate_certificate_pem(pem: &str) -> Result<(), RequestError> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let body = pem
+        .trim_end()
+        .strip_prefix(BEGIN)
+        .and_then(|rest| rest.strip_suffix(END));
+    let ok = pem.len() <= MAX_TRUSTED_CA_PEM
+        && body.is_some_and(|b| {
+            !b.trim().is_empty()
+                && b.bytes().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'\n' | b'\r')
+                })
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(RequestError::TrustedCa)
+    }
 }
 
 /// Static addressing of the guest's one network card (the gateway is the node's, on the
@@ -144,6 +187,11 @@ pub enum RequestError {
     /// A `GuestNetwork` out of bounds.
     #[error("network: want a unicast MAC aa:bb:cc:dd:ee:ff, prefix 1..=30, MTU 576..=9000, an address other than the gateway's")]
     Network,
+    /// `GuestConfig::trusted_ca_pem` is not one bounded PEM certificate.
+    #[error(
+        "trusted_ca_pem must be one PEM CERTIFICATE block of at most {MAX_TRUSTED_CA_PEM} bytes"
+    )]
+    TrustedCa,
 }
 
 /// `POST /v1/fs/freeze`: freeze the guest's disk file systems (FIFREEZE) so the host can
@@ -250,6 +298,29 @@ mod tests {
         assert!(!valid_hostname("a b"));
         assert!(!valid_hostname("a\nb"));
         assert!(!valid_hostname(&"a".repeat(65)));
+    }
+
+    #[test]
+    fn trusted_ca_must_be_one_bounded_certificate() {
+        let good = "-----BEGIN CERTIFICATE-----\nMIIBtjCCAVyg+/A=\n-----END CERTIFICATE-----\n";
+        assert!(validate_certificate_pem(good).is_ok());
+        let two = format!("{good}{good}");
+        let huge = good.replace("MIIB", &"A".repeat(MAX_TRUSTED_CA_PEM));
+        for bad in [
+            "",
+            "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----",
+            "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----",
+            "-----BEGIN CERTIFICATE-----\nMII B\n-----END CERTIFICATE-----",
+            "x-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
+            two.as_str(),
+            huge.as_str(),
+        ] {
+            assert_eq!(
+                validate_certificate_pem(bad),
+                Err(RequestError::TrustedCa),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -46,3 +46,6 @@ pub const MIN_IDENTITY_ENTROPY: usize = 32;
 pub const MAX_IDENTITY_ENTROPY: usize = 512;
 /// Latest wall clock the node may set, ms since the Unix epoch (9999-12-31T23:59:59.999Z).
 pub const MAX_TIME_UNIX_MS: i64 = 253_402_300_799_999;
+
+/// Largest `GuestConfig::trusted_ca_pem` (a CA certificate is about 600 bytes to 2 KiB).
+pub const MAX_TRUSTED_CA_PEM: usize = 8 * 1024;

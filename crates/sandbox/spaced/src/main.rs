@@ -26,6 +26,7 @@ mod resize;
 mod session;
 mod state;
 mod system;
+mod trust;
 mod users;
 mod workload;
 

@@ -33,6 +33,7 @@ async fn health_and_configure_without_touching_the_host() {
         resize_root: true,
         time_unix_ms: 1,
         network: None,
+        trusted_ca_pem: None,
     };
     let (status, _, body) = c
         .call(

@@ -41,6 +41,7 @@ async fn vm_smoke() {
         resize_root: true,
         time_unix_ms: now_ms,
         network: None,
+        trusted_ca_pem: None,
     };
     let (s, _, body) = c
         .call(

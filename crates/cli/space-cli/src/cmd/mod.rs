@@ -1,6 +1,8 @@
 //! One module per command group.
 
 pub mod bench;
+pub mod credential;
+pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod key;

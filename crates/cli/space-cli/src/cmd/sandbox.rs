@@ -127,6 +127,12 @@ pub struct CreateArgs {
     /// Delete automatically after this many seconds (default 3600).
     #[arg(long)]
     timeout: Option<u64>,
+    /// Project within the tenant (credentials scoped to it apply).
+    #[arg(long)]
+    project: Option<String>,
+    /// Egress policy (default: the tenant's, else the node's).
+    #[command(flatten)]
+    egress: super::egress::PolicyArgs,
     /// Print only the id.
     #[arg(long, short)]
     quiet: bool,
@@ -157,6 +163,8 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 env: parse_pairs(&a.env, "--env")?,
                 labels: parse_pairs(&a.labels, "--label")?,
                 timeout_secs: a.timeout,
+                project: a.project,
+                egress: a.egress.policy()?,
                 ..Default::default()
             };
             let info = client.create_sandbox(&req).await?;

@@ -26,6 +26,21 @@ pub struct ServerArgs {
     /// Node name shown in sandbox records.
     #[arg(long)]
     node_name: Option<String>,
+    /// Give sandboxes no network card at all. By default each VM has one, in a namespace of
+    /// its own behind the egress gateway, and each sandbox's egress policy decides what leaves.
+    #[arg(long)]
+    no_sandbox_network: bool,
+    /// The egress policy of sandboxes whose request and tenant name none (JSON file;
+    /// default: mode none, no network).
+    #[arg(long, value_name = "FILE")]
+    egress_default: Option<std::path::PathBuf>,
+    /// Upstream DNS server of the gateways (repeatable; default: /etc/resolv.conf's).
+    #[arg(long, value_name = "IP:PORT")]
+    upstream_dns: Vec<SocketAddr>,
+    /// Ask this external helper for credential values instead of the built-in encrypted
+    /// store (git-credential-helper style; see docs).
+    #[arg(long, value_name = "PROGRAM")]
+    credential_helper: Option<std::path::PathBuf>,
 }
 
 /// Runs the server.
@@ -37,6 +52,19 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     cfg.node.accel = a.accel;
     if let Some(name) = a.node_name {
         cfg.node.node_name = name;
+    }
+    cfg.node.sandbox_network = !a.no_sandbox_network;
+    if let Some(path) = &a.egress_default {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        cfg.node.egress = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
+    }
+    cfg.node.upstream_dns = a.upstream_dns;
+    if let Some(program) = a.credential_helper {
+        cfg.node.credentials = space_node::config::CredentialBackend::Command(
+            space_secrets::CommandConfig::new(program),
+        );
     }
     let server = Server::start(cfg).await?;
     let url = server.url();

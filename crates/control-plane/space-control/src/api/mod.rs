@@ -6,6 +6,8 @@
 //! built from the same annotated handlers ([`openapi`]), so they cannot drift apart.
 
 pub mod auth;
+pub mod credentials;
+pub mod egress;
 pub mod error;
 pub mod extract;
 pub mod files;

@@ -18,7 +18,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    auth, files, idempotency, lifecycle, processes, sandboxes, snapshots, templates, AppState,
+    auth, credentials, egress, files, idempotency, lifecycle, processes, sandboxes, snapshots,
+    templates, AppState,
 };
 
 /// The generated document, shared with the `/openapi.json` handler.
@@ -41,6 +42,8 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
         (name = "pool", description = "The node's warm pool"),
         (name = "processes", description = "Processes inside a sandbox"),
         (name = "files", description = "Files inside a sandbox"),
+        (name = "egress", description = "What may leave a sandbox: per-sandbox egress policies and the tenant's default"),
+        (name = "credentials", description = "Secrets the egress gateway injects into sandbox requests (write-only values) and their audit log"),
     ),
     components(schemas(space_core::ErrorBody, space_core::ErrorCode))
 )]
@@ -122,6 +125,25 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(files::list))
         .routes(routes!(files::mkdir))
         .routes(routes!(files::rename))
+        .routes(routes!(
+            egress::get_sandbox_egress,
+            egress::set_sandbox_egress
+        ))
+        .routes(routes!(
+            egress::get_tenant_egress,
+            egress::set_tenant_egress,
+            egress::clear_tenant_egress
+        ))
+        .routes(routes!(
+            credentials::create_credential,
+            credentials::list_credentials
+        ))
+        .routes(routes!(
+            credentials::get_credential,
+            credentials::replace_credential,
+            credentials::delete_credential
+        ))
+        .routes(routes!(credentials::audit))
 }
 
 /// The public routes.

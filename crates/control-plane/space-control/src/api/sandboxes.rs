@@ -24,7 +24,7 @@ use space_core::sandbox::{
 use space_core::sandbox::{PausedBy, SandboxOrigin};
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, TenantId};
-use space_node::{CreateSandbox, NodeError, PauseCause, SandboxRecord, VmOrigin};
+use space_node::{CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, VmOrigin};
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -92,6 +92,8 @@ pub fn sandbox_info(
         forked_from: row.spec.forked_from.clone(),
         on_crash: record.map(|r| r.on_crash).unwrap_or_default(),
         auto_pause_secs: record.and_then(|r| r.auto_pause_secs),
+        project: record.and_then(|r| r.project.as_ref().map(|p| p.to_string())),
+        egress: record.map(|r| r.egress.clone()),
     }
 }
 
@@ -142,7 +144,23 @@ pub fn validate_create(req: &CreateSandboxRequest) -> Result<(), ApiError> {
             .validate()
             .map_err(|e| ApiError::invalid(format!("bad snapshot schedule: {e}")))?;
     }
+    parse_project(req.project.as_deref())?;
     Ok(())
+}
+
+/// The request's project, checked.
+pub fn parse_project(project: Option<&str>) -> Result<Option<ProjectId>, ApiError> {
+    project
+        .map(|p| {
+            p.parse::<ProjectId>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "project {:?} must be [a-z0-9][a-z0-9_-]*, at most {} bytes",
+                    p.chars().take(80).collect::<String>(),
+                    space_secrets::model::MAX_PROJECT_ID_LEN
+                ))
+            })
+        })
+        .transpose()
 }
 
 /// A sandbox timeout must be 1..=[`MAX_TIMEOUT_SECS`].
@@ -221,6 +239,11 @@ pub async fn create_sandbox(
             timeout_secs: req.timeout_secs,
         },
     );
+    let project = parse_project(req.project.as_deref())?;
+    let egress = match req.egress {
+        Some(p) => Some(p),
+        None => st.db.tenant_egress_policy(&tenant.id).await?,
+    };
     let guard = begin_create(&st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, template = %row.template, "creating sandbox");
 
@@ -236,6 +259,9 @@ pub async fn create_sandbox(
         on_crash: req.on_crash,
         auto_pause_secs: req.auto_pause_secs,
         snapshots: req.snapshots,
+        tenant: tenant.id.clone(),
+        project,
+        egress,
     };
     let task_state = st.clone();
     let task = tokio::spawn(async move {

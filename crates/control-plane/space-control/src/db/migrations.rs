@@ -86,6 +86,17 @@ pub const MIGRATIONS: &[Migration] = &[
             "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at_ms)",
         ],
     },
+    // A tenant's default egress policy (JSON `EgressPolicy`), for its sandboxes whose create
+    // request names none. No row: the node's default.
+    Migration {
+        version: 3,
+        description: "tenant egress policies",
+        statements: &["CREATE TABLE tenant_egress_policies (
+                tenant_id TEXT PRIMARY KEY REFERENCES tenants(id),
+                policy TEXT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )"],
+    },
 ];
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Tenants and their API keys.
 
+use space_core::egress::EgressPolicy;
 use space_core::TenantId;
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -98,6 +99,56 @@ fn key_from_row(row: &AnyRow) -> Result<ApiKeyInfo, DbError> {
 }
 
 impl Db {
+    /// The tenant's default egress policy, if it set one.
+    pub async fn tenant_egress_policy(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Option<EgressPolicy>, DbError> {
+        let row = sqlx::query("SELECT policy FROM tenant_egress_policies WHERE tenant_id = $1")
+            .bind(tenant.as_str())
+            .fetch_optional(self.pool())
+            .await?;
+        row.map(|r| {
+            let json: String = r.try_get("policy")?;
+            // Deserialising validates: a row that no longer validates is reported, not used.
+            serde_json::from_str(&json).map_err(|e| DbError::Corrupt {
+                table: "tenant_egress_policies",
+                reason: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
+    /// Sets (`Some`) or clears (`None`: back to the node's default) the tenant's default
+    /// egress policy. Sandboxes already made keep theirs.
+    pub async fn set_tenant_egress_policy(
+        &self,
+        tenant: &TenantId,
+        policy: Option<&EgressPolicy>,
+    ) -> Result<(), DbError> {
+        match policy {
+            Some(p) => {
+                let json = serde_json::to_string(p).map_err(|e| DbError::Invalid(e.to_string()))?;
+                sqlx::query(
+                    "INSERT INTO tenant_egress_policies (tenant_id, policy, updated_at_ms) VALUES ($1, $2, $3)
+                     ON CONFLICT (tenant_id) DO UPDATE SET policy = excluded.policy, updated_at_ms = excluded.updated_at_ms",
+                )
+                .bind(tenant.as_str())
+                .bind(json)
+                .bind(now_ms())
+                .execute(self.pool())
+                .await?;
+            }
+            None => {
+                sqlx::query("DELETE FROM tenant_egress_policies WHERE tenant_id = $1")
+                    .bind(tenant.as_str())
+                    .execute(self.pool())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Creates a tenant; `AlreadyExists` if the name is taken.
     pub async fn create_tenant(&self, name: &str) -> Result<Tenant, DbError> {
         validate_tenant_name(name)?;

@@ -6,15 +6,18 @@
 //!   its own MAC and address (no spoofing, no IPv6 at all, no VLAN tricks);
 //! - `inet space_gateway`: every TCP connection the guest opens, whatever its destination,
 //!   is redirected to the gateway proxy; DNS (UDP and TCP) is accepted only to the gateway's
-//!   resolver; nothing else reaches the namespace, and nothing is forwarded anywhere (QUIC,
-//!   other UDP, ICMP tunnels, DoT to an outside resolver all die here).
+//!   resolver; every other UDP datagram is handed, unchanged, to the gateway's UDP relay
+//!   by TPROXY (marked, and routed locally by the namespace's policy routing), which lets
+//!   out only what a CIDR rule allows ([`crate::udp`]); nothing else reaches the namespace,
+//!   and nothing is forwarded anywhere (ICMP tunnels, TCP to the gateway's other ports, DoT
+//!   to an outside resolver all die here, or in the proxy).
 
 use std::borrow::Cow;
 use std::net::Ipv4Addr;
 
 use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
 use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
-use nftables::stmt::{Match, Operator, Statement, NAT};
+use nftables::stmt::{Mangle, Match, Operator, Statement, TProxy, NAT};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::GuestLink;
@@ -194,6 +197,11 @@ fn guest_table(link: &GuestLink) -> Vec<NfObject<'static>> {
 }
 
 /// L3/L4 inside the namespace: TCP to the proxy, DNS to the resolver, nothing else.
+/// Firewall mark of guest UDP handed to the relay.
+pub const UDP_RELAY_MARK: u32 = 0x5350;
+/// Routing table that delivers marked packets locally.
+pub const UDP_RELAY_ROUTE_TABLE: u32 = 100;
+
 fn gateway_table(link: &GuestLink) -> Vec<NfObject<'static>> {
     const F: NfFamily = NfFamily::INet;
     let t = GATEWAY_TABLE;
@@ -231,6 +239,36 @@ fn gateway_table(link: &GuestLink) -> Vec<NfObject<'static>> {
         chain(BaseChain {
             family: F,
             table: t,
+            name: "udp_relay",
+            kind: NfChainType::Filter,
+            hook: NfHook::Prerouting,
+            prio: -150,
+            dev: None,
+            policy: NfChainPolicy::Accept,
+        }),
+        rule(
+            F,
+            t,
+            "udp_relay",
+            "guest UDP but DNS to the gateway goes, unchanged, to the UDP relay (which decides)",
+            vec![
+                from_guest(),
+                is(meta(MetaKey::L4proto), text("udp")),
+                is_not(payload("ip", "daddr"), addr(link.gateway)),
+                Statement::Mangle(Mangle {
+                    key: meta(MetaKey::Mark),
+                    value: Expression::Number(UDP_RELAY_MARK),
+                }),
+                Statement::TProxy(TProxy {
+                    family: Some("ip".into()),
+                    port: link.udp_relay_port,
+                    addr: Some(link.gateway.to_string().into()),
+                }),
+            ],
+        ),
+        chain(BaseChain {
+            family: F,
+            table: t,
             name: "input",
             kind: NfChainType::Filter,
             hook: NfHook::Input,
@@ -254,6 +292,18 @@ fn gateway_table(link: &GuestLink) -> Vec<NfObject<'static>> {
                 from_guest(),
                 to_gateway(),
                 is(payload("udp", "dport"), Expression::Number(53)),
+                accept(),
+            ],
+        ),
+        rule(
+            F,
+            t,
+            "input",
+            "guest UDP the TPROXY rule handed to the relay",
+            vec![
+                from_guest(),
+                is(meta(MetaKey::Mark), Expression::Number(UDP_RELAY_MARK)),
+                is(meta(MetaKey::L4proto), text("udp")),
                 accept(),
             ],
         ),

@@ -178,6 +178,9 @@ pub(super) async fn serve<I>(
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(limits.sniff_timeout)
+            // A client that shuts its write side after sending (nc, some scripts) still gets
+            // its answers: the proxy must not drop requests it already read.
+            .half_close(true)
             .max_header_size(MAX_HTTP_HEAD_LEN)
             .max_headers(MAX_HTTP_HEADERS);
         Box::pin(builder.serve_connection(io, service).with_upgrades())

@@ -204,6 +204,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
+/// Buffer of each direction of a splice. tokio's default (8 KiB) costs a read and a write
+/// per 8 KiB: the gateway benchmark measured +137 ms of CPU per 100 MiB passed through with
+/// it, +36 ms with 256 KiB. 64 KiB keeps most of that gain at 128 KiB per connection.
+const SPLICE_BUFFER: usize = 64 * 1024;
+
 /// Copies both ways between the guest and upstream until both sides are done, either
 /// fails, or nothing moved for `timeout` (the guest's stream carries every byte either
 /// way, so its [`Activity`] is the connection's).
@@ -218,7 +223,7 @@ where
     U: AsyncRead + AsyncWrite + Unpin,
 {
     tokio::select! {
-        copied = tokio::io::copy_bidirectional(guest, upstream) => copied.map(drop),
+        copied = tokio::io::copy_bidirectional_with_sizes(guest, upstream, SPLICE_BUFFER, SPLICE_BUFFER) => copied.map(drop),
         () = idle(activity, timeout) => {
             tracing::debug!("egress: idle connection closed");
             Ok(())

@@ -39,7 +39,23 @@ pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = io::Result<TcpStream>> 
 pub trait Uplink: Send + Sync + 'static {
     /// A TCP connection to `addr`.
     fn connect(&self, addr: SocketAddr) -> ConnectFuture<'_>;
+
+    /// A UDP socket connected to `addr`, for a flow the UDP relay admitted
+    /// ([`crate::udp`]). Uplinks that carry no UDP refuse.
+    fn udp(&self, addr: SocketAddr) -> UdpFuture<'_> {
+        let _ = addr;
+        Box::pin(async {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this uplink carries no UDP",
+            ))
+        })
+    }
 }
+
+/// A boxed future of a connected UDP socket.
+pub type UdpFuture<'a> =
+    Pin<Box<dyn Future<Output = io::Result<tokio::net::UdpSocket>> + Send + 'a>>;
 
 /// The upstream TLS client configuration: Mozilla's root set (`webpki-roots`) plus
 /// `extra_roots` (a node's own CA, or a test's), with this crate's crypto provider. The proxy

@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::Json;
 use space_core::process::{validate_env, validate_user_name};
-use space_guest_proto::{GuestConfig, Health, RequestError};
+use space_guest_proto::{GuestConfig, Health};
 
 use super::{ApiJson, St};
 use crate::error::ApiError;
@@ -25,20 +25,22 @@ pub(super) async fn configure(
     axum::extract::State(st): St,
     ApiJson(cfg): ApiJson<GuestConfig>,
 ) -> Result<StatusCode, ApiError> {
-    if !space_guest_proto::valid_hostname(&cfg.hostname) {
-        return Err(ApiError::invalid(RequestError::Hostname.to_string()));
-    }
+    cfg.validate()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     validate_env(&cfg.env)
         .map_err(|k| ApiError::invalid(format!("bad environment variable '{k}'")))?;
     validate_user_name(&cfg.default_user).map_err(|_| ApiError::invalid("bad default_user"))?;
-    if let Some(net) = &cfg.network {
-        net.validate()
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
-    }
 
     {
+        let mut env = cfg.env;
+        if cfg.trusted_ca_pem.is_some() {
+            for (k, v) in crate::trust::TRUST_ENV {
+                env.entry((*k).to_owned())
+                    .or_insert_with(|| (*v).to_owned());
+            }
+        }
         let mut c = st.config.write().unwrap_or_else(|p| p.into_inner());
-        c.env = cfg.env;
+        c.env = env;
         c.default_user = cfg.default_user.clone();
     }
     if crate::users::lookup(&cfg.default_user).is_err() {
@@ -56,6 +58,13 @@ pub(super) async fn configure(
             .await?
             .map_err(|e| ApiError::internal(format!("configure the network: {e}")))?;
         tracing::info!(interface = %ifname, "network configured");
+    }
+    if let Some(pem) = cfg.trusted_ca_pem {
+        // The trust store is on the root disk, which may be frozen: not on a runtime thread.
+        tokio::task::spawn_blocking(move || crate::trust::install(&pem))
+            .await?
+            .map_err(|e| ApiError::internal(format!("install the sandbox CA: {e}")))?;
+        tracing::info!("sandbox CA trusted");
     }
     if cfg.resize_root {
         let res = tokio::task::spawn_blocking(|| resize::grow(std::path::Path::new("/"))).await?;
