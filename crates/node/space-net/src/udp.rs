@@ -95,18 +95,13 @@ pub struct UdpRelay {
     flows: Mutex<HashMap<FlowKey, Arc<UdpSocket>>>,
 }
 
-/// Opens, inside `netns`, the relay's transparent socket on `addr` (the address the
-/// firewall's TPROXY rule names). Blocking.
-pub fn bind_listener(
-    netns: &str,
-    addr: SocketAddrV4,
-) -> Result<OwnedFd, crate::datapath::NetError> {
-    netns::run_in(netns, move || {
-        let fd = transparent_socket()?;
-        socket::setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true).map_err(std::io::Error::from)?;
-        socket::bind(fd.as_raw_fd(), &SockaddrIn::from(addr)).map_err(std::io::Error::from)?;
-        Ok(fd)
-    })
+/// The relay's transparent socket on `addr` (the address the firewall's TPROXY rule
+/// names), in the calling thread's namespace: call it inside [`netns::run_in`].
+pub fn listener(addr: SocketAddrV4) -> std::io::Result<OwnedFd> {
+    let fd = transparent_socket()?;
+    socket::setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
+    socket::bind(fd.as_raw_fd(), &SockaddrIn::from(addr))?;
+    Ok(fd)
 }
 
 /// A non-blocking UDP socket that may use addresses that are not local (IP_TRANSPARENT).
@@ -152,7 +147,7 @@ impl UdpRelay {
         self.flows().len()
     }
 
-    /// Serves the listener (from [`bind_listener`]) until the task is aborted.
+    /// Serves the listener (from [`listener`]) until the task is aborted.
     pub async fn serve(self: Arc<Self>, listener: OwnedFd) {
         let listener = match UdpSocket::from_std(std::net::UdpSocket::from(listener)) {
             Ok(l) => l,

@@ -16,7 +16,7 @@ use space_vmm::{GuestMemory, Vm, VmConfig};
 use crate::image::{self, ImageBuild, ImageKey, MemoryImage};
 use crate::pool::{self, Member};
 use crate::sandbox_manager::{internal, now_ms, Inner};
-use crate::vm_start::{connect_ready, make_unique_and_configure};
+use crate::vm_start::{connect_ready, connect_restored, make_unique_and_configure};
 use crate::{CreateSandbox, Node, NodeError, SandboxRecord, VmOrigin};
 
 /// Fills in flight at once (each costs a QEMU start and a restore; more would only slow
@@ -26,6 +26,15 @@ const MAX_PARALLEL_FILLS: usize = 2;
 const FILL_TICK: Duration = Duration::from_millis(500);
 /// Pause after a failed fill before trying again.
 const FILL_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The certificate of a throwaway CA, for warming pool members up; `None` if it cannot be
+/// made (the warm-up then skips the trust store).
+fn warm_up_ca() -> Option<String> {
+    space_net::ca::SandboxCa::generate("SPACE pool warm-up")
+        .map(|ca| ca.cert_pem().to_owned())
+        .map_err(|e| tracing::warn!(error = %e, "cannot make the warm-up CA"))
+        .ok()
+}
 
 /// How a new sandbox's VM came up.
 pub(crate) struct Started {
@@ -261,7 +270,7 @@ impl Node {
             .map_err(|e| (e, None))?;
         let ready = async {
             self.grow_disk(&vm, image, resources).await?;
-            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            let guest = connect_restored(&vm, self.inner.ready_timeout()).await?;
             make_unique_and_configure(&guest, config).await?;
             Ok::<_, NodeError>(guest)
         };
@@ -470,7 +479,7 @@ impl Node {
         // then finds them translated. It also leaves the member unique already (its own
         // RNG seed). Then it waits paused (no CPU) with no host connected.
         let warm = async {
-            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            let guest = connect_restored(&vm, self.inner.ready_timeout()).await?;
             let config = GuestConfig {
                 hostname: name.clone(),
                 env: Default::default(),
@@ -478,7 +487,10 @@ impl Node {
                 resize_root: false,
                 time_unix_ms: now_ms(),
                 network: self.inner.guest_network(),
-                trusted_ca_pem: None,
+                // A CA whose key is thrown away at once (nobody can sign with it): the
+                // member runs the trust-store code a claim runs (see above), and the claim
+                // replaces it with the sandbox's own.
+                trusted_ca_pem: self.inner.cfg.sandbox_network.then(warm_up_ca).flatten(),
             };
             make_unique_and_configure(&guest, &config).await?;
             drop(guest);

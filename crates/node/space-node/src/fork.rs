@@ -9,7 +9,7 @@ use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotTrig
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 
 use crate::sandbox_manager::now_ms;
-use crate::vm_start::{connect_ready, identity};
+use crate::vm_start::{connect_restored, identity};
 use crate::{Node, NodeError, SandboxRecord, VmOrigin};
 
 /// Most children of one fork.
@@ -249,7 +249,7 @@ impl Node {
             }
         };
         let ready = async {
-            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            let guest = connect_restored(&vm, self.inner.ready_timeout()).await?;
             // Unique before the (frozen) workload runs again.
             guest.set_identity(&identity(child.as_str())).await?;
             let _ = guest.thaw_workload().await;

@@ -80,7 +80,9 @@ impl Inner {
         let ns = self.netns_name(vm_name);
         let gw = link.gateway;
         let proxy_port = link.proxy_port;
-        let (udp, dns_tcp, proxy) = netns::run_in(&ns, move || {
+        let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);
+        let (udp, dns_tcp, proxy, relay_socket) = netns::run_in(&ns, move || {
+            let relay = space_net::udp::listener(relay_addr)?;
             let udp = std::net::UdpSocket::bind((gw, 53))?;
             let dns_tcp = std::net::TcpListener::bind((gw, 53))?;
             let proxy = std::net::TcpListener::bind(SocketAddr::from((gw, proxy_port)))?;
@@ -88,7 +90,7 @@ impl Inner {
                 s.set_nonblocking(true)?;
             }
             udp.set_nonblocking(true)?;
-            Ok((udp, dns_tcp, proxy))
+            Ok((udp, dns_tcp, proxy, relay))
         })
         .map_err(|e| NodeError::Internal(format!("cannot open the gateway sockets: {e}")))?;
         let io = |e: std::io::Error| NodeError::Internal(format!("gateway socket: {e}"));
@@ -126,9 +128,6 @@ impl Inner {
             },
             uplink,
         ));
-        let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);
-        let relay_socket = space_net::udp::bind_listener(&ns, relay_addr)
-            .map_err(|e| NodeError::Internal(format!("cannot open the UDP relay socket: {e}")))?;
         let relay = Arc::new(UdpRelay::new(
             id.clone(),
             ns.clone(),

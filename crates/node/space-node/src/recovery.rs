@@ -224,8 +224,8 @@ impl Node {
     }
 
     async fn reconnect_guest(&self, id: &SandboxId, vm: Arc<Vm>) -> Result<(), NodeError> {
-        // `connect_ready` already checked the session answers.
-        let guest = crate::vm_start::connect_ready(&vm, self.inner.ready_timeout()).await?;
+        // A restored VM (see `connect_restored`); the session is checked to answer.
+        let guest = crate::vm_start::connect_restored(&vm, self.inner.ready_timeout()).await?;
         self.attach(id, vm, Some(guest));
         Ok(())
     }

@@ -16,7 +16,7 @@ use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
 use crate::sandbox_manager::{internal, now_ms};
-use crate::vm_start::{connect_ready, identity};
+use crate::vm_start::{connect_restored, identity};
 use crate::{Node, NodeError, SandboxRecord, VmOrigin};
 
 /// How long the guest keeps its file systems frozen if the node never thaws them.
@@ -400,7 +400,7 @@ impl Node {
             )
             .await?;
         let ready = async {
-            let guest = connect_ready(&vm, self.inner.ready_timeout()).await?;
+            let guest = connect_restored(&vm, self.inner.ready_timeout()).await?;
             guest.set_identity(&identity(id.as_str())).await?;
             // A fork's state has the workload frozen; thawing after the identity is what
             // guarantees no workload code runs before the guest is unique.

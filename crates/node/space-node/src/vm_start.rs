@@ -26,6 +26,18 @@ const PROBE_TIMEOUTS: [Duration; 4] = [
     Duration::from_secs(15),
 ];
 
+/// [`connect_ready`] for a VM just restored from saved state (memory image, checkpoint,
+/// fork): one throwaway handshake first ([`park`]). Observed on every restore since VMs
+/// have a NIC: the first session after a restore completes its handshake and then never
+/// answers HTTP/2 (8 s probes stalled as surely as 1 s ones), while the next session
+/// answers at once. Cause not found yet (the state the daemon's port was saved in, around
+/// the park that precedes every save, is the suspect); a handshake that is dropped costs
+/// ~20 ms, a stalled probe a second.
+pub(crate) async fn connect_restored(vm: &Vm, timeout: Duration) -> Result<GuestClient, NodeError> {
+    park(vm).await;
+    connect_ready(vm, timeout).await
+}
+
 /// Connects to the VM's daemon and checks the session answers, trying fresh sessions when
 /// one stalls; fails early (with the VM's own reason) if the VM exits.
 pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestClient, NodeError> {
