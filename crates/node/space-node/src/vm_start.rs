@@ -30,9 +30,12 @@ const PROBE_TIMEOUTS: [Duration; 4] = [
 /// fork): one throwaway handshake first ([`park`]). Observed on every restore since VMs
 /// have a NIC: the first session after a restore completes its handshake and then never
 /// answers HTTP/2 (8 s probes stalled as surely as 1 s ones), while the next session
-/// answers at once. Cause not found yet (the state the daemon's port was saved in, around
-/// the park that precedes every save, is the suspect); a handshake that is dropped costs
-/// ~20 ms, a stalled probe a second.
+/// answers at once. Likely cause (not proven): every save follows a [`park`], whose
+/// disconnect the guest kernel may not have processed when the VM stopped; after the
+/// restore that stale "host gone" reaches the daemon as EOF *after* the new host's
+/// handshake, ending the fresh HTTP/2 session, so the host's requests land in the next
+/// handshake scan. The throwaway handshake absorbs the stale EOF. A handshake that is
+/// dropped costs ~20 ms, a stalled probe a second.
 pub(crate) async fn connect_restored(vm: &Vm, timeout: Duration) -> Result<GuestClient, NodeError> {
     park(vm).await;
     connect_ready(vm, timeout).await
