@@ -1,0 +1,10 @@
+//! The E2B-compatible API (issue 5): what the official E2B SDKs call — the REST control API
+//! and the in-sandbox API ("envd", Connect-RPC over HTTP) — served by SPACE and translated
+//! to its native operations. The plan, from the pinned SDKs' own source, is in
+//! `docs/e2b-compat.md`.
+//!
+//! Built so far: [`connect`], the Connect protocol's wire format (envelopes, error codes and
+//! bodies), pure and bounded. Not built yet: the REST and envd handlers, their wiring into
+//! `space-control`, the SDK test suite.
+
+pub mod connect;
