@@ -1,0 +1,265 @@
+//! The E2B REST control API's wire types and their mapping from SPACE's
+//! (`docs/e2b-compat.md`, section 2): the error body (an *integer* `code`, which the JS SDK
+//! reads instead of the status), the create request, and the sandbox as `Sandbox`,
+//! `SandboxDetail` and `ListedSandbox`. Pure: the handlers that use them come next.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use space_core::sandbox::SandboxInfo;
+use space_core::{ErrorCode, SandboxState};
+
+/// The envd version SPACE reports: the highest the pinned SDKs gate features on (default
+/// user, `CloseStdin`, octet-stream uploads, file metadata, watch entries).
+pub const ENVD_VERSION: &str = "0.6.4";
+/// E2B's default sandbox timeout, seconds (SPACE's own default is longer).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
+
+/// An error response: `{"code": 404, "message": "…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct E2bError {
+    /// The HTTP status, repeated in the body.
+    pub code: u16,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl E2bError {
+    /// The E2B form of a SPACE error: the status the SDKs map to the same exception
+    /// (`insufficient_capacity` becomes 503, which they raise as "service busy").
+    pub fn from_native(code: ErrorCode, message: impl Into<String>) -> E2bError {
+        let status = match code {
+            ErrorCode::InsufficientCapacity => 503,
+            other => other.http_status(),
+        };
+        E2bError {
+            code: status,
+            message: message.into(),
+        }
+    }
+}
+
+/// `POST /v2/sandboxes`. Fields SPACE cannot honour (`mcp`, `volumeMounts`, …) are
+/// refused by the handler, not silently dropped: unknown fields are kept to be checked.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    /// Template name (or alias).
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Seconds until the sandbox is killed (or paused, with `autoPause`).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Free-form labels.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment of every process.
+    #[serde(default)]
+    pub env_vars: BTreeMap<String, String>,
+    /// Pause instead of kill when the timeout passes.
+    #[serde(default)]
+    pub auto_pause: bool,
+    /// `false`: no egress at all.
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    /// Whether envd requests need the access token (Python SDK 2.63 always asks for it).
+    #[serde(default)]
+    pub secure: Option<bool>,
+    /// Everything else the SDK sent, for the handler to refuse what it cannot do.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// A sandbox as `create` and `connect` return it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    /// Template name.
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Sandbox id.
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// Any constant (the node's name).
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// [`ENVD_VERSION`].
+    pub envd_version: String,
+    /// The token envd requests must carry (`X-Access-Token`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    /// The domain `get_host(port)` builds host names under (may carry a port).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+/// E2B's two states: everything that is not running is `paused` to the SDKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum E2bState {
+    /// Running (or coming up).
+    Running,
+    /// Paused, stopped, or on the way there.
+    Paused,
+}
+
+impl E2bState {
+    /// The E2B state of a SPACE state; `None` for sandboxes the SDKs must not see (failed,
+    /// deleted, deleting): those are "not found" to them.
+    pub fn of(state: SandboxState) -> Option<E2bState> {
+        use SandboxState::*;
+        match state {
+            Creating | Running | Resuming | Starting | Checkpointing | RollingBack | Restoring => {
+                Some(E2bState::Running)
+            }
+            Pausing | Paused | Stopping | Stopped => Some(E2bState::Paused),
+            Deleting | Deleted | Failed => None,
+        }
+    }
+}
+
+/// `GET /sandboxes/{id}` (and, without the token, one item of `GET /v2/sandboxes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    /// Template name.
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Sandbox id.
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// The node's name.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// Creation time, RFC 3339.
+    pub started_at: String,
+    /// When its timeout passes, RFC 3339.
+    pub end_at: String,
+    /// [`ENVD_VERSION`].
+    pub envd_version: String,
+    /// vCPUs.
+    pub cpu_count: u32,
+    /// Memory, MiB.
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    /// Root disk, MiB.
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    /// Running or paused.
+    pub state: E2bState,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Present in `GET /sandboxes/{id}` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+}
+
+/// `ms` since the Unix epoch as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(ms: i64) -> String {
+    use time::format_description::well_known::Rfc3339;
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
+}
+
+impl SandboxDetail {
+    /// The E2B view of a SPACE sandbox; `None` when the SDKs must not see it (see
+    /// [`E2bState::of`]).
+    pub fn of(info: &SandboxInfo, token: Option<String>) -> Option<SandboxDetail> {
+        Some(SandboxDetail {
+            template_id: info.template.clone(),
+            sandbox_id: info.id.to_string(),
+            client_id: info.node.clone(),
+            started_at: rfc3339(info.created_at_ms),
+            end_at: rfc3339(info.expires_at_ms),
+            envd_version: ENVD_VERSION.to_owned(),
+            cpu_count: info.resources.vcpus,
+            memory_mb: info.resources.memory_mib,
+            disk_size_mb: info.resources.disk_mib,
+            state: E2bState::of(info.state)?,
+            metadata: info.labels.clone(),
+            envd_access_token: token,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_the_status_as_an_integer_code() {
+        let e = E2bError::from_native(ErrorCode::NotFound, "sandbox x not found");
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"code": 404, "message": "sandbox x not found"})
+        );
+        assert_eq!(
+            E2bError::from_native(ErrorCode::InsufficientCapacity, "").code,
+            503
+        );
+        assert_eq!(
+            E2bError::from_native(ErrorCode::Unauthenticated, "").code,
+            401
+        );
+        assert_eq!(
+            E2bError::from_native(ErrorCode::InvalidRequest, "").code,
+            400
+        );
+    }
+
+    #[test]
+    fn create_requests_parse_as_the_sdks_send_them() {
+        let req: NewSandbox = serde_json::from_value(serde_json::json!({
+            "templateID": "base", "timeout": 60, "metadata": {"user": "a"},
+            "envVars": {"K": "v"}, "autoPause": true, "allow_internet_access": false,
+            "secure": true, "mcp": {"x": 1}
+        }))
+        .unwrap();
+        assert_eq!(req.template_id, "base");
+        assert_eq!(req.timeout, Some(60));
+        assert_eq!(req.env_vars["K"], "v");
+        assert!(req.auto_pause);
+        assert_eq!(req.allow_internet_access, Some(false));
+        assert!(req.other.contains_key("mcp"), "kept, to be refused");
+        let minimal: NewSandbox =
+            serde_json::from_value(serde_json::json!({"templateID": "base"})).unwrap();
+        assert_eq!((minimal.timeout, minimal.auto_pause), (None, false));
+        assert!(serde_json::from_value::<NewSandbox>(serde_json::json!({})).is_err());
+    }
+
+    #[test]
+    fn states_collapse_to_running_and_paused() {
+        assert_eq!(
+            E2bState::of(SandboxState::Creating),
+            Some(E2bState::Running)
+        );
+        assert_eq!(E2bState::of(SandboxState::Stopped), Some(E2bState::Paused));
+        assert_eq!(E2bState::of(SandboxState::Pausing), Some(E2bState::Paused));
+        assert_eq!(E2bState::of(SandboxState::Failed), None);
+        assert_eq!(E2bState::of(SandboxState::Deleted), None);
+    }
+
+    #[test]
+    fn details_use_e2b_names_and_rfc3339() {
+        let info: SandboxInfo = serde_json::from_value(serde_json::json!({
+            "id": "sbx-abcdefghij0123456789", "template": "base", "template_digest": "d",
+            "state": "paused", "resources": {"vcpus": 2, "memory_mib": 512, "disk_mib": 4096},
+            "labels": {"k": "v"}, "env_keys": [], "node": "local",
+            "created_at_ms": 1_764_417_600_000_i64, "expires_at_ms": 1_764_417_900_500_i64
+        }))
+        .unwrap();
+        let d = SandboxDetail::of(&info, None).unwrap();
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["sandboxID"], "sbx-abcdefghij0123456789");
+        assert_eq!(json["templateID"], "base");
+        assert_eq!(json["memoryMB"], 512);
+        assert_eq!(json["diskSizeMB"], 4096);
+        assert_eq!(json["cpuCount"], 2);
+        assert_eq!(json["state"], "paused");
+        assert_eq!(json["startedAt"], "2025-11-29T12:00:00Z");
+        assert_eq!(json["endAt"], "2025-11-29T12:05:00.5Z");
+        assert!(json.get("envdAccessToken").is_none());
+    }
+}
