@@ -5,8 +5,9 @@
 //!
 //! Built so far: [`connect`], the Connect protocol's wire format (envelopes, error codes and
 //! bodies), pure and bounded; [`rest`], the REST API's wire types and their mapping from
-//! SPACE's. Not built yet: the REST and envd handlers, their wiring into
+//! SPACE's; [`envd`], the `process.Process` messages. Not built yet: the REST and envd handlers, their wiring into
 //! `space-control`, the SDK test suite.
 
 pub mod connect;
+pub mod envd;
 pub mod rest;
