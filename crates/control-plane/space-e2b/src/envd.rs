@@ -1,6 +1,7 @@
 //! envd, the in-sandbox API the SDKs call (Connect-RPC over HTTP): its messages, written as
-//! serde types in the proto3 JSON mapping. Handlers come next.
+//! serde types in the proto3 JSON mapping ([`process`], [`filesystem`]). Handlers come next.
 
+pub mod filesystem;
 pub mod process;
 
 /// `bytes` fields: standard base64 with padding in JSON (proto3 JSON also accepts the

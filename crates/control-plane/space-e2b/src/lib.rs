@@ -5,9 +5,12 @@
 //!
 //! Built so far: [`connect`], the Connect protocol's wire format (envelopes, error codes and
 //! bodies), pure and bounded; [`rest`], the REST API's wire types and their mapping from
-//! SPACE's; [`envd`], the `process.Process` messages. Not built yet: the REST and envd handlers, their wiring into
-//! `space-control`, the SDK test suite.
+//! SPACE's; [`envd`], the `process.Process` and `filesystem.Filesystem` messages.
+//!
+//! Not built yet: the REST and envd handlers, their wiring into `space-control`, the SDK
+//! test suite.
 
 pub mod connect;
 pub mod envd;
 pub mod rest;
+pub mod timestamp;

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use space_core::sandbox::SandboxInfo;
 use space_core::{ErrorCode, SandboxState};
 
+use crate::timestamp::rfc3339;
+
 /// The envd version SPACE reports: the highest the pinned SDKs gate features on (default
 /// user, `CloseStdin`, octet-stream uploads, file metadata, watch entries).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -152,15 +154,6 @@ pub struct SandboxDetail {
     /// Present in `GET /sandboxes/{id}` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
-}
-
-/// `ms` since the Unix epoch as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339(ms: i64) -> String {
-    use time::format_description::well_known::Rfc3339;
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
 }
 
 impl SandboxDetail {
