@@ -17,8 +17,16 @@ async fn timeout_deletes_and_can_be_extended() {
         timeout_secs: Some(3),
         ..Default::default()
     };
-    let (a, b) = tokio::join!(c.create_sandbox(&short), c.create_sandbox(&short));
-    let (a, b) = (a.expect("create").id, b.expect("create").id);
+    // `b` gets time enough to be extended even when creates are slow (a loaded CI machine):
+    // its timeout runs from the request, not from when the sandbox is ready.
+    let longer = CreateSandboxRequest {
+        timeout_secs: Some(15),
+        ..short.clone()
+    };
+    let (a, b) = tokio::join!(c.create_sandbox(&short), c.create_sandbox(&longer));
+    let (a, b) = (a.expect("create").id, b.expect("create"));
+    let first_expiry_ms = b.expires_at_ms;
+    let b = b.id;
     let extended = c.set_timeout(&b, 600).await.expect("extend");
     assert!(extended.expires_at_ms > extended.created_at_ms + 500_000);
 
@@ -34,7 +42,14 @@ async fn timeout_deletes_and_can_be_extended() {
     )
     .await;
     assert!(!ts.data_dir.join("run").join(a.as_str()).exists());
-    assert!(c.sandbox(&b).await.is_ok(), "the extended sandbox lives on");
+    // Past `b`'s first deadline (and a reconciler pass), it lives on.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let wait_ms = (first_expiry_ms + 3_000 - now_ms).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let b_now = c.sandbox(&b).await.expect("the extended sandbox lives on");
+    assert_eq!(b_now.state, space_core::SandboxState::Running);
     c.delete_sandbox(&b).await.expect("delete");
     ts.stop().await;
 }
