@@ -3,6 +3,8 @@
 //! reads instead of the status), the create request, and the sandbox as `Sandbox`,
 //! `SandboxDetail` and `ListedSandbox`. Pure: the handlers that use them come next.
 
+pub mod list;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
