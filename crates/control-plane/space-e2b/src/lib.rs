@@ -5,8 +5,8 @@
 //!
 //! Built so far: [`connect`], the Connect protocol's wire format (envelopes, error codes and
 //! bodies), pure and bounded; [`rest`], the REST API's wire types (and the list query and its
-//! page cursor) and their mapping from
-//! SPACE's; [`envd`], the `process.Process` and `filesystem.Filesystem` messages;
+//! page cursor) and their mapping from SPACE's; [`envd`], the `process.Process` and
+//! `filesystem.Filesystem` messages;
 //! [`dispatch`], which API a request is for (by `Host` and `E2b-Sandbox-*` headers, before
 //! authentication); [`token`], the derived envd access tokens.
 //!
