@@ -287,6 +287,15 @@ impl Internet {
         &self.ca_pem
     }
 
+    /// Makes `node` reach this internet: sandbox networks on, the gateways connecting out
+    /// from its namespace, asking its DNS server and trusting its CA.
+    pub fn uplink_of(&self, node: &mut space_node::NodeConfig) {
+        node.sandbox_network = true;
+        node.uplink_netns = Some(self.name.clone());
+        node.upstream_dns = vec![SocketAddr::from((DNS, 53))];
+        node.upstream_extra_ca_pem = Some(self.ca_pem.clone());
+    }
+
     /// Connections (TCP) or datagrams (UDP) `listener` received so far; for [`Listener::Dns`],
     /// queries over either.
     pub fn hits(&self, listener: Listener) -> u64 {

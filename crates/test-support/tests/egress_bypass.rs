@@ -13,7 +13,6 @@
 //! own; the gateway is 10.0.2.1 in each. Guest tools: busybox (nc without UDP, nslookup,
 //! ip, timeout, xxd), curl and openssl.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -91,12 +90,8 @@ impl Curl {
 /// Starts the internet, a node using it, and a sandbox holding the internet's CA.
 async fn sandbox() -> Env {
     let inet = Internet::start();
-    let (uplink, ca) = (inet.name.clone(), inet.ca_pem().to_owned());
     let ts = TestServer::start_with(|c| {
-        c.node.sandbox_network = true;
-        c.node.uplink_netns = Some(uplink);
-        c.node.upstream_dns = vec![SocketAddr::from((internet::DNS, 53))];
-        c.node.upstream_extra_ca_pem = Some(ca);
+        inet.uplink_of(&mut c.node);
         c.node.egress = policy();
     })
     .await;

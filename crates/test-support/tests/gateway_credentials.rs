@@ -12,19 +12,12 @@ use space_control::api::credentials::{CredentialInfo, CredentialRequest, Credent
 use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
 use space_core::sandbox::{CreateSandboxRequest, CreateSnapshotRequest};
 use space_core::{SandboxId, SnapshotKind};
-use test_support::internet::{Internet, DNS, PAGE};
+use test_support::internet::{Internet, PAGE};
 use test_support::{shell, TestServer, TEST_TEMPLATE};
 
 /// A node whose gateways go out into `inet` and trust its CA; node default policy: none.
 async fn server(inet: &Internet) -> TestServer {
-    let (name, ca) = (inet.name.clone(), inet.ca_pem().to_owned());
-    TestServer::start_with(move |c| {
-        c.node.sandbox_network = true;
-        c.node.uplink_netns = Some(name);
-        c.node.upstream_dns = vec![std::net::SocketAddr::from((DNS, 53))];
-        c.node.upstream_extra_ca_pem = Some(ca);
-    })
-    .await
+    TestServer::start_with(|c| inet.uplink_of(&mut c.node)).await
 }
 
 /// Allows exactly `names` (TLS to them intercepted when `inspect`).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use space_core::sandbox::{CreateSandboxRequest, SandboxOrigin};
 use space_core::SandboxId;
-use test_support::internet::{Internet, DNS, PAGE};
+use test_support::internet::{Internet, PAGE};
 use test_support::{shell, wait_until, TestServer, TEST_TEMPLATE};
 
 fn request() -> CreateSandboxRequest {
@@ -102,11 +102,8 @@ async fn sandboxes_get_their_own_namespace_and_a_static_address() {
 async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
     use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
     let inet = Internet::start();
-    let inet_name = inet.name.clone();
     let ts = TestServer::start_with(|c| {
-        c.node.sandbox_network = true;
-        c.node.uplink_netns = Some(inet_name);
-        c.node.upstream_dns = vec![std::net::SocketAddr::from((DNS, 53))];
+        inet.uplink_of(&mut c.node);
         c.node.egress = EgressPolicy {
             mode: EgressMode::Allowlist,
             rules: vec![EgressRule::allow(
