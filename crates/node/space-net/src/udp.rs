@@ -13,7 +13,7 @@
 //! Flows end when idle, when the policy stops allowing them, or with the relay. Bounded:
 //! flows per sandbox, datagram size; nothing is buffered beyond one datagram per direction.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::io::IoSliceMut;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -92,7 +92,8 @@ pub struct UdpRelay {
     policy: PolicyHandle,
     uplink: Arc<dyn Uplink>,
     limits: UdpLimits,
-    flows: Mutex<HashMap<FlowKey, Arc<UdpSocket>>>,
+    /// The flows open now (each is served by its own task, which owns its sockets).
+    flows: Mutex<HashSet<FlowKey>>,
 }
 
 /// The relay's transparent socket on `addr` (the address the firewall's TPROXY rule
@@ -134,11 +135,11 @@ impl UdpRelay {
             policy,
             uplink,
             limits,
-            flows: Mutex::new(HashMap::new()),
+            flows: Mutex::new(HashSet::new()),
         }
     }
 
-    fn flows(&self) -> std::sync::MutexGuard<'_, HashMap<FlowKey, Arc<UdpSocket>>> {
+    fn flows(&self) -> std::sync::MutexGuard<'_, HashSet<FlowKey>> {
         self.flows.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -176,8 +177,7 @@ impl UdpRelay {
     /// own socket into existence).
     async fn first_datagram(self: &Arc<Self>, from: SocketAddrV4, dst: SocketAddrV4, data: &[u8]) {
         let key = (from.port(), dst);
-        let existing = self.flows().get(&key).cloned();
-        if let Some(_guest_side) = existing {
+        if self.flows().contains(&key) {
             // The flow exists; its upstream socket is private to its task, so this early
             // datagram is dropped (UDP may lose datagrams; the guest retries).
             return;
@@ -195,7 +195,7 @@ impl UdpRelay {
                 if let Err(error) = upstream.send(data).await {
                     tracing::debug!(sandbox = %self.sandbox, %dst, %error, "egress: udp send failed");
                 }
-                self.flows().insert(key, guest_side.clone());
+                self.flows().insert(key);
                 let relay = Arc::clone(self);
                 tokio::spawn(async move {
                     relay.run_flow(&guest_side, &upstream, dst).await;
@@ -213,7 +213,7 @@ impl UdpRelay {
         &self,
         guest: SocketAddrV4,
         dst: SocketAddrV4,
-    ) -> std::io::Result<(Arc<UdpSocket>, UdpSocket)> {
+    ) -> std::io::Result<(UdpSocket, UdpSocket)> {
         let upstream = self.uplink.udp(SocketAddr::V4(dst)).await?;
         let netns = self.netns.clone();
         let guest_side = tokio::task::spawn_blocking(move || {
@@ -227,7 +227,7 @@ impl UdpRelay {
         .await
         .map_err(std::io::Error::other)?
         .map_err(std::io::Error::other)?;
-        Ok((Arc::new(UdpSocket::from_std(guest_side)?), upstream))
+        Ok((UdpSocket::from_std(guest_side)?, upstream))
     }
 
     /// Moves datagrams both ways until the flow is idle, the policy no longer allows it, or
