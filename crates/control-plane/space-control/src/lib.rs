@@ -18,4 +18,4 @@ pub mod reconciler;
 pub mod server;
 
 pub use api::{build_app, AppState};
-pub use server::{serve, Server, ServerConfig};
+pub use server::{serve, ApiSurface, Server, ServerConfig, SurfaceContext};

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -22,6 +23,27 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// How long shutdown waits for open requests (output streams can be long) before cutting them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Another API served beside SPACE's own on the same listener (the E2B-compatible API of
+/// `space-e2b` is one). The control plane knows nothing of it beyond this: it hands over
+/// the application state and the native application, and serves what comes back.
+pub trait ApiSurface: Send + Sync + std::fmt::Debug {
+    /// The application to serve, built around `ctx.native` (which must stay reachable for
+    /// every request the surface does not claim).
+    fn wrap(&self, ctx: SurfaceContext<'_>) -> anyhow::Result<Router>;
+}
+
+/// What an [`ApiSurface`] is built from.
+pub struct SurfaceContext<'a> {
+    /// The application state its handlers share with SPACE's own.
+    pub state: AppState,
+    /// SPACE's own application.
+    pub native: Router,
+    /// The server's data directory, for any key the surface keeps.
+    pub data_dir: &'a Path,
+    /// The address the server listens on.
+    pub addr: SocketAddr,
+}
+
 /// How to run the server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -38,6 +60,8 @@ pub struct ServerConfig {
     pub max_upload_bytes: u64,
     /// Run the reconciler (TTL, orphans); tests that stage inconsistent state turn it off.
     pub run_reconciler: bool,
+    /// Another API on the same listener (see [`ApiSurface`]); `None`: only SPACE's own.
+    pub surface: Option<Arc<dyn ApiSurface>>,
 }
 
 impl ServerConfig {
@@ -53,6 +77,7 @@ impl ServerConfig {
             database_url: None,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             run_reconciler: true,
+            surface: None,
         }
     }
 
@@ -99,18 +124,29 @@ impl Server {
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
         let state = AppState::new(db, node, config.max_upload_bytes);
+        let listen = config.listen;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let mut app = build_app(state.clone());
+        if let Some(surface) = &config.surface {
+            app = surface
+                .wrap(SurfaceContext {
+                    state: state.clone(),
+                    native: app,
+                    data_dir,
+                    addr,
+                })
+                .with_context(|| format!("setting up {surface:?}"))?;
+        }
         let (stop, stop_rx) = watch::channel(false);
         let reconciler = if config.run_reconciler {
             Some(Reconciler::new(state.clone()).spawn(stop_rx.clone()))
         } else {
             None
         };
-        let listen = config.listen;
-        let listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-        let addr = listener.local_addr()?;
-        let http = spawn_http(listener, build_app(state.clone()), stop_rx);
+        let http = spawn_http(listener, app, stop_rx);
         tracing::info!(%addr, "SPACE control plane listening");
         Ok(Server {
             addr,

@@ -1,8 +1,33 @@
-//! envd, the in-sandbox API the SDKs call (Connect-RPC over HTTP): its messages, written as
-//! serde types in the proto3 JSON mapping ([`process`], [`filesystem`]). Handlers come next.
+//! envd, the in-sandbox API the SDKs call, served by SPACE outside the sandbox
+//! (`docs/e2b-compat.md`, section 3): Connect-RPC `process.Process` and
+//! `filesystem.Filesystem` ([`process_service`], [`filesystem_service`]), HTTP `/files`
+//! ([`files`]) and `/health`. Every request names its sandbox (the dispatcher's
+//! [`EnvdTarget`]) and proves itself with the sandbox's access token ([`access`]); the
+//! messages are our own serde types in the proto3 JSON mapping ([`process`],
+//! [`filesystem`]). The guest daemon is reached through SPACE's own guest channel: it
+//! still listens on no network socket.
 
+pub mod access;
+pub mod errors;
+pub mod files;
 pub mod filesystem;
+pub mod filesystem_service;
 pub mod process;
+pub mod process_service;
+pub mod signature;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header::ALLOW, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+
+pub use access::EnvdTarget;
+pub use errors::sandbox_not_found_response;
+
+use crate::connect::{Code, ConnectError};
+use crate::state::E2bState;
+use access::Proof;
 
 /// `bytes` fields: standard base64 with padding in JSON (proto3 JSON also accepts the
 /// URL-safe alphabet and missing padding on input).
@@ -21,5 +46,161 @@ pub(crate) mod base64_bytes {
             .decode(&text)
             .or_else(|_| URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')))
             .map_err(|_| serde::de::Error::custom("bytes must be base64"))
+    }
+}
+
+/// The port envd listens on in E2B sandboxes, named by the SDKs.
+pub use crate::dispatch::ENVD_PORT;
+
+/// The RPCs envd serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    Start,
+    Connect,
+    List,
+    SendInput,
+    StreamInput,
+    CloseStdin,
+    SendSignal,
+    Update,
+    Stat,
+    MakeDir,
+    Move,
+    ListDir,
+    Remove,
+}
+
+impl Rpc {
+    fn parse(service: &str, method: &str) -> Option<Rpc> {
+        Some(match (service, method) {
+            ("process.Process", "Start") => Rpc::Start,
+            ("process.Process", "Connect") => Rpc::Connect,
+            ("process.Process", "List") => Rpc::List,
+            ("process.Process", "SendInput") => Rpc::SendInput,
+            ("process.Process", "StreamInput") => Rpc::StreamInput,
+            ("process.Process", "CloseStdin") => Rpc::CloseStdin,
+            ("process.Process", "SendSignal") => Rpc::SendSignal,
+            ("process.Process", "Update") => Rpc::Update,
+            ("filesystem.Filesystem", "Stat") => Rpc::Stat,
+            ("filesystem.Filesystem", "MakeDir") => Rpc::MakeDir,
+            ("filesystem.Filesystem", "Move") => Rpc::Move,
+            ("filesystem.Filesystem", "ListDir") => Rpc::ListDir,
+            ("filesystem.Filesystem", "Remove") => Rpc::Remove,
+            _ => return None,
+        })
+    }
+}
+
+/// envd's routes (the dispatcher has put the target sandbox into each request).
+pub fn router(st: E2bState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/files", any(files_route))
+        .route("/{service}/{method}", any(rpc))
+        .fallback(not_found)
+        .with_state(st)
+}
+
+async fn not_found(req: Request) -> Response {
+    errors::http_error(
+        404,
+        format!(
+            "no envd route {}",
+            req.uri().path().chars().take(128).collect::<String>()
+        ),
+    )
+}
+
+fn target_of(req: &Request) -> Option<EnvdTarget> {
+    req.extensions().get::<EnvdTarget>().cloned()
+}
+
+async fn rpc(
+    State(st): State<E2bState>,
+    Path((service, method)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    if req.method() != Method::POST {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(ALLOW, "POST")],
+            "Connect RPCs are POST",
+        )
+            .into_response();
+    }
+    let Some(rpc) = Rpc::parse(&service, &method) else {
+        return ConnectError::new(
+            Code::Unimplemented,
+            format!(
+                "{}/{} is not implemented",
+                service.chars().take(64).collect::<String>(),
+                method.chars().take(64).collect::<String>()
+            ),
+        )
+        .into_response();
+    };
+    let Some(target) = target_of(&req) else {
+        return sandbox_not_found_response("the request");
+    };
+    let caller = match access::caller(&st, &target, req.headers(), Proof::Token).await {
+        Ok(c) => c,
+        Err(e) => return errors::rpc_access_error(e),
+    };
+    match rpc {
+        Rpc::Start => process_service::start(&st, caller, req).await,
+        Rpc::Connect => process_service::connect(&st, caller, req).await,
+        Rpc::List => process_service::list(&st, caller, req).await,
+        Rpc::SendInput => process_service::send_input(&st, caller, req).await,
+        Rpc::StreamInput => process_service::stream_input(&st, caller, req).await,
+        Rpc::CloseStdin => process_service::close_stdin(&st, caller, req).await,
+        Rpc::SendSignal => process_service::send_signal(&st, caller, req).await,
+        Rpc::Update => process_service::update(&st, caller, req).await,
+        Rpc::Stat => filesystem_service::stat(&st, caller, req).await,
+        Rpc::MakeDir => filesystem_service::make_dir(&st, caller, req).await,
+        Rpc::Move => filesystem_service::move_entry(&st, caller, req).await,
+        Rpc::ListDir => filesystem_service::list_dir(&st, caller, req).await,
+        Rpc::Remove => filesystem_service::remove(&st, caller, req).await,
+    }
+}
+
+async fn files_route(State(st): State<E2bState>, req: Request) -> Response {
+    let target = target_of(&req);
+    files::files(&st, target, req).await
+}
+
+/// `GET /health`: 204 while the sandbox runs (one idleness paused is woken), else the
+/// proxy's 502 "was not found", which the SDKs' `is_running()` reads as false. Needs no
+/// token.
+async fn health(State(st): State<E2bState>, req: Request) -> Response {
+    let Some(target) = target_of(&req) else {
+        return sandbox_not_found_response("the request");
+    };
+    let caller = match access::caller(&st, &target, req.headers(), Proof::None).await {
+        Ok(c) => c,
+        Err(e) => return errors::http_access_error(e),
+    };
+    let gone = || errors::http_error(502, format!("sandbox {} was not found", caller.id));
+    match st.app.guest(&caller.tenant, &caller.id).await {
+        Ok(guest) => match guest.health().await {
+            Ok(_) => StatusCode::NO_CONTENT.into_response(),
+            Err(_) => gone(),
+        },
+        Err(_) => gone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpcs_are_known_by_service_and_method() {
+        assert_eq!(Rpc::parse("process.Process", "Start"), Some(Rpc::Start));
+        assert_eq!(
+            Rpc::parse("filesystem.Filesystem", "ListDir"),
+            Some(Rpc::ListDir)
+        );
+        assert_eq!(Rpc::parse("process.Process", "Exec"), None);
+        assert_eq!(Rpc::parse("filesystem.Filesystem", "Start"), None);
     }
 }

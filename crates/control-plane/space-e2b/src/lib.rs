@@ -1,21 +1,27 @@
-//! The E2B-compatible API (issue 5): what the official E2B SDKs call — the REST control API
-//! and the in-sandbox API ("envd", Connect-RPC over HTTP) — served by SPACE and translated
-//! to its native operations. The plan, from the pinned SDKs' own source, is in
-//! `docs/e2b-compat.md`.
+//! The E2B-compatible API: what the official E2B SDKs call — the REST control API and the
+//! in-sandbox API ("envd": Connect-RPC, `/files`, `/health`) — served by SPACE and translated
+//! to its own operations, so agents written against E2B run on SPACE unchanged. The facts
+//! it is built on, read from the pinned SDKs' own source, are in `docs/e2b-compat.md`.
 //!
-//! Built so far: [`connect`], the Connect protocol's wire format (envelopes, error codes and
-//! bodies), pure and bounded; [`rest`], the REST API's wire types (and the list query and its
-//! page cursor) and their mapping from SPACE's; [`envd`], the `process.Process` and
-//! `filesystem.Filesystem` messages;
-//! [`dispatch`], which API a request is for (by `Host` and `E2b-Sandbox-*` headers, before
-//! authentication); [`token`], the derived envd access tokens.
+//! - [`surface`]: [`E2bApi`], served beside SPACE's own API on the same listener; every
+//!   request is first classified by [`dispatch`] (by `Host` and `E2b-Sandbox-*` headers,
+//!   before any authentication).
+//! - [`rest`]: the REST API (`X-API-Key`), onto the same functions as `/v1`.
+//! - [`envd`]: envd's services, onto the sandbox's guest channel.
+//! - [`connect`]: the Connect protocol's wire format and its server side over axum.
+//! - [`token`]: each sandbox's envd access token, derived from a node key.
 //!
-//! Not built yet: the REST and envd handlers, their wiring into `space-control`, the SDK
-//! test suite.
+//! Architecture invariant (as for `space-control`): this crate reaches guests only through
+//! `space_node::Node`, via SPACE's application state; it holds no state of its own that a
+//! restart would lose (tokens are derived, not stored).
 
 pub mod connect;
 pub mod dispatch;
 pub mod envd;
 pub mod rest;
+pub mod state;
+pub mod surface;
 pub mod timestamp;
 pub mod token;
+
+pub use surface::{E2bApi, E2bConfig};

@@ -1,14 +1,30 @@
-//! The E2B REST control API's wire types and their mapping from SPACE's
-//! (`docs/e2b-compat.md`, section 2): the error body (an *integer* `code`, which the JS SDK
-//! reads instead of the status), the create request, and the sandbox as `Sandbox`,
-//! `SandboxDetail` and `ListedSandbox`. Pure: the handlers that use them come next.
+//! The E2B REST control API (`docs/e2b-compat.md`, section 2): its wire types and their
+//! mapping from SPACE's (the error body with an *integer* `code`, which the JS SDK reads
+//! instead of the status; the create request; the sandbox as `Sandbox`, `SandboxDetail` and
+//! `ListedSandbox`), and [`router`], the handlers in [`sandboxes`] and [`snapshots`] behind
+//! the API key check ([`auth`]), SPACE's idempotency keys and E2B's error bodies
+//! ([`error`]).
 
+pub mod auth;
+pub mod error;
 pub mod list;
+pub mod network;
+pub mod sandboxes;
+pub mod snapshots;
+
+use axum::extract::{FromRequest, Request};
+use axum::routing::{delete, get, post, put};
+use axum::{middleware, Router};
+use space_control::api::error::ApiError;
+use space_control::api::extract::read_limited;
+use space_control::api::idempotency::{self, Idempotency};
+
+use crate::state::E2bState as SharedState;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use space_core::sandbox::SandboxInfo;
+use space_core::sandbox::{PausedBy, SandboxInfo};
 use space_core::{ErrorCode, SandboxState};
 
 use crate::timestamp::rfc3339;
@@ -95,6 +111,9 @@ pub struct Sandbox {
     /// The domain `get_host(port)` builds host names under (may carry a port).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// What requests to the sandbox's ports must carry when they are private.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_access_token: Option<String>,
 }
 
 /// E2B's two states: everything that is not running is `paused` to the SDKs.
@@ -108,6 +127,15 @@ pub enum E2bState {
 }
 
 impl E2bState {
+    /// The E2B state of a SPACE sandbox. A sandbox idleness paused is running to E2B: it
+    /// wakes on the next request by itself, which is what E2B's running sandboxes do.
+    pub fn of_sandbox(info: &SandboxInfo) -> Option<E2bState> {
+        if info.state == SandboxState::Paused && info.paused_by == Some(PausedBy::Idle) {
+            return Some(E2bState::Running);
+        }
+        E2bState::of(info.state)
+    }
+
     /// The E2B state of a SPACE state; `None` for sandboxes the SDKs must not see (failed,
     /// deleted, deleting): those are "not found" to them.
     pub fn of(state: SandboxState) -> Option<E2bState> {
@@ -156,12 +184,19 @@ pub struct SandboxDetail {
     /// Present in `GET /sandboxes/{id}` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
+    /// The domain sandbox hosts are named under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 impl SandboxDetail {
     /// The E2B view of a SPACE sandbox; `None` when the SDKs must not see it (see
     /// [`E2bState::of`]).
-    pub fn of(info: &SandboxInfo, token: Option<String>) -> Option<SandboxDetail> {
+    pub fn of(
+        info: &SandboxInfo,
+        token: Option<String>,
+        domain: Option<String>,
+    ) -> Option<SandboxDetail> {
         Some(SandboxDetail {
             template_id: info.template.clone(),
             sandbox_id: info.id.to_string(),
@@ -172,11 +207,98 @@ impl SandboxDetail {
             cpu_count: info.resources.vcpus,
             memory_mb: info.resources.memory_mib,
             disk_size_mb: info.resources.disk_mib,
-            state: E2bState::of(info.state)?,
+            state: E2bState::of_sandbox(info)?,
             metadata: info.labels.clone(),
             envd_access_token: token,
+            domain,
         })
     }
+}
+
+/// A JSON body that may be absent (an empty body is `T::default()`), at most SPACE's JSON
+/// limit; unknown fields are ignored, as the SDKs add fields over time.
+#[derive(Debug, Clone, Default)]
+pub struct JsonOrEmpty<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> for JsonOrEmpty<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes = read_limited(
+            &parts.headers,
+            body,
+            space_control::api::extract::MAX_JSON_BODY,
+        )
+        .await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonOrEmpty(T::default()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(JsonOrEmpty)
+            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// The E2B REST API: every route authenticated by API key, mutating ones idempotent by
+/// `Idempotency-Key` as in `/v1`, every error in E2B's shape.
+pub fn router(st: SharedState) -> Router {
+    Router::new()
+        .route(
+            "/sandboxes",
+            post(sandboxes::create).get(sandboxes::list_v1),
+        )
+        .route(
+            "/v2/sandboxes",
+            post(sandboxes::create).get(sandboxes::list_v2),
+        )
+        .route(
+            "/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::kill),
+        )
+        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh))
+        .route("/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/fork", post(sandboxes::fork))
+        .route("/sandboxes/{id}/network", put(sandboxes::update_network))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", delete(snapshots::delete))
+        // The layer added last runs first: the key, then idempotency (scoped to its tenant).
+        .route_layer(middleware::from_fn_with_state(
+            Idempotency::new(st.app.db.clone()),
+            idempotency::idempotency,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            st.clone(),
+            auth::require_api_key,
+        ))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(error::e2b_error_bodies))
+        .with_state(st)
+}
+
+async fn not_found(req: Request) -> error::RestError {
+    error::RestError::not_found(format!(
+        "no route for {} {} (SPACE serves the E2B sandbox API; templates, builds, volumes and secrets are managed with SPACE's own API)",
+        req.method(),
+        req.uri().path().chars().take(128).collect::<String>()
+    ))
+}
+
+async fn method_not_allowed(req: Request) -> error::RestError {
+    error::RestError::new(
+        405,
+        format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path().chars().take(128).collect::<String>()
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -245,7 +367,7 @@ mod tests {
             "created_at_ms": 1_764_417_600_000_i64, "expires_at_ms": 1_764_417_900_500_i64
         }))
         .unwrap();
-        let d = SandboxDetail::of(&info, None).unwrap();
+        let d = SandboxDetail::of(&info, None, None).unwrap();
         let json = serde_json::to_value(&d).unwrap();
         assert_eq!(json["sandboxID"], "sbx-abcdefghij0123456789");
         assert_eq!(json["templateID"], "base");

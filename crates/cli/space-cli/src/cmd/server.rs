@@ -41,6 +41,18 @@ pub struct ServerArgs {
     /// store (git-credential-helper style; see docs).
     #[arg(long, value_name = "PROGRAM")]
     credential_helper: Option<std::path::PathBuf>,
+    /// The domain sandbox hosts of the E2B-compatible API are named under
+    /// (`{port}-{sandbox id}.DOMAIN`, what the E2B SDKs' `get_host(port)` returns); may carry
+    /// a port. Point E2B_DOMAIN at it, and E2B_API_URL and E2B_SANDBOX_URL at this server.
+    #[arg(long, value_name = "DOMAIN", default_value = space_e2b::surface::DEFAULT_DOMAIN)]
+    e2b_domain: String,
+    /// Make sandbox ports reached through the E2B API's host routes require the sandbox's
+    /// traffic token (by default they are public, as on E2B).
+    #[arg(long)]
+    e2b_private_ports: bool,
+    /// Do not serve the E2B-compatible API (only SPACE's own `/v1`).
+    #[arg(long)]
+    no_e2b: bool,
 }
 
 /// Runs the server.
@@ -65,6 +77,14 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         cfg.node.credentials = space_node::config::CredentialBackend::Command(
             space_secrets::CommandConfig::new(program),
         );
+    }
+    if !a.no_e2b {
+        cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(
+            space_e2b::E2bConfig {
+                domain: a.e2b_domain.clone(),
+                private_ports: a.e2b_private_ports,
+            },
+        )));
     }
     let server = Server::start(cfg).await?;
     let url = server.url();

@@ -241,12 +241,12 @@ pub async fn write_file(
 /// client still sending its body would otherwise see the connection reset rather than the
 /// answer (HTTP/1 has no way to stop a sender politely). Anything larger is answered at
 /// once, and the connection closed.
-const MAX_DRAIN_BYTES: u64 = 16 << 20;
+pub const MAX_DRAIN_BYTES: u64 = 16 << 20;
 /// How long draining an oversized upload may take.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Reads and discards `body`, at most [`MAX_DRAIN_BYTES`] and for at most [`DRAIN_TIMEOUT`].
-async fn drain(body: Body) {
+pub async fn drain(body: Body) {
     let mut stream = body.into_data_stream();
     let mut seen = 0u64;
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {

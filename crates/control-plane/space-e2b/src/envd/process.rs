@@ -144,6 +144,26 @@ fn signal_by_name_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Si
     }
 }
 
+/// One message of `StreamInput`'s request stream: exactly one of its fields is set. The
+/// first selects the process; then each `data` is a chunk of input and `keepalive` keeps
+/// an idle stream open.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamInputRequest {
+    /// Which process the input is for.
+    Start {
+        /// Which process.
+        process: ProcessSelector,
+    },
+    /// A chunk of input.
+    Data {
+        /// What to send.
+        input: ProcessInput,
+    },
+    /// Nothing to send for now.
+    Keepalive {},
+}
+
 /// `Update`: resize a process's PTY.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct UpdateRequest {
@@ -171,16 +191,17 @@ pub enum ProcessEvent {
     Keepalive {},
 }
 
-/// Output of a process: one of stdout, stderr or PTY bytes.
+/// Output of a process: one of stdout, stderr or PTY bytes, as standard base64 (SPACE's
+/// output events carry the same encoding, so the text passes through untouched).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum DataEvent {
-    /// Stdout bytes.
-    Stdout(#[serde(with = "base64_bytes")] Vec<u8>),
-    /// Stderr bytes.
-    Stderr(#[serde(with = "base64_bytes")] Vec<u8>),
-    /// PTY bytes.
-    Pty(#[serde(with = "base64_bytes")] Vec<u8>),
+    /// Stdout bytes, base64.
+    Stdout(String),
+    /// Stderr bytes, base64.
+    Stderr(String),
+    /// PTY bytes, base64.
+    Pty(String),
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -287,6 +308,28 @@ mod tests {
     }
 
     #[test]
+    fn stream_input_messages_are_one_key() {
+        let start: StreamInputRequest =
+            serde_json::from_value(json!({"start": {"process": {"pid": 3}}})).unwrap();
+        assert_eq!(
+            start,
+            StreamInputRequest::Start {
+                process: ProcessSelector::Pid(3)
+            }
+        );
+        let data: StreamInputRequest =
+            serde_json::from_value(json!({"data": {"input": {"stdin": "aGk="}}})).unwrap();
+        assert_eq!(
+            data,
+            StreamInputRequest::Data {
+                input: ProcessInput::Stdin(b"hi".to_vec())
+            }
+        );
+        let idle: StreamInputRequest = serde_json::from_value(json!({"keepalive": {}})).unwrap();
+        assert_eq!(idle, StreamInputRequest::Keepalive {});
+    }
+
+    #[test]
     fn events_render_in_the_proto3_json_mapping() {
         let render = |e: ProcessEvent| serde_json::to_value(EventResponse { event: e }).unwrap();
         assert_eq!(
@@ -294,7 +337,7 @@ mod tests {
             json!({"event": {"start": {"pid": 7}}})
         );
         assert_eq!(
-            render(ProcessEvent::Data(DataEvent::Stderr(b"oops".to_vec()))),
+            render(ProcessEvent::Data(DataEvent::Stderr("b29wcw==".into()))),
             json!({"event": {"data": {"stderr": "b29wcw=="}}})
         );
         assert_eq!(

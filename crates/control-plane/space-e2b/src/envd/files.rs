@@ -1,0 +1,370 @@
+//! envd's HTTP `/files` (`docs/e2b-compat.md`, 3.3): `GET` streams a file's bytes; `POST`
+//! writes files, as `multipart/form-data` (one part named `file` per file, its filename the
+//! destination) or as one `application/octet-stream` body for `?path=` (optionally
+//! `Content-Encoding: gzip`, decoded as it streams). Everything streams: nothing is
+//! buffered whole, uploads are counted against the server's upload limit (413 past it,
+//! with the file left as it was: SPACE's writes are atomic), decompressed bytes included.
+//!
+//! A request proves itself with the access token, or with a signed URL for exactly its
+//! path and operation ([`super::signature`]). A signed URL made with `E2B_SANDBOX_URL` set
+//! names no sandbox (the SDK adds no headers to it): the sandbox is then the one whose
+//! token the signature was made with.
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use space_control::api::error::ApiError;
+use space_control::api::extract::content_length;
+use space_control::api::files::{drain, limit_stream, MAX_DRAIN_BYTES};
+use space_control::db::now_ms;
+use space_core::ErrorCode;
+use space_node::GuestClient;
+use tokio_util::io::{ReaderStream, StreamReader};
+
+use super::access::{self, EnvdCaller, EnvdTarget, Proof};
+use super::errors::{http_access_error, http_error, HttpError};
+use super::filesystem_service::normalize;
+use super::signature::{Operation, Presented};
+use crate::state::E2bState;
+
+/// Most files one multipart upload may carry.
+pub const MAX_UPLOAD_PARTS: usize = 1000;
+/// Largest part header block of a multipart upload (multer's bound).
+const MAX_PART_HEADERS: usize = 8 * 1024;
+/// Most live sandboxes a header-less signed URL is checked against (one hash each).
+pub const MAX_SIGNATURE_CANDIDATES: usize = 100_000;
+
+/// The query of `/files`.
+#[derive(Debug, Default, Deserialize)]
+pub struct FilesQuery {
+    /// The guest path: absolute, or relative to the user's home.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Acting user (empty: the default).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// A signed URL's signature.
+    #[serde(default)]
+    pub signature: Option<String>,
+    /// A signed URL's expiry, Unix seconds.
+    #[serde(default)]
+    pub signature_expiration: Option<i64>,
+}
+
+/// One file written, as envd reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WrittenEntry {
+    /// Base name.
+    pub name: String,
+    /// Always `file`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Absolute path.
+    pub path: String,
+}
+
+/// `GET|POST /files`.
+pub async fn files(st: &E2bState, target: Option<EnvdTarget>, req: Request) -> Response {
+    let query: FilesQuery = match serde_urlencoded_query(req.uri().query()) {
+        Ok(q) => q,
+        Err(e) => return http_error(400, e),
+    };
+    let op = if req.method() == Method::GET {
+        Operation::Read
+    } else if req.method() == Method::POST {
+        Operation::Write
+    } else {
+        return http_error(405, "method not allowed on /files: use GET or POST");
+    };
+    let user = query.username.clone().unwrap_or_default();
+    let presented = query.signature.as_deref().map(|signature| Presented {
+        signature,
+        expiration: query.signature_expiration,
+        path: query.path.as_deref().unwrap_or(""),
+        user: &user,
+        op,
+    });
+    let now = now_ms() / 1000;
+    let target = match target {
+        Some(t) => t,
+        None => match &presented {
+            Some(p) => match signed_sandbox(st, p, now).await {
+                Some(t) => t,
+                None => return http_error(401, "invalid or expired signature"),
+            },
+            None => return http_error(401, "missing access token: send X-Access-Token"),
+        },
+    };
+    let check = |token: &str| presented.as_ref().is_some_and(|p| p.verify(token, now));
+    let caller = match access::caller(st, &target, req.headers(), Proof::TokenOr(&check)).await {
+        Ok(mut c) => match access::user_name(&user) {
+            Ok(u) => {
+                c.user = u.or(c.user);
+                c
+            }
+            Err(e) => return http_access_error(e),
+        },
+        Err(e) => return http_access_error(e),
+    };
+    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
+        Ok(g) => g,
+        Err(e) => return HttpError::from(e).into_response(),
+    };
+    let result = match op {
+        Operation::Read => read(&guest, &caller, query.path.as_deref()).await,
+        Operation::Write => write(st, &guest, &caller, query.path.as_deref(), req).await,
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The live sandbox a header-less signed URL was made for, if any.
+async fn signed_sandbox(st: &E2bState, p: &Presented<'_>, now: i64) -> Option<EnvdTarget> {
+    let rows = st.app.db.live_sandboxes().await.ok()?;
+    rows.into_iter()
+        .take(MAX_SIGNATURE_CANDIDATES)
+        .find(|row| p.verify(&st.envd_token(&row.id), now))
+        .map(|row| EnvdTarget(row.id))
+}
+
+fn serde_urlencoded_query(query: Option<&str>) -> Result<FilesQuery, String> {
+    let mut q = FilesQuery::default();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*k {
+            "path" => q.path = Some(v.into_owned()),
+            "username" => q.username = Some(v.into_owned()),
+            "signature" => q.signature = Some(v.into_owned()),
+            "signature_expiration" => {
+                q.signature_expiration = Some(
+                    v.parse()
+                        .map_err(|_| "signature_expiration must be Unix seconds".to_owned())?,
+                )
+            }
+            // Other parameters (e.g. future SDK options) narrow nothing; ignore them.
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+async fn read(
+    guest: &GuestClient,
+    caller: &EnvdCaller,
+    path: Option<&str>,
+) -> Result<Response, HttpError> {
+    let path = path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| HttpError::new(400, "path is required"))?;
+    let path = normalize(path).map_err(|e| HttpError::new(400, e.message))?;
+    let stat = guest
+        .stat(&path, caller.user.as_deref())
+        .await
+        .map_err(|e| HttpError::from(ApiError::from(e)))?;
+    if stat.kind == space_core::files::FileKind::Dir {
+        return Err(HttpError::new(400, format!("{path} is a directory")));
+    }
+    let (size, data) = guest
+        .read_file(&path, caller.user.as_deref())
+        .await
+        .map_err(|e| HttpError::from(ApiError::from(e)))?;
+    let body = Body::from_stream(
+        data.inspect_err(|e| tracing::debug!(error = %e, "E2B file download broke off")),
+    );
+    let mut response = ([(CONTENT_TYPE, "application/octet-stream")], body).into_response();
+    if let Some(size) = size {
+        response.headers_mut().insert(CONTENT_LENGTH, size.into());
+    }
+    Ok(response)
+}
+
+/// The upload limit's answer.
+fn too_large(limit: u64) -> HttpError {
+    HttpError::new(
+        413,
+        format!("upload is larger than the limit of {limit} bytes"),
+    )
+}
+
+async fn write(
+    st: &E2bState,
+    guest: &GuestClient,
+    caller: &EnvdCaller,
+    path: Option<&str>,
+    req: Request,
+) -> Result<Response, HttpError> {
+    let limit = st.app.max_upload_bytes;
+    let (parts, body) = req.into_parts();
+    if parts
+        .headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(HttpError::new(
+            400,
+            "file metadata (X-Metadata-* headers) is not supported by SPACE",
+        ));
+    }
+    if let Some(len) = content_length(&parts.headers).filter(|&len| len > limit) {
+        // Read (bounded) what the client is still sending, so it gets the answer and not
+        // a reset connection.
+        if len <= MAX_DRAIN_BYTES {
+            drain(body).await;
+        }
+        return Err(too_large(limit));
+    }
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let entries = if content_type.starts_with("multipart/form-data") {
+        let boundary = multer::parse_boundary(&content_type)
+            .map_err(|e| HttpError::new(400, format!("bad multipart body: {e}")))?;
+        write_multipart(guest, caller, path, body, boundary, limit).await?
+    } else {
+        let path = path
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| HttpError::new(400, "path is required for an octet-stream upload"))?;
+        let data = decoded(&parts.headers, body)?;
+        vec![write_one(guest, caller, path, data, limit, 0).await?.0]
+    };
+    if entries.is_empty() {
+        return Err(HttpError::new(400, "the upload carries no file"));
+    }
+    Ok((StatusCode::OK, Json(entries)).into_response())
+}
+
+/// The body's bytes, gzip-decoded when `Content-Encoding: gzip`.
+fn decoded(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<BoxStream<'static, Result<Bytes, io::Error>>, HttpError> {
+    let raw = body.into_data_stream().map_err(io::Error::other).boxed();
+    match headers.get(CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
+        None | Some("identity") | Some("") => Ok(raw),
+        Some(e) if e.eq_ignore_ascii_case("gzip") => {
+            let reader = tokio::io::BufReader::new(StreamReader::new(raw));
+            let decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
+            Ok(ReaderStream::new(decoder).boxed())
+        }
+        Some(other) => Err(HttpError::new(
+            415,
+            format!(
+                "Content-Encoding {:?} is not supported: send gzip or identity",
+                other.chars().take(32).collect::<String>()
+            ),
+        )),
+    }
+}
+
+/// Writes one file from `data`, counting it against what is left of `limit` after `used`;
+/// returns the entry and its size.
+async fn write_one(
+    guest: &GuestClient,
+    caller: &EnvdCaller,
+    path: &str,
+    data: BoxStream<'static, Result<Bytes, io::Error>>,
+    limit: u64,
+    used: u64,
+) -> Result<(WrittenEntry, u64), HttpError> {
+    let path = normalize(path).map_err(|e| HttpError::new(400, e.message))?;
+    let (data, exceeded) = limit_stream(data, limit.saturating_sub(used));
+    match guest
+        .write_file(&path, caller.user.as_deref(), None, data)
+        .await
+    {
+        Ok(stat) => Ok((
+            WrittenEntry {
+                name: stat.name,
+                kind: "file",
+                path: stat.path,
+            },
+            stat.size,
+        )),
+        Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large(limit)),
+        Err(e) if e.code() == ErrorCode::PayloadTooLarge => Err(too_large(limit)),
+        Err(e) => Err(HttpError::from(ApiError::from(e))),
+    }
+}
+
+async fn write_multipart(
+    guest: &GuestClient,
+    caller: &EnvdCaller,
+    path: Option<&str>,
+    body: Body,
+    boundary: String,
+    limit: u64,
+) -> Result<Vec<WrittenEntry>, HttpError> {
+    let constraints = multer::Constraints::new().size_limit(
+        multer::SizeLimit::new()
+            .whole_stream(limit.saturating_add(MAX_PART_HEADERS as u64 * MAX_UPLOAD_PARTS as u64))
+            .per_field(limit),
+    );
+    let mut multipart =
+        multer::Multipart::with_constraints(body.into_data_stream(), boundary, constraints);
+    let mut written: Vec<WrittenEntry> = Vec::new();
+    let mut used = 0u64;
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(
+                multer::Error::StreamSizeExceeded { .. } | multer::Error::FieldSizeExceeded { .. },
+            ) => return Err(too_large(limit)),
+            Err(e) => return Err(HttpError::new(400, format!("bad multipart body: {e}"))),
+        };
+        if field.name() != Some("file") {
+            continue;
+        }
+        if written.len() == MAX_UPLOAD_PARTS {
+            return Err(HttpError::new(
+                400,
+                format!("at most {MAX_UPLOAD_PARTS} files per upload"),
+            ));
+        }
+        // The query's path names the file of a one-file upload; otherwise each part's
+        // filename is its destination.
+        let dest = match (path.filter(|p| !p.is_empty()), field.file_name()) {
+            (Some(p), _) => p.to_owned(),
+            (None, Some(name)) if !name.is_empty() => name.to_owned(),
+            _ => {
+                return Err(HttpError::new(
+                    400,
+                    "a file part has no filename and no path was given",
+                ))
+            }
+        };
+        let data = field.map_err(io::Error::other).boxed();
+        let (entry, size) = write_one(guest, caller, &dest, data, limit, used).await?;
+        used = used.saturating_add(size);
+        written.push(entry);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_parse_as_the_sdks_send_them() {
+        let q = serde_urlencoded_query(Some(
+            "path=%2Fhome%2Fuser%2Fa%20b.txt&username=root&signature=v1_x&signature_expiration=5",
+        ))
+        .unwrap();
+        assert_eq!(q.path.as_deref(), Some("/home/user/a b.txt"));
+        assert_eq!(q.username.as_deref(), Some("root"));
+        assert_eq!(q.signature_expiration, Some(5));
+        assert!(serde_urlencoded_query(Some("signature_expiration=soon")).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! envd's `filesystem.Filesystem` service onto SPACE's file operations
+//! (`docs/e2b-compat.md`, 3.1): `Stat`, `MakeDir` (`already_exists` for an existing
+//! directory, which the SDKs turn into `false`), `Move`, `ListDir`, `Remove` (recursive),
+//! and directory watches, streamed (`WatchDir`) or polled (`CreateWatcher`,
+//! `GetWatcherEvents`, `RemoveWatcher`; see [`super::watchers`]).
+//!
+//! envd accepts `..` in paths; SPACE refuses it. [`normalize`] resolves `.` and `..`
+//! lexically first, so `/home/user/a/../b` works as on E2B (the guest still checks every
+//! access as the acting user).
+
+use axum::extract::{FromRequest, Request};
+use axum::response::{IntoResponse, Response};
+use space_control::api::error::ApiError;
+use space_core::files::{FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
+use space_core::ErrorCode;
+use space_node::{GuestClient, GuestError};
+
+use super::access::EnvdCaller;
+use super::errors::{connect_error, unreachable};
+use super::filesystem::{
+    EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
+};
+use super::process_service::Empty;
+use crate::connect::server::{Unary, UnaryResponse};
+use crate::connect::{Code, ConnectError};
+use crate::state::E2bState;
+
+/// `path` with `.` and `..` resolved lexically; a relative path that climbs above its
+/// start (the user's home, which only the guest knows) is refused.
+pub fn normalize(path: &str) -> Result<String, ConnectError> {
+    if path.is_empty() {
+        return Err(ConnectError::new(Code::InvalidArgument, "path is empty"));
+    }
+    let absolute = path.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() && !absolute {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "a relative path may not climb above the home directory",
+                    ));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    let joined = parts.join("/");
+    Ok(match (absolute, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".to_owned(),
+        (false, false) => joined,
+    })
+}
+
+/// envd's entry for a SPACE stat.
+pub fn entry(stat: &FileStat) -> EntryInfo {
+    EntryInfo::of(stat, stat.uid.to_string(), stat.gid.to_string())
+}
+
+fn guest_error(e: GuestError) -> ConnectError {
+    connect_error(ApiError::from(e))
+}
+
+/// Runs a unary call on the caller's guest.
+async fn unary<T, R, F, Fut>(st: &E2bState, caller: EnvdCaller, req: Request, f: F) -> Response
+where
+    T: serde::de::DeserializeOwned,
+    R: serde::Serialize,
+    F: FnOnce(GuestClient, Option<String>, T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, ConnectError>>,
+{
+    let message = match Unary::<T>::from_request(req, &()).await {
+        Ok(Unary(m)) => m,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
+        Ok(g) => g,
+        Err(e) => return unreachable(e).into_response(),
+    };
+    match f(guest, caller.user, message).await {
+        Ok(r) => UnaryResponse(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `filesystem.Filesystem/Stat`.
+pub async fn stat(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    unary(st, caller, req, |guest, user, m: PathRequest| async move {
+        let path = normalize(&m.path)?;
+        let stat = guest
+            .stat(&path, user.as_deref())
+            .await
+            .map_err(guest_error)?;
+        Ok(EntryResponse {
+            entry: entry(&stat),
+        })
+    })
+    .await
+}
+
+/// `filesystem.Filesystem/MakeDir`: creates the directory and its parents;
+/// `already_exists` if something is there already.
+pub async fn make_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    unary(st, caller, req, |guest, user, m: PathRequest| async move {
+        let path = normalize(&m.path)?;
+        match guest.stat(&path, user.as_deref()).await {
+            Ok(_) => {
+                return Err(ConnectError::new(
+                    Code::AlreadyExists,
+                    format!("{} already exists", truncate(&path)),
+                ))
+            }
+            Err(e) if e.code() == ErrorCode::NotFound => {}
+            Err(e) => return Err(guest_error(e)),
+        }
+        let stat = guest
+            .mkdir(&MkdirRequest {
+                path,
+                mode: None,
+                user,
+            })
+            .await
+            .map_err(guest_error)?;
+        Ok(EntryResponse {
+            entry: entry(&stat),
+        })
+    })
+    .await
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(256).collect()
+}
+
+/// `filesystem.Filesystem/Move`: the entry at its new path.
+pub async fn move_entry(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    unary(st, caller, req, |guest, user, m: MoveRequest| async move {
+        let from = normalize(&m.source)?;
+        let to = normalize(&m.destination)?;
+        guest
+            .rename(&RenameRequest {
+                from,
+                to: to.clone(),
+                user: user.clone(),
+            })
+            .await
+            .map_err(guest_error)?;
+        let stat = guest
+            .stat(&to, user.as_deref())
+            .await
+            .map_err(guest_error)?;
+        Ok(EntryResponse {
+            entry: entry(&stat),
+        })
+    })
+    .await
+}
+
+/// `filesystem.Filesystem/ListDir`: entries `depth` levels deep (at least 1).
+pub async fn list_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    unary(
+        st,
+        caller,
+        req,
+        |guest, user, m: ListDirRequest| async move {
+            let path = normalize(&m.path)?;
+            let depth = m.effective_depth();
+            if depth > MAX_LIST_DEPTH {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("depth must be at most {MAX_LIST_DEPTH}"),
+                ));
+            }
+            let list = guest
+                .list(&path, depth, user.as_deref())
+                .await
+                .map_err(guest_error)?;
+            Ok(ListDirResponse {
+                entries: list.entries.iter().map(entry).collect(),
+            })
+        },
+    )
+    .await
+}
+
+/// `filesystem.Filesystem/Remove`: a file, or a directory with its contents.
+pub async fn remove(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    unary(st, caller, req, |guest, user, m: PathRequest| async move {
+        let path = normalize(&m.path)?;
+        guest
+            .remove(&path, true, user.as_deref())
+            .await
+            .map_err(guest_error)?;
+        Ok(Empty {})
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_dots_lexically() {
+        assert_eq!(normalize("/home/user/a/../b").unwrap(), "/home/user/b");
+        assert_eq!(normalize("/../../etc").unwrap(), "/etc");
+        assert_eq!(normalize("a/./b/").unwrap(), "a/b");
+        assert_eq!(normalize("a/..").unwrap(), ".");
+        assert_eq!(normalize("/").unwrap(), "/");
+        assert!(normalize("../x").is_err());
+        assert!(normalize("").is_err());
+    }
+}

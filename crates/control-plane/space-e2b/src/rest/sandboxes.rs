@@ -1,0 +1,511 @@
+//! The E2B REST API's sandbox operations, each a translation onto the same functions that
+//! serve SPACE's `/v1` (so validation, idempotency, the in-flight set and the node calls are
+//! exactly the native ones): create, get, list, kill, timeout and refresh, connect and
+//! resume, pause, fork, and the network update.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use space_control::api::auth::AuthTenant;
+use space_control::api::error::ApiError;
+use space_control::api::extract::{ApiJson, SandboxPath};
+use space_control::api::{lifecycle, sandboxes};
+use space_core::sandbox::{CreateSandboxRequest, ForkRequest, SandboxInfo, SetTimeoutRequest};
+use space_core::{SandboxId, SandboxState};
+
+use super::error::{RestError, RestResult};
+use super::list::{self, Cursor};
+use super::network::{self, NetworkConfig};
+use super::{
+    E2bState as WireState, JsonOrEmpty, NewSandbox, Sandbox, SandboxDetail, DEFAULT_TIMEOUT_SECS,
+};
+use crate::state::E2bState;
+
+/// Fields of a create request SPACE does not offer: refused, never silently dropped.
+const UNSUPPORTED_CREATE_FIELDS: &[&str] = &["mcp", "iam", "volumeMounts"];
+/// Header carrying the next page's token of a list.
+pub const NEXT_TOKEN_HEADER: &str = "x-next-token";
+
+/// The `{sandboxID}` of a path, parsed: a malformed id is simply not found, as on E2B.
+pub fn sandbox_id(raw: &str) -> RestResult<SandboxId> {
+    raw.parse()
+        .map_err(|_| RestError::not_found(format!("sandbox {} not found", truncate(raw))))
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// The E2B view of a sandbox SPACE just made or woke.
+pub fn sandbox(st: &E2bState, info: &SandboxInfo) -> Sandbox {
+    Sandbox {
+        template_id: info.template.clone(),
+        sandbox_id: info.id.to_string(),
+        client_id: info.node.clone(),
+        envd_version: super::ENVD_VERSION.to_owned(),
+        envd_access_token: Some(st.envd_token(&info.id)),
+        domain: Some(st.config.domain.clone()),
+        traffic_access_token: st
+            .config
+            .private_ports
+            .then(|| st.tokens.traffic_token(&info.id)),
+    }
+}
+
+/// The `autoResume` object of a create request.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+struct AutoResume {
+    #[serde(default)]
+    enabled: bool,
+}
+
+/// `POST /v2/sandboxes` (and the older `POST /sandboxes`).
+pub async fn create(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    ApiJson(req): ApiJson<NewSandbox>,
+) -> RestResult<(StatusCode, Json<Sandbox>)> {
+    for field in UNSUPPORTED_CREATE_FIELDS {
+        if req.other.get(*field).is_some_and(|v| !v.is_null()) {
+            return Err(RestError::bad_request(format!(
+                "{field} is not supported by SPACE"
+            )));
+        }
+    }
+    let network: Option<NetworkConfig> = match req.other.get("network") {
+        Some(v) if !v.is_null() => Some(
+            serde_json::from_value(v.clone())
+                .map_err(|e| RestError::bad_request(format!("network: {e}")))?,
+        ),
+        _ => None,
+    };
+    let auto_resume: AutoResume = match req.other.get("autoResume") {
+        Some(v) if !v.is_null() => serde_json::from_value(v.clone())
+            .map_err(|e| RestError::bad_request(format!("autoResume: {e}")))?,
+        _ => AutoResume::default(),
+    };
+    if req.auto_pause || auto_resume.enabled {
+        return Err(RestError::bad_request(
+            "autoPause and autoResume are not supported by this SPACE server yet",
+        ));
+    }
+    let egress = network::egress_policy(req.allow_internet_access, network.as_ref())
+        .map_err(RestError::bad_request)?;
+    let timeout_secs = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    if let Ok(snapshot) = req.template_id.parse::<space_core::SnapshotId>() {
+        if !req.env_vars.is_empty() || egress.is_some() {
+            return Err(RestError::bad_request(
+                "a sandbox started from a snapshot keeps its source's environment and network; envVars and network options are not supported with a snapshot id",
+            ));
+        }
+        let info = super::snapshots::create_from_snapshot(
+            &st,
+            tenant,
+            &snapshot,
+            req.metadata.clone(),
+            timeout_secs,
+        )
+        .await?;
+        return Ok((StatusCode::CREATED, Json(sandbox(&st, &info))));
+    }
+    let native = CreateSandboxRequest {
+        template: req.template_id.clone(),
+        env: req.env_vars.clone(),
+        labels: req.metadata.clone(),
+        timeout_secs: Some(timeout_secs),
+        egress,
+        ..CreateSandboxRequest::default()
+    };
+    let (_, Json(info)) =
+        sandboxes::create_sandbox(State(st.app.clone()), tenant, ApiJson(native)).await?;
+    Ok((StatusCode::CREATED, Json(sandbox(&st, &info))))
+}
+
+/// `GET /sandboxes/{id}`.
+pub async fn get(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+) -> RestResult<Json<SandboxDetail>> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let token = Some(st.envd_token(&info.id));
+    SandboxDetail::of(&info, token, Some(st.config.domain.clone()))
+        .map(Json)
+        .ok_or_else(|| not_found(&info.id))
+}
+
+fn not_found(id: &SandboxId) -> RestError {
+    RestError::not_found(format!("sandbox {id} not found"))
+}
+
+/// The sandbox `raw` names, if the caller may see it and E2B would show it (not failed or
+/// deleted).
+async fn visible(st: &E2bState, tenant: &AuthTenant, raw: &str) -> RestResult<SandboxInfo> {
+    let id = sandbox_id(raw)?;
+    let Json(info) =
+        sandboxes::get_sandbox(State(st.app.clone()), tenant.clone(), SandboxPath(id)).await?;
+    if WireState::of_sandbox(&info).is_none() {
+        return Err(not_found(&info.id));
+    }
+    Ok(info)
+}
+
+/// The caller's sandboxes E2B would show, newest first.
+async fn listed(st: &E2bState, tenant: &AuthTenant) -> RestResult<Vec<SandboxInfo>> {
+    let rows = st
+        .app
+        .db
+        .sandboxes(&tenant.id, space_control::db::SandboxFilter::Live)
+        .await
+        .map_err(ApiError::from)?;
+    let mut infos: Vec<SandboxInfo> = rows
+        .iter()
+        .map(|row| sandboxes::info_now(&st.app, row))
+        .filter(|info| WireState::of_sandbox(info).is_some())
+        .collect();
+    infos.sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
+    Ok(infos)
+}
+
+/// `GET /v2/sandboxes?metadata=&state=&limit=&nextToken=`: one page, newest first; the next
+/// page's token in `x-next-token`.
+pub async fn list_v2(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    uri: Uri,
+) -> RestResult<Response> {
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let query = list::parse(&pairs).map_err(RestError::bad_request)?;
+    // Each item with the creation time and id its cursor is made of.
+    let mut page: Vec<(Cursor, SandboxDetail)> = Vec::new();
+    let mut more = false;
+    for info in listed(&st, &tenant).await? {
+        if query
+            .after
+            .as_ref()
+            .is_some_and(|c| !c.precedes(info.created_at_ms, &info.id))
+        {
+            continue;
+        }
+        let Some(detail) = SandboxDetail::of(&info, None, Some(st.config.domain.clone())) else {
+            continue;
+        };
+        let state_ok = query.states.is_empty() || query.states.contains(&detail.state);
+        let metadata_ok = query
+            .metadata
+            .iter()
+            .all(|(k, v)| info.labels.get(k) == Some(v));
+        if !(state_ok && metadata_ok) {
+            continue;
+        }
+        if page.len() == query.limit {
+            more = true;
+            break;
+        }
+        let cursor = Cursor {
+            created_at_ms: info.created_at_ms,
+            id: info.id.clone(),
+        };
+        page.push((cursor, detail));
+    }
+    let next = more.then(|| page.last().map(|(c, _)| c.encode())).flatten();
+    let items: Vec<SandboxDetail> = page.into_iter().map(|(_, d)| d).collect();
+    let mut response = Json(items).into_response();
+    if let Some(token) = next {
+        if let Ok(v) = HeaderValue::from_str(&token) {
+            response.headers_mut().insert(NEXT_TOKEN_HEADER, v);
+        }
+    }
+    Ok(response)
+}
+
+/// `GET /sandboxes` (deprecated): the running sandboxes, filtered by `metadata`.
+pub async fn list_v1(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    uri: Uri,
+) -> RestResult<Json<Vec<SandboxDetail>>> {
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .filter(|(k, _)| k == "metadata")
+        .collect();
+    let query = list::parse(&pairs).map_err(RestError::bad_request)?;
+    Ok(Json(
+        listed(&st, &tenant)
+            .await?
+            .iter()
+            .filter(|info| {
+                query
+                    .metadata
+                    .iter()
+                    .all(|(k, v)| info.labels.get(k) == Some(v))
+            })
+            .filter_map(|info| SandboxDetail::of(info, None, Some(st.config.domain.clone())))
+            .filter(|d| d.state == WireState::Running)
+            .collect(),
+    ))
+}
+
+/// `DELETE /sandboxes/{id}`: 204, or 404 (the SDKs' `kill` then returns false).
+pub async fn kill(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+) -> RestResult<StatusCode> {
+    let id = sandbox_id(&raw)?;
+    sandboxes::delete_sandbox(State(st.app.clone()), tenant, SandboxPath(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `{"timeout": seconds}`.
+#[derive(Debug, Deserialize)]
+pub struct TimeoutRequest {
+    timeout: u64,
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now.
+pub async fn set_timeout(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    ApiJson(req): ApiJson<TimeoutRequest>,
+) -> RestResult<StatusCode> {
+    let info = visible(&st, &tenant, &raw).await?;
+    apply_timeout(&st, &tenant, &info.id, req.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn apply_timeout(
+    st: &E2bState,
+    tenant: &AuthTenant,
+    id: &SandboxId,
+    secs: u64,
+) -> RestResult<SandboxInfo> {
+    let Json(info) = sandboxes::set_timeout(
+        State(st.app.clone()),
+        tenant.clone(),
+        SandboxPath(id.clone()),
+        ApiJson(SetTimeoutRequest { timeout_secs: secs }),
+    )
+    .await?;
+    Ok(info)
+}
+
+/// `{"duration": seconds}` of a refresh.
+#[derive(Debug, Default, Deserialize)]
+pub struct RefreshRequest {
+    #[serde(default)]
+    duration: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/refreshes`: keeps the sandbox alive for `duration` more seconds
+/// (never shortens it).
+pub async fn refresh(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<RefreshRequest>,
+) -> RestResult<StatusCode> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let secs = req.duration.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    let wanted = space_control::db::now_ms().saturating_add((secs as i64).saturating_mul(1000));
+    if wanted > info.expires_at_ms {
+        apply_timeout(&st, &tenant, &info.id, secs).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Body of connect (`timeout`, `memory`) and of the older resume (`timeout`, `autoPause`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectRequest {
+    #[serde(default)]
+    timeout: Option<u64>,
+    /// `false`: resume from the disk only (a cold boot), as E2B's "reboot" on resume.
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
+/// Brings a paused or stopped sandbox back; returns whether it was running already.
+async fn wake(
+    st: &E2bState,
+    tenant: &AuthTenant,
+    info: &SandboxInfo,
+    memory: bool,
+) -> RestResult<bool> {
+    let app = State(st.app.clone());
+    let path = || SandboxPath(info.id.clone());
+    match info.state {
+        SandboxState::Paused if memory => {
+            let _ = lifecycle::resume(app, tenant.clone(), path()).await?;
+        }
+        SandboxState::Paused => {
+            let _ = lifecycle::stop(app.clone(), tenant.clone(), path()).await?;
+            let _ = lifecycle::start(app, tenant.clone(), path()).await?;
+        }
+        SandboxState::Stopped => {
+            let _ = lifecycle::start(app, tenant.clone(), path()).await?;
+        }
+        // Running, or on its way somewhere: the operation in flight decides.
+        _ => return Ok(true),
+    }
+    Ok(false)
+}
+
+/// `POST /v2/sandboxes/{id}/connect` (and `POST /sandboxes/{id}/connect`): 200 with the
+/// sandbox if it was running, 201 if it had to be resumed; `timeout` becomes its new
+/// timeout.
+pub async fn connect(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<ConnectRequest>,
+) -> RestResult<(StatusCode, Json<Sandbox>)> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let was_running = wake(&st, &tenant, &info, req.memory.unwrap_or(true)).await?;
+    let info = match req.timeout {
+        Some(secs) => apply_timeout(&st, &tenant, &info.id, secs).await?,
+        None => info,
+    };
+    let status = if was_running {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(sandbox(&st, &info))))
+}
+
+/// `POST /sandboxes/{id}/resume` (deprecated): like connect, but 409 for a running sandbox.
+pub async fn resume(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<ConnectRequest>,
+) -> RestResult<(StatusCode, Json<Sandbox>)> {
+    let info = visible(&st, &tenant, &raw).await?;
+    if wake(&st, &tenant, &info, req.memory.unwrap_or(true)).await? {
+        return Err(RestError::new(
+            409,
+            format!("sandbox {} is already running", info.id),
+        ));
+    }
+    let info = apply_timeout(
+        &st,
+        &tenant,
+        &info.id,
+        req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(sandbox(&st, &info))))
+}
+
+/// Body of a pause.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseRequest {
+    /// `false`: keep only the file system (SPACE's stop).
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204; 409 if it is not running (the SDKs then return
+/// false).
+pub async fn pause(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<PauseRequest>,
+) -> RestResult<StatusCode> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let app = State(st.app.clone());
+    let path = SandboxPath(info.id.clone());
+    if req.memory.unwrap_or(true) {
+        let _ = lifecycle::pause(app, tenant, path).await?;
+    } else {
+        if info.state == SandboxState::Stopped {
+            return Err(RestError::new(
+                409,
+                format!("sandbox {} is already paused", info.id),
+            ));
+        }
+        let _ = lifecycle::stop(app, tenant, path).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Body of a fork.
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+/// One child of a fork.
+#[derive(Debug, Serialize)]
+pub struct ForkResult {
+    sandbox: Sandbox,
+}
+
+/// `POST /sandboxes/{id}/fork`: 201 with one result per child (SPACE forks all or none,
+/// so no result carries an error).
+pub async fn fork(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<ForkBody>,
+) -> RestResult<(StatusCode, Json<Vec<ForkResult>>)> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let (_, Json(children)) = lifecycle::fork(
+        State(st.app.clone()),
+        tenant,
+        SandboxPath(info.id.clone()),
+        ApiJson(ForkRequest {
+            count: req.count,
+            snapshot: None,
+            labels: BTreeMap::new(),
+            timeout_secs: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)),
+        }),
+    )
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            children
+                .sandboxes
+                .iter()
+                .map(|c| ForkResult {
+                    sandbox: sandbox(&st, c),
+                })
+                .collect(),
+        ),
+    ))
+}
+
+/// `PUT /sandboxes/{id}/network`: the sandbox's egress policy, replaced live.
+pub async fn update_network(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    ApiJson(net): ApiJson<NetworkConfig>,
+) -> RestResult<StatusCode> {
+    let info = visible(&st, &tenant, &raw).await?;
+    let policy = network::egress_policy(Some(true), Some(&net))
+        .map_err(RestError::bad_request)?
+        .ok_or_else(|| RestError::bad_request("network: nothing to apply"))?;
+    let _ = space_control::api::egress::set_sandbox_egress(
+        State(st.app.clone()),
+        tenant,
+        SandboxPath(info.id),
+        ApiJson(policy),
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

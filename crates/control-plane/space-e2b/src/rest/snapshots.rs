@@ -1,0 +1,276 @@
+//! E2B snapshots onto SPACE's: `create_snapshot` takes a manual checkpoint (or, with
+//! `memory: false`, a disk snapshot) labelled with its name; `list_snapshots` lists the
+//! caller's manual snapshots, newest first; `delete_snapshot` (`DELETE /templates/{id}`)
+//! deletes one; and a create whose `templateID` is a snapshot id starts a sandbox from it
+//! ([`create_from_snapshot`]).
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use space_control::api::auth::AuthTenant;
+use space_control::api::error::ApiError;
+use space_control::api::extract::{ApiJson, SandboxPath, SnapshotPath};
+use space_control::api::{lifecycle, snapshots};
+use space_core::sandbox::{CreateSnapshotRequest, ForkRequest, SandboxInfo};
+use space_core::{SandboxId, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger};
+
+use super::error::{RestError, RestResult};
+use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
+use super::sandboxes::{sandbox_id, NEXT_TOKEN_HEADER};
+use super::JsonOrEmpty;
+use crate::state::E2bState;
+
+/// Body of `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Default, Deserialize)]
+pub struct SnapshotRequest {
+    /// A name to find it by (SPACE's label).
+    #[serde(default)]
+    name: Option<String>,
+    /// `false`: the file system only (a disk snapshot); default: memory too (a checkpoint).
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
+/// A snapshot as E2B lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct E2bSnapshot {
+    #[serde(rename = "snapshotID")]
+    snapshot_id: String,
+    names: Vec<String>,
+}
+
+impl E2bSnapshot {
+    fn of(info: &SnapshotInfo) -> Self {
+        E2bSnapshot {
+            snapshot_id: info.id.to_string(),
+            names: info.label.iter().cloned().collect(),
+        }
+    }
+}
+
+/// `POST /sandboxes/{id}/snapshots`.
+pub async fn create(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+    JsonOrEmpty(req): JsonOrEmpty<SnapshotRequest>,
+) -> RestResult<(StatusCode, Json<E2bSnapshot>)> {
+    let id = sandbox_id(&raw)?;
+    let kind = if req.memory.unwrap_or(true) {
+        SnapshotKind::Checkpoint
+    } else {
+        SnapshotKind::Disk
+    };
+    let (_, Json(taken)) = snapshots::create_snapshot(
+        State(st.app.clone()),
+        tenant,
+        SandboxPath(id),
+        ApiJson(CreateSnapshotRequest {
+            kind,
+            label: req.name,
+        }),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(E2bSnapshot::of(&taken.snapshot))))
+}
+
+/// The caller's manual snapshots (of `only` if given), newest first.
+async fn tenant_snapshots(
+    st: &E2bState,
+    tenant: &AuthTenant,
+    only: Option<&SandboxId>,
+) -> RestResult<Vec<SnapshotInfo>> {
+    let rows = st
+        .app
+        .db
+        .sandboxes(&tenant.id, space_control::db::SandboxFilter::Live)
+        .await
+        .map_err(ApiError::from)?;
+    let mut out = Vec::new();
+    for row in rows.iter().filter(|r| only.is_none_or(|id| &r.id == id)) {
+        // A sandbox that is going away has no snapshots to offer.
+        let Ok(list) = st.app.node.snapshots(&row.id).await else {
+            continue;
+        };
+        out.extend(
+            list.into_iter()
+                .filter(|s| s.trigger == SnapshotTrigger::Manual),
+        );
+    }
+    out.sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
+    Ok(out)
+}
+
+/// Finds the caller's snapshot `id`: `None` if there is none.
+pub async fn find(
+    st: &E2bState,
+    tenant: &AuthTenant,
+    id: &SnapshotId,
+) -> RestResult<Option<SnapshotInfo>> {
+    Ok(tenant_snapshots(st, tenant, None)
+        .await?
+        .into_iter()
+        .find(|s| &s.id == id))
+}
+
+/// `GET /snapshots?sandboxID=&name=&limit=&nextToken=`: one page; the next page's token in
+/// `x-next-token`.
+pub async fn list(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    uri: Uri,
+) -> RestResult<Response> {
+    let mut only = None;
+    let mut name = None;
+    let mut limit = DEFAULT_LIMIT;
+    let mut after: Option<(i64, SnapshotId)> = None;
+    for (k, v) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
+        match &*k {
+            "sandboxID" => only = Some(sandbox_id(&v)?),
+            "name" => name = Some(v.into_owned()),
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=MAX_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        RestError::bad_request(format!("limit: want 1 to {MAX_LIMIT}"))
+                    })?;
+            }
+            "nextToken" if !v.is_empty() => {
+                // The cursor's id field holds a sandbox id; snapshots page by their own.
+                after = Some(decode_cursor(&v).ok_or_else(|| {
+                    RestError::bad_request("nextToken: not a token this server made")
+                })?);
+            }
+            "nextToken" => {}
+            other => {
+                return Err(RestError::bad_request(format!(
+                    "{}: not supported",
+                    other.chars().take(32).collect::<String>()
+                )))
+            }
+        }
+    }
+    let mut page = Vec::new();
+    let mut more = false;
+    for snap in tenant_snapshots(&st, &tenant, only.as_ref()).await? {
+        if after
+            .as_ref()
+            .is_some_and(|(ms, id)| (snap.created_at_ms, snap.id.as_str()) >= (*ms, id.as_str()))
+        {
+            continue;
+        }
+        if name
+            .as_ref()
+            .is_some_and(|n| snap.label.as_ref() != Some(n))
+        {
+            continue;
+        }
+        if page.len() == limit {
+            more = true;
+            break;
+        }
+        page.push(snap);
+    }
+    let next = more
+        .then(|| page.last().map(|s| encode_cursor(s.created_at_ms, &s.id)))
+        .flatten();
+    let items: Vec<E2bSnapshot> = page.iter().map(E2bSnapshot::of).collect();
+    let mut response = Json(items).into_response();
+    if let Some(token) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        response.headers_mut().insert(NEXT_TOKEN_HEADER, token);
+    }
+    Ok(response)
+}
+
+fn encode_cursor(ms: i64, id: &SnapshotId) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{ms}/{id}"))
+}
+
+fn decode_cursor(token: &str) -> Option<(i64, SnapshotId)> {
+    use base64::Engine as _;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim().as_bytes())
+        .ok()?;
+    let (ms, id) = std::str::from_utf8(&raw).ok()?.split_once('/')?;
+    Some((ms.parse().ok()?, id.parse().ok()?))
+}
+
+/// `DELETE /templates/{id}`: deletes a snapshot (204; 404 when there is none, which the SDKs
+/// turn into `false`). SPACE's templates are built by the operator, not through this API.
+pub async fn delete(
+    State(st): State<E2bState>,
+    tenant: AuthTenant,
+    Path(raw): Path<String>,
+) -> RestResult<StatusCode> {
+    let Ok(snap_id) = raw.parse::<SnapshotId>() else {
+        return Err(RestError::not_found(format!(
+            "snapshot {} not found (SPACE's templates are managed with `space template`)",
+            raw.chars().take(64).collect::<String>()
+        )));
+    };
+    let snap = find(&st, &tenant, &snap_id)
+        .await?
+        .ok_or_else(|| RestError::not_found(format!("snapshot {snap_id} not found")))?;
+    snapshots::delete_snapshot(
+        State(st.app.clone()),
+        tenant,
+        SnapshotPath(snap.sandbox_id, snap.id),
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A sandbox started from the caller's checkpoint `id` (a fork of its sandbox from that
+/// checkpoint), with `labels` added and `timeout_secs`.
+pub async fn create_from_snapshot(
+    st: &E2bState,
+    tenant: AuthTenant,
+    id: &SnapshotId,
+    labels: BTreeMap<String, String>,
+    timeout_secs: u64,
+) -> RestResult<SandboxInfo> {
+    let snap = find(st, &tenant, id)
+        .await?
+        .ok_or_else(|| RestError::not_found(format!("snapshot {id} not found")))?;
+    if snap.kind != SnapshotKind::Checkpoint {
+        return Err(RestError::bad_request(format!(
+            "snapshot {id} has no memory (it was taken with memory=false): SPACE starts sandboxes only from full snapshots"
+        )));
+    }
+    let (_, Json(children)) = lifecycle::fork(
+        State(st.app.clone()),
+        tenant,
+        SandboxPath(snap.sandbox_id),
+        ApiJson(ForkRequest {
+            count: Some(1),
+            snapshot: Some(snap.id),
+            labels,
+            timeout_secs: Some(timeout_secs),
+        }),
+    )
+    .await?;
+    children
+        .sandboxes
+        .into_iter()
+        .next()
+        .ok_or_else(|| RestError::new(500, "the fork returned no sandbox"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_cursors_round_trip() {
+        let id = SnapshotId::generate();
+        assert_eq!(decode_cursor(&encode_cursor(5, &id)), Some((5, id)));
+        assert_eq!(decode_cursor("!!"), None);
+    }
+}

@@ -1,0 +1,189 @@
+//! The E2B-compatible API as one more surface of the control plane's listener
+//! ([`space_control::ApiSurface`]), and the dispatch in front of everything: each request is
+//! classified by its `Host` and `E2b-Sandbox-*` headers *before* any routing or
+//! authentication ([`crate::dispatch`]), then goes to envd, to a sandbox port, to SPACE's own
+//! API (`/v1`, `/healthz`, `/openapi.json`) or to the E2B REST API.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use space_control::{ApiSurface, SurfaceContext};
+use tower::ServiceExt as _;
+
+use crate::dispatch::{self, Route, RouteError};
+use crate::envd::{self, EnvdTarget};
+use crate::rest;
+use crate::state::E2bState;
+use crate::token::TokenKey;
+
+/// Name of the node key envd access tokens are derived from, in the server's data directory.
+pub const TOKEN_KEY_FILE: &str = "e2b.key";
+/// The domain `get_host(port)` names hosts under when none is configured.
+pub const DEFAULT_DOMAIN: &str = "localhost";
+
+/// How the E2B API is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bConfig {
+    /// The domain sandbox hosts are named under (`{port}-{sandbox id}.{domain}`), as the
+    /// SDKs see it (what create and connect return as `domain`, from which they build
+    /// `get_host(port)`). Without a port of its own, the server's listening port is added
+    /// (`localhost` → `localhost:7070`).
+    pub domain: String,
+    /// Sandbox ports need the sandbox's traffic token (`e2b-traffic-access-token`, returned
+    /// as `trafficAccessToken` by create and connect); default: public, as on E2B.
+    pub private_ports: bool,
+}
+
+impl Default for E2bConfig {
+    fn default() -> Self {
+        Self {
+            domain: DEFAULT_DOMAIN.to_owned(),
+            private_ports: false,
+        }
+    }
+}
+
+/// `domain` split into name and explicit port.
+fn split_port(domain: &str) -> (&str, Option<&str>) {
+    match domain.rsplit_once(':') {
+        Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            (name, Some(port))
+        }
+        _ => (domain, None),
+    }
+}
+
+impl E2bConfig {
+    /// The domain without a port: what a request's `Host` is matched against.
+    pub fn host_domain(&self) -> &str {
+        split_port(&self.domain).0
+    }
+
+    /// The domain as the SDKs are told it, for a server listening on `port`.
+    pub fn advertised_domain(&self, port: u16) -> String {
+        match split_port(&self.domain) {
+            (_, Some(_)) => self.domain.clone(),
+            (name, None) => format!("{name}:{port}"),
+        }
+    }
+}
+
+/// The E2B-compatible API, ready to be served beside SPACE's own.
+#[derive(Debug, Clone, Default)]
+pub struct E2bApi {
+    config: E2bConfig,
+}
+
+impl E2bApi {
+    /// The API with `config`.
+    pub fn new(config: E2bConfig) -> Self {
+        Self { config }
+    }
+}
+
+impl ApiSurface for E2bApi {
+    fn wrap(&self, ctx: SurfaceContext<'_>) -> anyhow::Result<Router> {
+        let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
+        let config = E2bConfig {
+            domain: self.config.advertised_domain(ctx.addr.port()),
+            ..self.config.clone()
+        };
+        let st = E2bState::new(ctx.state, config, TokenKey::new(*key));
+        let native = ctx.native;
+        let dispatcher = Dispatcher {
+            envd: envd::router(st.clone()),
+            rest: rest::router(st.clone()),
+            native,
+            st,
+        };
+        Ok(Router::new()
+            .fallback(dispatch_request)
+            .with_state(Arc::new(dispatcher)))
+    }
+}
+
+/// The four applications a request can go to.
+struct Dispatcher {
+    envd: Router,
+    rest: Router,
+    native: Router,
+    st: E2bState,
+}
+
+/// Paths of SPACE's own API, which never go to the E2B REST API.
+fn is_native_path(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/") || path == "/healthz" || path == "/openapi.json"
+}
+
+async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) -> Response {
+    let route = {
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        // HTTP/2 requests carry the host in the URI's authority, HTTP/1 in `Host`.
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| header("host"));
+        dispatch::route(
+            host,
+            header("e2b-sandbox-id"),
+            header("e2b-sandbox-port"),
+            d.st.config.host_domain(),
+        )
+    };
+    let app = match route {
+        Ok(Route::Envd(id)) => {
+            req.extensions_mut().insert(EnvdTarget(id));
+            d.envd.clone()
+        }
+        Ok(Route::Port(id, port)) => {
+            return envd::errors::http_error(
+                502,
+                format!("port {port} of sandbox {id} is not open"),
+            );
+        }
+        Ok(Route::Control) if is_native_path(req.uri().path()) => d.native.clone(),
+        // A signed `/files` URL made with `E2B_SANDBOX_URL` names no sandbox: envd finds it.
+        Ok(Route::Control) if req.uri().path() == "/files" => d.envd.clone(),
+        Ok(Route::Control) => d.rest.clone(),
+        // What E2B's proxy answers for a sandbox it does not know; the SDKs read
+        // "was not found" as "the sandbox is not running".
+        Err(RouteError::BadSandboxId) => {
+            return envd::sandbox_not_found_response("the E2b-Sandbox-Id header");
+        }
+        Err(e @ RouteError::BadPort) => {
+            return crate::rest::error::RestError::bad_request(e.to_string()).into_response();
+        }
+    };
+    match app.oneshot(req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_domain_drops_a_port() {
+        let c = E2bConfig {
+            domain: "space.test:7070".into(),
+            private_ports: false,
+        };
+        assert_eq!(c.host_domain(), "space.test");
+        assert_eq!(c.advertised_domain(1234), "space.test:7070");
+        assert_eq!(E2bConfig::default().host_domain(), "localhost");
+        assert_eq!(
+            E2bConfig::default().advertised_domain(7070),
+            "localhost:7070"
+        );
+        assert!(is_native_path("/v1/sandboxes"));
+        assert!(is_native_path("/healthz"));
+        assert!(!is_native_path("/v1sandboxes"));
+        assert!(!is_native_path("/v2/sandboxes"));
+        assert!(!is_native_path("/sandboxes"));
+    }
+}
