@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import httpx
 import pytest
 import pytest_asyncio
-from e2b import AsyncSandbox, Sandbox
+from e2b import AsyncSandbox, FilesystemEventType, Sandbox
 from e2b.connection_config import ConnectionConfig
 from packaging.version import Version
 
@@ -280,6 +280,28 @@ def signature(path: str, operation: str, user: str, token: str, expiration: Opti
 
     raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration is not None else "")
     return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+
+
+# --- Directory watches ---
+
+def watched_changes(path: str) -> str:
+    """A shell line that makes, in `path`, the changes `WATCHED_EVENTS` lists."""
+    return f"cd {path} && echo 1 > a.txt && mkdir sub && echo 2 > sub/b.txt && mv a.txt c.txt && rm c.txt"
+
+
+# What a recursive watch of the directory reports for `watched_changes`, as envd does
+# (inotify through fsnotify: a move is RENAME of the old name and CREATE of the new one);
+# names are relative to the watched directory.
+WATCHED_EVENTS = {
+    ("a.txt", FilesystemEventType.CREATE),
+    ("a.txt", FilesystemEventType.WRITE),
+    ("sub", FilesystemEventType.CREATE),
+    ("sub/b.txt", FilesystemEventType.CREATE),
+    ("sub/b.txt", FilesystemEventType.WRITE),
+    ("a.txt", FilesystemEventType.RENAME),
+    ("c.txt", FilesystemEventType.CREATE),
+    ("c.txt", FilesystemEventType.REMOVE),
+}
 
 
 # --- Streams read in the background ---

@@ -5,7 +5,7 @@ async output callbacks."""
 import asyncio
 
 import pytest
-from conftest import unique
+from conftest import WATCHED_EVENTS, unique, watched_changes
 from e2b import (
     AsyncSandbox,
     CommandExitException,
@@ -91,18 +91,8 @@ async def test_watch_dir_streams_events(async_sandbox):
         timeout=60,
     )
     try:
-        await async_sandbox.commands.run(f"cd {path} && echo 1 > a.txt && mkdir sub && echo 2 > sub/b.txt "
-                                         f"&& mv a.txt c.txt && rm c.txt")
-        want = {
-            ("a.txt", FilesystemEventType.CREATE),
-            ("a.txt", FilesystemEventType.WRITE),
-            ("sub", FilesystemEventType.CREATE),
-            ("sub/b.txt", FilesystemEventType.CREATE),
-            ("a.txt", FilesystemEventType.RENAME),
-            ("c.txt", FilesystemEventType.CREATE),
-            ("c.txt", FilesystemEventType.REMOVE),
-        }
-        await wait_for(f"watch events {sorted(want)}", lambda: want <= set(events))
+        await async_sandbox.commands.run(watched_changes(path))
+        await wait_for(f"watch events {sorted(WATCHED_EVENTS, key=str)}", lambda: WATCHED_EVENTS <= set(events))
         assert all(not name.startswith("/") for name, _ in events), events
     finally:
         await handle.stop()

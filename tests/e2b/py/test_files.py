@@ -5,7 +5,7 @@ filesystem.Filesystem RPCs (list, stat, mkdir, move, remove) and the polling wat
 import io
 
 import pytest
-from conftest import access_token, connect_unary, unique, wait_until
+from conftest import WATCHED_EVENTS, access_token, connect_unary, unique, wait_until, watched_changes
 from e2b import (
     FileNotFoundException,
     FilesystemEventType,
@@ -202,25 +202,15 @@ def events_of(handle, want, timeout=20.0):
         seen.extend((e.name, e.type) for e in handle.get_new_events())
         return want <= set(seen)
 
-    wait_until(f"watch events {sorted(want)}", check, timeout=timeout, interval=0.3)
+    wait_until(f"watch events {sorted(want, key=str)}", check, timeout=timeout, interval=0.3)
     return seen
 
 
 def test_watch_dir_recursive_by_polling(sandbox, workdir):
     handle = sandbox.files.watch_dir(workdir, recursive=True)
     try:
-        sandbox.commands.run(f"cd {workdir} && echo 1 > a.txt && mkdir sub && echo 2 > sub/b.txt "
-                             f"&& mv a.txt c.txt && rm c.txt")
-        seen = events_of(handle, {
-            ("a.txt", FilesystemEventType.CREATE),
-            ("a.txt", FilesystemEventType.WRITE),
-            ("sub", FilesystemEventType.CREATE),
-            ("sub/b.txt", FilesystemEventType.CREATE),
-            ("sub/b.txt", FilesystemEventType.WRITE),
-            ("a.txt", FilesystemEventType.RENAME),
-            ("c.txt", FilesystemEventType.CREATE),
-            ("c.txt", FilesystemEventType.REMOVE),
-        })
+        sandbox.commands.run(watched_changes(workdir))
+        seen = events_of(handle, WATCHED_EVENTS)
         assert all(not name.startswith("/") for name, _ in seen), seen
     finally:
         handle.stop()
