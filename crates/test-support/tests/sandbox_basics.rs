@@ -244,7 +244,11 @@ async fn curl_and_openssl_run() {
 async fn bash_runs() {
     let ts = TestServer::start().await;
     let c = &ts.client;
-    let id = c.create_sandbox(&create_request()).await.expect("create").id;
+    let id = c
+        .create_sandbox(&create_request())
+        .await
+        .expect("create")
+        .id;
 
     let bash = c
         .run(
