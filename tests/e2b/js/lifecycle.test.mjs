@@ -114,6 +114,18 @@ describe('pause and resume', () => {
     assert.ok((await resumed.commands.list()).some((p) => p.pid === bg.pid))
   })
 
+  test('pause with keepMemory: false keeps only the disk', async () => {
+    const sbx = await create()
+    const bg = await sbx.commands.run('sleep 600', { background: true, timeoutMs: 0 })
+    await sbx.commands.run('echo disk > /home/user/kept.txt && sync')
+    assert.equal(await sbx.pause({ keepMemory: false }), true)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    const resumed = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(await resumed.files.read('/home/user/kept.txt'), 'disk\n')
+    const still = (await resumed.commands.list()).filter((p) => p.pid === bg.pid && p.args.at(-1) === 'sleep 600')
+    assert.deepEqual(still, [])
+  })
+
   test('connect answers 201 for a paused sandbox, 200 for a running one', async () => {
     const sbx = await create()
     assert.equal(await sbx.pause(), true)
