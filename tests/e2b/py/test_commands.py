@@ -59,6 +59,7 @@ def test_nonzero_exit_raises_command_exit_exception(sandbox):
     with pytest.raises(CommandExitException) as e:
         sandbox.commands.run("echo out; echo err >&2; exit 3")
     assert e.value.exit_code == 3
+    assert e.value.error == "exit status 3"
     assert e.value.stdout == "out\n"
     assert e.value.stderr == "err\n"
 
