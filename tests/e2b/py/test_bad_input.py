@@ -174,17 +174,17 @@ def test_rest_errors_have_an_integer_code(http, env):
 
 # --- Malformed Connect requests ---
 
-@pytest.mark.parametrize("name, body, code", [
-    ("a length of 0xFFFFFFFF", struct.pack(">BI", 0, 0xFFFFFFFF) + b"{}", "resource_exhausted"),
-    ("a truncated frame", struct.pack(">BI", 0, 100) + b'{"process":', "invalid_argument"),
-    ("a truncated header", b"\x00\x00\x00", "invalid_argument"),
-    ("the compressed flag", envelope(START, flags=0x01), "invalid_argument"),
-    ("invalid JSON", envelope(b"{not json"), "invalid_argument"),
-    ("no message", b"", "invalid_argument"),
+@pytest.mark.parametrize("body, code", [
+    pytest.param(struct.pack(">BI", 0, 0xFFFFFFFF) + b"{}", "resource_exhausted", id="length 0xFFFFFFFF"),
+    pytest.param(struct.pack(">BI", 0, 100) + b'{"process":', "invalid_argument", id="truncated frame"),
+    pytest.param(b"\x00\x00\x00", "invalid_argument", id="truncated header"),
+    pytest.param(envelope(START, flags=0x01), "invalid_argument", id="compressed flag"),
+    pytest.param(envelope(b"{not json"), "invalid_argument", id="invalid JSON"),
+    pytest.param(b"", "invalid_argument", id="no message"),
 ])
-def test_malformed_start_stream(sandbox, http, env, still_healthy, name, body, code):
+def test_malformed_start_stream(sandbox, http, env, still_healthy, body, code):
     r = connect_stream(http, env, "process.Process/Start", body, sandbox.sandbox_id, access_token(sandbox))
-    assert stream_error_code(r) == code, name
+    assert stream_error_code(r) == code
 
 
 def test_malformed_unary_json_is_an_invalid_argument(sandbox, http, env, still_healthy):
