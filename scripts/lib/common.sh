@@ -23,6 +23,7 @@ APT_PACKAGES=(
     nftables             # the default-deny firewall of every sandbox namespace
     util-linux           # losetup, mount
     kmod                 # modules.dep of the guest kernel
+    bash                 # copied into the `busybox` template (the E2B SDKs run commands with /bin/bash)
     curl                 # copied into the `busybox` template, with libcurl4 and its libraries
     openssl              # copied into the `busybox` template, with libssl3 (and openssl.cnf)
     ca-certificates

@@ -237,3 +237,46 @@ async fn curl_and_openssl_run() {
     c.delete_sandbox(&id).await.expect("delete");
     ts.stop().await;
 }
+
+/// The template's bash (Debian's, with its libraries) runs as a login shell for the
+/// default user: the E2B SDKs start every command as `/bin/bash -l -c …`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bash_runs() {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let id = c
+        .create_sandbox(&create_request())
+        .await
+        .expect("create")
+        .id;
+
+    let bash = c
+        .run(
+            &id,
+            &ProcessSpec::argv([
+                "/bin/bash",
+                "-l",
+                "-c",
+                "echo $BASH_VERSION; shopt -q login_shell && echo login; id -u",
+            ]),
+        )
+        .await
+        .expect("run bash");
+    assert_eq!(
+        bash.status.exit_code,
+        Some(0),
+        "bash: {}{}",
+        bash.stdout_str(),
+        bash.stderr_str()
+    );
+    let out = bash.stdout_str();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.first().is_some_and(|v| v.starts_with("5.")),
+        "not bash 5: {out}"
+    );
+    assert_eq!(lines[1..], ["login", "1000"], "{out}");
+
+    c.delete_sandbox(&id).await.expect("delete");
+    ts.stop().await;
+}

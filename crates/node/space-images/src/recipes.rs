@@ -129,9 +129,16 @@ const BUSYBOX_FILES: &[ConfigFile] = &[
     },
 ];
 
-/// Network clients for tests inside sandboxes, from the host's Debian packages (curl,
-/// libcurl4, openssl, libssl3 and their dependencies; installed by scripts/lib/common.sh).
+/// Programs for tests inside sandboxes, from the host's Debian packages (installed by
+/// scripts/lib/common.sh): bash, which the E2B SDKs start every command and PTY with
+/// (`/bin/bash -l -c …`, `/bin/bash -i -l`), and the network clients curl and openssl
+/// (with libcurl4, libssl3 and their dependencies).
 const BUSYBOX_HOST_FILES: &[HostFile] = &[
+    // Replaces busybox's applet of that name if it has one: the SDKs need bash itself.
+    HostFile {
+        path: "bin/bash",
+        executable: true,
+    },
     HostFile {
         path: "usr/bin/curl",
         executable: true,
@@ -233,8 +240,8 @@ pub fn recipes() -> Vec<TemplateRecipe> {
         },
         TemplateRecipe {
             name: "busybox",
-            version: 2,
-            description: "Static busybox, plus Debian's curl and openssl; small and fast to build (for tests)",
+            version: 3,
+            description: "Static busybox, plus Debian's bash, curl and openssl; small and fast to build (for tests)",
             kind: RecipeKind::Busybox {
                 host_files: BUSYBOX_HOST_FILES,
                 dirs: BUSYBOX_DIRS,
@@ -353,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn busybox_has_network_clients_and_the_ca_bundle() {
+    fn busybox_has_bash_network_clients_and_the_ca_bundle() {
         let bb = recipe("busybox").unwrap();
         let RecipeKind::Busybox {
             host_files,
@@ -363,7 +370,7 @@ mod tests {
         else {
             panic!("busybox is not a busybox recipe");
         };
-        for exe in ["usr/bin/curl", "usr/bin/openssl"] {
+        for exe in ["bin/bash", "usr/bin/curl", "usr/bin/openssl"] {
             assert!(
                 host_files.iter().any(|f| f.path == exe && f.executable),
                 "{exe}"

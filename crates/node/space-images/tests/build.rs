@@ -195,6 +195,15 @@ fn busybox_template_image() {
         .arg("stat /bin/sh")
         .arg(&image));
     assert!(bin.contains("Fast link dest: \"/bin/busybox\""), "{bin}");
+    // Debian's bash (what the E2B SDKs run commands with), a program, not an applet link.
+    let bash = sh(Command::new("debugfs")
+        .arg("-R")
+        .arg("stat /bin/bash")
+        .arg(&image));
+    assert!(
+        bash.contains("Type: regular") && bash.contains("Mode:  0755"),
+        "{bash}"
+    );
     // Debian's curl and openssl, their libraries (glibc too) and the CA bundle they use.
     let usr_bin = sh(Command::new("debugfs")
         .arg("-R")
@@ -213,6 +222,7 @@ fn busybox_template_image() {
         .arg(&image));
     for lib in [
         "libc.so.6",
+        "libtinfo.so.6",
         "libcurl.so.4",
         "libssl.so.3",
         "libcrypto.so.3",
