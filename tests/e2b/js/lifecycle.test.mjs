@@ -197,7 +197,7 @@ describe('fork and snapshots', () => {
     try {
       assert.ok(snap.snapshotId)
       assert.deepEqual(snap.names, [name])
-      const child = await create({ template: snap.snapshotId })
+      const child = track(await Sandbox.create(snap.snapshotId, { timeoutMs: 600_000 }))
       assert.equal(await child.files.read('/home/user/in-snapshot.txt'), 'from the snapshot')
       const listed = await allItems(Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }))
       assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId), JSON.stringify(listed))

@@ -121,6 +121,7 @@ async fn rpc(
     req: Request,
 ) -> Response {
     if req.method() != Method::POST {
+        crate::connect::server::discard(req).await;
         return (
             StatusCode::METHOD_NOT_ALLOWED,
             [(ALLOW, "POST")],
@@ -129,6 +130,7 @@ async fn rpc(
             .into_response();
     }
     let Some(rpc) = Rpc::parse(&service, &method) else {
+        crate::connect::server::discard(req).await;
         return ConnectError::new(
             Code::Unimplemented,
             format!(
@@ -144,7 +146,10 @@ async fn rpc(
     };
     let caller = match access::caller(&st, &target, req.headers(), Proof::Token).await {
         Ok(c) => c,
-        Err(e) => return errors::rpc_access_error(e),
+        Err(e) => {
+            crate::connect::server::discard(req).await;
+            return errors::rpc_access_error(e);
+        }
     };
     match rpc {
         Rpc::Start => process_service::start(&st, caller, req).await,

@@ -16,6 +16,8 @@ pub enum ErrorCode {
     InvalidRequest,
     /// A path in a file or process request is not acceptable.
     InvalidPath,
+    /// The user a process or file request names does not exist in the sandbox.
+    UnknownUser,
     /// No API key, or an unknown one.
     Unauthenticated,
     /// The key is valid but may not do this.
@@ -51,7 +53,7 @@ impl ErrorCode {
     pub fn http_status(self) -> u16 {
         use ErrorCode::*;
         match self {
-            InvalidRequest | InvalidPath => 400,
+            InvalidRequest | InvalidPath | UnknownUser => 400,
             Unauthenticated => 401,
             Forbidden | PermissionDenied => 403,
             NotFound => 404,
@@ -72,6 +74,7 @@ impl ErrorCode {
         match self {
             InvalidRequest => "invalid_request",
             InvalidPath => "invalid_path",
+            UnknownUser => "unknown_user",
             Unauthenticated => "unauthenticated",
             Forbidden => "forbidden",
             NotFound => "not_found",

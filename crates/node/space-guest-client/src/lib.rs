@@ -216,6 +216,13 @@ impl GuestClient {
         }
     }
 
+    /// Ends the connection now: every open stream of every handle on it fails (output
+    /// streams, downloads, uploads). The node does this before it pauses or parks a VM,
+    /// since a stream still open then would keep the old session alive in the guest.
+    pub fn close(&self) {
+        self.inner.transport.close();
+    }
+
     /// True once the HTTP/2 connection has ended.
     pub fn is_closed(&self) -> bool {
         self.inner.transport.closed_reason().is_some()

@@ -43,6 +43,8 @@ pub(crate) type ClosedRx = watch::Receiver<Option<GuestError>>;
 pub(crate) struct Transport {
     send: SendRequest<Bytes>,
     closed: ClosedRx,
+    /// Tells the connection task to end the connection now (see [`Transport::close`]).
+    close: std::sync::Arc<watch::Sender<bool>>,
     pub(crate) opts: ClientOptions,
 }
 
@@ -62,6 +64,7 @@ where
     let (send, mut conn) = builder.handshake::<_, Bytes>(io).await.map_err(from_h2)?;
     let ping = conn.ping_pong();
     let (tx, closed) = watch::channel(None);
+    let (close, mut close_rx) = watch::channel(false);
     let (interval, timeout) = (opts.keepalive_interval, opts.keepalive_timeout);
     tokio::spawn(async move {
         let mut conn = Box::pin(conn);
@@ -71,6 +74,12 @@ where
                 Err(e) => from_h2(e),
             },
             e = keepalive(ping, interval, timeout) => e,
+            () = async {
+                // Every handle gone is no reason to end: streams may still be read.
+                if close_rx.wait_for(|c| *c).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            } => GuestError::Disconnected("the host closed the connection".into()),
         };
         tracing::debug!(error = %outcome, "guest connection ended");
         // Publish before dropping the connection: dropping it fails every open stream,
@@ -78,7 +87,20 @@ where
         tx.send_replace(Some(outcome));
         drop(conn);
     });
-    Ok(Transport { send, closed, opts })
+    Ok(Transport {
+        send,
+        closed,
+        close: std::sync::Arc::new(close),
+        opts,
+    })
+}
+
+impl Transport {
+    /// Ends the connection now, failing every open stream, however many handles and
+    /// streams are still held.
+    pub(crate) fn close(&self) {
+        self.close.send_replace(true);
+    }
 }
 
 /// Pings the guest every `interval`; returns when one is not answered within `timeout`.

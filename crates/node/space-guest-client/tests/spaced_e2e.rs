@@ -530,6 +530,47 @@ async fn second_session_after_stale_bytes() {
 }
 
 #[tokio::test]
+async fn close_ends_open_streams_and_frees_the_channel() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let sleeper = d
+            .client
+            .start_process(&spec(&["sleep", "1000"]))
+            .await
+            .unwrap();
+        // A stream someone still reads, through another handle: it would keep the session
+        // (and the daemon's side of it) alive after every handle is dropped.
+        let other = d.client.clone();
+        let mut output = other.output(sleeper.id, None).await.unwrap();
+        output.next().await.unwrap().unwrap();
+        d.client.close();
+        let why = d.client.closed().await;
+        assert!(why.is_channel_fault(), "{why:?}");
+        let mut last = None;
+        while let Some(ev) = output.next().await {
+            last = Some(ev);
+        }
+        assert!(
+            matches!(&last, Some(Err(e)) if e.is_channel_fault()),
+            "{last:?}"
+        );
+        // The daemon is free for the next host at once: the park's bare handshake works,
+        // and so does a new session, which still sees the process.
+        GuestClient::park(&d.sock, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let next = GuestClient::connect(&d.sock, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let p = next.process(sleeper.id).await.unwrap();
+        assert!(p.exit.is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn daemon_death_closes_the_channel() {
     let Some(mut d) = Spaced::start().await else {
         return;

@@ -46,7 +46,11 @@ impl Node {
         let vm = {
             let mut map = self.inner.lock();
             map.get_mut(id).and_then(|e| {
-                e.guest = None;
+                // Streams clients still read (process output, a download) hold the
+                // connection open: end it, or the old session outlives the park.
+                if let Some(guest) = e.guest.take() {
+                    guest.close();
+                }
                 e.vm.clone()
             })
         };

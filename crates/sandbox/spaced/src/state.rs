@@ -71,7 +71,7 @@ impl AppState {
                     ApiError::invalid(format!("bad user name '{}'", name.escape_debug()))
                 })?;
                 users::lookup(name).map_err(|e| match e {
-                    UserError::NotFound(_) => ApiError::invalid(e.to_string()),
+                    UserError::NotFound(_) => ApiError::new(ErrorCode::UnknownUser, e.to_string()),
                     e => io_err(e),
                 })
             }

@@ -23,6 +23,9 @@ pub struct ServerArgs {
     /// Largest file upload, bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
     max_upload_bytes: u64,
+    /// Warm VMs kept ready per template shape (0: none; creates then restore or boot).
+    #[arg(long)]
+    pool_size: Option<usize>,
     /// Node name shown in sandbox records.
     #[arg(long)]
     node_name: Option<String>,
@@ -62,6 +65,9 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     cfg.database_url = a.database_url;
     cfg.max_upload_bytes = a.max_upload_bytes;
     cfg.node.accel = a.accel;
+    if let Some(n) = a.pool_size {
+        cfg.node.pool_size = n;
+    }
     if let Some(name) = a.node_name {
         cfg.node.node_name = name;
     }

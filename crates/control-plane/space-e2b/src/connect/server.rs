@@ -116,8 +116,10 @@ impl From<EnvelopeError> for ConnectError {
     fn from(e: EnvelopeError) -> Self {
         let code = match e {
             EnvelopeError::TooLarge { .. } => Code::ResourceExhausted,
-            EnvelopeError::Compressed => Code::Unimplemented,
-            EnvelopeError::UnknownFlags(_) | EnvelopeError::Truncated(_) => Code::InvalidArgument,
+            // No compression was negotiated, so a compressed message breaks the protocol.
+            EnvelopeError::Compressed
+            | EnvelopeError::UnknownFlags(_)
+            | EnvelopeError::Truncated(_) => Code::InvalidArgument,
         };
         ConnectError::new(code, e.to_string())
     }
@@ -242,7 +244,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StreamRequest<T> {
     type Rejection = StreamRejection;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, StreamRejection> {
-        check_stream_request(req.headers()).map_err(StreamRejection)?;
+        if let Err(e) = check_stream_request(req.headers()) {
+            discard(req).await;
+            return Err(StreamRejection(e));
+        }
         let (parts, body) = req.into_parts();
         let mut envelopes = envelopes(body);
         let first = match envelopes.next().await {
@@ -284,7 +289,10 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Cl
     type Rejection = StreamRejection;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, StreamRejection> {
-        check_stream_request(req.headers()).map_err(StreamRejection)?;
+        if let Err(e) = check_stream_request(req.headers()) {
+            discard(req).await;
+            return Err(StreamRejection(e));
+        }
         let (parts, body) = req.into_parts();
         let messages = envelopes(body)
             .filter(|e| std::future::ready(!matches!(e, Ok(env) if env.is_end_of_stream())))
@@ -295,6 +303,13 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Cl
             headers: parts.headers,
         })
     }
+}
+
+/// Reads and drops what is left of a request answered early (bounded in bytes and time),
+/// so an HTTP/1.1 client gets the answer on a connection it can keep using rather than a
+/// reset.
+pub async fn discard(req: Request) {
+    space_control::api::files::drain(req.into_body()).await;
 }
 
 /// The envelopes of a request body, decoded as its chunks arrive; a broken body or bad

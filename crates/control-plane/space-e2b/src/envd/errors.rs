@@ -27,7 +27,8 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::TooManyRequests
         | ErrorCode::InsufficientCapacity => Code::ResourceExhausted,
         ErrorCode::Timeout => Code::DeadlineExceeded,
-        ErrorCode::Unauthenticated => Code::Unauthenticated,
+        // envd authenticates the user a request names: an unknown one is 401 there.
+        ErrorCode::Unauthenticated | ErrorCode::UnknownUser => Code::Unauthenticated,
         ErrorCode::SandboxFailed => Code::Unavailable,
         ErrorCode::IdempotencyKeyReused | ErrorCode::Internal => Code::Internal,
     }
@@ -88,6 +89,7 @@ impl From<ApiError> for HttpError {
     fn from(e: ApiError) -> Self {
         let status = match e.body.code {
             ErrorCode::Conflict if e.body.message.contains("paused") => 502,
+            ErrorCode::UnknownUser => 401,
             other => other.http_status(),
         };
         HttpError::new(status, e.body.message)

@@ -305,10 +305,13 @@ async fn write_multipart(
     boundary: String,
     limit: u64,
 ) -> Result<Vec<WrittenEntry>, HttpError> {
+    // multer's own bounds sit just above ours, so our count (which knows the limit the
+    // client must be told) trips first.
+    let slack = (MAX_PART_HEADERS * MAX_UPLOAD_PARTS) as u64;
     let constraints = multer::Constraints::new().size_limit(
         multer::SizeLimit::new()
-            .whole_stream(limit.saturating_add(MAX_PART_HEADERS as u64 * MAX_UPLOAD_PARTS as u64))
-            .per_field(limit),
+            .whole_stream(limit.saturating_add(slack))
+            .per_field(limit.saturating_add(slack)),
     );
     let mut multipart =
         multer::Multipart::with_constraints(body.into_data_stream(), boundary, constraints);

@@ -409,23 +409,37 @@ pub async fn stream_input(st: &E2bState, caller: EnvdCaller, req: Request) -> Re
         };
         let guest = guest(st, &caller).await?;
         let p = find(&guest, &selector).await?;
-        // A client error mid-stream aborts the write; the process keeps what it got.
+        // A client error mid-stream aborts the write (the process keeps what it got); the
+        // stream's own error is what the client is told, not the aborted write's.
+        let broke: std::sync::Arc<std::sync::Mutex<Option<ConnectError>>> = Default::default();
+        let seen = broke.clone();
         let data = messages
-            .filter_map(|m| async move {
-                match m {
-                    Ok(StreamInputRequest::Data { input }) => Some(Ok(input_bytes(input))),
-                    Ok(StreamInputRequest::Keepalive {}) => None,
-                    Ok(StreamInputRequest::Start { .. }) => {
-                        Some(Err(std::io::Error::other("a second start message")))
+            .filter_map(move |m| {
+                let seen = seen.clone();
+                async move {
+                    let err = match m {
+                        Ok(StreamInputRequest::Data { input }) => {
+                            return Some(Ok(input_bytes(input)))
+                        }
+                        Ok(StreamInputRequest::Keepalive {}) => return None,
+                        Ok(StreamInputRequest::Start { .. }) => {
+                            ConnectError::new(Code::InvalidArgument, "a second start message")
+                        }
+                        Err(e) => e,
+                    };
+                    let text = err.to_string();
+                    if let Ok(mut slot) = seen.lock() {
+                        slot.get_or_insert(err);
                     }
-                    Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+                    Some(Err(std::io::Error::other(text)))
                 }
             })
             .boxed();
-        guest
-            .write_stdin(p.id, data, false)
-            .await
-            .map_err(guest_error)?;
+        let written = guest.write_stdin(p.id, data, false).await;
+        if let Some(e) = broke.lock().ok().and_then(|mut slot| slot.take()) {
+            return Err(e);
+        }
+        written.map_err(guest_error)?;
         Ok(Empty {})
     };
     client_stream_response(run.await)

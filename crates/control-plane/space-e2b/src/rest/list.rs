@@ -1,10 +1,11 @@
 //! `GET /v2/sandboxes`: its query as the SDKs send it, and the page cursor.
 //!
-//! Both SDKs send `metadata` as **one** parameter holding a URL-encoded `k=v&k2=v2`, `state`
-//! comma-joined (`running,paused`), `limit` and `nextToken` (not the spec's
-//! `paginationLimit`/`paginationNextToken`). The next page's token goes back in the
-//! `x-next-token` header; it is an opaque keyset cursor over (creation time, id), newest
-//! first, so pages stay consistent while sandboxes come and go.
+//! Both SDKs send `metadata` as **one** parameter holding a URL-encoded `k=v&k2=v2` whose
+//! keys and values they percent-encoded once more, `state` comma-joined (`running,paused`),
+//! `order` (`asc`|`desc` by start time), `startedAfter` (RFC 3339, inclusive), `template`,
+//! `limit` and `nextToken` (not the spec's `paginationLimit`/`paginationNextToken`). The
+//! next page's token goes back in the `x-next-token` header; it is an opaque keyset cursor
+//! over (creation time, id), so pages stay consistent while sandboxes come and go.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,16 @@ pub const MAX_LIMIT: usize = 1000;
 /// Most metadata pairs a filter may name.
 pub const MAX_METADATA_FILTERS: usize = 64;
 
+/// The order of a list, by start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Oldest first.
+    Asc,
+    /// Newest first (the default).
+    #[default]
+    Desc,
+}
+
 /// A parsed list query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
@@ -28,6 +39,12 @@ pub struct ListQuery {
     pub metadata: BTreeMap<String, String>,
     /// Only these states; empty: both.
     pub states: Vec<E2bState>,
+    /// Only sandboxes started at or after this time, ms since the Unix epoch.
+    pub started_after_ms: Option<i64>,
+    /// Only sandboxes of this template.
+    pub template: Option<String>,
+    /// By start time, ascending or descending.
+    pub order: Order,
     /// Page size.
     pub limit: usize,
     /// Continue after this sandbox.
@@ -60,10 +77,31 @@ impl Cursor {
         })
     }
 
-    /// Whether a sandbox created at `created_at_ms` with `id` comes after the cursor in the
-    /// list's order (newest first, then by id).
-    pub fn precedes(&self, created_at_ms: i64, id: &SandboxId) -> bool {
-        (created_at_ms, id.as_str()) < (self.created_at_ms, self.id.as_str())
+    /// Whether a sandbox created at `created_at_ms` with `id` comes after the cursor in a
+    /// list ordered by `order` (by creation time, then by id).
+    pub fn precedes(&self, order: Order, created_at_ms: i64, id: &SandboxId) -> bool {
+        let item = (created_at_ms, id.as_str());
+        let cursor = (self.created_at_ms, self.id.as_str());
+        match order {
+            Order::Desc => item < cursor,
+            Order::Asc => item > cursor,
+        }
+    }
+}
+
+impl ListQuery {
+    /// Whether a sandbox with these properties belongs in the list (the cursor aside).
+    pub fn selects(
+        &self,
+        created_at_ms: i64,
+        template: &str,
+        labels: &BTreeMap<String, String>,
+        state: E2bState,
+    ) -> bool {
+        (self.states.is_empty() || self.states.contains(&state))
+            && self.started_after_ms.is_none_or(|t| created_at_ms >= t)
+            && self.template.as_ref().is_none_or(|t| t == template)
+            && self.metadata.iter().all(|(k, v)| labels.get(k) == Some(v))
     }
 }
 
@@ -73,6 +111,9 @@ pub fn parse(pairs: &[(String, String)]) -> Result<ListQuery, String> {
     let mut q = ListQuery {
         metadata: BTreeMap::new(),
         states: Vec::new(),
+        started_after_ms: None,
+        template: None,
+        order: Order::Desc,
         limit: DEFAULT_LIMIT,
         after: None,
     };
@@ -80,10 +121,11 @@ pub fn parse(pairs: &[(String, String)]) -> Result<ListQuery, String> {
         match key.as_str() {
             "metadata" => {
                 for (k, v) in form_urlencoded::parse(value.as_bytes()) {
+                    let (k, v) = (unescape(&k)?, unescape(&v)?);
                     if k.is_empty() {
                         return Err("metadata: an empty key".into());
                     }
-                    q.metadata.insert(k.into_owned(), v.into_owned());
+                    q.metadata.insert(k, v);
                 }
                 if q.metadata.len() > MAX_METADATA_FILTERS {
                     return Err(format!("metadata: at most {MAX_METADATA_FILTERS} pairs"));
@@ -112,12 +154,34 @@ pub fn parse(pairs: &[(String, String)]) -> Result<ListQuery, String> {
                     );
                 }
             }
-            // Filters the SDKs may send that narrow nothing here yet are refused rather
-            // than ignored, so a caller never gets more than it asked for.
+            "order" => {
+                q.order = match value.as_str() {
+                    "asc" => Order::Asc,
+                    "desc" => Order::Desc,
+                    other => return Err(format!("order: want asc or desc, got {other:?}")),
+                }
+            }
+            "startedAfter" => {
+                q.started_after_ms = Some(
+                    crate::timestamp::parse_rfc3339_ms(value)
+                        .ok_or("startedAfter: not an RFC 3339 time")?,
+                );
+            }
+            "template" => q.template = Some(value.clone()),
+            // Filters this server does not know are refused rather than ignored, so a
+            // caller never gets more than it asked for.
             other => return Err(format!("{other}: not supported")),
         }
     }
     Ok(q)
+}
+
+/// One more percent-decoding of a metadata key or value.
+fn unescape(s: &str) -> Result<String, String> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| "metadata: not UTF-8 once decoded".to_owned())
 }
 
 #[cfg(test)]
@@ -132,14 +196,22 @@ mod tests {
 
     #[test]
     fn queries_parse_as_the_sdks_send_them() {
+        // What the SDKs send for {"user": "alice", "env": "a&b", "a b": "c"}.
         let q = parse(&pairs(&[
-            ("metadata", "user=alice&env=a%26b"),
+            ("metadata", "user=alice&env=a%2526b&a%2520b=c"),
             ("state", "running,paused"),
             ("limit", "10"),
+            ("order", "asc"),
+            ("startedAfter", "2025-11-29T12:00:00.5+01:00"),
+            ("template", "base"),
         ]))
         .unwrap();
         assert_eq!(q.metadata["user"], "alice");
         assert_eq!(q.metadata["env"], "a&b");
+        assert_eq!(q.metadata["a b"], "c");
+        assert_eq!(q.order, Order::Asc);
+        assert_eq!(q.started_after_ms, Some(1_764_414_000_500));
+        assert_eq!(q.template.as_deref(), Some("base"));
         assert_eq!(q.states, vec![E2bState::Running, E2bState::Paused]);
         assert_eq!(q.limit, 10);
         let empty = parse(&[]).unwrap();
@@ -153,10 +225,29 @@ mod tests {
             pairs(&[("state", "deleted")]),
             pairs(&[("nextToken", "garbage!")]),
             pairs(&[("metadata", "=v")]),
-            pairs(&[("template", "base")]),
+            pairs(&[("order", "sideways")]),
+            pairs(&[("startedAfter", "yesterday")]),
+            pairs(&[("owner", "me")]),
         ] {
             assert!(parse(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn queries_select_by_every_filter() {
+        let q = parse(&pairs(&[
+            ("metadata", "a=1"),
+            ("state", "running"),
+            ("startedAfter", "1970-01-01T00:00:01Z"),
+            ("template", "base"),
+        ]))
+        .unwrap();
+        let labels: BTreeMap<String, String> = [("a".into(), "1".into())].into();
+        assert!(q.selects(1_000, "base", &labels, E2bState::Running));
+        assert!(!q.selects(999, "base", &labels, E2bState::Running));
+        assert!(!q.selects(1_000, "other", &labels, E2bState::Running));
+        assert!(!q.selects(1_000, "base", &BTreeMap::new(), E2bState::Running));
+        assert!(!q.selects(1_000, "base", &labels, E2bState::Paused));
     }
 
     #[test]
@@ -170,12 +261,14 @@ mod tests {
         assert_eq!(q.after, Some(c.clone()));
         let older: SandboxId = "sbx-zzzzzzzzzzzzzzzzzzzz".parse().unwrap();
         let same_time_lower: SandboxId = "sbx-aaaaaaaaaaaaaaaaaaaa".parse().unwrap();
-        assert!(c.precedes(999, &older));
-        assert!(c.precedes(1_000, &same_time_lower));
+        assert!(c.precedes(Order::Desc, 999, &older));
+        assert!(c.precedes(Order::Desc, 1_000, &same_time_lower));
         assert!(
-            !c.precedes(1_000, &c.id),
+            !c.precedes(Order::Desc, 1_000, &c.id),
             "the cursor's own sandbox is not repeated"
         );
-        assert!(!c.precedes(1_001, &older));
+        assert!(!c.precedes(Order::Desc, 1_001, &older));
+        assert!(c.precedes(Order::Asc, 1_001, &older));
+        assert!(!c.precedes(Order::Asc, 1_000, &c.id));
     }
 }

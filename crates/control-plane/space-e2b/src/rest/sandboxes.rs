@@ -185,23 +185,27 @@ pub async fn list_v2(
     // Each item with the creation time and id its cursor is made of.
     let mut page: Vec<(Cursor, SandboxDetail)> = Vec::new();
     let mut more = false;
-    for info in listed(&st, &tenant).await? {
+    let mut infos = listed(&st, &tenant).await?;
+    if query.order == list::Order::Asc {
+        infos.reverse();
+    }
+    for info in infos {
         if query
             .after
             .as_ref()
-            .is_some_and(|c| !c.precedes(info.created_at_ms, &info.id))
+            .is_some_and(|c| !c.precedes(query.order, info.created_at_ms, &info.id))
         {
             continue;
         }
         let Some(detail) = SandboxDetail::of(&info, None, Some(st.config.domain.clone())) else {
             continue;
         };
-        let state_ok = query.states.is_empty() || query.states.contains(&detail.state);
-        let metadata_ok = query
-            .metadata
-            .iter()
-            .all(|(k, v)| info.labels.get(k) == Some(v));
-        if !(state_ok && metadata_ok) {
+        if !query.selects(
+            info.created_at_ms,
+            &info.template,
+            &info.labels,
+            detail.state,
+        ) {
             continue;
         }
         if page.len() == query.limit {

@@ -1,0 +1,85 @@
+//! The E2B compatibility suites: the pinned official SDKs (Python `e2b` and JS `e2b`,
+//! installed by `scripts/e2b-sdks`) drive a real SPACE server, on real VMs, through every
+//! call `tests/e2b` lists. One test per language, so each suite's verdict reaches
+//! `./scripts/test`; the suites' own output shows which call failed.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use test_support::e2b;
+
+/// Longest a whole suite may take before it is killed (it normally takes minutes).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+
+/// Runs `program args…` in the repository root with the suites' environment pointed at a
+/// fresh E2B server; fails with the suite's output unless it exits 0.
+async fn run_suite(program: &std::path::Path, args: &[&str]) {
+    let server = e2b::start_server().await;
+    let db = &server.server().state().db;
+    let other = db.create_tenant("e2b-other").await.expect("second tenant");
+    let other_key = db.create_api_key(&other.id).await.expect("second key");
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .current_dir(e2b::repo_root())
+        .envs(e2b::sdk_env(&server, &other_key.plaintext.0))
+        .env_remove("E2B_DEBUG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(SUITE_TIMEOUT, cmd.output())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} {args:?} took longer than {SUITE_TIMEOUT:?}",
+                program.display()
+            )
+        })
+        .expect("run the suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    server.stop().await;
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed ({}):\n{stdout}\n{stderr}",
+        program.display(),
+        out.status
+    );
+    println!("{stdout}");
+}
+
+/// Fails unless `scripts/e2b-sdks` has installed what the suites need.
+fn require_installed(what: &std::path::Path) {
+    assert!(
+        what.exists(),
+        "{} is missing: run ./scripts/e2b-sdks (./scripts/test does) to install the pinned E2B SDKs",
+        what.display()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_suite() {
+    let python = e2b::python();
+    require_installed(&python);
+    run_suite(
+        &python,
+        &[
+            "-m",
+            "pytest",
+            "tests/e2b/py",
+            "-q",
+            "-rf",
+            "-p",
+            "no:cacheprovider",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn js_sdk_suite() {
+    require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
+    run_suite(
+        std::path::Path::new("node"),
+        &["--test", "--test-timeout=300000", "tests/e2b/js"],
+    )
+    .await;
+}
