@@ -227,3 +227,21 @@ def test_on_timeout_pause_without_auto_resume_needs_connect(make_sandbox):
     Sandbox.connect(sbx.sandbox_id)
     assert sbx.commands.run("echo up").stdout == "up\n"
 
+
+
+def test_logs_are_the_lifecycle_log(make_sandbox, http, env):
+    # Neither SDK's Sandbox reads logs; the E2B CLI and dashboards call these routes.
+    sbx = make_sandbox()
+    assert sbx.pause() is True
+    Sandbox.connect(sbx.sandbox_id)
+    r = api_request(http, env, "GET", f"/v2/sandboxes/{sbx.sandbox_id}/logs")
+    assert r.status_code == 200, r.text
+    messages = [e["message"] for e in r.json()["logs"]]
+    assert any(m.startswith("creating → running") for m in messages), messages
+    assert any(m.startswith("running → pausing") for m in messages), messages
+    assert all(e["level"] in ("info", "warn") for e in r.json()["logs"])
+    newest = api_request(http, env, "GET", f"/v2/sandboxes/{sbx.sandbox_id}/logs?direction=backward&limit=1")
+    assert newest.json()["logs"][0]["message"].startswith("resuming → running")
+    old = api_request(http, env, "GET", f"/sandboxes/{sbx.sandbox_id}/logs")
+    assert [l["line"] for l in old.json()["logs"]] == messages
+    assert api_request(http, env, "GET", f"/v2/sandboxes/{sbx.sandbox_id}/logs?limit=0").status_code == 400

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod error;
 pub mod list;
+pub mod logs;
 pub mod network;
 pub mod sandboxes;
 pub mod snapshots;
@@ -265,6 +266,8 @@ pub fn router(st: SharedState) -> Router {
         .route("/sandboxes/{id}/fork", post(sandboxes::fork))
         .route("/sandboxes/{id}/network", put(sandboxes::update_network))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/logs", get(logs::v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs::v2))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         // The layer added last runs first: the key, then idempotency (scoped to its tenant).
