@@ -3,6 +3,7 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
+use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::files::{FileKind, FileStat};
 use space_core::process::ProcessInfo;
 use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin};
@@ -378,9 +379,38 @@ pub fn stat(f: &FileStat) {
     }
 }
 
+/// One line of a directory watch: `create  sub/file.txt`.
+pub fn watch_line(ev: &WatchEvent) -> String {
+    match ev {
+        WatchEvent::Started { .. } => "(watching)".to_owned(),
+        WatchEvent::Overflow { .. } => "(changes lost: the watch fell behind)".to_owned(),
+        WatchEvent::Change { name, change, .. } => {
+            let change = match change {
+                FileChange::Create => "create",
+                FileChange::Write => "write",
+                FileChange::Remove => "remove",
+                FileChange::Rename => "rename",
+                FileChange::Chmod => "chmod",
+            };
+            format!("{change:<7} {name}")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_lines() {
+        let ev = WatchEvent::Change {
+            seq: 2,
+            name: "sub/a.txt".into(),
+            change: FileChange::Write,
+            stat: None,
+        };
+        assert_eq!(watch_line(&ev), "write   sub/a.txt");
+    }
 
     #[test]
     fn timestamps_are_utc() {

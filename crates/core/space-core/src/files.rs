@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod watch;
+
 /// Longest path accepted.
 pub const MAX_PATH: usize = 4096;
 /// Deepest recursive listing.

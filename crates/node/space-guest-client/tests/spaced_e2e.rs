@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
+use space_core::files::watch::{FileChange, WatchEvent, WatchRequest};
 use space_core::files::{FileKind, MkdirRequest, RenameRequest};
 use space_core::process::{ExitStatus, OutputEvent, OutputStream, ProcessSpec, PtySize};
 use space_core::ErrorCode;
@@ -602,6 +603,80 @@ async fn guest_refusals_are_remote_errors() {
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");
         assert!(!c.is_closed());
         c.health().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn directory_watch() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let c = &d.client;
+        c.mkdir(&MkdirRequest {
+            path: d.path("watched"),
+            mode: None,
+            user: Some(USER.into()),
+        })
+        .await
+        .unwrap();
+        let req = WatchRequest {
+            path: d.path("watched"),
+            recursive: true,
+            user: Some(USER.into()),
+        };
+        let mut events = c.watch(&req).await.unwrap();
+        assert_eq!(
+            events.next().await.unwrap().unwrap(),
+            WatchEvent::Started { seq: 1 }
+        );
+        std::fs::create_dir(d.path("watched/sub")).unwrap();
+        let create = events.next().await.unwrap().unwrap();
+        assert!(
+            matches!(&create, WatchEvent::Change { name, change: FileChange::Create, stat: Some(st), .. }
+                if name == "sub" && st.kind == FileKind::Dir),
+            "{create:?}"
+        );
+        // Reported once watched: a write inside is seen.
+        std::fs::write(d.path("watched/sub/f"), "x").unwrap();
+        let mut seen = Vec::new();
+        while let Some(ev) = events.next().await {
+            let ev = ev.unwrap();
+            let done = matches!(&ev, WatchEvent::Change { name, change: FileChange::Write, .. } if name == "sub/f");
+            seen.push(ev);
+            if done {
+                break;
+            }
+        }
+        // The end of the watched directory ends the stream.
+        std::fs::remove_dir_all(d.path("watched")).unwrap();
+        let rest: Vec<WatchEvent> = events.map(|e| e.unwrap()).collect().await;
+        assert!(
+            matches!(rest.last(), Some(WatchEvent::Change { name, change: FileChange::Remove, .. }) if name == "."),
+            "{rest:?}"
+        );
+
+        // Errors come before any stream; bad paths never leave the host.
+        let missing = WatchRequest {
+            path: d.path("missing"),
+            ..req.clone()
+        };
+        let err = c.watch(&missing).await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Remote { status: 404, .. }),
+            "{err:?}"
+        );
+        let bad = WatchRequest {
+            path: "/tmp/../etc".into(),
+            ..req
+        };
+        let err = c.watch(&bad).await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Local(b) if b.code == ErrorCode::InvalidPath),
+            "{err:?}"
+        );
+        assert!(!c.is_closed());
     })
     .await;
 }

@@ -24,6 +24,7 @@
 //! | GET | `/v1/files/list?path=P&user=U&depth=N` | – | `FileList` |
 //! | POST | `/v1/files/mkdir` | `MkdirRequest` | `FileStat` |
 //! | POST | `/v1/files/rename` | `RenameRequest` | 204 |
+//! | GET | `/v1/files/watch?path=P&user=U&recursive=BOOL` | – | NDJSON stream of `WatchEvent`, `started` first (errors before the stream) |
 //!
 //! `/v1/fs/freeze` freezes every writable file system on a virtio disk, in mount order, and
 //! thaws them by itself after `timeout_ms` unless `/v1/fs/thaw` comes first; a freeze while
@@ -33,6 +34,12 @@
 //!
 //! Relative paths resolve against the acting user's home. File operations run with the
 //! acting user's file-system uid and gid, so they see exactly what that user may see.
+//!
+//! `/v1/files/watch` places its inotify watches as the acting user (one per directory,
+//! subdirectories too with `recursive`, including those created later), then streams
+//! `started` and the changes; it ends after reporting the removal (or move) of the watched
+//! directory itself. Its bounds are [`crate::limits::MAX_WATCHED_DIRS`],
+//! [`crate::limits::MAX_WATCH_STREAMS`] and [`crate::limits::MAX_WATCH_QUEUE`].
 
 /// Health check.
 pub const HEALTH: &str = "/v1/health";
@@ -76,6 +83,8 @@ pub const FILES_LIST: &str = "/v1/files/list";
 pub const FILES_MKDIR: &str = "/v1/files/mkdir";
 /// Rename.
 pub const FILES_RENAME: &str = "/v1/files/rename";
+/// Watch a directory (NDJSON stream of `WatchEvent`).
+pub const FILES_WATCH: &str = "/v1/files/watch";
 /// Response header with the size of a file being read.
 pub const FILE_SIZE_HEADER: &str = "x-space-file-size";
 /// Content type of output streams.

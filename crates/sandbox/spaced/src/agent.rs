@@ -89,6 +89,7 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
         workload,
         freezer: Arc::new(FsFreezer::default()),
         api_requests: AtomicU64::new(0),
+        watches: crate::files::watch::streams(),
     });
     let chan = tokio::task::block_in_place(|| channel::open(&spec))?;
     tracing::info!(version = crate::api::DAEMON_VERSION, boot_id = %state.boot_id, channel = %spec, "spaced agent started");

@@ -60,6 +60,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(routes::FILES_LIST, get(files::list))
         .route(routes::FILES_MKDIR, post(files::mkdir))
         .route(routes::FILES_RENAME, post(files::rename))
+        .route(routes::FILES_WATCH, get(files::watch))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

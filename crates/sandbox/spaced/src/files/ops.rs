@@ -174,18 +174,25 @@ pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
     }
 }
 
+/// Checks that `path` is a directory itself (a symlink to one is not); errors name `op`.
+pub fn require_dir(op: &str, path: &Path) -> Result<(), ApiError> {
+    let md = fs::symlink_metadata(path).map_err(|e| ApiError::io(op, path, &e))?;
+    if md.is_dir() {
+        Ok(())
+    } else {
+        Err(ApiError::io(
+            op,
+            path,
+            &io::Error::from_raw_os_error(libc::ENOTDIR),
+        ))
+    }
+}
+
 /// Lists `root` down to `depth` levels, depth-first with each directory's entries sorted by
 /// name (so the whole list is sorted by path, component-wise). Never follows symlinks. Stops
 /// at `MAX_LIST_ENTRIES` entries or when the JSON would exceed `MAX_JSON_BODY`.
 pub fn list(root: &Path, depth: u32) -> Result<FileList, ApiError> {
-    let md = fs::symlink_metadata(root).map_err(|e| ApiError::io("list", root, &e))?;
-    if !md.is_dir() {
-        return Err(ApiError::io(
-            "list",
-            root,
-            &io::Error::from_raw_os_error(libc::ENOTDIR),
-        ));
-    }
+    require_dir("list", root)?;
     let mut lister = Lister {
         entries: Vec::new(),
         json_bytes: 64,
