@@ -6,9 +6,8 @@
 use futures::StreamExt;
 use space_core::files::watch::{FileChange, WatchEvent, WatchRequest};
 use space_core::files::FileKind;
-use space_core::sandbox::CreateSandboxRequest;
 use space_core::ErrorCode;
-use test_support::{api_error, shell, TestServer, TEST_TEMPLATE};
+use test_support::{api_error, shell, test_sandbox, TestServer};
 
 fn change(ev: &WatchEvent) -> Option<(&str, FileChange)> {
     match ev {
@@ -21,14 +20,7 @@ fn change(ev: &WatchEvent) -> Option<(&str, FileChange)> {
 async fn watch_a_directory_in_a_vm() {
     let ts = TestServer::start().await;
     let c = &ts.client;
-    let id = c
-        .create_sandbox(&CreateSandboxRequest {
-            template: TEST_TEMPLATE.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("create")
-        .id;
+    let id = test_sandbox(c).await;
     shell(c, &id, "mkdir -p w/old", false).await;
     // Relative to the default user's home, like every file path.
     let req = WatchRequest {

@@ -19,6 +19,7 @@ use space_core::files::{FileKind, MkdirRequest, RenameRequest};
 use space_core::process::{ExitStatus, OutputEvent, OutputStream, ProcessSpec, PtySize};
 use space_core::ErrorCode;
 use space_guest_client::{GuestClient, GuestError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 /// The user everything runs as: the daemon runs on the host here, where only root is sure to exist.
@@ -677,6 +678,76 @@ async fn directory_watch() {
             "{err:?}"
         );
         assert!(!c.is_closed());
+    })
+    .await;
+}
+
+/// A TCP server on 127.0.0.1 that echoes one connection and, at its end, sends `bye`.
+async fn echo_once() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let (mut r, mut w) = conn.split();
+        tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.write_all(b"bye").await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    port
+}
+
+#[tokio::test]
+async fn port_connections() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let c = &d.client;
+        // A large transfer both ways at once, then the half-close.
+        let port = echo_once().await;
+        let conn = c.connect_port(port).await.unwrap();
+        let (mut r, mut w) = tokio::io::split(conn);
+        let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        let expected = Sha256::digest(&data);
+        let len = data.len();
+        let writer = tokio::spawn(async move {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut echoed = Vec::new();
+        r.read_to_end(&mut echoed).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(echoed.len(), len + 3);
+        assert_eq!(
+            &echoed[len..],
+            b"bye",
+            "the server answers after the half-close"
+        );
+        assert_eq!(Sha256::digest(&echoed[..len]), expected);
+
+        // Nothing listening: a remote port_closed.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let err = c.connect_port(closed).await.unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Remote { status: 502, body }
+                if body.code == ErrorCode::PortClosed && body.message.contains("port is not open")),
+            "{err:?}"
+        );
+        let err = c.connect_port(0).await.unwrap_err();
+        assert!(matches!(err, GuestError::Local(_)), "{err:?}");
+
+        // Dropping a connection closes it in the guest.
+        let port = echo_once().await;
+        let mut conn = c.connect_port(port).await.unwrap();
+        conn.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        conn.read_exact(&mut one).await.unwrap();
+        drop(conn);
+        assert!(!c.is_closed());
+        c.health().await.unwrap();
     })
     .await;
 }

@@ -63,3 +63,9 @@ pub const MAX_WATCH_QUEUE: usize = 1024;
 /// Longest NDJSON line of a watch stream (an event with two paths of at most 4 KiB each,
 /// JSON-escaped).
 pub const MAX_WATCH_LINE: usize = 64 * 1024;
+
+/// TCP connections into the guest (`POST /v1/ports/{port}/connect`) open at once.
+pub const MAX_PORT_CONNECTIONS: usize = 128;
+/// How long the daemon waits for a guest port to accept a connection (a listener whose
+/// backlog is full drops the SYN rather than refusing it), milliseconds.
+pub const PORT_CONNECT_TIMEOUT_MS: u64 = 5_000;

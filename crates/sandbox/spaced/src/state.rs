@@ -53,6 +53,8 @@ pub struct AppState {
     pub api_requests: AtomicU64,
     /// Permits for directory watches (`MAX_WATCH_STREAMS`).
     pub watches: Arc<Semaphore>,
+    /// Permits for connections to guest ports (`MAX_PORT_CONNECTIONS`).
+    pub port_connections: Arc<Semaphore>,
 }
 
 impl AppState {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::ErrorCode;
-use space_guest_proto::limits::{MAX_WATCHED_DIRS, MAX_WATCH_QUEUE, MAX_WATCH_STREAMS};
+use space_guest_proto::limits::{MAX_WATCHED_DIRS, MAX_WATCH_QUEUE};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use self::tracker::{Step, Tracker};
@@ -101,7 +101,7 @@ fn eventfd() -> io::Result<OwnedFd> {
 }
 
 /// Starts a watch; returns once every watch is in place, or with the reason none could be.
-/// `permit` (one of [`MAX_WATCH_STREAMS`]) is held until the watch ends.
+/// `permit` (one of `MAX_WATCH_STREAMS`) is held until the watch ends.
 pub async fn start(spec: WatchSpec, permit: OwnedSemaphorePermit) -> Result<Watch, ApiError> {
     let cancel = Arc::new(eventfd().map_err(|e| ApiError::internal(format!("eventfd: {e}")))?);
     let (tx, events) = mpsc::channel(MAX_WATCH_QUEUE);
@@ -406,9 +406,4 @@ fn run(
             return;
         }
     }
-}
-
-/// The bound [`start`]'s permits come from, for the daemon's state.
-pub fn streams() -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(MAX_WATCH_STREAMS))
 }
