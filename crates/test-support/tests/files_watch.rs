@@ -1,7 +1,7 @@
 //! Directory watches on a real VM through the native API: the changes a shell in the
 //! sandbox makes arrive in order with names relative to the watched directory, a new
-//! subdirectory is followed, errors come before the stream, and removing the directory
-//! ends it.
+//! subdirectory is followed, entries carry their owner's names (also after the guest's
+//! accounts change), errors come before the stream, and removing the directory ends it.
 
 use futures::StreamExt;
 use space_core::files::watch::{FileChange, WatchEvent, WatchRequest};
@@ -79,6 +79,11 @@ async fn watch_a_directory_in_a_vm() {
     });
     let stat = stat.expect("the new directory's stat");
     assert_eq!((stat.kind, stat.uid), (FileKind::Dir, 1000));
+    assert_eq!(
+        stat.owner.as_deref(),
+        Some("user"),
+        "named from the guest's /etc/passwd"
+    );
     assert_eq!(stat.path, "/home/user/w/new");
 
     // Errors come before any stream.
@@ -97,6 +102,18 @@ async fn watch_a_directory_in_a_vm() {
         let (s, c, msg) = api_error(c.watch(&id, &req).await.map(|_| ()));
         assert_eq!((s, c), (status, code), "{path}: {msg}");
     }
+
+    // Owner names follow the guest's accounts as they change.
+    shell(
+        c,
+        &id,
+        "echo 'agent:x:1001:1001::/:/bin/sh' >> /etc/passwd && cd /home/user/w && touch owned && chown 1001 owned",
+        true,
+    )
+    .await;
+    let owned = c.stat(&id, "/home/user/w/owned", None).await.expect("stat");
+    assert_eq!(owned.owner.as_deref(), Some("agent"));
+    assert_eq!(owned.group.as_deref(), Some("root"));
 
     // Removing the watched directory ends the stream, after its own remove.
     shell(c, &id, "rm -r w", false).await;

@@ -344,7 +344,7 @@ fn kind(k: FileKind) -> &'static str {
 
 /// A directory listing.
 pub fn files(list: &[FileStat], truncated: bool) {
-    let mut t = table(&["MODE", "UID", "GID", "SIZE", "MODIFIED", "PATH"]);
+    let mut t = table(&["MODE", "OWNER", "GROUP", "SIZE", "MODIFIED", "PATH"]);
     for f in list {
         let path = match &f.symlink_target {
             Some(target) => format!("{} -> {target}", f.path),
@@ -353,8 +353,8 @@ pub fn files(list: &[FileStat], truncated: bool) {
         };
         t.add_row(vec![
             format!("{:04o}", f.mode & 0o7777),
-            f.uid.to_string(),
-            f.gid.to_string(),
+            f.owner.clone().unwrap_or_else(|| f.uid.to_string()),
+            f.group.clone().unwrap_or_else(|| f.gid.to_string()),
             f.size.to_string(),
             relative(f.modified_ms),
             path,
@@ -372,7 +372,15 @@ pub fn stat(f: &FileStat) {
     println!("{:>9}: {}", "kind", kind(f.kind));
     println!("{:>9}: {} ({})", "size", f.size, bytes(f.size));
     println!("{:>9}: {:04o}", "mode", f.mode & 0o7777);
-    println!("{:>9}: {}:{}", "owner", f.uid, f.gid);
+    let name = |n: &Option<String>, id: u32| n.clone().unwrap_or_else(|| id.to_string());
+    println!(
+        "{:>9}: {}:{} ({}:{})",
+        "owner",
+        name(&f.owner, f.uid),
+        name(&f.group, f.gid),
+        f.uid,
+        f.gid
+    );
     println!("{:>9}: {}", "modified", relative(f.modified_ms));
     if let Some(t) = &f.symlink_target {
         println!("{:>9}: {t}", "target");
