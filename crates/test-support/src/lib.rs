@@ -352,6 +352,17 @@ pub fn cleanup_data_dir(data_dir: &Path) {
     let _ = std::fs::remove_dir_all(data_dir);
 }
 
+/// Creates a sandbox of the test template with default settings; returns its id once it runs.
+pub async fn test_sandbox(c: &SpaceClient) -> space_core::SandboxId {
+    c.create_sandbox(&space_core::sandbox::CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("create")
+    .id
+}
+
 /// Runs a shell line in a sandbox to completion (as root when `root`) and returns its
 /// stdout, asserting it exited 0.
 pub async fn shell(c: &SpaceClient, id: &space_core::SandboxId, line: &str, root: bool) -> String {

@@ -12,6 +12,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
+use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{FileList, FileStat, MkdirRequest, RenameRequest};
 use space_core::process::{
     ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, ProcessSpec, PtySize,
@@ -25,6 +26,7 @@ use space_core::template::TemplateInfo;
 use space_core::{
     ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
 };
+use space_guest_proto::limits::MAX_WATCH_LINE;
 
 use space_control::api::credentials::{
     AuditList, CredentialInfo, CredentialList, CredentialRequest,
@@ -170,6 +172,9 @@ impl SnapshotRef for String {
         self
     }
 }
+
+/// A directory watch.
+pub type WatchStream = BoxStream<'static, ClientResult<WatchEvent>>;
 
 /// A followed event log.
 pub type LifecycleStream = BoxStream<'static, ClientResult<LifecycleEntry>>;
@@ -743,6 +748,25 @@ impl SpaceClient {
             ("user", user.map(str::to_owned)),
         ]);
         Self::json(self.request(Method::GET, &format!("{}/files/stat{q}", Self::sbx(id)))).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/files/watch?path=&recursive=&user=`: `started` once the
+    /// watch is in place, then the changes; ends after the directory's own removal, or early
+    /// if the connection breaks.
+    pub async fn watch(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        req: &WatchRequest,
+    ) -> ClientResult<WatchStream> {
+        let q = query(&[
+            ("path", Some(req.path.clone())),
+            ("recursive", Some(req.recursive.to_string())),
+            ("user", req.user.clone()),
+        ]);
+        let resp =
+            Self::send(self.request(Method::GET, &format!("{}/files/watch{q}", Self::sbx(id))))
+                .await?;
+        Ok(decode_ndjson(resp, MAX_WATCH_LINE))
     }
 
     /// `GET /v1/sandboxes/{id}/files/list?path=&depth=&user=`.

@@ -3,6 +3,7 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
+use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::files::{FileKind, FileStat};
 use space_core::process::ProcessInfo;
 use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin};
@@ -343,7 +344,7 @@ fn kind(k: FileKind) -> &'static str {
 
 /// A directory listing.
 pub fn files(list: &[FileStat], truncated: bool) {
-    let mut t = table(&["MODE", "UID", "GID", "SIZE", "MODIFIED", "PATH"]);
+    let mut t = table(&["MODE", "OWNER", "GROUP", "SIZE", "MODIFIED", "PATH"]);
     for f in list {
         let path = match &f.symlink_target {
             Some(target) => format!("{} -> {target}", f.path),
@@ -352,8 +353,8 @@ pub fn files(list: &[FileStat], truncated: bool) {
         };
         t.add_row(vec![
             format!("{:04o}", f.mode & 0o7777),
-            f.uid.to_string(),
-            f.gid.to_string(),
+            f.owner.clone().unwrap_or_else(|| f.uid.to_string()),
+            f.group.clone().unwrap_or_else(|| f.gid.to_string()),
             f.size.to_string(),
             relative(f.modified_ms),
             path,
@@ -371,16 +372,53 @@ pub fn stat(f: &FileStat) {
     println!("{:>9}: {}", "kind", kind(f.kind));
     println!("{:>9}: {} ({})", "size", f.size, bytes(f.size));
     println!("{:>9}: {:04o}", "mode", f.mode & 0o7777);
-    println!("{:>9}: {}:{}", "owner", f.uid, f.gid);
+    let name = |n: &Option<String>, id: u32| n.clone().unwrap_or_else(|| id.to_string());
+    println!(
+        "{:>9}: {}:{} ({}:{})",
+        "owner",
+        name(&f.owner, f.uid),
+        name(&f.group, f.gid),
+        f.uid,
+        f.gid
+    );
     println!("{:>9}: {}", "modified", relative(f.modified_ms));
     if let Some(t) = &f.symlink_target {
         println!("{:>9}: {t}", "target");
     }
 }
 
+/// One line of a directory watch: `create  sub/file.txt`.
+pub fn watch_line(ev: &WatchEvent) -> String {
+    match ev {
+        WatchEvent::Started { .. } => "(watching)".to_owned(),
+        WatchEvent::Overflow { .. } => "(changes lost: the watch fell behind)".to_owned(),
+        WatchEvent::Change { name, change, .. } => {
+            let change = match change {
+                FileChange::Create => "create",
+                FileChange::Write => "write",
+                FileChange::Remove => "remove",
+                FileChange::Rename => "rename",
+                FileChange::Chmod => "chmod",
+            };
+            format!("{change:<7} {name}")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_lines() {
+        let ev = WatchEvent::Change {
+            seq: 2,
+            name: "sub/a.txt".into(),
+            change: FileChange::Write,
+            stat: None,
+        };
+        assert_eq!(watch_line(&ev), "write   sub/a.txt");
+    }
 
     #[test]
     fn timestamps_are_utc() {

@@ -48,6 +48,7 @@ const ROUTES: &[&str] = &[
     "GET /v1/sandboxes/{id}/files/list",
     "POST /v1/sandboxes/{id}/files/mkdir",
     "POST /v1/sandboxes/{id}/files/rename",
+    "GET /v1/sandboxes/{id}/files/watch",
     "GET /v1/sandboxes/{id}/egress-policy",
     "PUT /v1/sandboxes/{id}/egress-policy",
     "GET /v1/egress-policy",

@@ -40,6 +40,8 @@ pub enum ErrorCode {
     Timeout,
     /// The sandbox is broken (VM gone, daemon unreachable or misbehaving).
     SandboxFailed,
+    /// Nothing in the sandbox accepts connections on the port asked for.
+    PortClosed,
     /// Too many requests or streams at once.
     TooManyRequests,
     /// An `Idempotency-Key` was reused for a different request.
@@ -63,7 +65,7 @@ impl ErrorCode {
             TooManyRequests => 429,
             InsufficientCapacity => 507,
             Timeout => 504,
-            SandboxFailed => 502,
+            SandboxFailed | PortClosed => 502,
             Internal => 500,
         }
     }
@@ -86,6 +88,7 @@ impl ErrorCode {
             ExecFailed => "exec_failed",
             Timeout => "timeout",
             SandboxFailed => "sandbox_failed",
+            PortClosed => "port_closed",
             TooManyRequests => "too_many_requests",
             IdempotencyKeyReused => "idempotency_key_reused",
             Internal => "internal",
@@ -144,6 +147,15 @@ mod tests {
         let body = ErrorBody::new(ErrorCode::InsufficientCapacity, "x");
         let json = serde_json::to_string(&body).unwrap();
         assert_eq!(json, r#"{"code":"insufficient_capacity","message":"x"}"#);
+    }
+
+    #[test]
+    fn port_closed_is_a_bad_gateway() {
+        assert_eq!(ErrorCode::PortClosed.http_status(), 502);
+        assert_eq!(
+            serde_json::to_string(&ErrorCode::PortClosed).unwrap(),
+            format!("\"{}\"", ErrorCode::PortClosed.as_str())
+        );
     }
 
     #[test]

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod watch;
+
 /// Longest path accepted.
 pub const MAX_PATH: usize = 4096;
 /// Deepest recursive listing.
@@ -80,6 +82,12 @@ pub struct FileStat {
     pub uid: u32,
     /// Owner gid.
     pub gid: u32,
+    /// Name of the owner (from the guest's `/etc/passwd`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Name of the group (from the guest's `/etc/group`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Modification time, ms since the Unix epoch.
     pub modified_ms: i64,
     /// Target, for symlinks.

@@ -1,4 +1,5 @@
-//! File calls: read and write file contents (streamed), stat, list, mkdir, remove, rename.
+//! File calls: read and write file contents (streamed), stat, list, mkdir, remove, rename,
+//! and directory watches (streamed).
 //!
 //! Paths are checked with `space_core::files::validate_path` before anything is sent; a
 //! refused path is [`GuestError::Local`] with code `invalid_path`. User names are checked
@@ -7,6 +8,7 @@
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use http::Method;
+use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{
     validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
     MAX_LIST_ENTRIES,
@@ -177,6 +179,27 @@ impl GuestClient {
                 Body::json(req)?,
             )
             .await
+    }
+
+    /// `GET /v1/files/watch`: watches a directory (with `recursive`, its whole tree, new
+    /// subdirectories included). The guest answers an error (missing, not a directory, not
+    /// permitted, too big a tree, too many watches) before the stream; the stream's first
+    /// event is `started`, sent once every watch is in place, and it ends after the guest
+    /// reports the watched directory's removal. Each NDJSON line is at most
+    /// `MAX_WATCH_LINE` bytes; an oversize or unparsable line ends the stream with
+    /// [`GuestError::Protocol`]. Only the wait for the stream to open is timed; dropping the
+    /// stream stops the watch.
+    pub async fn watch(
+        &self,
+        req: &WatchRequest,
+    ) -> Result<BoxStream<'static, Result<WatchEvent, GuestError>>, GuestError> {
+        let target = file_target(routes::FILES_WATCH, &req.path, req.user.as_deref())?
+            .param("recursive", if req.recursive { "true" } else { "false" });
+        let resp = self.transport().open_stream(Method::GET, target).await?;
+        Ok(crate::stream::watch_events(
+            resp.into_body(),
+            self.transport().closed_rx(),
+        ))
     }
 }
 

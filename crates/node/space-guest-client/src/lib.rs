@@ -3,8 +3,8 @@
 //! [`GuestClient::connect`] opens the host end of the channel (QEMU's virtio-serial chardev
 //! socket, or `spaced agent --channel unix:…` in development), runs the text handshake
 //! (`handshake.rs`), then speaks HTTP/2 with prior knowledge over the same stream
-//! (`transport.rs`). The API methods (`processes.rs`, `files.rs`, `lifecycle.rs`) map
-//! one-to-one onto the routes of `space_guest_proto::routes`.
+//! (`transport.rs`). The API methods (`processes.rs`, `files.rs`, `ports.rs`, `lifecycle.rs`)
+//! map one-to-one onto the routes of `space_guest_proto::routes`.
 //!
 //! The guest is hostile. Everything read from it is bounded (handshake bytes, HTTP/2
 //! frames, header lists and windows, JSON and error bodies, NDJSON lines) and parsed
@@ -19,6 +19,7 @@ pub mod handshake;
 mod lifecycle;
 pub mod ndjson;
 mod options;
+mod ports;
 pub mod prefixed;
 mod processes;
 mod query;
@@ -36,6 +37,7 @@ use tokio::time::Instant;
 
 pub use error::GuestError;
 pub use options::{ClientOptions, MAX_ERROR_BODY, MAX_LISTING_BODY};
+pub use ports::PortStream;
 pub use space_guest_proto::handshake::Ready;
 pub use space_guest_proto::{Activity, GuestConfig, Health, IdentityRequest};
 
@@ -253,9 +255,12 @@ mod tests {
         });
     }
 
+    fn byte_stream<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>() {}
+
     #[test]
     fn client_is_shareable() {
         send_sync::<GuestClient>();
         send_sync::<GuestError>();
+        byte_stream::<PortStream>();
     }
 }

@@ -33,7 +33,7 @@ use crate::query::Target;
 const MAX_SEND_BUFFER: usize = 64 * 1024;
 
 /// Largest piece of an upload chunk handed to h2 at once.
-const MAX_SEND_PIECE: usize = 64 * 1024;
+pub(crate) const MAX_SEND_PIECE: usize = 64 * 1024;
 
 /// Receiving end of "why the connection ended"; `None` while it is up.
 pub(crate) type ClosedRx = watch::Receiver<Option<GuestError>>;
@@ -214,6 +214,25 @@ impl Transport {
             &what,
             self.exchange(method, &target, Body::Empty),
         )
+        .await
+    }
+
+    /// Opens a stream that carries bytes both ways: sends the request head (the body is the
+    /// caller's to send on the returned `SendStream`), waits for a successful answer's head.
+    /// Both waits are bounded by the stream-open timeout; the stream itself is not.
+    pub(crate) async fn open_duplex(
+        &self,
+        method: Method,
+        target: Target,
+    ) -> Result<(Response<RecvStream>, SendStream<Bytes>), GuestError> {
+        let what = format!("{method} {}", target.as_str());
+        self.with_timeout(self.opts.stream_open_timeout, &what, async {
+            let (resp_fut, send) = self
+                .send_head(method, &target, "application/octet-stream", false)
+                .await?;
+            let resp = resp_fut.await.map_err(|e| self.fault(e))?;
+            Ok((self.check_status(resp).await?, send))
+        })
         .await
     }
 

@@ -422,6 +422,8 @@ async fn query_strings_survive_hostile_paths() {
                 mode: 0o644,
                 uid: 0,
                 gid: 0,
+                owner: None,
+                group: None,
                 modified_ms: 0,
                 symlink_target: None,
             };

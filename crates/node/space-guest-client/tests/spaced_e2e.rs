@@ -14,10 +14,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
+use space_core::files::watch::{FileChange, WatchEvent, WatchRequest};
 use space_core::files::{FileKind, MkdirRequest, RenameRequest};
 use space_core::process::{ExitStatus, OutputEvent, OutputStream, ProcessSpec, PtySize};
 use space_core::ErrorCode;
 use space_guest_client::{GuestClient, GuestError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 /// The user everything runs as: the daemon runs on the host here, where only root is sure to exist.
@@ -641,6 +643,150 @@ async fn guest_refusals_are_remote_errors() {
             .await
             .unwrap_err();
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");
+        assert!(!c.is_closed());
+        c.health().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn directory_watch() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let c = &d.client;
+        c.mkdir(&MkdirRequest {
+            path: d.path("watched"),
+            mode: None,
+            user: Some(USER.into()),
+        })
+        .await
+        .unwrap();
+        let req = WatchRequest {
+            path: d.path("watched"),
+            recursive: true,
+            user: Some(USER.into()),
+        };
+        let mut events = c.watch(&req).await.unwrap();
+        assert_eq!(
+            events.next().await.unwrap().unwrap(),
+            WatchEvent::Started { seq: 1 }
+        );
+        std::fs::create_dir(d.path("watched/sub")).unwrap();
+        let create = events.next().await.unwrap().unwrap();
+        assert!(
+            matches!(&create, WatchEvent::Change { name, change: FileChange::Create, stat: Some(st), .. }
+                if name == "sub" && st.kind == FileKind::Dir),
+            "{create:?}"
+        );
+        // Reported once watched: a write inside is seen.
+        std::fs::write(d.path("watched/sub/f"), "x").unwrap();
+        let mut seen = Vec::new();
+        while let Some(ev) = events.next().await {
+            let ev = ev.unwrap();
+            let done = matches!(&ev, WatchEvent::Change { name, change: FileChange::Write, .. } if name == "sub/f");
+            seen.push(ev);
+            if done {
+                break;
+            }
+        }
+        // The end of the watched directory ends the stream.
+        std::fs::remove_dir_all(d.path("watched")).unwrap();
+        let rest: Vec<WatchEvent> = events.map(|e| e.unwrap()).collect().await;
+        assert!(
+            matches!(rest.last(), Some(WatchEvent::Change { name, change: FileChange::Remove, .. }) if name == "."),
+            "{rest:?}"
+        );
+
+        // Errors come before any stream; bad paths never leave the host.
+        let missing = WatchRequest {
+            path: d.path("missing"),
+            ..req.clone()
+        };
+        let err = c.watch(&missing).await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Remote { status: 404, .. }),
+            "{err:?}"
+        );
+        let bad = WatchRequest {
+            path: "/tmp/../etc".into(),
+            ..req
+        };
+        let err = c.watch(&bad).await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Local(b) if b.code == ErrorCode::InvalidPath),
+            "{err:?}"
+        );
+        assert!(!c.is_closed());
+    })
+    .await;
+}
+
+/// A TCP server on 127.0.0.1 that echoes one connection and, at its end, sends `bye`.
+async fn echo_once() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let (mut r, mut w) = conn.split();
+        tokio::io::copy(&mut r, &mut w).await.unwrap();
+        w.write_all(b"bye").await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    port
+}
+
+#[tokio::test]
+async fn port_connections() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let c = &d.client;
+        // A large transfer both ways at once, then the half-close.
+        let port = echo_once().await;
+        let conn = c.connect_port(port).await.unwrap();
+        let (mut r, mut w) = tokio::io::split(conn);
+        let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        let expected = Sha256::digest(&data);
+        let len = data.len();
+        let writer = tokio::spawn(async move {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut echoed = Vec::new();
+        r.read_to_end(&mut echoed).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(echoed.len(), len + 3);
+        assert_eq!(
+            &echoed[len..],
+            b"bye",
+            "the server answers after the half-close"
+        );
+        assert_eq!(Sha256::digest(&echoed[..len]), expected);
+
+        // Nothing listening: a remote port_closed.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let err = c.connect_port(closed).await.unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Remote { status: 502, body }
+                if body.code == ErrorCode::PortClosed && body.message.contains("port is not open")),
+            "{err:?}"
+        );
+        let err = c.connect_port(0).await.unwrap_err();
+        assert!(matches!(err, GuestError::Local(_)), "{err:?}");
+
+        // Dropping a connection closes it in the guest.
+        let port = echo_once().await;
+        let mut conn = c.connect_port(port).await.unwrap();
+        conn.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        conn.read_exact(&mut one).await.unwrap();
+        drop(conn);
         assert!(!c.is_closed());
         c.health().await.unwrap();
     })

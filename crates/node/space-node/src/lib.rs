@@ -43,7 +43,7 @@ pub use config::NodeConfig;
 pub use error::NodeError;
 pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
-pub use space_guest_client::{GuestClient, GuestError};
+pub use space_guest_client::{GuestClient, GuestError, PortStream};
 
 /// A create request as the node sees it (already authorised and validated by the control plane).
 #[derive(Debug, Clone)]

@@ -49,3 +49,23 @@ pub const MAX_TIME_UNIX_MS: i64 = 253_402_300_799_999;
 
 /// Largest `GuestConfig::trusted_ca_pem` (a CA certificate is about 600 bytes to 2 KiB).
 pub const MAX_TRUSTED_CA_PEM: usize = 8 * 1024;
+
+/// Directories one watch stream (`GET /v1/files/watch`) watches at most: a recursive watch
+/// of a bigger tree is refused (429), and a subdirectory created beyond it is not watched
+/// (the stream reports `overflow`).
+pub const MAX_WATCHED_DIRS: usize = 4096;
+/// Watch streams open at once in one guest (each holds an inotify instance; the kernel
+/// allows root 128 by default).
+pub const MAX_WATCH_STREAMS: usize = 32;
+/// Events one watch stream queues for a reader that does not keep up; further changes are
+/// dropped and the stream reports `overflow` once there is room again.
+pub const MAX_WATCH_QUEUE: usize = 1024;
+/// Longest NDJSON line of a watch stream (an event with two paths of at most 4 KiB each,
+/// JSON-escaped).
+pub const MAX_WATCH_LINE: usize = 64 * 1024;
+
+/// TCP connections into the guest (`POST /v1/ports/{port}/connect`) open at once.
+pub const MAX_PORT_CONNECTIONS: usize = 128;
+/// How long the daemon waits for a guest port to accept a connection (a listener whose
+/// backlog is full drops the SYN rather than refusing it), milliseconds.
+pub const PORT_CONNECT_TIMEOUT_MS: u64 = 5_000;

@@ -24,6 +24,8 @@
 //! | GET | `/v1/files/list?path=P&user=U&depth=N` | – | `FileList` |
 //! | POST | `/v1/files/mkdir` | `MkdirRequest` | `FileStat` |
 //! | POST | `/v1/files/rename` | `RenameRequest` | 204 |
+//! | GET | `/v1/files/watch?path=P&user=U&recursive=BOOL` | – | NDJSON stream of `WatchEvent`, `started` first (errors before the stream) |
+//! | POST | `/v1/ports/{port}/connect` | bytes for the connection, streamed | 200 once connected, then the connection's bytes, streamed (502 `port_closed`) |
 //!
 //! `/v1/fs/freeze` freezes every writable file system on a virtio disk, in mount order, and
 //! thaws them by itself after `timeout_ms` unless `/v1/fs/thaw` comes first; a freeze while
@@ -31,8 +33,22 @@
 //! the workload cgroup (`/sys/fs/cgroup/workload`), which `/v1/workload/freeze` freezes as a
 //! whole; while it is frozen, starting a process answers 409.
 //!
+//! `/v1/ports/{port}/connect` is one TCP connection to a server inside the guest, carried
+//! full duplex on one HTTP/2 stream: the daemon connects to `127.0.0.1:{port}` (then
+//! `[::1]:{port}` if refused); the request body is what the host sends on the connection
+//! (its end half-closes the connection's write side), the response body what the server
+//! sends (it ends when the server closes). The daemon still listens on no network socket: it
+//! only connects, to loopback. Nothing listening answers 502 `port_closed` with a message
+//! containing "port is not open". At most [`crate::limits::MAX_PORT_CONNECTIONS`] at once.
+//!
 //! Relative paths resolve against the acting user's home. File operations run with the
 //! acting user's file-system uid and gid, so they see exactly what that user may see.
+//!
+//! `/v1/files/watch` places its inotify watches as the acting user (one per directory,
+//! subdirectories too with `recursive`, including those created later), then streams
+//! `started` and the changes; it ends after reporting the removal (or move) of the watched
+//! directory itself. Its bounds are [`crate::limits::MAX_WATCHED_DIRS`],
+//! [`crate::limits::MAX_WATCH_STREAMS`] and [`crate::limits::MAX_WATCH_QUEUE`].
 
 /// Health check.
 pub const HEALTH: &str = "/v1/health";
@@ -76,10 +92,17 @@ pub const FILES_LIST: &str = "/v1/files/list";
 pub const FILES_MKDIR: &str = "/v1/files/mkdir";
 /// Rename.
 pub const FILES_RENAME: &str = "/v1/files/rename";
+/// Watch a directory (NDJSON stream of `WatchEvent`).
+pub const FILES_WATCH: &str = "/v1/files/watch";
 /// Response header with the size of a file being read.
 pub const FILE_SIZE_HEADER: &str = "x-space-file-size";
 /// Content type of output streams.
 pub const NDJSON: &str = "application/x-ndjson";
+
+/// `/v1/ports/{port}/connect`.
+pub fn port_connect(port: u16) -> String {
+    format!("/v1/ports/{port}/connect")
+}
 
 /// `/v1/processes/{id}`.
 pub fn process(id: u64) -> String {

@@ -5,6 +5,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use space_guest_proto::limits::{MAX_PORT_CONNECTIONS, MAX_WATCH_STREAMS};
+use tokio::sync::Semaphore;
 use tracing_subscriber::EnvFilter;
 
 use crate::channel::{self, ChannelSpec};
@@ -89,6 +91,8 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
         workload,
         freezer: Arc::new(FsFreezer::default()),
         api_requests: AtomicU64::new(0),
+        watches: Arc::new(Semaphore::new(MAX_WATCH_STREAMS)),
+        port_connections: Arc::new(Semaphore::new(MAX_PORT_CONNECTIONS)),
     });
     let chan = tokio::task::block_in_place(|| channel::open(&spec))?;
     tracing::info!(version = crate::api::DAEMON_VERSION, boot_id = %state.boot_id, channel = %spec, "spaced agent started");

@@ -4,8 +4,9 @@
 //! `spaced init` runs as PID 1: it mounts the pseudo file systems, starts `spaced agent`,
 //! reaps zombies and powers the VM off when the agent dies. `spaced agent` serves the
 //! platform's HTTP/2 API (see `space-guest-proto`) over the channel: processes (all in the
-//! workload cgroup, `workload.rs`) and files, plus what snapshots, forks and idleness need
-//! (file-system freeze `fsfreeze.rs`, identity, activity counters `activity.rs`).
+//! workload cgroup, `workload.rs`), files (and directory watches) and connections to the
+//! guest's TCP ports (`ports.rs`), plus what snapshots, forks and idleness need (file-system
+//! freeze `fsfreeze.rs`, identity, activity counters `activity.rs`).
 
 mod activity;
 mod agent;
@@ -21,6 +22,7 @@ mod init;
 mod mountinfo;
 mod netconfig;
 mod portbridge;
+mod ports;
 mod process;
 mod resize;
 mod session;

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use space_core::process::validate_user_name;
 use space_core::ErrorCode;
+use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
 use crate::files::paths;
@@ -50,6 +51,10 @@ pub struct AppState {
     pub freezer: Arc<FsFreezer>,
     /// Requests served, housekeeping excepted (`GET /v1/activity`).
     pub api_requests: AtomicU64,
+    /// Permits for directory watches (`MAX_WATCH_STREAMS`).
+    pub watches: Arc<Semaphore>,
+    /// Permits for connections to guest ports (`MAX_PORT_CONNECTIONS`).
+    pub port_connections: Arc<Semaphore>,
 }
 
 impl AppState {

@@ -36,6 +36,10 @@ async fn large_file_round_trip_is_streamed() {
     );
     assert_eq!(stat.path, path.to_str().unwrap());
     assert_eq!(
+        (stat.owner.as_deref(), stat.group.as_deref()),
+        (Some("root"), Some("root"))
+    );
+    assert_eq!(
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
         0o640
     );
@@ -461,6 +465,11 @@ async fn operations_run_with_the_users_permissions() {
     assert_eq!(s, StatusCode::OK);
     let st: FileStat = serde_json::from_slice(&body).unwrap();
     assert_eq!((st.uid, st.gid), (65534, 65534));
+    assert_eq!(
+        st.owner.as_deref(),
+        Some("nobody"),
+        "names from /etc/passwd"
+    );
     let (s, _, _) = c
         .call(Method::GET, &format!("/v1/files?path={secret}"), empty())
         .await;

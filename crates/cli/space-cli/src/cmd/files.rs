@@ -1,11 +1,12 @@
 //! `space files ...`: copy files in and out of a sandbox (streamed, with a progress bar for
-//! large files), list, stat, mkdir, mv, rm. `-` as LOCAL means stdin/stdout.
+//! large files), list, stat, mkdir, mv, rm, watch. `-` as LOCAL means stdin/stdout.
 
 use std::path::PathBuf;
 
 use clap::Subcommand;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
+use space_core::files::watch::WatchRequest;
 use space_core::files::{MkdirRequest, RenameRequest};
 use tokio::io::AsyncWriteExt;
 
@@ -102,6 +103,19 @@ pub enum FilesCmd {
         from: String,
         /// New path.
         to: String,
+        /// User to act as.
+        #[arg(long, short)]
+        user: Option<String>,
+    },
+    /// Watch a directory: one line per change until it is removed (or Ctrl-C).
+    Watch {
+        /// Sandbox id.
+        id: String,
+        /// Directory in the sandbox.
+        remote: String,
+        /// Watch subdirectories too (new ones included).
+        #[arg(short, long)]
+        recursive: bool,
         /// User to act as.
         #[arg(long, short)]
         user: Option<String>,
@@ -309,6 +323,27 @@ pub async fn run(g: &Global, c: FilesCmd) -> anyhow::Result<u8> {
             client
                 .rename(&sandbox_id(&id)?, &RenameRequest { from, to, user })
                 .await?;
+        }
+        FilesCmd::Watch {
+            id,
+            remote,
+            recursive,
+            user,
+        } => {
+            let req = WatchRequest {
+                path: remote,
+                recursive,
+                user,
+            };
+            let mut events = client.watch(&sandbox_id(&id)?, &req).await?;
+            while let Some(ev) = events.next().await {
+                let ev = ev?;
+                if g.json {
+                    println!("{}", serde_json::to_string(&ev)?);
+                } else {
+                    println!("{}", render::watch_line(&ev));
+                }
+            }
         }
     }
     Ok(0)

@@ -1,5 +1,5 @@
 //! Files in a sandbox: read, write (streamed, size-limited), remove, stat, list, mkdir,
-//! rename. Every path is checked here (no `..`, no NUL) and again by the guest daemon, which
+//! rename, watch (streamed). Every path is checked here (no `..`, no NUL) and again by the guest daemon, which
 //! runs the operation as the acting user.
 
 use std::io;
@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
+use space_core::files::watch::{WatchEvent, WatchRequest, WatchRequestError};
 use space_core::files::{
     validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
 };
@@ -26,6 +27,7 @@ use utoipa::IntoParams;
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{content_length, ApiJson, ApiQuery, SandboxPath};
+use super::processes::ndjson_response;
 use super::AppState;
 
 /// Checks a path parameter: `invalid_path` if unacceptable.
@@ -404,6 +406,39 @@ pub async fn rename(
     let guest = st.guest(&tenant.id, &id).await?;
     guest.rename(&req).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Watch a directory: one `WatchEvent` per line, `started` first (sent once every watch is
+/// in place), then the changes (`name` relative to the directory); the stream ends after
+/// the directory's own removal. With `recursive`, subdirectories are watched too, those
+/// created later included.
+#[utoipa::path(
+    get,
+    path = "/v1/sandboxes/{id}/files/watch",
+    tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), WatchRequest),
+    responses(
+        (status = 200, description = "One WatchEvent per line", body = WatchEvent, content_type = "application/x-ndjson"),
+        (status = 400, description = "Invalid path or user, or not a directory", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Permission denied in the sandbox", body = ErrorBody),
+        (status = 404, description = "No such sandbox or directory", body = ErrorBody),
+        (status = 429, description = "Too many watches at once, or too many directories in the tree", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn watch(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+    ApiQuery(req): ApiQuery<WatchRequest>,
+) -> ApiResult<Response> {
+    req.validate().map_err(|e| match e {
+        WatchRequestError::Path(_) => ApiError::invalid_path(e.to_string()),
+        WatchRequestError::User => ApiError::invalid(e.to_string()),
+    })?;
+    let guest = st.guest(&tenant.id, &id).await?;
+    Ok(ndjson_response(guest.watch(&req).await?))
 }
 
 #[cfg(test)]

@@ -125,6 +125,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(files::list))
         .routes(routes!(files::mkdir))
         .routes(routes!(files::rename))
+        .routes(routes!(files::watch))
         .routes(routes!(
             egress::get_sandbox_egress,
             egress::set_sandbox_egress

@@ -13,7 +13,7 @@ use axum::Json;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use space_core::process::{
     OutputEvent, ProcessInfo, ProcessSpec, ProcessSpecError, PtySize, SignalRequest,
 };
@@ -37,15 +37,17 @@ pub fn validate_spec(spec: &ProcessSpec) -> Result<(), ApiError> {
     })
 }
 
-/// An output stream as an NDJSON response body.
-pub fn ndjson_response(events: BoxStream<'static, Result<OutputEvent, GuestError>>) -> Response {
+/// A stream of events from the guest (output, watch) as an NDJSON response body.
+pub fn ndjson_response<T: Serialize + Send + 'static>(
+    events: BoxStream<'static, Result<T, GuestError>>,
+) -> Response {
     let lines = events
         .map_ok(|ev| {
             let mut line = serde_json::to_vec(&ev).unwrap_or_default();
             line.push(b'\n');
             Bytes::from(line)
         })
-        .inspect_err(|e| tracing::debug!(error = %e, "output stream ended with an error"));
+        .inspect_err(|e| tracing::debug!(error = %e, "event stream ended with an error"));
     (
         [(CONTENT_TYPE, NDJSON), (CACHE_CONTROL, "no-store")],
         Body::from_stream(lines),

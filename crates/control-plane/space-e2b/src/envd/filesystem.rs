@@ -248,6 +248,8 @@ mod tests {
             mode: 0o100640,
             uid: 1000,
             gid: 1000,
+            owner: Some("user".into()),
+            group: Some("user".into()),
             modified_ms: 1_764_417_600_000,
             symlink_target: None,
         };

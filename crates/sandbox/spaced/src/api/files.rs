@@ -1,5 +1,6 @@
-//! The file routes: read, write, remove, stat, list, mkdir, rename. Each operation runs on
-//! a blocking thread acting as the user (see `fsuser`).
+//! The file routes: read, write, remove, stat, list, mkdir, rename, watch. Each operation
+//! runs on a blocking thread acting as the user (see `fsuser`); a watch on a thread of its own
+//! (see `files::watch`).
 
 use std::path::PathBuf;
 
@@ -10,14 +11,17 @@ use axum::Json;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Deserialize;
+use space_core::files::watch::WatchRequest;
 use space_core::files::{FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
 use space_core::ErrorCode;
-use space_guest_proto::routes::FILE_SIZE_HEADER;
+use space_guest_proto::limits::MAX_WATCH_STREAMS;
+use space_guest_proto::routes::{FILE_SIZE_HEADER, NDJSON};
 use tokio::sync::mpsc;
 
 use super::{ApiJson, ApiQuery, St};
 use crate::error::ApiError;
 use crate::files::ops::{self, AtomicWriter};
+use crate::files::watch::{self, WatchSpec};
 use crate::fsuser::FsUserGuard;
 use crate::users::UserInfo;
 
@@ -29,6 +33,8 @@ const CHANNEL_CHUNKS: usize = 4;
 const DEFAULT_FILE_MODE: u32 = 0o644;
 /// Mode of created directories when none is given.
 const DEFAULT_DIR_MODE: u32 = 0o755;
+/// Watch events per chunk of a watch stream.
+const WATCH_EVENTS_PER_CHUNK: usize = 32;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct FileQuery {
@@ -217,6 +223,44 @@ pub(super) async fn rename(
     }
     as_user(user, move || ops::rename(&from, &to)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+pub(super) async fn watch(
+    st: St,
+    ApiQuery(req): ApiQuery<WatchRequest>,
+) -> Result<Response, ApiError> {
+    let (user, root) = target(&st, &req.path, req.user.as_deref())?;
+    let permit = st.watches.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            ErrorCode::TooManyRequests,
+            format!("at most {MAX_WATCH_STREAMS} watches may run at once"),
+        )
+    })?;
+    let spec = WatchSpec {
+        root,
+        recursive: req.recursive,
+        user,
+    };
+    let watch = watch::start(spec, permit).await?;
+    // The watch travels with the body: when the reader goes away the body is dropped, and
+    // with it the watch, which stops its thread.
+    let body = futures::stream::unfold(watch, |mut w| async move {
+        let first = w.recv().await?;
+        let mut chunk = Vec::new();
+        let mut next = Some(first);
+        let mut n = 0;
+        while let Some(ev) = next.take() {
+            if serde_json::to_writer(&mut chunk, &ev).is_ok() {
+                chunk.push(b'\n');
+            }
+            n += 1;
+            if n < WATCH_EVENTS_PER_CHUNK {
+                next = w.try_recv();
+            }
+        }
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), w))
+    });
+    Ok(([(header::CONTENT_TYPE, NDJSON)], Body::from_stream(body)).into_response())
 }
 
 #[cfg(test)]

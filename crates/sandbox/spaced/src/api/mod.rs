@@ -8,6 +8,7 @@ mod configure;
 mod files;
 mod freeze;
 mod identity;
+mod ports;
 mod processes;
 
 pub use configure::DAEMON_VERSION;
@@ -60,6 +61,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(routes::FILES_LIST, get(files::list))
         .route(routes::FILES_MKDIR, post(files::mkdir))
         .route(routes::FILES_RENAME, post(files::rename))
+        .route(routes::FILES_WATCH, get(files::watch))
+        .route("/v1/ports/{port}/connect", post(ports::connect))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

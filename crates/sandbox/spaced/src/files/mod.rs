@@ -1,4 +1,7 @@
-//! File operations inside the guest, run on blocking threads as the acting user.
+//! File operations inside the guest, run on blocking threads as the acting user, and
+//! directory watches (inotify) on threads of their own.
 
+pub mod inotify;
 pub mod ops;
 pub mod paths;
+pub mod watch;

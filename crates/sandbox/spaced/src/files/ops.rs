@@ -7,18 +7,21 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use space_core::files::{FileKind, FileList, FileStat, MAX_LIST_ENTRIES};
 use space_core::ErrorCode;
 use space_guest_proto::limits::MAX_JSON_BODY;
 
 use crate::error::ApiError;
+use crate::users::{account_names, AccountNames};
 
 /// Mode of directories created as parents of a written file.
 const PARENT_DIR_MODE: u32 = 0o755;
 
-/// Metadata as the API reports it (for `path` as given, not following a final symlink).
-pub fn file_stat(path: &Path, md: &Metadata) -> FileStat {
+/// Metadata as the API reports it (for `path` as given, not following a final symlink),
+/// with the owner's and group's names from `names`.
+pub fn file_stat(path: &Path, md: &Metadata, names: &AccountNames) -> FileStat {
     let ft = md.file_type();
     let kind = if ft.is_symlink() {
         FileKind::Symlink
@@ -44,6 +47,8 @@ pub fn file_stat(path: &Path, md: &Metadata) -> FileStat {
         mode: md.mode() & 0o7777,
         uid: md.uid(),
         gid: md.gid(),
+        owner: names.user(md.uid()).map(str::to_owned),
+        group: names.group(md.gid()).map(str::to_owned),
         modified_ms: md
             .mtime()
             .saturating_mul(1000)
@@ -55,7 +60,7 @@ pub fn file_stat(path: &Path, md: &Metadata) -> FileStat {
 /// `lstat`.
 pub fn stat(path: &Path) -> Result<FileStat, ApiError> {
     let md = fs::symlink_metadata(path).map_err(|e| ApiError::io("stat", path, &e))?;
-    Ok(file_stat(path, &md))
+    Ok(file_stat(path, &md, &account_names()))
 }
 
 /// Opens a regular file for reading; returns it and its size.
@@ -107,7 +112,7 @@ pub fn mkdir_p(path: &Path, mode: u32) -> Result<FileStat, ApiError> {
                 &io::Error::from_raw_os_error(libc::EEXIST),
             ));
         }
-        return Ok(file_stat(path, md));
+        return Ok(file_stat(path, md, &account_names()));
     }
     fs::DirBuilder::new()
         .recursive(true)
@@ -174,19 +179,27 @@ pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
     }
 }
 
+/// Checks that `path` is a directory itself (a symlink to one is not); errors name `op`.
+pub fn require_dir(op: &str, path: &Path) -> Result<(), ApiError> {
+    let md = fs::symlink_metadata(path).map_err(|e| ApiError::io(op, path, &e))?;
+    if md.is_dir() {
+        Ok(())
+    } else {
+        Err(ApiError::io(
+            op,
+            path,
+            &io::Error::from_raw_os_error(libc::ENOTDIR),
+        ))
+    }
+}
+
 /// Lists `root` down to `depth` levels, depth-first with each directory's entries sorted by
 /// name (so the whole list is sorted by path, component-wise). Never follows symlinks. Stops
 /// at `MAX_LIST_ENTRIES` entries or when the JSON would exceed `MAX_JSON_BODY`.
 pub fn list(root: &Path, depth: u32) -> Result<FileList, ApiError> {
-    let md = fs::symlink_metadata(root).map_err(|e| ApiError::io("list", root, &e))?;
-    if !md.is_dir() {
-        return Err(ApiError::io(
-            "list",
-            root,
-            &io::Error::from_raw_os_error(libc::ENOTDIR),
-        ));
-    }
+    require_dir("list", root)?;
     let mut lister = Lister {
+        names: account_names(),
         entries: Vec::new(),
         json_bytes: 64,
         truncated: false,
@@ -200,6 +213,7 @@ pub fn list(root: &Path, depth: u32) -> Result<FileList, ApiError> {
 }
 
 struct Lister {
+    names: Arc<AccountNames>,
     entries: Vec<FileStat>,
     json_bytes: usize,
     truncated: bool,
@@ -235,7 +249,7 @@ impl Lister {
             let Ok(md) = fs::symlink_metadata(&path) else {
                 continue;
             };
-            let entry = file_stat(&path, &md);
+            let entry = file_stat(&path, &md, &self.names);
             let size = serde_json::to_vec(&entry).map_or(512, |v| v.len() + 1);
             if self.entries.len() >= MAX_LIST_ENTRIES || self.json_bytes + size > MAX_JSON_BODY {
                 self.truncated = true;
