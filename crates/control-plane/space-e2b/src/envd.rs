@@ -15,6 +15,7 @@ pub mod filesystem_service;
 pub mod process;
 pub mod process_service;
 pub mod signature;
+pub mod watchers;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header::ALLOW, Method, StatusCode};
@@ -68,6 +69,10 @@ enum Rpc {
     Move,
     ListDir,
     Remove,
+    WatchDir,
+    CreateWatcher,
+    GetWatcherEvents,
+    RemoveWatcher,
 }
 
 impl Rpc {
@@ -86,6 +91,10 @@ impl Rpc {
             ("filesystem.Filesystem", "Move") => Rpc::Move,
             ("filesystem.Filesystem", "ListDir") => Rpc::ListDir,
             ("filesystem.Filesystem", "Remove") => Rpc::Remove,
+            ("filesystem.Filesystem", "WatchDir") => Rpc::WatchDir,
+            ("filesystem.Filesystem", "CreateWatcher") => Rpc::CreateWatcher,
+            ("filesystem.Filesystem", "GetWatcherEvents") => Rpc::GetWatcherEvents,
+            ("filesystem.Filesystem", "RemoveWatcher") => Rpc::RemoveWatcher,
             _ => return None,
         })
     }
@@ -165,6 +174,10 @@ async fn rpc(
         Rpc::Move => filesystem_service::move_entry(&st, caller, req).await,
         Rpc::ListDir => filesystem_service::list_dir(&st, caller, req).await,
         Rpc::Remove => filesystem_service::remove(&st, caller, req).await,
+        Rpc::WatchDir => filesystem_service::watch_dir(&st, caller, req).await,
+        Rpc::CreateWatcher => filesystem_service::create_watcher(&st, caller, req).await,
+        Rpc::GetWatcherEvents => filesystem_service::get_watcher_events(&st, caller, req).await,
+        Rpc::RemoveWatcher => filesystem_service::remove_watcher(&st, caller, req).await,
     }
 }
 

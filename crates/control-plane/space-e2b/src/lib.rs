@@ -8,6 +8,7 @@
 //!   before any authentication).
 //! - [`rest`]: the REST API (`X-API-Key`), onto the same functions as `/v1`.
 //! - [`envd`]: envd's services, onto the sandbox's guest channel.
+//! - [`ports`]: host-routed ports, onto TCP connections the guest daemon opens.
 //! - [`connect`]: the Connect protocol's wire format and its server side over axum.
 //! - [`token`]: each sandbox's envd access token, derived from a node key.
 //!
@@ -18,6 +19,7 @@
 pub mod connect;
 pub mod dispatch;
 pub mod envd;
+pub mod ports;
 pub mod rest;
 pub mod state;
 pub mod surface;

@@ -57,7 +57,7 @@ fn port_closed(target: &PortTarget) -> Response {
     http_error(
         502,
         format!(
-            "the sandbox {} is running but port {} is not open",
+            "the sandbox {} is running but there is no service on port {}: port is not open",
             target.id, target.port
         ),
     )
@@ -83,20 +83,29 @@ async fn forward(State(st): State<E2bState>, mut req: Request) -> Response {
         if !ok {
             return http_error(
                 403,
-                format!("port {} of sandbox {} needs its traffic access token", target.port, target.id),
+                format!(
+                    "port {} of sandbox {} needs its traffic access token",
+                    target.port, target.id
+                ),
             );
         }
     }
     let guest = match st.app.guest(&tenant, &target.id).await {
         Ok(g) => g,
-        Err(e) => return http_error(502, format!("sandbox {} was not found: {}", target.id, e.body.message)),
+        Err(e) => {
+            return http_error(
+                502,
+                format!("sandbox {} was not found: {}", target.id, e.body.message),
+            )
+        }
     };
     let stream = match guest.connect_port(target.port).await {
         Ok(s) => s,
         Err(e) if e.code() == ErrorCode::PortClosed => return port_closed(&target),
         Err(e) => return http_error(502, format!("reaching port {}: {e}", target.port)),
     };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
         Ok(pair) => pair,
         Err(e) => return http_error(502, format!("talking to port {}: {e}", target.port)),
     };
@@ -177,7 +186,10 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_stay_behind() {
         let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-kept", HeaderValue::from_static("1"));

@@ -1,11 +1,13 @@
 //! What every E2B handler shares: SPACE's application state (database, node), the E2B
-//! configuration, and the key envd access tokens derive from.
+//! configuration, the key envd access tokens derive from, and the polled directory
+//! watchers of `filesystem.Filesystem/CreateWatcher`.
 
 use std::sync::Arc;
 
 use space_control::AppState;
 use space_core::SandboxId;
 
+use crate::envd::watchers::Watchers;
 use crate::surface::E2bConfig;
 use crate::token::TokenKey;
 
@@ -18,6 +20,8 @@ pub struct E2bState {
     pub config: Arc<E2bConfig>,
     /// Derives each sandbox's envd access token.
     pub tokens: TokenKey,
+    /// Watchers made by `CreateWatcher`, polled by `GetWatcherEvents`.
+    pub watchers: Watchers,
 }
 
 impl E2bState {
@@ -27,6 +31,7 @@ impl E2bState {
             app,
             config: Arc::new(config),
             tokens,
+            watchers: Watchers::default(),
         }
     }
 

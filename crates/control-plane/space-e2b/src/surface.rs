@@ -95,6 +95,7 @@ impl ApiSurface for E2bApi {
         let dispatcher = Dispatcher {
             envd: envd::router(st.clone()),
             rest: rest::router(st.clone()),
+            ports: crate::ports::router(st.clone()),
             native,
             st,
         };
@@ -104,10 +105,11 @@ impl ApiSurface for E2bApi {
     }
 }
 
-/// The four applications a request can go to.
+/// The applications a request can go to.
 struct Dispatcher {
     envd: Router,
     rest: Router,
+    ports: Router,
     native: Router,
     st: E2bState,
 }
@@ -139,10 +141,9 @@ async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) ->
             d.envd.clone()
         }
         Ok(Route::Port(id, port)) => {
-            return envd::errors::http_error(
-                502,
-                format!("port {port} of sandbox {id} is not open"),
-            );
+            req.extensions_mut()
+                .insert(crate::ports::PortTarget { id, port });
+            d.ports.clone()
         }
         Ok(Route::Control) if is_native_path(req.uri().path()) => d.native.clone(),
         // A signed `/files` URL made with `E2B_SANDBOX_URL` names no sandbox: envd finds it.

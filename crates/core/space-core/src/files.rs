@@ -32,6 +32,23 @@ pub enum PathError {
     Traversal,
 }
 
+/// What marks the temporary file of an atomic write (`.{name}.space-tmp-{16 hex}`, next to
+/// the target, renamed over it once complete).
+pub const ATOMIC_WRITE_MARKER: &str = ".space-tmp-";
+
+/// The temporary name an atomic write of `name` uses, with random `nonce`.
+pub fn atomic_write_temp_name(name: &str, nonce: u64) -> String {
+    format!(".{name}{ATOMIC_WRITE_MARKER}{nonce:016x}")
+}
+
+/// If `name` (a base name) is the temporary file of an atomic write, the name it is for.
+pub fn atomic_write_target(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix('.')?;
+    let (target, nonce) = rest.rsplit_once(ATOMIC_WRITE_MARKER)?;
+    (!target.is_empty() && nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then_some(target)
+}
+
 /// Checks a guest path: absolute, or relative to the user's home; no `..`, no NUL.
 pub fn validate_path(path: &str) -> Result<(), PathError> {
     if path.is_empty() {
@@ -137,6 +154,16 @@ pub struct RenameRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_write_temp_names_round_trip() {
+        let tmp = atomic_write_temp_name("a.txt", 0xdead);
+        assert_eq!(tmp, ".a.txt.space-tmp-000000000000dead");
+        assert_eq!(atomic_write_target(&tmp), Some("a.txt"));
+        assert_eq!(atomic_write_target("a.txt"), None);
+        assert_eq!(atomic_write_target(".a.txt.space-tmp-xyz"), None);
+        assert_eq!(atomic_write_target("..space-tmp-000000000000dead"), None);
+    }
 
     #[test]
     fn traversal_and_nul_are_refused() {

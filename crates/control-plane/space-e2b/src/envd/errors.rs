@@ -29,7 +29,8 @@ pub fn code_of(code: ErrorCode) -> Code {
         ErrorCode::Timeout => Code::DeadlineExceeded,
         // envd authenticates the user a request names: an unknown one is 401 there.
         ErrorCode::Unauthenticated | ErrorCode::UnknownUser => Code::Unauthenticated,
-        ErrorCode::SandboxFailed => Code::Unavailable,
+        // "…port is not open": the SDKs read that text.
+        ErrorCode::SandboxFailed | ErrorCode::PortClosed => Code::Unavailable,
         ErrorCode::IdempotencyKeyReused | ErrorCode::Internal => Code::Internal,
     }
 }

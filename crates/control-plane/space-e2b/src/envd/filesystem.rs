@@ -101,6 +101,9 @@ pub struct EntryInfo {
     /// Where a symlink points.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Whether it is a symlink (proto3 default `false` omitted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_symlink: bool,
 }
 
 /// `int64` as a JSON string (accepting a number on input).
@@ -162,6 +165,7 @@ impl EntryInfo {
             group,
             modified_time: rfc3339(stat.modified_ms),
             symlink_target: stat.symlink_target.clone(),
+            is_symlink: stat.kind == FileKind::Symlink,
         }
     }
 }
@@ -211,6 +215,30 @@ pub struct FilesystemEvent {
     /// The entry, when the watch asked for it and it still exists.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entry: Option<EntryInfo>,
+}
+
+/// `GetWatcherEvents` and `RemoveWatcher`: the watcher `CreateWatcher` made.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatcherRequest {
+    /// Its id.
+    #[serde(alias = "watcher_id")]
+    pub watcher_id: String,
+}
+
+/// `CreateWatcher`'s response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateWatcherResponse {
+    /// The new watcher.
+    pub watcher_id: String,
+}
+
+/// `GetWatcherEvents`' response: the changes since the last call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GetWatcherEventsResponse {
+    /// Oldest first.
+    pub events: Vec<FilesystemEvent>,
 }
 
 /// One message of a `WatchDir` stream: exactly one field is set.

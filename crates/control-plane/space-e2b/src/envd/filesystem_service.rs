@@ -4,13 +4,19 @@
 //! and directory watches, streamed (`WatchDir`) or polled (`CreateWatcher`,
 //! `GetWatcherEvents`, `RemoveWatcher`; see [`super::watchers`]).
 //!
+//! A watch is refused for network mounts (`allow_network_mounts` is accepted and ignored:
+//! a sandbox has none).
+//!
 //! envd accepts `..` in paths; SPACE refuses it. [`normalize`] resolves `.` and `..`
 //! lexically first, so `/home/user/a/../b` works as on E2B (the guest still checks every
 //! access as the acting user).
 
 use axum::extract::{FromRequest, Request};
 use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use space_control::api::error::ApiError;
+use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
 use space_core::ErrorCode;
 use space_node::{GuestClient, GuestError};
@@ -18,10 +24,15 @@ use space_node::{GuestClient, GuestError};
 use super::access::EnvdCaller;
 use super::errors::{connect_error, unreachable};
 use super::filesystem::{
-    EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
+    CreateWatcherResponse, EntryInfo, EntryResponse, GetWatcherEventsResponse, ListDirRequest,
+    ListDirResponse, MoveRequest, PathRequest, WatchDirRequest, WatchDirResponse, WatcherRequest,
 };
 use super::process_service::Empty;
-use crate::connect::server::{Unary, UnaryResponse};
+use super::watchers::{as_envd_writes, filesystem_event};
+use crate::connect::server::{
+    deadline, keepalive, stream_error, stream_response, with_keepalive_and_deadline, StreamRequest,
+    Unary, UnaryResponse,
+};
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
 
@@ -55,9 +66,14 @@ pub fn normalize(path: &str) -> Result<String, ConnectError> {
     })
 }
 
-/// envd's entry for a SPACE stat.
+/// envd's entry for a SPACE stat (owner and group by name, by number when the guest's
+/// accounts have none).
 pub fn entry(stat: &FileStat) -> EntryInfo {
-    EntryInfo::of(stat, stat.uid.to_string(), stat.gid.to_string())
+    EntryInfo::of(
+        stat,
+        stat.owner.clone().unwrap_or_else(|| stat.uid.to_string()),
+        stat.group.clone().unwrap_or_else(|| stat.gid.to_string()),
+    )
 }
 
 fn guest_error(e: GuestError) -> ConnectError {
@@ -196,6 +212,120 @@ pub async fn remove(st: &E2bState, caller: EnvdCaller, req: Request) -> Response
             .map_err(guest_error)?;
         Ok(Empty {})
     })
+    .await
+}
+
+/// Opens SPACE's watch for a `WatchDir`/`CreateWatcher` request and waits for it to be in
+/// place (its `started`), so the caller's first change is never missed.
+async fn open_watch(
+    guest: &GuestClient,
+    user: Option<String>,
+    m: &WatchDirRequest,
+) -> Result<BoxStream<'static, Result<WatchEvent, GuestError>>, ConnectError> {
+    let req = WatchRequest {
+        path: normalize(&m.path)?,
+        recursive: m.recursive,
+        user,
+    };
+    let mut events = guest.watch(&req).await.map_err(guest_error)?;
+    match events.next().await {
+        Some(Ok(WatchEvent::Started { .. })) => Ok(events),
+        Some(Err(e)) => Err(guest_error(e)),
+        _ => Err(ConnectError::new(Code::Internal, "the watch did not start")),
+    }
+}
+
+fn keepalive_message() -> WatchDirResponse {
+    WatchDirResponse::Keepalive {}
+}
+
+/// `filesystem.Filesystem/WatchDir` (server stream): `start`, then the changes.
+pub async fn watch_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    let StreamRequest { message, headers } =
+        match StreamRequest::<WatchDirRequest>::from_request(req, &()).await {
+            Ok(r) => r,
+            Err(rejection) => return rejection.into_response(),
+        };
+    let run = async {
+        let deadline = deadline(&headers)?;
+        let guest = st
+            .app
+            .guest(&caller.tenant, &caller.id)
+            .await
+            .map_err(unreachable)?;
+        let events = open_watch(&guest, caller.user.clone(), &message).await?;
+        let include = message.include_entry;
+        let changes = as_envd_writes(events).filter_map(move |ev| async move {
+            match ev {
+                Ok(ev) => filesystem_event(ev, include)
+                    .map(|e| Ok(WatchDirResponse::Filesystem(Box::new(e)))),
+                Err(e) => Some(Err(ConnectError::new(
+                    Code::Unavailable,
+                    format!("the watch broke off: {}", ApiError::from(e).body.message),
+                ))),
+            }
+        });
+        let stream = futures::stream::once(async { Ok(WatchDirResponse::Start {}) }).chain(changes);
+        Ok::<_, ConnectError>(with_keepalive_and_deadline(
+            stream,
+            keepalive(&headers),
+            deadline,
+            keepalive_message,
+        ))
+    };
+    match run.await {
+        Ok(events) => stream_response(events),
+        Err(e) => stream_error(e),
+    }
+}
+
+/// `filesystem.Filesystem/CreateWatcher`.
+pub async fn create_watcher(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    let sandbox = caller.id.clone();
+    let watchers = st.watchers.clone();
+    unary(
+        st,
+        caller,
+        req,
+        |guest, user, m: WatchDirRequest| async move {
+            let events = open_watch(&guest, user, &m).await?;
+            let watcher_id = watchers.create(&sandbox, events, m.include_entry)?;
+            Ok(CreateWatcherResponse { watcher_id })
+        },
+    )
+    .await
+}
+
+/// `filesystem.Filesystem/GetWatcherEvents`.
+pub async fn get_watcher_events(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    let sandbox = caller.id.clone();
+    let watchers = st.watchers.clone();
+    unary(
+        st,
+        caller,
+        req,
+        |_guest, _user, m: WatcherRequest| async move {
+            Ok(GetWatcherEventsResponse {
+                events: watchers.take_events(&sandbox, &m.watcher_id)?,
+            })
+        },
+    )
+    .await
+}
+
+/// `filesystem.Filesystem/RemoveWatcher`.
+pub async fn remove_watcher(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
+    let sandbox = caller.id.clone();
+    let watchers = st.watchers.clone();
+    unary(
+        st,
+        caller,
+        req,
+        |_guest, _user, m: WatcherRequest| async move {
+            watchers.remove(&sandbox, &m.watcher_id)?;
+            Ok(Empty {})
+        },
+    )
     .await
 }
 

@@ -299,10 +299,10 @@ impl AtomicWriter {
             .mode(PARENT_DIR_MODE)
             .create(parent)
             .map_err(|e| ApiError::io("create directory", parent, &e))?;
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".space-tmp-{:016x}", rand::random::<u64>()));
-        let tmp = parent.join(tmp_name);
+        let tmp = parent.join(space_core::files::atomic_write_temp_name(
+            &name.to_string_lossy(),
+            rand::random::<u64>(),
+        ));
         let file = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
