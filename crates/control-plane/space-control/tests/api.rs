@@ -95,6 +95,10 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         desired_state: DesiredState::Running,
         created_at_ms: space_control::db::now_ms(),
         expires_at_ms: space_control::db::now_ms() + 3_600_000,
+        timeout_secs: 3600,
+        on_timeout: Default::default(),
+        auto_resume: false,
+        timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: Some(1),
     };

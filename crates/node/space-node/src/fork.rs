@@ -124,6 +124,7 @@ impl Node {
             rec.vmm_pid = None;
             rec.vm_name = None;
             rec.paused_by = None;
+            rec.stopped_by = None;
             rec.rollback_to = None;
             rec.crash_restores_ms.clear();
             // The child's disk and memory trust the parent's CA: its gateway signs with it.

@@ -79,6 +79,20 @@ pub enum PauseCause {
     /// It was idle longer than its `auto_pause` timeout; the next call that needs the guest
     /// resumes it.
     Idle,
+    /// Its timeout passed (the control plane's reconciler paused it); with the sandbox's
+    /// `auto_resume` the next call that needs the guest resumes it ([`Node::wake_timed_out`]).
+    Timeout,
+}
+
+/// Why a sandbox is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopCause {
+    /// A client asked; only a client starts it.
+    User,
+    /// Its timeout passed (the control plane's reconciler stopped it); with the sandbox's
+    /// `auto_resume` the next call that needs the guest starts it ([`Node::wake_timed_out`]).
+    Timeout,
 }
 
 /// How the sandbox's current VM came to be.
@@ -138,9 +152,12 @@ pub struct SandboxRecord {
     /// Idle time after which the sandbox is paused.
     #[serde(default)]
     pub auto_pause_secs: Option<u64>,
-    /// Set while paused.
+    /// Set while pausing or paused (so a pause a restart interrupted finishes with its cause).
     #[serde(default)]
     pub paused_by: Option<PauseCause>,
+    /// Set while stopping or stopped.
+    #[serde(default)]
+    pub stopped_by: Option<StopCause>,
     /// The snapshot a rollback in progress goes back to.
     #[serde(default)]
     pub rollback_to: Option<SnapshotId>,
@@ -188,6 +205,7 @@ impl SandboxRecord {
             on_crash: CrashPolicy::default(),
             auto_pause_secs: None,
             paused_by: None,
+            stopped_by: None,
             rollback_to: None,
             snapshots: space_core::SnapshotSchedule::default(),
             crash_restores_ms: Vec::new(),

@@ -1,5 +1,6 @@
 //! Lifecycle operations on an existing sandbox: pause and resume (memory stays resident),
-//! stop and start (cold: the disk is kept).
+//! stop and start (cold: the disk is kept), and waking a sandbox its timeout paused or
+//! stopped. Each pause and stop records its cause (a client, idleness, the timeout).
 //!
 //! Each operation takes the sandbox's operation lock, persists the transient state first
 //! (`pausing`, `resuming`, `stopping`, `starting`), does the work, then persists the stable
@@ -16,7 +17,7 @@ use space_vmm::Vm;
 
 use crate::sandbox_manager::now_ms;
 use crate::vm_start::{connect_ready, identity};
-use crate::{Node, NodeError, PauseCause, SandboxRecord, VmOrigin};
+use crate::{Node, NodeError, PauseCause, SandboxRecord, StopCause, VmOrigin};
 
 /// How long a stopping guest gets to flush and freeze its filesystems.
 const STOP_FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -75,16 +76,19 @@ impl Node {
     ) -> Result<SandboxRecord, NodeError> {
         let op = self.op_lock(id)?;
         let _guard = op.lock().await;
-        self.inner.transition(id, SandboxEvent::Pause, |_| {})?;
-        self.finish_pause(id, cause).await
+        // The cause is persisted with `pausing`: a pause a restart interrupts keeps it.
+        self.inner
+            .transition(id, SandboxEvent::Pause, |r| r.paused_by = Some(cause))?;
+        self.finish_pause(id).await
     }
 
-    /// Second half of a pause (also used to finish one after a restart).
-    pub(crate) async fn finish_pause(
-        &self,
-        id: &SandboxId,
-        cause: PauseCause,
-    ) -> Result<SandboxRecord, NodeError> {
+    /// Second half of a pause (also used to finish one after a restart), with the cause
+    /// its `pausing` record holds.
+    pub(crate) async fn finish_pause(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+        let cause = self
+            .sandbox(id)
+            .and_then(|r| r.paused_by)
+            .unwrap_or(PauseCause::User);
         let vm = self.vm_of(id)?;
         // A paused guest cannot answer keep-alives: close the channel first, and leave the
         // daemon waiting for the handshake the resume will send.
@@ -103,6 +107,26 @@ impl Node {
                 self.inner.fail(id, Some(&vm), &reason).await;
                 Err(NodeError::SandboxFailed(reason))
             }
+        }
+    }
+
+    /// Brings back a sandbox its timeout paused (resume) or stopped (a cold start on its
+    /// disk), for a call that needs its guest; `false` if it is in neither case (then
+    /// nothing is done). Whether the sandbox wants this (`auto_resume`) is the caller's
+    /// decision. Someone else resuming or starting it first is not an error.
+    pub async fn wake_timed_out(&self, id: &SandboxId) -> Result<bool, NodeError> {
+        let Some(rec) = self.sandbox(id) else {
+            return Err(NodeError::SandboxNotFound(id.clone()));
+        };
+        let woken = match (rec.state, rec.paused_by, rec.stopped_by) {
+            (SandboxState::Paused, Some(PauseCause::Timeout), _) => self.resume_sandbox(id).await,
+            (SandboxState::Stopped, _, Some(StopCause::Timeout)) => self.start_sandbox(id).await,
+            _ => return Ok(false),
+        };
+        match woken {
+            Ok(_) => Ok(true),
+            Err(NodeError::Lifecycle(_)) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -143,11 +167,16 @@ impl Node {
     }
 
     /// Stops a running or paused sandbox: the VM goes away, the disk stays.
-    pub async fn stop_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+    pub async fn stop_sandbox(
+        &self,
+        id: &SandboxId,
+        cause: StopCause,
+    ) -> Result<SandboxRecord, NodeError> {
         let op = self.op_lock(id)?;
         let _guard = op.lock().await;
-        let before = self.inner.transition(id, SandboxEvent::Stop, |_| {})?;
-        let _ = before;
+        // The cause is persisted with `stopping`, and stays while stopped.
+        self.inner
+            .transition(id, SandboxEvent::Stop, |r| r.stopped_by = Some(cause))?;
         self.finish_stop(id).await
     }
 
@@ -237,6 +266,8 @@ impl Node {
             r.vm_name = None;
             r.origin = VmOrigin::Boot;
             r.failure_reason = None;
+            r.paused_by = None;
+            r.stopped_by = None;
         })?;
         tracing::info!(%id, "sandbox booted on its disk");
         Ok(rec)

@@ -422,6 +422,7 @@ impl Node {
             r.origin = origin;
             r.rollback_to = None;
             r.paused_by = None;
+            r.stopped_by = None;
         })
     }
 

@@ -21,10 +21,12 @@ use space_core::sandbox::{
     validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList,
     SetTimeoutRequest, MAX_LABELS, MAX_TIMEOUT_SECS,
 };
-use space_core::sandbox::{PausedBy, SandboxOrigin};
+use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, TenantId};
-use space_node::{CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, VmOrigin};
+use space_node::{
+    CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, StopCause, VmOrigin,
+};
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -77,6 +79,10 @@ pub fn sandbox_info(
         node: row.node.clone(),
         created_at_ms: row.created_at_ms,
         expires_at_ms: row.expires_at_ms,
+        timeout_secs: row.timeout_secs,
+        on_timeout: row.on_timeout,
+        auto_resume: row.auto_resume,
+        timed_out_at_ms: row.timed_out_at_ms,
         create_latency_ms: row.create_latency_ms.and_then(|v| u64::try_from(v).ok()),
         failure_reason,
         paused_by: record
@@ -85,6 +91,14 @@ pub fn sandbox_info(
             .map(|c| match c {
                 PauseCause::User => PausedBy::User,
                 PauseCause::Idle => PausedBy::Idle,
+                PauseCause::Timeout => PausedBy::Timeout,
+            }),
+        stopped_by: record
+            .filter(|r| r.state == SandboxState::Stopped)
+            .and_then(|r| r.stopped_by)
+            .map(|c| match c {
+                StopCause::User => StoppedBy::User,
+                StopCause::Timeout => StoppedBy::Timeout,
             }),
         origin: record
             .filter(|r| !matches!(r.state, SandboxState::Deleted | SandboxState::Stopped))
@@ -237,6 +251,8 @@ pub async fn create_sandbox(
             },
             labels: req.labels.clone(),
             timeout_secs: req.timeout_secs,
+            on_timeout: req.on_timeout,
+            auto_resume: req.auto_resume,
         },
     );
     let project = parse_project(req.project.as_deref())?;
@@ -286,13 +302,17 @@ pub struct NewRow {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Requested timeout (already validated); default [`DEFAULT_TIMEOUT_SECS`].
     pub timeout_secs: Option<u64>,
+    /// What happens when the timeout passes.
+    pub on_timeout: TimeoutAction,
+    /// Whether the next call that needs the guest wakes it after its timeout acted.
+    pub auto_resume: bool,
 }
 
 /// The desired-state row of a sandbox about to be made on this node.
 pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> SandboxRow {
     let now = now_ms();
-    let timeout_ms =
-        i64::try_from(new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
+    let timeout_secs = new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    let timeout_ms = i64::try_from(timeout_secs * 1000).unwrap_or(i64::MAX);
     SandboxRow {
         id,
         tenant_id: tenant.clone(),
@@ -304,6 +324,10 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> 
         desired_state: DesiredState::Running,
         created_at_ms: now,
         expires_at_ms: now.saturating_add(timeout_ms),
+        timeout_secs,
+        on_timeout: new.on_timeout,
+        auto_resume: new.auto_resume,
+        timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
     }
@@ -542,7 +566,9 @@ pub async fn delete_sandbox(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Set the sandbox timeout: it is deleted automatically `timeout_secs` from now.
+/// Set the sandbox timeout: its `on_timeout` action (deletion by default) happens
+/// `timeout_secs` from now, and each time it runs again (resume, start) it gets
+/// `timeout_secs` once more. A sandbox its timeout paused or stopped gets a deadline again.
 #[utoipa::path(
     put,
     path = "/v1/sandboxes/{id}/timeout",
@@ -565,9 +591,7 @@ pub async fn set_timeout(
 ) -> ApiResult<Json<SandboxInfo>> {
     validate_timeout(req.timeout_secs)?;
     st.live_sandbox(&tenant.id, &id).await?;
-    let expires =
-        now_ms().saturating_add(i64::try_from(req.timeout_secs * 1000).unwrap_or(i64::MAX));
-    if !st.db.set_expiry(&id, expires).await? {
+    if !st.db.set_timeout(&id, req.timeout_secs, now_ms()).await? {
         return Err(ApiError::sandbox_not_found(&id));
     }
     let row = st.find_sandbox(&tenant.id, &id).await?;
@@ -645,6 +669,10 @@ mod tests {
             desired_state: desired,
             created_at_ms: 1,
             expires_at_ms: 2,
+            timeout_secs: 1,
+            on_timeout: TimeoutAction::Pause,
+            auto_resume: true,
+            timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: Some(5),
         }
@@ -730,6 +758,38 @@ mod tests {
             sandbox_info(&r, None, true).on_crash,
             space_core::sandbox::CrashPolicy::Restore
         );
+    }
+
+    #[test]
+    fn merge_shows_what_the_timeout_did() {
+        let mut r = row(DesiredState::Running);
+        r.timed_out_at_ms = Some(7);
+        let mut rec = record(&r, SandboxState::Paused);
+        rec.paused_by = Some(PauseCause::Timeout);
+        let info = sandbox_info(&r, Some(&rec), false);
+        assert_eq!(
+            (info.paused_by, info.stopped_by, info.timed_out_at_ms),
+            (Some(PausedBy::Timeout), None, Some(7))
+        );
+        assert_eq!(
+            (info.on_timeout, info.auto_resume, info.timeout_secs),
+            (TimeoutAction::Pause, true, 1)
+        );
+        rec.state = SandboxState::Stopped;
+        rec.stopped_by = Some(StopCause::Timeout);
+        let info = sandbox_info(&r, Some(&rec), false);
+        assert_eq!(
+            (info.paused_by, info.stopped_by),
+            (None, Some(StoppedBy::Timeout))
+        );
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            (&json["stopped_by"], &json["on_timeout"]),
+            (&serde_json::json!("timeout"), &serde_json::json!("pause"))
+        );
+        // Only a stopped sandbox shows who stopped it.
+        rec.state = SandboxState::Running;
+        assert_eq!(sandbox_info(&r, Some(&rec), false).stopped_by, None);
     }
 
     #[test]
