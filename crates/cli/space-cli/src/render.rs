@@ -177,6 +177,9 @@ pub fn sandbox(s: &SandboxInfo) {
     if let Some(p) = &s.forked_from {
         lines.push(("forked from", p.to_string()));
     }
+    if let Some(snap) = &s.from_snapshot {
+        lines.push(("from snapshot", snap.to_string()));
+    }
     if let Some(secs) = s.auto_pause_secs {
         lines.push(("auto pause", format!("after {secs} s idle")));
     }
@@ -232,6 +235,7 @@ pub fn timestamp(ms: i64) -> String {
 pub fn snapshots(list: &[SnapshotInfo]) {
     let mut t = table(&[
         "ID",
+        "SANDBOX",
         "KIND",
         "TRIGGER",
         "CREATED",
@@ -242,7 +246,12 @@ pub fn snapshots(list: &[SnapshotInfo]) {
     for s in list {
         t.add_row(vec![
             s.id.to_string(),
-            s.kind.to_string(),
+            s.sandbox_id.to_string(),
+            if s.persistent {
+                format!("{} (persistent)", s.kind)
+            } else {
+                s.kind.to_string()
+            },
             s.trigger.to_string(),
             format!(
                 "{} ({})",

@@ -327,6 +327,7 @@ mod tests {
                 resources: Resources::default(),
                 env_keys: vec![],
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,

@@ -32,6 +32,9 @@ const ROUTES: &[&str] = &[
     "POST /v1/sandboxes/{id}/snapshots",
     "DELETE /v1/sandboxes/{id}/snapshots/{snapshot_id}",
     "GET /v1/sandboxes/{id}/snapshots/diff",
+    "GET /v1/snapshots",
+    "GET /v1/snapshots/{snapshot_id}",
+    "DELETE /v1/snapshots/{snapshot_id}",
     "GET /v1/pool",
     "POST /v1/sandboxes/{id}/processes",
     "GET /v1/sandboxes/{id}/processes",
@@ -90,6 +93,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
             resources: Resources::default(),
             env_keys: vec![],
             forked_from: None,
+            from_snapshot: None,
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,
@@ -437,7 +441,22 @@ async fn bad_requests_are_invalid_request_errors() {
             r#"{"template":"base","resources":{"gpus":1}}"#,
             "unknown field",
         ),
-        ("/v1/sandboxes", r#"{"labels":{}}"#, "missing field"),
+        ("/v1/sandboxes", r#"{"labels":{}}"#, "`template`"),
+        (
+            "/v1/sandboxes",
+            r#"{"snapshot":"snp-nope"}"#,
+            "malformed id",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"snapshot":"snp-aaaaaaaaaaaaaaaaaaaa","template":"base"}"#,
+            "takes its template and resources from the snapshot",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","on_timeout":"hibernate"}"#,
+            "unknown variant",
+        ),
     ];
     for (path, body, needle) in cases {
         let (status, err) = error_of(post_json(path.to_string(), body).send().await.unwrap()).await;

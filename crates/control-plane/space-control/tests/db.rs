@@ -22,6 +22,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
             resources: Resources::default(),
             env_keys: vec!["TOKEN".into()],
             forked_from: None,
+            from_snapshot: None,
         },
         labels: labels
             .iter()
@@ -260,6 +261,7 @@ async fn sandbox_lifecycle_updates() {
             },
             env_keys: vec!["A".into()],
             forked_from: None,
+            from_snapshot: None,
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await

@@ -46,9 +46,19 @@ impl ResourcesRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
-    /// Template name, e.g. `base`.
+    /// Template name, e.g. `base`; required unless `snapshot` is given.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template: String,
-    /// Resources; defaults from the template.
+    /// Create the sandbox from this snapshot (one of the caller's, listed by
+    /// `GET /v1/snapshots`; its sandbox may have been deleted since) instead of from a
+    /// template: a checkpoint brings back its memory and processes (made unique: fresh RNG
+    /// seed, hostname, clock), a disk snapshot boots on a copy-on-write copy of its disk.
+    /// Template and resources are the snapshot's; `env` and `labels` are added to (or
+    /// replace) the snapshot's; its egress policy and project apply unless given here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub snapshot: Option<SnapshotId>,
+    /// Resources; defaults from the template (not allowed with `snapshot`).
     #[serde(default)]
     pub resources: ResourcesRequest,
     /// Environment variables every process in the sandbox gets.
@@ -238,6 +248,10 @@ pub struct SandboxInfo {
     /// The sandbox it was forked from, for forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<SandboxId>,
+    /// The snapshot it was created from, for sandboxes created from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub from_snapshot: Option<SnapshotId>,
     /// What the node does if its VMM dies.
     #[serde(default)]
     pub on_crash: CrashPolicy,
@@ -327,6 +341,24 @@ pub struct CreateSnapshotRequest {
     /// Free text, 1 to 128 printable characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Keep it until it is deleted, also after the sandbox is deleted (with what a new
+    /// sandbox needs: template, resources, env, egress policy, labels, the sandbox's CA),
+    /// and never thin it by retention; default false (it goes with its sandbox). A
+    /// persistent checkpoint is taken with the workload frozen for the save, so sandboxes
+    /// created from it run none of it before they are made unique.
+    #[serde(default)]
+    pub persistent: bool,
+}
+
+impl Default for CreateSnapshotRequest {
+    /// A disk snapshot, without label, that goes with its sandbox.
+    fn default() -> Self {
+        CreateSnapshotRequest {
+            kind: default_snapshot_kind(),
+            label: None,
+            persistent: false,
+        }
+    }
 }
 
 fn default_snapshot_kind() -> SnapshotKind {
@@ -348,11 +380,12 @@ pub struct SnapshotTaken {
     pub guest_pause_ms: Option<u64>,
 }
 
-/// `GET /v1/sandboxes/{id}/snapshots`.
+/// `GET /v1/sandboxes/{id}/snapshots` (oldest first) and `GET /v1/snapshots` (the
+/// tenant's, newest first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SnapshotList {
-    /// Snapshots, oldest first.
+    /// Snapshots.
     pub snapshots: Vec<SnapshotInfo>,
 }
 

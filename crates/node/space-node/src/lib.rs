@@ -16,11 +16,13 @@ mod credentials;
 pub mod error;
 mod events;
 pub mod fork;
+mod from_snapshot;
 mod gateway;
 pub mod image;
 pub mod network;
 pub mod node_manager;
 mod ops;
+pub mod persistent;
 mod pool;
 pub mod records;
 pub mod recovery;
@@ -41,6 +43,7 @@ pub use space_secrets::ProjectId;
 
 pub use config::NodeConfig;
 pub use error::NodeError;
+pub use persistent::{SnapshotOwner, SnapshotSource};
 pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
 pub use space_guest_client::{GuestClient, GuestError};
@@ -67,6 +70,33 @@ pub struct CreateSandbox {
     /// The project within the tenant, if any (credential scopes).
     pub project: Option<ProjectId>,
     /// What may leave the sandbox; `None` = the node's default ([`NodeConfig::egress`]).
+    pub egress: Option<EgressPolicy>,
+}
+
+/// A create from a snapshot as the node sees it (authorised and validated by the control
+/// plane): template and resources are the snapshot's.
+#[derive(Debug, Clone)]
+pub struct CreateFromSnapshot {
+    /// Chosen by the control plane.
+    pub id: SandboxId,
+    /// The snapshot.
+    pub snapshot: SnapshotId,
+    /// The live sandbox the snapshot is one of; `None`: a persistent snapshot whose sandbox
+    /// was deleted.
+    pub source: Option<SandboxId>,
+    /// Environment added to (or replacing) the snapshot's.
+    pub env: BTreeMap<String, String>,
+    /// What to do when the VMM dies.
+    pub on_crash: CrashPolicy,
+    /// Pause the sandbox after this long without activity; `None` = never.
+    pub auto_pause_secs: Option<u64>,
+    /// Automatic snapshots; `None` = the default schedule.
+    pub snapshots: Option<space_core::SnapshotSchedule>,
+    /// The owner, who must be the snapshot's.
+    pub tenant: TenantId,
+    /// The project within the tenant; `None` = the snapshot's.
+    pub project: Option<ProjectId>,
+    /// What may leave the sandbox; `None` = the snapshot's.
     pub egress: Option<EgressPolicy>,
 }
 

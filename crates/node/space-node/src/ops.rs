@@ -10,12 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use space_core::template::TemplateInfo;
 use space_core::{SandboxEvent, SandboxId, SandboxState};
 use space_guest_proto::GuestConfig;
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 use space_vmm::Vm;
 
-use crate::sandbox_manager::now_ms;
+use crate::sandbox_manager::{now_ms, Inner};
 use crate::vm_start::{connect_ready, identity};
 use crate::{Node, NodeError, PauseCause, SandboxRecord, StopCause, VmOrigin};
 
@@ -229,25 +230,38 @@ impl Node {
             .sandbox(id)
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         let tpl = self.template(&rec.template)?;
+        let config = self.inner.guest_config(id, &tpl)?;
+        let pid = self.boot_in_place(&rec, &tpl, &config).await?;
+        let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
+            r.vmm_pid = Some(pid);
+            r.vm_name = None;
+            r.origin = VmOrigin::Boot;
+            r.failure_reason = None;
+            r.paused_by = None;
+            r.stopped_by = None;
+        })?;
+        tracing::info!(%id, "sandbox booted on its disk");
+        Ok(rec)
+    }
+
+    /// Boots `rec`'s VM on the disk already in its directory, with `config`, and watches
+    /// it; returns the VMM's pid. A VM that does not come up is killed.
+    pub(crate) async fn boot_in_place(
+        &self,
+        rec: &SandboxRecord,
+        tpl: &TemplateInfo,
+        config: &GuestConfig,
+    ) -> Result<u32, NodeError> {
+        let id = &rec.id;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
-        let (env, trusted_ca_pem) = self.inner.guest_env_and_trust(id)?;
-        let config = GuestConfig {
-            hostname: id.to_string(),
-            env,
-            default_user: tpl.default_user.clone(),
-            resize_root: false,
-            time_unix_ms: now_ms(),
-            network: self.inner.guest_network(),
-            trusted_ca_pem,
-        };
         let (vm, guest) = match self
             .boot(
                 id.as_str(),
-                &tpl,
+                tpl,
                 &rec.resources,
                 &disk,
                 ExistingDisk::Replace,
-                &config,
+                config,
             )
             .await
         {
@@ -261,15 +275,28 @@ impl Node {
         };
         let pid = vm.pid();
         self.attach(id, Arc::new(vm), Some(guest));
-        let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
-            r.vmm_pid = Some(pid);
-            r.vm_name = None;
-            r.origin = VmOrigin::Boot;
-            r.failure_reason = None;
-            r.paused_by = None;
-            r.stopped_by = None;
-        })?;
-        tracing::info!(%id, "sandbox booted on its disk");
-        Ok(rec)
+        Ok(pid)
+    }
+}
+
+impl Inner {
+    /// The configuration a freshly booted or new guest of sandbox `id` gets: its id as
+    /// hostname, its env (with its credential placeholders), its CA to trust, its network,
+    /// the clock. The root file system is not grown.
+    pub(crate) fn guest_config(
+        &self,
+        id: &SandboxId,
+        tpl: &TemplateInfo,
+    ) -> Result<GuestConfig, NodeError> {
+        let (env, trusted_ca_pem) = self.guest_env_and_trust(id)?;
+        Ok(GuestConfig {
+            hostname: id.to_string(),
+            env,
+            default_user: tpl.default_user.clone(),
+            resize_root: false,
+            time_unix_ms: now_ms(),
+            network: self.guest_network(),
+            trusted_ca_pem,
+        })
     }
 }

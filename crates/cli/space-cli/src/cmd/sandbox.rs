@@ -110,8 +110,13 @@ pub enum SandboxCmd {
 #[derive(Args, Debug)]
 pub struct CreateArgs {
     /// Template name.
-    #[arg(long, short)]
-    template: String,
+    #[arg(long, short, required_unless_present = "snapshot")]
+    template: Option<String>,
+    /// Create it from this snapshot (see `space snapshot list`) instead of a template: a
+    /// checkpoint brings back memory and processes, a disk snapshot boots on a copy of its
+    /// disk. Template and resources are the snapshot's.
+    #[arg(long, conflicts_with_all = ["template", "vcpus", "memory_mib", "disk_mib"])]
+    snapshot: Option<String>,
     /// Virtual CPUs.
     #[arg(long)]
     vcpus: Option<u32>,
@@ -173,7 +178,8 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
     match c {
         SandboxCmd::Create(a) => {
             let req = CreateSandboxRequest {
-                template: a.template,
+                template: a.template.unwrap_or_default(),
+                snapshot: a.snapshot.as_deref().map(snapshot_id).transpose()?,
                 resources: ResourcesRequest {
                     vcpus: a.vcpus,
                     memory_mib: a.memory_mib,

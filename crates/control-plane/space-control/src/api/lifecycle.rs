@@ -294,6 +294,7 @@ pub async fn fork(
                     resources: parent_rec.resources,
                     env_keys: parent_row.spec.env_keys.clone(),
                     forked_from: Some(parent.clone()),
+                    from_snapshot: None,
                 },
                 labels: labels.clone(),
                 timeout_secs: req.timeout_secs,

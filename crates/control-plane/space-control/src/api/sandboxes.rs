@@ -23,9 +23,10 @@ use space_core::sandbox::{
 };
 use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
-use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, TenantId};
+use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
 use space_node::{
-    CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, StopCause, VmOrigin,
+    CreateFromSnapshot, CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, StopCause,
+    VmOrigin,
 };
 use utoipa::IntoParams;
 
@@ -104,6 +105,7 @@ pub fn sandbox_info(
             .filter(|r| !matches!(r.state, SandboxState::Deleted | SandboxState::Stopped))
             .map(|r| origin(&r.origin)),
         forked_from: row.spec.forked_from.clone(),
+        from_snapshot: row.spec.from_snapshot.clone(),
         on_crash: record.map(|r| r.on_crash).unwrap_or_default(),
         auto_pause_secs: record.and_then(|r| r.auto_pause_secs),
         project: record.and_then(|r| r.project.as_ref().map(|p| p.to_string())),
@@ -194,7 +196,8 @@ fn template_not_found(name: &str) -> ApiError {
     ))
 }
 
-/// Create a sandbox; returns once its daemon is ready.
+/// Create a sandbox, from a template or from one of the caller's snapshots; returns once
+/// its daemon is ready.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes",
@@ -204,7 +207,7 @@ fn template_not_found(name: &str) -> ApiError {
         (status = 201, description = "Created and running", body = SandboxInfo),
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 404, description = "No such template, or no such snapshot of the caller's", body = ErrorBody),
         (status = 413, description = "Body larger than 1 MiB", body = ErrorBody),
         (status = 502, description = "The sandbox failed to start", body = ErrorBody),
         (status = 507, description = "Not enough capacity on the node", body = ErrorBody),
@@ -218,6 +221,15 @@ pub async fn create_sandbox(
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
     let started = Instant::now();
     validate_create(&req)?;
+    if let Some(snapshot) = req.snapshot.clone() {
+        let info = create_from_snapshot(&st, &tenant, snapshot, req, started).await?;
+        return Ok((StatusCode::CREATED, Json(info)));
+    }
+    if req.template.is_empty() {
+        return Err(ApiError::invalid(
+            "give `template` (or `snapshot`) to create a sandbox from",
+        ));
+    }
     if !validate_template_name(&req.template) {
         return Err(template_not_found(&req.template));
     }
@@ -248,6 +260,7 @@ pub async fn create_sandbox(
                 resources,
                 env_keys: req.env.keys().cloned().collect(),
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: req.labels.clone(),
             timeout_secs: req.timeout_secs,
@@ -279,15 +292,103 @@ pub async fn create_sandbox(
         project,
         egress,
     };
-    let task_state = st.clone();
+    let node = st.node.clone();
+    let info = create_in_task(st, row, guard, started, async move {
+        node.create_sandbox(create).await
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Runs the node's side of a create in its own task (a client that hangs up cannot cancel
+/// it half-way), then [`finish_create`], and only then leaves the in-flight set.
+async fn create_in_task<F>(
+    st: AppState,
+    row: SandboxRow,
+    guard: InFlightGuard,
+    started: Instant,
+    create: F,
+) -> ApiResult<SandboxInfo>
+where
+    F: std::future::Future<Output = Result<SandboxRecord, NodeError>> + Send + 'static,
+{
     let task = tokio::spawn(async move {
-        let result = task_state.node.create_sandbox(create).await;
-        let outcome = finish_create(&task_state, row, result, started).await;
+        let result = create.await;
+        let outcome = finish_create(&st, row, result, started).await;
         drop(guard);
         outcome
     });
-    let info = task.await.map_err(ApiError::internal)??;
-    Ok((StatusCode::CREATED, Json(info)))
+    task.await.map_err(ApiError::internal)?
+}
+
+/// A create with `snapshot`: template and resources are the snapshot's, labels and env are
+/// added to its, its egress policy and project apply unless the request names others.
+async fn create_from_snapshot(
+    st: &AppState,
+    tenant: &AuthTenant,
+    snapshot: SnapshotId,
+    req: CreateSandboxRequest,
+    started: Instant,
+) -> ApiResult<SandboxInfo> {
+    if !req.template.is_empty() || req.resources != ResourcesRequest::default() {
+        return Err(ApiError::invalid(
+            "a sandbox created from a snapshot takes its template and resources from the snapshot: give `snapshot` without `template` and `resources`",
+        ));
+    }
+    let found = super::snapshots::find_snapshot(st, &tenant.id, &snapshot).await?;
+    let mut labels = match &found.sandbox {
+        Some(row) => row.labels.clone(),
+        None => found.source.labels.clone(),
+    };
+    labels.extend(req.labels.clone());
+    validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
+    let mut env_keys: Vec<String> = found.source.env.keys().cloned().collect();
+    env_keys.extend(
+        req.env
+            .keys()
+            .filter(|k| !found.source.env.contains_key(*k))
+            .cloned(),
+    );
+    env_keys.sort();
+    let id = SandboxId::generate();
+    let row = new_row(
+        id.clone(),
+        &tenant.id,
+        st,
+        NewRow {
+            template: found.source.template.clone(),
+            template_digest: found.source.template_digest.clone(),
+            spec: SandboxSpec {
+                resources: found.source.resources,
+                env_keys,
+                forked_from: None,
+                from_snapshot: Some(snapshot.clone()),
+            },
+            labels,
+            timeout_secs: req.timeout_secs,
+            on_timeout: req.on_timeout,
+            auto_resume: req.auto_resume,
+        },
+    );
+    let create = CreateFromSnapshot {
+        id: id.clone(),
+        snapshot: snapshot.clone(),
+        source: found.sandbox.map(|r| r.id),
+        env: req.env,
+        on_crash: req.on_crash,
+        auto_pause_secs: req.auto_pause_secs,
+        snapshots: req.snapshots,
+        tenant: tenant.id.clone(),
+        project: parse_project(req.project.as_deref())?,
+        egress: req.egress,
+    };
+    let guard = begin_create(st, &row).await?;
+    tracing::info!(sandbox = %id, tenant = %tenant.name, %snapshot, "creating sandbox from a snapshot");
+    let node = st.node.clone();
+    create_in_task(st.clone(), row, guard, started, async move {
+        node.create_sandbox_from_snapshot(create).await
+    })
+    .await
 }
 
 /// What a new sandbox row is made of (the rest is set by [`new_row`]).
@@ -664,6 +765,7 @@ mod tests {
                 resources: Resources::default(),
                 env_keys: vec!["A".into()],
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: BTreeMap::new(),
             desired_state: desired,

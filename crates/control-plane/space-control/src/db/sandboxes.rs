@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use space_core::sandbox::TimeoutAction;
-use space_core::{Resources, SandboxId, TenantId};
+use space_core::{Resources, SandboxId, SnapshotId, TenantId};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
@@ -48,7 +48,7 @@ impl DesiredState {
 
 /// The stored creation spec. Environment variable values are secrets and are never
 /// stored: they go to the node at create time only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
     /// Resources (template defaults already filled in).
     pub resources: Resources,
@@ -57,6 +57,9 @@ pub struct SandboxSpec {
     /// For a fork: the sandbox it was forked from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<SandboxId>,
+    /// For a sandbox created from a snapshot: the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotId>,
 }
 
 /// One row of `sandboxes`.
