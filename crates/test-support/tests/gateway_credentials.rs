@@ -79,6 +79,7 @@ async fn checkpoint(c: &SpaceClient, id: &SandboxId) {
     let req = CreateSnapshotRequest {
         kind: SnapshotKind::Checkpoint,
         label: None,
+        persistent: false,
     };
     c.create_snapshot(id, &req).await.expect("checkpoint");
 }

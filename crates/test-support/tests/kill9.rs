@@ -1,7 +1,9 @@
 //! `kill -9` of the server in the middle of pause, checkpoint, fork and rollback. After a
 //! restart on the same data directory: the sandbox is not lost (it is running or paused,
 //! and answers), no half-taken snapshot is listed or left on disk, and every listed
-//! snapshot can be rolled back to. The suite's leak check then finds no stray VM or file.
+//! snapshot can be rolled back to. And in the middle of a delete that moves persistent
+//! snapshots out of their sandbox: each is kept whole, exactly once, and the delete
+//! finishes. The suite's leak check then finds no stray VM or file.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,7 +46,10 @@ async fn spawn_server(data_dir: &Path) -> (Child, SpaceClient) {
 }
 
 fn snapshot(kind: space_core::SnapshotKind) -> CreateSnapshotRequest {
-    CreateSnapshotRequest { kind, label: None }
+    CreateSnapshotRequest {
+        kind,
+        ..Default::default()
+    }
 }
 
 fn pending_snapshot_dirs(data_dir: &Path, id: &SandboxId) -> Vec<PathBuf> {
@@ -186,4 +191,121 @@ async fn kill9_during_rollback() {
     for ms in [30, 300] {
         kill_during(Op::Rollback, Duration::from_millis(ms)).await;
     }
+}
+
+/// Entries of a directory (none if it does not exist).
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Persistent snapshots a sandbox's delete moves out of its directory.
+const KEPT_SNAPSHOTS: usize = 6;
+/// How long the kill waits for the first snapshot to move before it kills anyway.
+const MOVE_WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_while_a_delete_moves_persistent_snapshots() {
+    let data_dir = new_data_dir();
+    let config = test_server_config(&data_dir);
+    let (mut child, c) = spawn_server(&data_dir).await;
+    let sb = c
+        .create_sandbox(&CreateSandboxRequest {
+            template: TEST_TEMPLATE.into(),
+            snapshots: Some(space_core::SnapshotSchedule::disabled()),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let id = sb.id.clone();
+    c.run(&id, &ProcessSpec::shell("echo kept > /home/user/kept"))
+        .await
+        .expect("write");
+    let mut kept = Vec::new();
+    for _ in 0..KEPT_SNAPSHOTS {
+        let req = CreateSnapshotRequest {
+            persistent: true,
+            ..snapshot(space_core::SnapshotKind::Disk)
+        };
+        kept.push(
+            c.create_snapshot(&id, &req)
+                .await
+                .expect("snapshot")
+                .snapshot
+                .id,
+        );
+    }
+    c.create_snapshot(&id, &snapshot(space_core::SnapshotKind::Disk))
+        .await
+        .expect("a snapshot that goes with the sandbox");
+    kept.sort();
+    let moved_to = data_dir.join("store/snapshots");
+    let moved_from = data_dir
+        .join("store/sandboxes")
+        .join(id.as_str())
+        .join("snapshots");
+
+    let delete = {
+        let (c, id) = (c.clone(), id.clone());
+        tokio::spawn(async move { c.delete_sandbox(&id).await })
+    };
+    // Kill as soon as the first snapshot has moved: most likely before the last one has.
+    let deadline = std::time::Instant::now() + MOVE_WAIT;
+    while entries(&moved_to).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    child.start_kill().expect("kill -9 the server");
+    let _ = child.wait().await;
+    delete.abort();
+    let (there, left) = (entries(&moved_to).len(), entries(&moved_from).len());
+    eprintln!("killed with {there} snapshot(s) moved and {left} entries left in the sandbox");
+
+    let ts = TestServer::start_on(data_dir.clone(), config).await;
+    ts.wait_state(&id, SandboxState::Deleted, Duration::from_secs(60))
+        .await;
+    // Each persistent snapshot once, whole, where persistent snapshots of deleted
+    // sandboxes are; nothing half-made anywhere; the sandbox's own files gone.
+    let mut listed: Vec<_> = ts
+        .client
+        .tenant_snapshots(None::<&SandboxId>, None)
+        .await
+        .expect("list")
+        .snapshots
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, kept);
+    let names: Vec<String> = kept.iter().map(|s| s.to_string()).collect();
+    assert_eq!(entries(&moved_to), names, "no debris beside them");
+    for snap in &kept {
+        assert_eq!(
+            entries(&moved_to.join(snap.as_str())),
+            vec!["disk.raw", "meta.json", "source.json"]
+        );
+    }
+    assert!(!data_dir.join("store/sandboxes").join(id.as_str()).exists());
+    // And a sandbox starts from one of them.
+    let from = ts
+        .client
+        .create_sandbox(&CreateSandboxRequest {
+            snapshot: Some(kept[0].clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("create from a kept snapshot");
+    let out = ts
+        .client
+        .run(&from.id, &ProcessSpec::shell("cat /home/user/kept"))
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout_str().trim(), "kept");
+    ts.stop().await;
 }

@@ -297,6 +297,7 @@ async fn other_tenants_and_unknown_sandboxes_get_404_everywhere() {
             &CreateSnapshotRequest {
                 kind: SnapshotKind::Disk,
                 label: None,
+                persistent: false,
             },
         )
         .await
@@ -348,6 +349,7 @@ async fn other_tenants_and_unknown_sandboxes_get_404_everywhere() {
                     &CreateSnapshotRequest {
                         kind: SnapshotKind::Checkpoint,
                         label: None,
+                        persistent: false,
                     },
                 )
                 .await

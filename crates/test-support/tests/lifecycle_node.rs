@@ -76,7 +76,7 @@ async fn checkpoint_and_disk_snapshot_rollbacks() {
     let n = node(&ts);
     sh(&ts, &id, "mkdir -p /data && echo one > /data/file && sync").await;
     let disk = n
-        .snapshot_disk(&id, Some("before".into()), SnapshotTrigger::Manual)
+        .snapshot_disk(&id, Some("before".into()), SnapshotTrigger::Manual, None)
         .await
         .expect("disk snapshot");
     sh(
@@ -86,7 +86,7 @@ async fn checkpoint_and_disk_snapshot_rollbacks() {
     )
     .await;
     let cp = n
-        .checkpoint(&id, None, SnapshotTrigger::Manual)
+        .checkpoint(&id, None, SnapshotTrigger::Manual, None)
         .await
         .expect("checkpoint");
     eprintln!(
@@ -124,7 +124,7 @@ async fn crash_restores_from_latest_checkpoint() {
     let id = create(&ts).await;
     let n = node(&ts);
     sh(&ts, &id, "echo saved > /tmp/state").await;
-    n.checkpoint(&id, None, SnapshotTrigger::Manual)
+    n.checkpoint(&id, None, SnapshotTrigger::Manual, None)
         .await
         .expect("checkpoint");
     let pid = n.sandbox(&id).and_then(|r| r.vmm_pid).expect("pid");

@@ -45,6 +45,7 @@ async fn snapshot(
         &CreateSnapshotRequest {
             kind,
             label: label.map(str::to_owned),
+            persistent: false,
         },
     )
     .await
@@ -413,8 +414,14 @@ async fn snapshots_of_other_sandboxes_and_of_paused_ones_are_refused() {
     c.pause_sandbox(&b).await.expect("pause");
     for kind in [SnapshotKind::Disk, SnapshotKind::Checkpoint] {
         let (status, code, msg) = api_error(
-            c.create_snapshot(&b, &CreateSnapshotRequest { kind, label: None })
-                .await,
+            c.create_snapshot(
+                &b,
+                &CreateSnapshotRequest {
+                    kind,
+                    ..Default::default()
+                },
+            )
+            .await,
         );
         assert_eq!((status, code), (409, ErrorCode::Conflict), "{kind}: {msg}");
         assert!(msg.contains("paused"), "{kind}: {msg}");
@@ -434,6 +441,7 @@ async fn snapshots_of_other_sandboxes_and_of_paused_ones_are_refused() {
             &CreateSnapshotRequest {
                 kind: SnapshotKind::Checkpoint,
                 label: None,
+                persistent: false,
             },
         )
         .await,
@@ -624,6 +632,7 @@ async fn a_guest_that_froze_itself_gets_a_clear_conflict() {
             &CreateSnapshotRequest {
                 kind: SnapshotKind::Disk,
                 label: None,
+                persistent: false,
             },
         )
         .await,

@@ -25,6 +25,7 @@ use space_core::sandbox::{
 use space_core::template::TemplateInfo;
 use space_core::{
     ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
+    SnapshotInfo,
 };
 use space_guest_proto::limits::MAX_WATCH_LINE;
 
@@ -464,6 +465,44 @@ impl SpaceClient {
                 Self::sbx(id),
                 encode(snapshot.snapshot_ref())
             ),
+        ))
+        .await
+    }
+
+    /// `GET /v1/snapshots?sandbox=&label=`: the tenant's snapshots, newest first (those of
+    /// deleted sandboxes too, for persistent ones).
+    pub async fn tenant_snapshots(
+        &self,
+        sandbox: Option<&(impl SandboxRef + ?Sized)>,
+        label: Option<&str>,
+    ) -> ClientResult<SnapshotList> {
+        let q = query(&[
+            ("sandbox", sandbox.map(|s| s.sandbox_ref().to_owned())),
+            ("label", label.map(str::to_owned)),
+        ]);
+        Self::json(self.request(Method::GET, &format!("/v1/snapshots{q}"))).await
+    }
+
+    /// `GET /v1/snapshots/{snapshot_id}`.
+    pub async fn tenant_snapshot(
+        &self,
+        snapshot: &(impl SnapshotRef + ?Sized),
+    ) -> ClientResult<SnapshotInfo> {
+        Self::json(self.request(
+            Method::GET,
+            &format!("/v1/snapshots/{}", encode(snapshot.snapshot_ref())),
+        ))
+        .await
+    }
+
+    /// `DELETE /v1/snapshots/{snapshot_id}`: wherever the snapshot is.
+    pub async fn delete_tenant_snapshot(
+        &self,
+        snapshot: &(impl SnapshotRef + ?Sized),
+    ) -> ClientResult<()> {
+        Self::empty(self.request(
+            Method::DELETE,
+            &format!("/v1/snapshots/{}", encode(snapshot.snapshot_ref())),
         ))
         .await
     }

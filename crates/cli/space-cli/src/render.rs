@@ -6,7 +6,7 @@ use serde::Serialize;
 use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::files::{FileKind, FileStat};
 use space_core::process::ProcessInfo;
-use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin};
+use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin, StoppedBy};
 use space_core::template::TemplateInfo;
 use space_core::{FileChangeKind, LifecycleEntry, SnapshotDiff, SnapshotInfo};
 
@@ -45,6 +45,15 @@ pub fn relative(ms: i64) -> String {
     }
 }
 
+/// When the sandbox's timeout passes, or `-` while its timeout has paused or stopped it
+/// (no deadline until it runs again).
+pub fn expiry(s: &SandboxInfo) -> String {
+    match s.timed_out_at_ms {
+        Some(_) => "-".to_owned(),
+        None => relative(s.expires_at_ms),
+    }
+}
+
 /// `1.5 MiB`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -78,8 +87,11 @@ pub fn sandboxes(list: &[SandboxInfo]) {
         t.add_row(vec![
             s.id.to_string(),
             s.template.clone(),
-            match s.paused_by {
-                Some(PausedBy::Idle) => format!("{} (idle)", s.state),
+            match (s.paused_by, s.stopped_by) {
+                (Some(PausedBy::Idle), _) => format!("{} (idle)", s.state),
+                (Some(PausedBy::Timeout), _) | (_, Some(StoppedBy::Timeout)) => {
+                    format!("{} (timeout)", s.state)
+                }
                 _ => s.state.to_string(),
             },
             s.resources.vcpus.to_string(),
@@ -87,7 +99,7 @@ pub fn sandboxes(list: &[SandboxInfo]) {
             format!("{} MiB", s.resources.disk_mib),
             labels(s),
             relative(s.created_at_ms),
-            relative(s.expires_at_ms),
+            expiry(s),
         ]);
     }
     println!("{t}");
@@ -111,7 +123,20 @@ pub fn sandbox(s: &SandboxInfo) {
         ),
         ("node", s.node.clone()),
         ("created", relative(s.created_at_ms)),
-        ("expires", relative(s.expires_at_ms)),
+        ("expires", expiry(s)),
+        (
+            "timeout",
+            format!(
+                "{} s, then {}{}",
+                s.timeout_secs,
+                s.on_timeout.as_str(),
+                if s.auto_resume {
+                    " (the next call wakes it)"
+                } else {
+                    ""
+                }
+            ),
+        ),
     ];
     if let Some(ms) = s.create_latency_ms {
         lines.push(("create latency", format!("{ms} ms")));
@@ -128,6 +153,22 @@ pub fn sandbox(s: &SandboxInfo) {
             match p {
                 PausedBy::User => "a client (resume to wake it)".to_owned(),
                 PausedBy::Idle => "idleness (the next call wakes it)".to_owned(),
+                PausedBy::Timeout if s.auto_resume => {
+                    "its timeout (the next call wakes it)".to_owned()
+                }
+                PausedBy::Timeout => "its timeout (resume to wake it)".to_owned(),
+            },
+        ));
+    }
+    if let Some(p) = s.stopped_by {
+        lines.push((
+            "stopped by",
+            match p {
+                StoppedBy::User => "a client (start to boot it)".to_owned(),
+                StoppedBy::Timeout if s.auto_resume => {
+                    "its timeout (the next call boots it)".to_owned()
+                }
+                StoppedBy::Timeout => "its timeout (start to boot it)".to_owned(),
             },
         ));
     }
@@ -136,6 +177,9 @@ pub fn sandbox(s: &SandboxInfo) {
     }
     if let Some(p) = &s.forked_from {
         lines.push(("forked from", p.to_string()));
+    }
+    if let Some(snap) = &s.from_snapshot {
+        lines.push(("from snapshot", snap.to_string()));
     }
     if let Some(secs) = s.auto_pause_secs {
         lines.push(("auto pause", format!("after {secs} s idle")));
@@ -192,6 +236,7 @@ pub fn timestamp(ms: i64) -> String {
 pub fn snapshots(list: &[SnapshotInfo]) {
     let mut t = table(&[
         "ID",
+        "SANDBOX",
         "KIND",
         "TRIGGER",
         "CREATED",
@@ -202,7 +247,12 @@ pub fn snapshots(list: &[SnapshotInfo]) {
     for s in list {
         t.add_row(vec![
             s.id.to_string(),
-            s.kind.to_string(),
+            s.sandbox_id.to_string(),
+            if s.persistent {
+                format!("{} (persistent)", s.kind)
+            } else {
+                s.kind.to_string()
+            },
             s.trigger.to_string(),
             format!(
                 "{} ({})",

@@ -4,25 +4,39 @@
 //! acts. The decision is a pure function, [`plan`]; [`Reconciler::run_once`] executes it.
 //! Every action is idempotent, so running it at any time, twice, or after a crash is safe:
 //!
-//! - **Expire**: a live row past `expires_at_ms` is marked deleted and the node deletes it (TTL).
+//! - **Expire**: a live row past `expires_at_ms` whose timeout action is `delete` is marked
+//!   deleted and the node deletes it. So is one whose action is `pause` or `stop` but that
+//!   can be neither (failed, or gone from its node).
+//! - **PauseExpired** / **StopExpired**: a running sandbox past its deadline whose action is
+//!   `pause` / `stop` is paused / stopped with the cause `timeout`, then its row is marked
+//!   timed out (`timed_out_at_ms`): it has no deadline until it runs again, so the action
+//!   happens once, not at every pass.
+//! - **MarkTimedOut**: a sandbox past that deadline but already paused or stopped is left
+//!   as it is, and marked timed out.
+//! - **RenewTimeout**: a timed-out sandbox that runs again, however it came to (a client's
+//!   resume or start, an automatic wake, a rollback), gets a deadline again: now + its
+//!   timeout. (The API renews it at once for the wakes it performs; this catches the rest.)
 //! - **MarkGone**: a live row whose node record is missing (or deleted) is marked deleted in
 //!   the database, with a log line: the sandbox is gone and will not come back.
 //! - **DeleteOrphan**: a node record with no live row (a crash between the two steps of a
 //!   create or delete) is deleted on the node.
 //!
-//! Sandboxes whose create call is still running in this process are left alone.
+//! Sandboxes whose create call is still running in this process are left alone, and so is a
+//! sandbox in the middle of an operation when its `pause` or `stop` is due (the next pass
+//! acts once the operation has finished).
 //!
-//! A sandbox's live state (running, paused by a client or by idleness, stopped, in the
-//! middle of a snapshot or rollback, failed) is the node's business, not drift: the desired
-//! state only says the sandbox should exist ([`crate::db::DesiredState`]), so every node
-//! state but `deleted` is converged. The TTL applies whatever the live state: a paused or
-//! stopped sandbox past its timeout is deleted like a running one.
+//! A sandbox's live state (running, paused by a client, idleness or its timeout, stopped, in
+//! the middle of a snapshot or rollback, failed) is the node's business, not drift: the
+//! desired state only says the sandbox should exist ([`crate::db::DesiredState`]), so every
+//! node state but `deleted` is converged. A `delete` timeout applies whatever the live state:
+//! a paused or stopped sandbox past its timeout is deleted like a running one.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use space_core::sandbox::TimeoutAction;
 use space_core::{SandboxId, SandboxState};
-use space_node::SandboxRecord;
+use space_node::{NodeError, PauseCause, SandboxRecord, StopCause};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -35,8 +49,16 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 /// One thing to do.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Action {
-    /// Its timeout passed: mark deleted, then delete on the node.
+    /// Its timeout passed and it is to be deleted: mark deleted, then delete on the node.
     Expire(SandboxId),
+    /// Its timeout passed and it runs: pause it (cause `timeout`), then mark it timed out.
+    PauseExpired(SandboxId),
+    /// Its timeout passed and it runs: stop it (cause `timeout`), then mark it timed out.
+    StopExpired(SandboxId),
+    /// Its timeout passed while it was paused or stopped already: mark it timed out.
+    MarkTimedOut(SandboxId),
+    /// It timed out and runs again: renew its deadline.
+    RenewTimeout(SandboxId),
     /// The node no longer has it: mark deleted in the database.
     MarkGone(SandboxId),
     /// The node has it but the database does not want it: delete on the node.
@@ -65,11 +87,8 @@ pub fn plan(
         if creating.contains(&row.id) {
             continue;
         }
-        if row.expires_at_ms <= now_ms {
-            actions.push(Action::Expire(row.id.clone()));
-        } else if !on_node.contains_key(&row.id) {
-            actions.push(Action::MarkGone(row.id.clone()));
-        }
+        let state = on_node.get(&row.id).map(|r| r.state);
+        actions.extend(plan_row(row, state, now_ms));
     }
     for id in on_node.keys() {
         if !wanted.contains(*id) && !creating.contains(*id) {
@@ -78,6 +97,33 @@ pub fn plan(
     }
     actions.sort();
     actions
+}
+
+/// What one live row needs, given its sandbox's state on the node (`None`: no record).
+fn plan_row(row: &SandboxRow, state: Option<SandboxState>, now_ms: i64) -> Option<Action> {
+    let id = row.id.clone();
+    if row.timed_out_at_ms.is_some() {
+        // No deadline: nothing happens until it runs again (or breaks, or goes).
+        return match state {
+            None => Some(Action::MarkGone(id)),
+            Some(SandboxState::Failed) => Some(Action::Expire(id)),
+            Some(s) if s.serves_guest() => Some(Action::RenewTimeout(id)),
+            Some(_) => None,
+        };
+    }
+    if row.expires_at_ms > now_ms {
+        return state.is_none().then_some(Action::MarkGone(id));
+    }
+    match (row.on_timeout, state) {
+        (TimeoutAction::Delete, _) | (_, None | Some(SandboxState::Failed)) => {
+            Some(Action::Expire(id))
+        }
+        (_, Some(SandboxState::Paused | SandboxState::Stopped)) => Some(Action::MarkTimedOut(id)),
+        (TimeoutAction::Pause, Some(SandboxState::Running)) => Some(Action::PauseExpired(id)),
+        (TimeoutAction::Stop, Some(SandboxState::Running)) => Some(Action::StopExpired(id)),
+        // In the middle of an operation: the next pass acts on where it ends up.
+        (_, Some(_)) => None,
+    }
 }
 
 /// Runs [`plan`] against the real database and node.
@@ -134,6 +180,36 @@ impl Reconciler {
                 self.delete_on_node(id).await;
                 Ok(true)
             }
+            Action::PauseExpired(id) | Action::StopExpired(id) => {
+                if !self.still_due(id).await? {
+                    return Ok(false);
+                }
+                let outcome = if matches!(action, Action::PauseExpired(_)) {
+                    tracing::info!(sandbox = %id, "sandbox timeout expired; pausing");
+                    st.node.pause_sandbox(id, PauseCause::Timeout).await
+                } else {
+                    tracing::info!(sandbox = %id, "sandbox timeout expired; stopping");
+                    st.node.stop_sandbox(id, StopCause::Timeout).await
+                };
+                self.timed_out(id, outcome.map(drop)).await
+            }
+            Action::MarkTimedOut(id) => {
+                let marked = st.db.mark_timed_out(id, now_ms()).await?;
+                if marked {
+                    tracing::info!(sandbox = %id, "sandbox timeout expired while it was paused or stopped; left as it is");
+                }
+                Ok(marked)
+            }
+            Action::RenewTimeout(id) => {
+                if !st.node.sandbox(id).is_some_and(|r| r.state.serves_guest()) {
+                    return Ok(false);
+                }
+                let renewed = st.db.renew_timeout(id, now_ms()).await?;
+                if renewed {
+                    tracing::info!(sandbox = %id, "timed-out sandbox runs again; its deadline is renewed");
+                }
+                Ok(renewed)
+            }
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the
                 // snapshot (its record appears before it leaves the in-flight set).
@@ -163,6 +239,39 @@ impl Reconciler {
                 tracing::info!(sandbox = %id, "deleting sandbox that is not wanted (orphan)");
                 self.delete_on_node(id).await;
                 Ok(true)
+            }
+        }
+    }
+
+    /// Whether the row's deadline still stands and has passed (re-read: a client may have
+    /// set a new timeout since the plan).
+    async fn still_due(&self, id: &SandboxId) -> Result<bool, ReconcileError> {
+        Ok(self
+            .state
+            .db
+            .sandbox_any_tenant(id)
+            .await?
+            .is_some_and(|r| {
+                r.desired_state == crate::db::DesiredState::Running
+                    && r.timed_out_at_ms.is_none()
+                    && r.expires_at_ms <= now_ms()
+            }))
+    }
+
+    /// After the timeout's pause or stop: the row is marked timed out once it worked. A
+    /// sandbox that changed state meanwhile is planned again next pass; one whose pause or
+    /// stop broke it is failed, and its timeout then deletes it.
+    async fn timed_out(
+        &self,
+        id: &SandboxId,
+        outcome: Result<(), NodeError>,
+    ) -> Result<bool, ReconcileError> {
+        match outcome {
+            Ok(()) => Ok(self.state.db.mark_timed_out(id, now_ms()).await?),
+            Err(NodeError::Lifecycle(_)) => Ok(false),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "the timeout's action failed; retrying next pass");
+                Ok(false)
             }
         }
     }
@@ -218,13 +327,25 @@ mod tests {
                 resources: Resources::default(),
                 env_keys: vec![],
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,
             created_at_ms: 0,
             expires_at_ms,
+            timeout_secs: 10,
+            on_timeout: TimeoutAction::Delete,
+            auto_resume: false,
+            timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: None,
+        }
+    }
+
+    fn row_on_timeout(expires_at_ms: i64, on_timeout: TimeoutAction) -> SandboxRow {
+        SandboxRow {
+            on_timeout,
+            ..row(expires_at_ms)
         }
     }
 
@@ -289,6 +410,119 @@ mod tests {
                 "an expired sandbox that is {state} is deleted"
             );
         }
+    }
+
+    #[test]
+    fn a_pause_or_stop_timeout_acts_on_a_running_sandbox_only() {
+        for (action, acted) in [
+            (
+                TimeoutAction::Pause,
+                Action::PauseExpired as fn(SandboxId) -> Action,
+            ),
+            (TimeoutAction::Stop, Action::StopExpired),
+        ] {
+            for state in live_states() {
+                let rows = vec![row_on_timeout(1000, action)];
+                let id = rows[0].id.clone();
+                let want = match state {
+                    SandboxState::Running => vec![acted(id.clone())],
+                    // Left as it is, but no longer due.
+                    SandboxState::Paused | SandboxState::Stopped => {
+                        vec![Action::MarkTimedOut(id.clone())]
+                    }
+                    // Neither can be paused nor stopped: its timeout deletes it.
+                    SandboxState::Failed => vec![Action::Expire(id.clone())],
+                    // Mid-operation: the next pass acts on where it ends up.
+                    _ => vec![],
+                };
+                assert_eq!(
+                    plan(&rows, &[record(&id, state)], &HashSet::new(), 1000),
+                    want,
+                    "on_timeout {action:?}, sandbox {state}"
+                );
+                // Not due yet: nothing.
+                let early = vec![row_on_timeout(5000, action)];
+                let rec = record(&early[0].id, state);
+                assert_eq!(plan(&early, &[rec], &HashSet::new(), 1000), vec![]);
+            }
+            // Gone from the node: deleted, as with `delete`.
+            let rows = vec![row_on_timeout(1000, action)];
+            assert_eq!(
+                plan(&rows, &[], &HashSet::new(), 1000),
+                vec![Action::Expire(rows[0].id.clone())]
+            );
+        }
+    }
+
+    #[test]
+    fn a_timed_out_sandbox_has_no_deadline_until_it_runs_again() {
+        for action in [TimeoutAction::Pause, TimeoutAction::Stop] {
+            let mut timed_out = row_on_timeout(1000, action);
+            timed_out.timed_out_at_ms = Some(1000);
+            let rows = vec![timed_out];
+            let id = rows[0].id.clone();
+            for state in live_states() {
+                let want = match state {
+                    s if s.serves_guest() => vec![Action::RenewTimeout(id.clone())],
+                    SandboxState::Failed => vec![Action::Expire(id.clone())],
+                    _ => vec![],
+                };
+                // Long past its deadline: never acted on again while it does not run.
+                for now in [1000, 2000, 1_000_000] {
+                    assert_eq!(
+                        plan(&rows, &[record(&id, state)], &HashSet::new(), now),
+                        want,
+                        "timed out ({action:?}), sandbox {state}, at {now}"
+                    );
+                }
+            }
+            assert_eq!(
+                plan(&rows, &[], &HashSet::new(), 2000),
+                vec![Action::MarkGone(id.clone())]
+            );
+        }
+    }
+
+    #[test]
+    fn a_pause_timeout_acts_once_per_run() {
+        // The reconciler's actions applied by hand, pass after pass.
+        let mut r = row_on_timeout(1000, TimeoutAction::Pause);
+        let id = r.id.clone();
+        let mut rec = record(&id, SandboxState::Running);
+        let pass = |r: &SandboxRow, rec: &SandboxRecord, now| {
+            plan(
+                std::slice::from_ref(r),
+                std::slice::from_ref(rec),
+                &HashSet::new(),
+                now,
+            )
+        };
+        assert_eq!(pass(&r, &rec, 999), vec![]);
+        assert_eq!(pass(&r, &rec, 1000), vec![Action::PauseExpired(id.clone())]);
+        rec.state = SandboxState::Paused;
+        rec.paused_by = Some(PauseCause::Timeout);
+        r.timed_out_at_ms = Some(1000);
+        for now in [1001, 5000, 60_000] {
+            assert_eq!(
+                pass(&r, &rec, now),
+                vec![],
+                "paused by its timeout at {now}"
+            );
+        }
+        // A client (or an automatic wake) resumes it: a new deadline, then a new pause.
+        rec.state = SandboxState::Running;
+        rec.paused_by = None;
+        assert_eq!(
+            pass(&r, &rec, 70_000),
+            vec![Action::RenewTimeout(id.clone())]
+        );
+        r.timed_out_at_ms = None;
+        r.expires_at_ms = 70_000 + i64::try_from(r.timeout_secs * 1000).unwrap();
+        assert_eq!(pass(&r, &rec, 70_001), vec![]);
+        assert_eq!(
+            pass(&r, &rec, r.expires_at_ms),
+            vec![Action::PauseExpired(id.clone())]
+        );
     }
 
     #[test]

@@ -32,6 +32,9 @@ const ROUTES: &[&str] = &[
     "POST /v1/sandboxes/{id}/snapshots",
     "DELETE /v1/sandboxes/{id}/snapshots/{snapshot_id}",
     "GET /v1/sandboxes/{id}/snapshots/diff",
+    "GET /v1/snapshots",
+    "GET /v1/snapshots/{snapshot_id}",
+    "DELETE /v1/snapshots/{snapshot_id}",
     "GET /v1/pool",
     "POST /v1/sandboxes/{id}/processes",
     "GET /v1/sandboxes/{id}/processes",
@@ -91,11 +94,16 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
             resources: Resources::default(),
             env_keys: vec![],
             forked_from: None,
+            from_snapshot: None,
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,
         created_at_ms: space_control::db::now_ms(),
         expires_at_ms: space_control::db::now_ms() + 3_600_000,
+        timeout_secs: 3600,
+        on_timeout: Default::default(),
+        auto_resume: false,
+        timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: Some(1),
     };
@@ -434,7 +442,22 @@ async fn bad_requests_are_invalid_request_errors() {
             r#"{"template":"base","resources":{"gpus":1}}"#,
             "unknown field",
         ),
-        ("/v1/sandboxes", r#"{"labels":{}}"#, "missing field"),
+        ("/v1/sandboxes", r#"{"labels":{}}"#, "`template`"),
+        (
+            "/v1/sandboxes",
+            r#"{"snapshot":"snp-nope"}"#,
+            "malformed id",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"snapshot":"snp-aaaaaaaaaaaaaaaaaaaa","template":"base"}"#,
+            "takes its template and resources from the snapshot",
+        ),
+        (
+            "/v1/sandboxes",
+            r#"{"template":"base","on_timeout":"hibernate"}"#,
+            "unknown variant",
+        ),
     ];
     for (path, body, needle) in cases {
         let (status, err) = error_of(post_json(path.to_string(), body).send().await.unwrap()).await;

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use space_control::bootstrap::{api_key_path, bootstrap};
 use space_control::db::{DbError, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+use space_core::sandbox::TimeoutAction;
 use space_core::{Resources, SandboxId, TenantId};
 
 fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> SandboxRow {
@@ -21,6 +22,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
             resources: Resources::default(),
             env_keys: vec!["TOKEN".into()],
             forked_from: None,
+            from_snapshot: None,
         },
         labels: labels
             .iter()
@@ -29,6 +31,10 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         desired_state: DesiredState::Running,
         created_at_ms,
         expires_at_ms: created_at_ms + 3_600_000,
+        timeout_secs: 3600,
+        on_timeout: TimeoutAction::Delete,
+        auto_resume: false,
+        timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
     }
@@ -40,7 +46,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3]);
+    assert_eq!(all, vec![1, 2, 3, 4]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -255,6 +261,7 @@ async fn sandbox_lifecycle_updates() {
             },
             env_keys: vec!["A".into()],
             forked_from: None,
+            from_snapshot: None,
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await
@@ -269,11 +276,9 @@ async fn sandbox_lifecycle_updates() {
             ("sha256:new", Some(1234), &spec)
         );
 
-        assert!(db.set_expiry(&r1.id, 99_000).await.unwrap());
-        assert_eq!(
-            db.sandbox(&a, &r1.id).await.unwrap().unwrap().expires_at_ms,
-            99_000
-        );
+        assert!(db.set_timeout(&r1.id, 90, 9_000).await.unwrap());
+        let got = db.sandbox(&a, &r1.id).await.unwrap().unwrap();
+        assert_eq!((got.expires_at_ms, got.timeout_secs), (99_000, 90));
 
         // Exactly one caller wins the delete.
         assert!(db.mark_deleted(&r1.id, 5000).await.unwrap(), "{}", t.label);
@@ -284,9 +289,11 @@ async fn sandbox_lifecycle_updates() {
             (DesiredState::Deleted, Some(5000))
         );
         assert!(
-            !db.set_expiry(&r1.id, 1).await.unwrap(),
+            !db.set_timeout(&r1.id, 1, 0).await.unwrap(),
             "expiry of a deleted sandbox must not change"
         );
+        assert!(!db.renew_timeout(&r1.id, 0).await.unwrap());
+        assert!(!db.mark_timed_out(&r1.id, i64::MAX).await.unwrap());
 
         let live: Vec<_> = db
             .live_sandboxes()
@@ -312,6 +319,114 @@ async fn sandbox_lifecycle_updates() {
             .map(|r| r.id)
             .collect();
         assert_eq!(all, vec![r2.id.clone(), r1.id.clone()]);
+    }
+}
+
+#[tokio::test]
+async fn timeout_actions_and_the_timed_out_mark_survive_a_reopen() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("ttl").await.unwrap().id;
+        let r = SandboxRow {
+            on_timeout: TimeoutAction::Pause,
+            auto_resume: true,
+            timeout_secs: 20,
+            expires_at_ms: 21_000,
+            ..row(&a, 1000, &[])
+        };
+        db.insert_sandbox(&r).await.unwrap();
+        assert_eq!(
+            db.sandbox(&a, &r.id).await.unwrap().unwrap(),
+            r,
+            "{}",
+            t.label
+        );
+
+        // Not due yet: the mark is refused (a renewal that moved the deadline wins).
+        assert!(!db.mark_timed_out(&r.id, 20_999).await.unwrap());
+        assert!(db.mark_timed_out(&r.id, 21_000).await.unwrap());
+        assert!(!db.mark_timed_out(&r.id, 22_000).await.unwrap(), "once");
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!(got.timed_out_at_ms, Some(21_000));
+
+        // Running again: a new deadline from the stored duration, no longer timed out.
+        assert!(db.renew_timeout(&r.id, 50_000).await.unwrap());
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!((got.expires_at_ms, got.timed_out_at_ms), (70_000, None));
+
+        // `PUT /timeout` stores the duration the next renewal uses.
+        assert!(db.mark_timed_out(&r.id, 80_000).await.unwrap());
+        assert!(db.set_timeout(&r.id, 5, 90_000).await.unwrap());
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!(
+            (got.expires_at_ms, got.timeout_secs, got.timed_out_at_ms),
+            (95_000, 5, None)
+        );
+        assert!(db.renew_timeout(&r.id, 100_000).await.unwrap());
+        assert_eq!(
+            db.sandbox(&a, &r.id).await.unwrap().unwrap().expires_at_ms,
+            105_000
+        );
+        assert!(db.mark_timed_out(&r.id, 105_000).await.unwrap());
+        let before = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+
+        // All of it is in the database, not in this process.
+        let again = t.reopen().await;
+        assert_eq!(
+            again.sandbox(&a, &r.id).await.unwrap().unwrap(),
+            before,
+            "{}",
+            t.label
+        );
+        assert_eq!(
+            (
+                before.on_timeout,
+                before.auto_resume,
+                before.timed_out_at_ms
+            ),
+            (TimeoutAction::Pause, true, Some(105_000))
+        );
+    }
+}
+
+#[tokio::test]
+async fn rows_from_before_timeout_actions_keep_their_timeout() {
+    use space_control::db::migrations::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
+    for empty in common::empty_dbs().await {
+        // The schema as it was before migration 4, with one sandbox of a 90 s timeout.
+        let mut setup = vec![CREATE_MIGRATIONS_TABLE.to_owned()];
+        for m in MIGRATIONS.iter().filter(|m| m.version < 4) {
+            setup.extend(m.statements.iter().map(|s| s.to_string()));
+            setup.push(format!(
+                "INSERT INTO schema_migrations (version, description, applied_at_ms) VALUES ({}, 'old', 0)",
+                m.version
+            ));
+        }
+        let tenant = TenantId::generate();
+        let id = SandboxId::generate();
+        setup.push(format!(
+            "INSERT INTO tenants (id, name, created_at_ms) VALUES ('{tenant}', 'old', 0)"
+        ));
+        setup.push(format!(
+            "INSERT INTO sandboxes (id, tenant_id, node, template, template_digest, spec, labels, desired_state, created_at_ms, expires_at_ms) \
+             VALUES ('{id}', '{tenant}', 'local', 'base', 'd', '{{\"resources\":{{\"vcpus\":1,\"memory_mib\":512,\"disk_mib\":4096}},\"env_keys\":[]}}', '{{}}', 'running', 1000, 91000)"
+        ));
+        for sql in &setup {
+            common::run_admin(&empty.url, sql).await;
+        }
+        let db = space_control::db::Db::connect(&empty.url).await.unwrap();
+        let got = db.sandbox(&tenant, &id).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                got.timeout_secs,
+                got.on_timeout,
+                got.auto_resume,
+                got.timed_out_at_ms
+            ),
+            (90, TimeoutAction::Delete, false, None),
+            "{}",
+            empty.label
+        );
     }
 }
 

@@ -46,9 +46,19 @@ impl ResourcesRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
-    /// Template name, e.g. `base`.
+    /// Template name, e.g. `base`; required unless `snapshot` is given.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template: String,
-    /// Resources; defaults from the template.
+    /// Create the sandbox from this snapshot (one of the caller's, listed by
+    /// `GET /v1/snapshots`; its sandbox may have been deleted since) instead of from a
+    /// template: a checkpoint brings back its memory and processes (made unique: fresh RNG
+    /// seed, hostname, clock), a disk snapshot boots on a copy-on-write copy of its disk.
+    /// Template and resources are the snapshot's; `env` and `labels` are added to (or
+    /// replace) the snapshot's; its egress policy and project apply unless given here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub snapshot: Option<SnapshotId>,
+    /// Resources; defaults from the template (not allowed with `snapshot`).
     #[serde(default)]
     pub resources: ResourcesRequest,
     /// Environment variables every process in the sandbox gets.
@@ -57,9 +67,19 @@ pub struct CreateSandboxRequest {
     /// Labels to find the sandbox by (`GET /v1/sandboxes?label=k=v`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Delete the sandbox automatically after this many seconds; default 3600.
+    /// Its timeout: after this many seconds `on_timeout` happens; default 3600. Running
+    /// again (a resume or start) gives it this long once more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// What happens when the timeout passes: `delete` (default), `pause` (memory kept) or
+    /// `stop` (disk kept). A paused or stopped sandbox is left as it is.
+    #[serde(default)]
+    pub on_timeout: TimeoutAction,
+    /// Whether the next call that needs the guest (exec, files, …) resumes a sandbox its
+    /// timeout paused, or starts one its timeout stopped; default false (such a sandbox then
+    /// answers `409` until a client resumes or starts it).
+    #[serde(default)]
+    pub auto_resume: bool,
     /// What the node does if the sandbox's VMM dies; default `restore`.
     #[serde(default)]
     pub on_crash: CrashPolicy,
@@ -91,6 +111,43 @@ pub enum CrashPolicy {
     Restore,
     /// Mark it failed.
     Fail,
+}
+
+/// What happens to a sandbox when its timeout passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutAction {
+    /// It is deleted.
+    #[default]
+    Delete,
+    /// A running sandbox is paused (`paused_by: timeout`); memory and processes are kept.
+    Pause,
+    /// A running sandbox is stopped (`stopped_by: timeout`); only its disk is kept.
+    Stop,
+}
+
+impl TimeoutAction {
+    /// Every action.
+    pub const ALL: [TimeoutAction; 3] = [
+        TimeoutAction::Delete,
+        TimeoutAction::Pause,
+        TimeoutAction::Stop,
+    ];
+
+    /// The snake_case name, as serialised and stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimeoutAction::Delete => "delete",
+            TimeoutAction::Pause => "pause",
+            TimeoutAction::Stop => "stop",
+        }
+    }
+
+    /// Parses the name produced by [`TimeoutAction::as_str`].
+    pub fn parse(s: &str) -> Option<TimeoutAction> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
+    }
 }
 
 /// Shortest `auto_pause_secs` accepted.
@@ -125,7 +182,8 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), String> 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetTimeoutRequest {
-    /// Seconds from now until automatic deletion.
+    /// Seconds from now until the sandbox's timeout action (`on_timeout`); also the
+    /// timeout it gets again each time it runs again.
     pub timeout_secs: u64,
 }
 
@@ -151,18 +209,38 @@ pub struct SandboxInfo {
     pub node: String,
     /// ms since the Unix epoch.
     pub created_at_ms: i64,
-    /// When it will be deleted automatically, ms since the Unix epoch.
+    /// When its timeout passes (its `on_timeout` action happens), ms since the Unix epoch.
+    /// In the past while `timed_out_at_ms` is set.
     pub expires_at_ms: i64,
+    /// Its timeout, seconds: `expires_at_ms` is set this far ahead whenever it runs again.
+    #[serde(default)]
+    pub timeout_secs: u64,
+    /// What happens when the timeout passes.
+    #[serde(default)]
+    pub on_timeout: TimeoutAction,
+    /// Whether the next call that needs the guest resumes (or starts) it after its timeout
+    /// paused (or stopped) it.
+    #[serde(default)]
+    pub auto_resume: bool,
+    /// When its timeout paused or stopped it (or found it paused or stopped), ms since the
+    /// Unix epoch: until it runs again it has no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_out_at_ms: Option<i64>,
     /// Time from the create request to the daemon reporting ready, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_latency_ms: Option<u64>,
     /// Why it failed, for `failed` sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
-    /// Who paused it, for `paused` sandboxes: a client (only a client resumes it) or
-    /// idleness (the next call that needs the guest resumes it).
+    /// Who paused it, for `paused` sandboxes: a client (only a client resumes it),
+    /// idleness (the next call that needs the guest resumes it) or its timeout (resumed by
+    /// the next such call with `auto_resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_by: Option<PausedBy>,
+    /// Who stopped it, for `stopped` sandboxes: a client, or its timeout (started by the
+    /// next call that needs the guest with `auto_resume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<StoppedBy>,
     /// How its current VM came to be (booted, restored from the template's memory image,
     /// restored from a checkpoint); absent while it has no VM record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,6 +248,10 @@ pub struct SandboxInfo {
     /// The sandbox it was forked from, for forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<SandboxId>,
+    /// The snapshot it was created from, for sandboxes created from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub from_snapshot: Option<SnapshotId>,
     /// What the node does if its VMM dies.
     #[serde(default)]
     pub on_crash: CrashPolicy,
@@ -193,6 +275,21 @@ pub enum PausedBy {
     User,
     /// It was idle longer than `auto_pause_secs`; the next call that needs it resumes it.
     Idle,
+    /// Its timeout passed (`on_timeout: pause`); with `auto_resume` the next call that
+    /// needs it resumes it, otherwise only `resume` does.
+    Timeout,
+}
+
+/// Why a sandbox is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedBy {
+    /// A client stopped it (`POST /v1/sandboxes/{id}/stop`); only `start` boots it.
+    User,
+    /// Its timeout passed (`on_timeout: stop`); with `auto_resume` the next call that needs
+    /// it starts it, otherwise only `start` does.
+    Timeout,
 }
 
 /// How a sandbox's current VM came to be.
@@ -244,6 +341,24 @@ pub struct CreateSnapshotRequest {
     /// Free text, 1 to 128 printable characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Keep it until it is deleted, also after the sandbox is deleted (with what a new
+    /// sandbox needs: template, resources, env, egress policy, labels, the sandbox's CA),
+    /// and never thin it by retention; default false (it goes with its sandbox). A
+    /// persistent checkpoint is taken with the workload frozen for the save, so sandboxes
+    /// created from it run none of it before they are made unique.
+    #[serde(default)]
+    pub persistent: bool,
+}
+
+impl Default for CreateSnapshotRequest {
+    /// A disk snapshot, without label, that goes with its sandbox.
+    fn default() -> Self {
+        CreateSnapshotRequest {
+            kind: default_snapshot_kind(),
+            label: None,
+            persistent: false,
+        }
+    }
 }
 
 fn default_snapshot_kind() -> SnapshotKind {
@@ -265,11 +380,12 @@ pub struct SnapshotTaken {
     pub guest_pause_ms: Option<u64>,
 }
 
-/// `GET /v1/sandboxes/{id}/snapshots`.
+/// `GET /v1/sandboxes/{id}/snapshots` (oldest first) and `GET /v1/snapshots` (the
+/// tenant's, newest first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SnapshotList {
-    /// Snapshots, oldest first.
+    /// Snapshots.
     pub snapshots: Vec<SnapshotInfo>,
 }
 
@@ -300,7 +416,8 @@ pub struct ForkRequest {
     /// Labels of the children: the parent's, with these added or replacing.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Delete the children automatically after this many seconds; default 3600.
+    /// The children's timeout, seconds; default 3600. What happens when it passes
+    /// (`on_timeout`, `auto_resume`) is the parent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
 }
@@ -335,4 +452,46 @@ pub struct PoolShape {
 pub struct PoolStatusList {
     /// One entry per template shape creates have asked for.
     pub pools: Vec<PoolShape>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_actions_are_snake_case_and_default_to_delete() {
+        for a in TimeoutAction::ALL {
+            assert_eq!(TimeoutAction::parse(a.as_str()), Some(a));
+            assert_eq!(
+                serde_json::to_string(&a).unwrap(),
+                format!("\"{}\"", a.as_str())
+            );
+        }
+        assert_eq!(TimeoutAction::parse("hibernate"), None);
+        let req: CreateSandboxRequest = serde_json::from_str(r#"{"template": "base"}"#).unwrap();
+        assert_eq!(
+            (req.on_timeout, req.auto_resume),
+            (TimeoutAction::Delete, false)
+        );
+        let req: CreateSandboxRequest = serde_json::from_str(
+            r#"{"template": "base", "on_timeout": "pause", "auto_resume": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (req.on_timeout, req.auto_resume),
+            (TimeoutAction::Pause, true)
+        );
+        assert!(serde_json::from_str::<CreateSandboxRequest>(
+            r#"{"template": "base", "on_timeout": "Pause"}"#
+        )
+        .is_err());
+        assert_eq!(
+            serde_json::to_string(&PausedBy::Timeout).unwrap(),
+            "\"timeout\""
+        );
+        assert_eq!(
+            serde_json::to_string(&StoppedBy::Timeout).unwrap(),
+            "\"timeout\""
+        );
+    }
 }

@@ -7,7 +7,8 @@
 //!   processes back as they were.
 //!
 //! Retention only ever concerns snapshots the scheduler took ([`SnapshotTrigger::Schedule`]):
-//! manual and fork snapshots are kept until someone deletes them.
+//! manual and fork snapshots are kept until someone deletes them. A snapshot taken
+//! `persistent` also outlives its sandbox.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -115,6 +116,11 @@ pub struct SnapshotInfo {
     /// Free text given when it was taken (at most 128 printable characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Kept until deleted, also after its sandbox is deleted (then listed by
+    /// `GET /v1/snapshots`), and never thinned by retention; new sandboxes can be created
+    /// from it either way.
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 /// Why a snapshot label, schedule or retention policy was refused.
@@ -518,6 +524,7 @@ mod tests {
             exclusive_bytes: 0,
             total_bytes: 1 << 30,
             label: None,
+            persistent: false,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("label"), "{json}");

@@ -9,7 +9,9 @@ use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotTrig
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 
 use crate::sandbox_manager::now_ms;
-use crate::vm_start::{connect_restored, identity};
+use space_guest_proto::GuestConfig;
+
+use crate::vm_start::{connect_restored, identity, make_unique_and_configure};
 use crate::{Node, NodeError, SandboxRecord, VmOrigin};
 
 /// Most children of one fork.
@@ -25,7 +27,7 @@ const FORK_IMAGE_ROOT: &str = "/dev/shm";
 
 /// A checkpoint turned into a memory image for one fork; removed when the children run
 /// (their mappings keep the memory alive).
-struct ForkImage {
+pub(crate) struct ForkImage {
     dir: std::path::PathBuf,
     memory: std::path::PathBuf,
     state: std::path::PathBuf,
@@ -90,7 +92,7 @@ impl Node {
                     });
                 }
                 let taken = self
-                    .checkpoint_locked(parent, None, SnapshotTrigger::Fork, true)
+                    .checkpoint_locked(parent, None, SnapshotTrigger::Fork, true, None)
                     .await?;
                 (taken.info.id, true)
             }
@@ -124,6 +126,7 @@ impl Node {
             rec.vmm_pid = None;
             rec.vm_name = None;
             rec.paused_by = None;
+            rec.stopped_by = None;
             rec.rollback_to = None;
             rec.crash_restores_ms.clear();
             // The child's disk and memory trust the parent's CA: its gateway signs with it.
@@ -173,7 +176,7 @@ impl Node {
                 let _guard = op.lock().await;
                 let _permit = semaphore.acquire().await;
                 match self
-                    .start_child(child, &disk_src, &state, image, started)
+                    .start_from_checkpoint(child, &disk_src, &state, image, None, started)
                     .await
                 {
                     Ok(rec) => Ok(rec),
@@ -214,12 +217,17 @@ impl Node {
         Ok(out)
     }
 
-    async fn start_child(
+    /// Starts admitted sandbox `child` from a checkpoint: its disk a reflink of `disk_src`,
+    /// its memory and devices from `state` (or from a fork's memory image of it), made
+    /// unique before its workload is thawed, and, with `config`, configured as a new sandbox
+    /// (its env, hostname, trust) in the same round trip. Marks it running.
+    pub(crate) async fn start_from_checkpoint(
         &self,
         child: &SandboxId,
         disk_src: &std::path::Path,
         state: &std::path::Path,
         image: Option<&ForkImage>,
+        config: Option<&GuestConfig>,
         started: std::time::Instant,
     ) -> Result<SandboxRecord, NodeError> {
         let rec = self
@@ -251,7 +259,10 @@ impl Node {
         let ready = async {
             let guest = connect_restored(&vm, self.inner.ready_timeout()).await?;
             // Unique before the (frozen) workload runs again.
-            guest.set_identity(&identity(child.as_str())).await?;
+            match config {
+                Some(config) => make_unique_and_configure(&guest, config).await?,
+                None => guest.set_identity(&identity(child.as_str())).await?,
+            }
             let _ = guest.thaw_workload().await;
             Ok::<_, NodeError>(guest)
         };

@@ -16,11 +16,13 @@ mod credentials;
 pub mod error;
 mod events;
 pub mod fork;
+mod from_snapshot;
 mod gateway;
 pub mod image;
 pub mod network;
 pub mod node_manager;
 mod ops;
+pub mod persistent;
 mod pool;
 pub mod records;
 pub mod recovery;
@@ -41,6 +43,7 @@ pub use space_secrets::ProjectId;
 
 pub use config::NodeConfig;
 pub use error::NodeError;
+pub use persistent::{SnapshotOwner, SnapshotSource};
 pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
 pub use space_guest_client::{GuestClient, GuestError, PortStream};
@@ -70,6 +73,33 @@ pub struct CreateSandbox {
     pub egress: Option<EgressPolicy>,
 }
 
+/// A create from a snapshot as the node sees it (authorised and validated by the control
+/// plane): template and resources are the snapshot's.
+#[derive(Debug, Clone)]
+pub struct CreateFromSnapshot {
+    /// Chosen by the control plane.
+    pub id: SandboxId,
+    /// The snapshot.
+    pub snapshot: SnapshotId,
+    /// The live sandbox the snapshot is one of; `None`: a persistent snapshot whose sandbox
+    /// was deleted.
+    pub source: Option<SandboxId>,
+    /// Environment added to (or replacing) the snapshot's.
+    pub env: BTreeMap<String, String>,
+    /// What to do when the VMM dies.
+    pub on_crash: CrashPolicy,
+    /// Pause the sandbox after this long without activity; `None` = never.
+    pub auto_pause_secs: Option<u64>,
+    /// Automatic snapshots; `None` = the default schedule.
+    pub snapshots: Option<space_core::SnapshotSchedule>,
+    /// The owner, who must be the snapshot's.
+    pub tenant: TenantId,
+    /// The project within the tenant; `None` = the snapshot's.
+    pub project: Option<ProjectId>,
+    /// What may leave the sandbox; `None` = the snapshot's.
+    pub egress: Option<EgressPolicy>,
+}
+
 /// Why a sandbox is paused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -79,6 +109,20 @@ pub enum PauseCause {
     /// It was idle longer than its `auto_pause` timeout; the next call that needs the guest
     /// resumes it.
     Idle,
+    /// Its timeout passed (the control plane's reconciler paused it); with the sandbox's
+    /// `auto_resume` the next call that needs the guest resumes it ([`Node::wake_timed_out`]).
+    Timeout,
+}
+
+/// Why a sandbox is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopCause {
+    /// A client asked; only a client starts it.
+    User,
+    /// Its timeout passed (the control plane's reconciler stopped it); with the sandbox's
+    /// `auto_resume` the next call that needs the guest starts it ([`Node::wake_timed_out`]).
+    Timeout,
 }
 
 /// How the sandbox's current VM came to be.
@@ -138,9 +182,12 @@ pub struct SandboxRecord {
     /// Idle time after which the sandbox is paused.
     #[serde(default)]
     pub auto_pause_secs: Option<u64>,
-    /// Set while paused.
+    /// Set while pausing or paused (so a pause a restart interrupted finishes with its cause).
     #[serde(default)]
     pub paused_by: Option<PauseCause>,
+    /// Set while stopping or stopped.
+    #[serde(default)]
+    pub stopped_by: Option<StopCause>,
     /// The snapshot a rollback in progress goes back to.
     #[serde(default)]
     pub rollback_to: Option<SnapshotId>,
@@ -188,6 +235,7 @@ impl SandboxRecord {
             on_crash: CrashPolicy::default(),
             auto_pause_secs: None,
             paused_by: None,
+            stopped_by: None,
             rollback_to: None,
             snapshots: space_core::SnapshotSchedule::default(),
             crash_restores_ms: Vec::new(),

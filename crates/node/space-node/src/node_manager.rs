@@ -89,6 +89,24 @@ pub trait NodeManager: Send + Sync + 'static {
         store: &Store,
         sandbox: &SandboxId,
     ) -> Result<usize, NodeManagerError>;
+    /// Moves a persistent snapshot of a sandbox being deleted out of its directory, into the
+    /// store's persistent snapshots (see [`Store::persist_snapshot`]); false if it was moved
+    /// already.
+    fn persist_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Deletes a persistent snapshot whose sandbox was deleted; false if there was none.
+    fn delete_persistent_snapshot(
+        &self,
+        store: &Store,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Removes persistent snapshots a crash left half-deleted.
+    fn remove_pending_persistent_snapshots(&self, store: &Store)
+        -> Result<usize, NodeManagerError>;
     /// Gives a disk (a pool member's) a second name `dst` in the same store (a hard link).
     /// The first name must stay while the VM runs: QEMU reopens its disk by the path it was
     /// started with (e.g. when a checkpoint hands the disk over), and fails if it is gone.
@@ -196,6 +214,30 @@ impl NodeManager for LocalNodeManager {
         sandbox: &SandboxId,
     ) -> Result<usize, NodeManagerError> {
         Ok(store.remove_pending_snapshots(sandbox)?)
+    }
+
+    fn persist_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError> {
+        Ok(store.persist_snapshot(sandbox, snapshot)?)
+    }
+
+    fn delete_persistent_snapshot(
+        &self,
+        store: &Store,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError> {
+        Ok(store.delete_persistent_snapshot(snapshot)?)
+    }
+
+    fn remove_pending_persistent_snapshots(
+        &self,
+        store: &Store,
+    ) -> Result<usize, NodeManagerError> {
+        Ok(store.remove_pending_persistent_snapshots()?)
     }
 
     fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError> {

@@ -1,5 +1,6 @@
 //! Lifecycle operations on an existing sandbox: pause and resume (memory stays resident),
-//! stop and start (cold: the disk is kept).
+//! stop and start (cold: the disk is kept), and waking a sandbox its timeout paused or
+//! stopped. Each pause and stop records its cause (a client, idleness, the timeout).
 //!
 //! Each operation takes the sandbox's operation lock, persists the transient state first
 //! (`pausing`, `resuming`, `stopping`, `starting`), does the work, then persists the stable
@@ -9,14 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use space_core::template::TemplateInfo;
 use space_core::{SandboxEvent, SandboxId, SandboxState};
 use space_guest_proto::GuestConfig;
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 use space_vmm::Vm;
 
-use crate::sandbox_manager::now_ms;
+use crate::sandbox_manager::{now_ms, Inner};
 use crate::vm_start::{connect_ready, identity};
-use crate::{Node, NodeError, PauseCause, SandboxRecord, VmOrigin};
+use crate::{Node, NodeError, PauseCause, SandboxRecord, StopCause, VmOrigin};
 
 /// How long a stopping guest gets to flush and freeze its filesystems.
 const STOP_FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -79,16 +81,19 @@ impl Node {
     ) -> Result<SandboxRecord, NodeError> {
         let op = self.op_lock(id)?;
         let _guard = op.lock().await;
-        self.inner.transition(id, SandboxEvent::Pause, |_| {})?;
-        self.finish_pause(id, cause).await
+        // The cause is persisted with `pausing`: a pause a restart interrupts keeps it.
+        self.inner
+            .transition(id, SandboxEvent::Pause, |r| r.paused_by = Some(cause))?;
+        self.finish_pause(id).await
     }
 
-    /// Second half of a pause (also used to finish one after a restart).
-    pub(crate) async fn finish_pause(
-        &self,
-        id: &SandboxId,
-        cause: PauseCause,
-    ) -> Result<SandboxRecord, NodeError> {
+    /// Second half of a pause (also used to finish one after a restart), with the cause
+    /// its `pausing` record holds.
+    pub(crate) async fn finish_pause(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+        let cause = self
+            .sandbox(id)
+            .and_then(|r| r.paused_by)
+            .unwrap_or(PauseCause::User);
         let vm = self.vm_of(id)?;
         // A paused guest cannot answer keep-alives: close the channel first, and leave the
         // daemon waiting for the handshake the resume will send.
@@ -107,6 +112,26 @@ impl Node {
                 self.inner.fail(id, Some(&vm), &reason).await;
                 Err(NodeError::SandboxFailed(reason))
             }
+        }
+    }
+
+    /// Brings back a sandbox its timeout paused (resume) or stopped (a cold start on its
+    /// disk), for a call that needs its guest; `false` if it is in neither case (then
+    /// nothing is done). Whether the sandbox wants this (`auto_resume`) is the caller's
+    /// decision. Someone else resuming or starting it first is not an error.
+    pub async fn wake_timed_out(&self, id: &SandboxId) -> Result<bool, NodeError> {
+        let Some(rec) = self.sandbox(id) else {
+            return Err(NodeError::SandboxNotFound(id.clone()));
+        };
+        let woken = match (rec.state, rec.paused_by, rec.stopped_by) {
+            (SandboxState::Paused, Some(PauseCause::Timeout), _) => self.resume_sandbox(id).await,
+            (SandboxState::Stopped, _, Some(StopCause::Timeout)) => self.start_sandbox(id).await,
+            _ => return Ok(false),
+        };
+        match woken {
+            Ok(_) => Ok(true),
+            Err(NodeError::Lifecycle(_)) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -147,11 +172,16 @@ impl Node {
     }
 
     /// Stops a running or paused sandbox: the VM goes away, the disk stays.
-    pub async fn stop_sandbox(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+    pub async fn stop_sandbox(
+        &self,
+        id: &SandboxId,
+        cause: StopCause,
+    ) -> Result<SandboxRecord, NodeError> {
         let op = self.op_lock(id)?;
         let _guard = op.lock().await;
-        let before = self.inner.transition(id, SandboxEvent::Stop, |_| {})?;
-        let _ = before;
+        // The cause is persisted with `stopping`, and stays while stopped.
+        self.inner
+            .transition(id, SandboxEvent::Stop, |r| r.stopped_by = Some(cause))?;
         self.finish_stop(id).await
     }
 
@@ -204,25 +234,38 @@ impl Node {
             .sandbox(id)
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         let tpl = self.template(&rec.template)?;
+        let config = self.inner.guest_config(id, &tpl)?;
+        let pid = self.boot_in_place(&rec, &tpl, &config).await?;
+        let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
+            r.vmm_pid = Some(pid);
+            r.vm_name = None;
+            r.origin = VmOrigin::Boot;
+            r.failure_reason = None;
+            r.paused_by = None;
+            r.stopped_by = None;
+        })?;
+        tracing::info!(%id, "sandbox booted on its disk");
+        Ok(rec)
+    }
+
+    /// Boots `rec`'s VM on the disk already in its directory, with `config`, and watches
+    /// it; returns the VMM's pid. A VM that does not come up is killed.
+    pub(crate) async fn boot_in_place(
+        &self,
+        rec: &SandboxRecord,
+        tpl: &TemplateInfo,
+        config: &GuestConfig,
+    ) -> Result<u32, NodeError> {
+        let id = &rec.id;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
-        let (env, trusted_ca_pem) = self.inner.guest_env_and_trust(id)?;
-        let config = GuestConfig {
-            hostname: id.to_string(),
-            env,
-            default_user: tpl.default_user.clone(),
-            resize_root: false,
-            time_unix_ms: now_ms(),
-            network: self.inner.guest_network(),
-            trusted_ca_pem,
-        };
         let (vm, guest) = match self
             .boot(
                 id.as_str(),
-                &tpl,
+                tpl,
                 &rec.resources,
                 &disk,
                 ExistingDisk::Replace,
-                &config,
+                config,
             )
             .await
         {
@@ -236,13 +279,28 @@ impl Node {
         };
         let pid = vm.pid();
         self.attach(id, Arc::new(vm), Some(guest));
-        let rec = self.inner.transition(id, SandboxEvent::Done, |r| {
-            r.vmm_pid = Some(pid);
-            r.vm_name = None;
-            r.origin = VmOrigin::Boot;
-            r.failure_reason = None;
-        })?;
-        tracing::info!(%id, "sandbox booted on its disk");
-        Ok(rec)
+        Ok(pid)
+    }
+}
+
+impl Inner {
+    /// The configuration a freshly booted or new guest of sandbox `id` gets: its id as
+    /// hostname, its env (with its credential placeholders), its CA to trust, its network,
+    /// the clock. The root file system is not grown.
+    pub(crate) fn guest_config(
+        &self,
+        id: &SandboxId,
+        tpl: &TemplateInfo,
+    ) -> Result<GuestConfig, NodeError> {
+        let (env, trusted_ca_pem) = self.guest_env_and_trust(id)?;
+        Ok(GuestConfig {
+            hostname: id.to_string(),
+            env,
+            default_user: tpl.default_user.clone(),
+            resize_root: false,
+            time_unix_ms: now_ms(),
+            network: self.guest_network(),
+            trusted_ca_pem,
+        })
     }
 }

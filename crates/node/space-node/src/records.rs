@@ -94,6 +94,7 @@ mod tests {
             on_crash: Default::default(),
             auto_pause_secs: None,
             paused_by: None,
+            stopped_by: Some(crate::StopCause::Timeout),
             rollback_to: None,
             snapshots: Default::default(),
             crash_restores_ms: vec![7],

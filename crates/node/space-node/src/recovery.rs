@@ -9,7 +9,7 @@ use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
 use space_vmm::{Vm, VmStatus};
 
 use crate::sandbox_manager::now_ms;
-use crate::{Node, NodeError, PauseCause, VmOrigin};
+use crate::{Node, NodeError, VmOrigin};
 
 /// Crash restores allowed within [`CRASH_WINDOW_MS`]; one more and the sandbox is failed
 /// (a guest that panics at every start must not be restored forever).
@@ -135,7 +135,7 @@ impl Node {
         }
         let outcome = match state {
             SandboxState::Pausing => match self.adopt_watched(id).await {
-                Ok(_) => self.finish_pause(id, PauseCause::User).await.map(drop),
+                Ok(_) => self.finish_pause(id).await.map(drop),
                 Err(e) => Err(e),
             },
             SandboxState::Paused => self.adopt_watched(id).await.map(drop),

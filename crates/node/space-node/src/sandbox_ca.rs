@@ -5,7 +5,8 @@
 //!
 //! One file per sandbox, `<data_dir>/sandbox-ca/<id>.pem`: the certificate, then the private
 //! key, mode 0600. The keys are node secrets like the credential key: they never enter a
-//! guest and are removed with the sandbox.
+//! guest and are removed with the sandbox. A persistent snapshot keeps a copy (in its
+//! `source.json`, mode 0600), which sandboxes created from it get.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -57,6 +58,13 @@ impl CaStore {
     }
 
     fn load(&self, id: &SandboxId) -> Result<Option<SandboxCa>, NodeError> {
+        self.pem(id)?.as_deref().map(parse_pem_pair).transpose()
+    }
+
+    /// The sandbox's CA file as it is stored (certificate, then key), if it has one: what a
+    /// persistent snapshot keeps, since the trust store on its disk and in its memory holds
+    /// this CA.
+    pub(crate) fn pem(&self, id: &SandboxId) -> Result<Option<String>, NodeError> {
         use std::io::Read;
         let mut text = String::new();
         match std::fs::File::open(self.path(id)) {
@@ -67,15 +75,14 @@ impl CaStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(internal("sandbox CA: cannot open", e)),
         };
-        let (cert, key) = split_pem_pair(&text).ok_or_else(|| {
-            internal(
-                "sandbox CA: unreadable file",
-                "want a certificate then a key",
-            )
-        })?;
-        SandboxCa::from_pem_pair(cert, key)
-            .map(Some)
-            .map_err(|e| internal("sandbox CA: unusable file", e))
+        Ok(Some(text))
+    }
+
+    /// Gives `id` (a sandbox created from a persistent snapshot) the CA `pem` that the
+    /// snapshot kept (as [`CaStore::pem`] returned it), checked to be usable first.
+    pub(crate) fn install(&self, id: &SandboxId, pem: &str) -> Result<(), NodeError> {
+        parse_pem_pair(pem)?;
+        self.write(id, pem)
     }
 
     /// Gives `child` (a fork) the CA of `parent`, whose trust the child's disk inherited.
@@ -115,6 +122,17 @@ impl CaStore {
     }
 }
 
+/// The CA in a file's text (the certificate block, then the key block).
+fn parse_pem_pair(text: &str) -> Result<SandboxCa, NodeError> {
+    let (cert, key) = split_pem_pair(text).ok_or_else(|| {
+        internal(
+            "sandbox CA: unreadable file",
+            "want a certificate then a key",
+        )
+    })?;
+    SandboxCa::from_pem_pair(cert, key).map_err(|e| internal("sandbox CA: unusable file", e))
+}
+
 /// `(certificate PEM, key PEM)` from a file holding the certificate block then the key block.
 fn split_pem_pair(text: &str) -> Option<(&str, &str)> {
     const CERT_END: &str = "-----END CERTIFICATE-----";
@@ -151,6 +169,16 @@ mod tests {
             store.load_or_create(&b).unwrap().cert_pem(),
             first.cert_pem()
         );
+        // What a persistent snapshot keeps gives a new sandbox the same CA.
+        let kept = store.pem(&a).unwrap().expect("a has a CA");
+        let c = SandboxId::generate();
+        store.install(&c, &kept).unwrap();
+        assert_eq!(
+            store.load_or_create(&c).unwrap().cert_pem(),
+            first.cert_pem()
+        );
+        assert!(store.install(&c, "junk").is_err());
+        assert_eq!(store.pem(&SandboxId::generate()).unwrap(), None);
         store.remove(&a);
         store.remove(&a);
         assert_ne!(

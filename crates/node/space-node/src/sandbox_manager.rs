@@ -207,6 +207,21 @@ impl Node {
             .ok_or_else(|| NodeError::TemplateNotFound(name.to_owned()))
     }
 
+    /// The template a sandbox was created from: the one of its digest (its name may point
+    /// at a newer build since), else the one its name points at.
+    pub(crate) fn template_of(&self, rec: &SandboxRecord) -> Result<TemplateInfo, NodeError> {
+        let by_digest = self
+            .inner
+            .store
+            .templates()
+            .lookup_digest(&rec.template_digest)
+            .map_err(|e| internal("cannot read template", e))?;
+        match by_digest {
+            Some(tpl) => Ok(tpl),
+            None => self.template(&rec.template),
+        }
+    }
+
     /// Live record of one sandbox.
     pub fn sandbox(&self, id: &SandboxId) -> Option<SandboxRecord> {
         self.inner.lock().get(id).map(|e| e.record.clone())
@@ -558,6 +573,11 @@ impl Node {
                 continue;
             };
             tracing::warn!(%id, "removing orphaned sandbox disk");
+            // Its persistent snapshots are kept, as a delete keeps them.
+            if let Err(e) = inner.persist_snapshots(&id) {
+                tracing::warn!(%id, error = %e, "cannot keep the persistent snapshots of an orphaned sandbox; leaving its files");
+                continue;
+            }
             if let Err(e) =
                 inner
                     .nm
@@ -565,6 +585,10 @@ impl Node {
             {
                 tracing::warn!(%id, error = %e, "cannot remove orphaned sandbox files");
             }
+        }
+        // Persistent snapshots a crash left half-deleted.
+        if let Err(e) = inner.nm.remove_pending_persistent_snapshots(&inner.store) {
+            tracing::warn!(error = %e, "cannot remove half-deleted persistent snapshots");
         }
         // Fork images a crash left behind (tmpfs: they hold memory).
         let prefix = crate::fork::fork_image_prefix(&inner.run_root);
@@ -793,13 +817,15 @@ impl Inner {
         }
     }
 
-    /// Kills the VM (if any) and removes the sandbox's files.
+    /// Kills the VM (if any), moves the sandbox's persistent snapshots out, and removes
+    /// its files. Repeated after a crash, it moves the snapshots not yet moved.
     pub(crate) async fn teardown(
         &self,
         id: &SandboxId,
         vm: Option<Arc<Vm>>,
     ) -> Result<(), NodeError> {
         self.discard_vms(id, vm).await?;
+        self.persist_snapshots(id)?;
         self.nm
             .remove_sandbox_files(&self.store, id, &self.run_dir(id))?;
         Ok(())

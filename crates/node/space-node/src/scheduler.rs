@@ -135,7 +135,7 @@ impl Node {
         let Ok(Ok(list)) = list else { return };
         let scheduled: Vec<&SnapshotInfo> = list
             .iter()
-            .filter(|s| s.kind == kind && s.trigger == SnapshotTrigger::Schedule)
+            .filter(|s| s.kind == kind && s.trigger == SnapshotTrigger::Schedule && !s.persistent)
             .collect();
         // The first one is due one interval after the sandbox was created.
         let last = scheduled
@@ -148,11 +148,11 @@ impl Node {
         }
         let taken = match kind {
             SnapshotKind::Disk => self
-                .snapshot_disk(id, None, SnapshotTrigger::Schedule)
+                .snapshot_disk(id, None, SnapshotTrigger::Schedule, None)
                 .await
                 .map(drop),
             SnapshotKind::Checkpoint => self
-                .checkpoint(id, None, SnapshotTrigger::Schedule)
+                .checkpoint(id, None, SnapshotTrigger::Schedule, None)
                 .await
                 .map(drop),
         };
@@ -178,7 +178,7 @@ impl Node {
         };
         let scheduled: Vec<_> = list
             .iter()
-            .filter(|s| s.kind == kind && s.trigger == SnapshotTrigger::Schedule)
+            .filter(|s| s.kind == kind && s.trigger == SnapshotTrigger::Schedule && !s.persistent)
             .map(|s| (s.id.clone(), s.created_at_ms))
             .collect();
         let keep = schedule.retention(kind).retain(now_ms(), &scheduled);

@@ -4,6 +4,7 @@
 //!
 //! Every snapshot is taken two-phase in the store (pending directory, then an atomic
 //! rename), so a crash never leaves a half-written snapshot that could be listed or used.
+//! A persistent one gets its source (see [`crate::persistent`]) before that rename.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
 use crate::sandbox_manager::{internal, now_ms};
 use crate::vm_start::{connect_restored, identity};
-use crate::{Node, NodeError, SandboxRecord, VmOrigin};
+use crate::{Node, NodeError, SandboxRecord, SnapshotOwner, VmOrigin};
 
 /// How long the guest keeps its file systems frozen if the node never thaws them.
 const FREEZE_HOLD: Duration = Duration::from_secs(10);
@@ -40,6 +41,21 @@ pub struct CheckpointTaken {
 }
 
 impl Node {
+    /// A persistent snapshot's source goes into it before it is committed.
+    fn write_source(
+        &self,
+        id: &SandboxId,
+        pending: &space_storage::PendingSnapshot,
+        persistent: Option<&SnapshotOwner>,
+    ) -> Result<(), NodeError> {
+        let Some(owner) = persistent else {
+            return Ok(());
+        };
+        let source = self.inner.snapshot_source(id, Some(owner))?;
+        let json = serde_json::to_vec(&source).map_err(|e| internal("snapshot source", e))?;
+        Ok(pending.write_source(&json)?)
+    }
+
     fn check_label(label: &Option<String>) -> Result<(), NodeError> {
         if let Some(l) = label {
             space_core::snapshot::validate_snapshot_label(l)
@@ -50,12 +66,14 @@ impl Node {
 
     /// Takes a disk snapshot. A running guest's file systems are frozen for the instant of
     /// the reflink (so the snapshot is crash-consistent) and the VM keeps running; a stopped
-    /// sandbox's disk is reflinked as it is.
+    /// sandbox's disk is reflinked as it is. With `persistent`, the snapshot carries its
+    /// [`crate::SnapshotSource`] and outlives the sandbox.
     pub async fn snapshot_disk(
         &self,
         id: &SandboxId,
         label: Option<String>,
         trigger: SnapshotTrigger,
+        persistent: Option<SnapshotOwner>,
     ) -> Result<SnapshotInfo, NodeError> {
         Self::check_label(&label)?;
         let op = self.op_lock(id)?;
@@ -76,6 +94,7 @@ impl Node {
         let inner = &self.inner;
         let snap = SnapshotId::generate();
         let pending = inner.nm.begin_snapshot(&inner.store, id, &snap)?;
+        self.write_source(id, &pending, persistent.as_ref())?;
         let disk = inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         if let Some(guest) = &guest {
             match tokio::time::timeout(FREEZE_WAIT, guest.freeze_fs(FREEZE_HOLD)).await {
@@ -100,34 +119,49 @@ impl Node {
             }
         }
         copied?;
-        let info = pending.commit(new_info(&snap, id, SnapshotKind::Disk, trigger, label))?;
-        tracing::info!(%id, snapshot = %snap, "disk snapshot taken");
+        let info = pending.commit(new_info(
+            &snap,
+            id,
+            SnapshotKind::Disk,
+            trigger,
+            label,
+            persistent.is_some(),
+        ))?;
+        tracing::info!(%id, snapshot = %snap, persistent = info.persistent, "disk snapshot taken");
         Ok(info)
     }
 
     /// Takes a full checkpoint: memory and device state saved live (the guest pauses only
-    /// for the final pass), the disk reflinked while the VM is stopped for that pass.
+    /// for the final pass), the disk reflinked while the VM is stopped for that pass. With
+    /// `persistent`, the checkpoint carries its [`crate::SnapshotSource`] and outlives the
+    /// sandbox, and the workload is frozen across the save (as for a fork), so sandboxes
+    /// created from it run none of it before they are made unique.
     pub async fn checkpoint(
         &self,
         id: &SandboxId,
         label: Option<String>,
         trigger: SnapshotTrigger,
+        persistent: Option<SnapshotOwner>,
     ) -> Result<CheckpointTaken, NodeError> {
         Self::check_label(&label)?;
         let op = self.op_lock(id)?;
         let _guard = op.lock().await;
-        self.checkpoint_locked(id, label, trigger, false).await
+        let freeze_workload = persistent.is_some();
+        self.checkpoint_locked(id, label, trigger, freeze_workload, persistent)
+            .await
     }
 
     /// A checkpoint with the operation lock held. With `freeze_workload`, the guest's
     /// workload processes are frozen across the save and stay frozen in the saved state,
-    /// so VMs restored from it run no workload code before they are made unique (forks).
+    /// so VMs restored from it run no workload code before they are made unique (forks,
+    /// persistent checkpoints).
     pub(crate) async fn checkpoint_locked(
         &self,
         id: &SandboxId,
         label: Option<String>,
         trigger: SnapshotTrigger,
         freeze_workload: bool,
+        persistent: Option<SnapshotOwner>,
     ) -> Result<CheckpointTaken, NodeError> {
         self.inner
             .transition(id, SandboxEvent::Checkpoint, |_| {})?;
@@ -136,6 +170,7 @@ impl Node {
         let snap = SnapshotId::generate();
         let result = async {
             let pending = self.inner.nm.begin_snapshot(&self.inner.store, id, &snap)?;
+            self.write_source(id, &pending, persistent.as_ref())?;
             // Flush the guest's dirty file data first (a freeze syncs, the thaw follows at
             // once), so the checkpoint's disk also reads right on its own (e.g. in a diff).
             // Best effort, and outside the guest-visible pause.
@@ -168,6 +203,7 @@ impl Node {
                 SnapshotKind::Checkpoint,
                 trigger,
                 label,
+                persistent.is_some(),
             ))?;
             Ok::<_, NodeError>(CheckpointTaken { info, guest_pause })
         }
@@ -422,6 +458,7 @@ impl Node {
             r.origin = origin;
             r.rollback_to = None;
             r.paused_by = None;
+            r.stopped_by = None;
         })
     }
 
@@ -453,7 +490,7 @@ impl Node {
         memory: GuestMemory,
         disk: &std::path::Path,
     ) -> Result<Vm, NodeError> {
-        let tpl = self.template(&rec.template)?;
+        let tpl = self.template_of(rec)?;
         let kernel = self.inner.kernel(&tpl)?;
         let cfg = VmConfig {
             name: vm_name.to_owned(),
@@ -480,6 +517,7 @@ fn new_info(
     kind: SnapshotKind,
     trigger: SnapshotTrigger,
     label: Option<String>,
+    persistent: bool,
 ) -> SnapshotInfo {
     SnapshotInfo {
         id: snap.clone(),
@@ -490,5 +528,6 @@ fn new_info(
         exclusive_bytes: 0,
         total_bytes: 0,
         label,
+        persistent,
     }
 }

@@ -111,6 +111,15 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
 
 /// Writes `data` to `path` atomically: a temporary file beside it, fsync, rename, fsync of the directory.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StorageError> {
+    write_atomic_mode(path, data, 0o644)
+}
+
+/// [`write_atomic`] for a file only its owner may read (mode 0600 from its creation on).
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<(), StorageError> {
+    write_atomic_mode(path, data, 0o600)
+}
+
+fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<(), StorageError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -121,7 +130,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StorageError> {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(mode)
             .open(&tmp)
             .ctx("create", &tmp)?;
         f.write_all(data).ctx("write", &tmp)?;

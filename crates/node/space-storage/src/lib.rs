@@ -9,7 +9,8 @@
 //! - Snapshots of a sandbox under `<sandbox dir>/snapshots/`: [`Store::begin_snapshot`] →
 //!   [`PendingSnapshot`] → commit (atomic rename), listing with [`exclusive_bytes`] measured
 //!   by FIEMAP, and [`diff_disk_images`], a file-level diff of two guest ext4 images read in
-//!   userspace (never mounted).
+//!   userspace (never mounted). Persistent snapshots move to `<root>/snapshots/` when their
+//!   sandbox is deleted ([`Store::persist_snapshot`]).
 
 mod cas;
 pub mod cmd;
@@ -35,8 +36,9 @@ pub use fsops::{copy_sparse, is_btrfs, reflink, reflink_or_copy, write_atomic, F
 pub use kernels::{KernelBundleInfo, KernelMeta, KernelStore, INITRAMFS_FILE, VMLINUZ_FILE};
 pub use loopback::MIN_IMAGE_SIZE;
 pub use snapshots::{
-    PendingSnapshot, SnapshotPaths, SnapshotSizes, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE,
-    SNAPSHOT_MEMORY_FILE, SNAPSHOT_META_FILE, SNAPSHOT_STATE_FILE,
+    read_snapshot_source, PendingSnapshot, SnapshotPaths, SnapshotSizes, MAX_SNAPSHOT_SOURCE_BYTES,
+    PERSISTENT_SNAPSHOTS_DIR, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE, SNAPSHOT_MEMORY_FILE,
+    SNAPSHOT_META_FILE, SNAPSHOT_SOURCE_FILE, SNAPSHOT_STATE_FILE,
 };
 pub use store::{ExistingDisk, Store, StoreBacking, SANDBOX_DISK_FILE};
 pub use templates::{TemplateStore, IMAGE_FILE};

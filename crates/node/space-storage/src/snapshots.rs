@@ -1,4 +1,4 @@
-//! Sandbox snapshots on disk.
+//! Sandbox snapshots on disk, and the persistent snapshots that outlived their sandbox.
 //!
 //! ```text
 //! <sandbox dir>/snapshots/
@@ -6,14 +6,23 @@
 //!     disk.raw              reflink of the sandbox disk (FICLONE, O(1))
 //!     vm.state              checkpoints only: QEMU device + memory state, written by the caller
 //!     memory.raw            checkpoints only, optional: reflink of file-backed guest memory
+//!     source.json           persistent snapshots only: what a sandbox made from it needs
+//!                           (the caller's JSON, mode 0600: it holds secrets)
 //!     meta.json             the SnapshotInfo
 //!   .pending-<id>/          being taken; never listed, removed on abort, drop or recovery
 //!   .deleting-<id>-<rnd>/   being deleted; never listed, removed on recovery
+//! <store>/snapshots/        persistent snapshots whose sandbox was deleted, laid out as above
+//!   <snapshot id>/
+//!   .deleting-<id>-<rnd>/
 //! ```
 //!
 //! A snapshot appears under its id only through an atomic rename of a complete, fsynced
 //! pending directory, so a crash at any point leaves either a whole snapshot or debris that
-//! [`Store::remove_pending_snapshots`] clears: never a usable half snapshot.
+//! [`Store::remove_pending_snapshots`] clears: never a usable half snapshot. A persistent
+//! snapshot is committed with its `source.json`, so it is whole from the start; when its
+//! sandbox is deleted, [`Store::persist_snapshot`] moves it with one rename into the store's
+//! `snapshots/` (no replacing, both directories fsynced): at any instant it is in exactly one
+//! of the two places, and a delete a crash interrupted moves the rest when it is resumed.
 
 use std::fs::File;
 use std::io::Read;
@@ -38,6 +47,12 @@ pub const SNAPSHOT_STATE_FILE: &str = "vm.state";
 pub const SNAPSHOT_MEMORY_FILE: &str = "memory.raw";
 /// The snapshot's [`SnapshotInfo`], as JSON.
 pub const SNAPSHOT_META_FILE: &str = "meta.json";
+/// What a sandbox started from a persistent snapshot needs (opaque to the store, mode 0600).
+pub const SNAPSHOT_SOURCE_FILE: &str = "source.json";
+/// The store's directory of persistent snapshots whose sandbox was deleted.
+pub const PERSISTENT_SNAPSHOTS_DIR: &str = "snapshots";
+/// Largest source.json read back (it holds a sandbox's env: at most 512 values of 32 KiB).
+pub const MAX_SNAPSHOT_SOURCE_BYTES: u64 = 64 << 20;
 const PENDING_PREFIX: &str = ".pending-";
 const DELETING_PREFIX: &str = ".deleting-";
 /// Largest meta.json read back (ours are a few hundred bytes).
@@ -54,6 +69,8 @@ pub struct SnapshotPaths {
     pub state: Option<PathBuf>,
     /// The guest memory file, for checkpoints that have one.
     pub memory: Option<PathBuf>,
+    /// The source description, for persistent snapshots.
+    pub source: Option<PathBuf>,
 }
 
 impl SnapshotPaths {
@@ -63,6 +80,7 @@ impl SnapshotPaths {
             disk: dir.join(SNAPSHOT_DISK_FILE),
             state: existing(SNAPSHOT_STATE_FILE),
             memory: existing(SNAPSHOT_MEMORY_FILE),
+            source: existing(SNAPSHOT_SOURCE_FILE),
             dir,
         }
     }
@@ -129,6 +147,12 @@ impl PendingSnapshot {
         self.dir.join(SNAPSHOT_MEMORY_FILE)
     }
 
+    /// Writes `source.json` (mode 0600 from the start, synced): what a sandbox started from
+    /// this snapshot needs. Required before a persistent snapshot is committed.
+    pub fn write_source(&self, json: &[u8]) -> Result<(), StorageError> {
+        fsops::write_private(&self.dir.join(SNAPSHOT_SOURCE_FILE), json)
+    }
+
     /// Makes the snapshot's disk a reflink of `src` (the sandbox disk; its guest filesystems
     /// frozen or the VM stopped): O(1), no data copied; fails rather than copy. Synced.
     pub fn reflink_disk(&self, src: &Path) -> Result<(), StorageError> {
@@ -161,6 +185,11 @@ impl PendingSnapshot {
         let disk = self.disk_path();
         if !std::fs::symlink_metadata(&disk).is_ok_and(|m| m.is_file()) {
             return Err(invalid(format!("it has no {SNAPSHOT_DISK_FILE}")));
+        }
+        if info.persistent && !self.dir.join(SNAPSHOT_SOURCE_FILE).is_file() {
+            return Err(invalid(format!(
+                "it is persistent but has no {SNAPSHOT_SOURCE_FILE}"
+            )));
         }
         for file in data_files(&self.dir)? {
             File::open(&file)
@@ -207,14 +236,15 @@ impl Drop for PendingSnapshot {
     }
 }
 
-/// The snapshot's data files: every regular file in `dir` but meta.json and temporaries.
+/// The snapshot's data files: every regular file in `dir` but meta.json, source.json and
+/// temporaries.
 fn data_files(dir: &Path) -> Result<Vec<PathBuf>, StorageError> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).ctx("read directory", dir)? {
         let entry = entry.ctx("read directory", dir)?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name == SNAPSHOT_META_FILE || name.starts_with('.') {
+        if name == SNAPSHOT_META_FILE || name == SNAPSHOT_SOURCE_FILE || name.starts_with('.') {
             continue;
         }
         if entry.file_type().ctx("stat", &entry.path())?.is_file() {
@@ -235,10 +265,11 @@ fn measure(dir: &Path) -> Result<(u64, u64), StorageError> {
     Ok((total, exclusive))
 }
 
-/// Reads and checks a committed snapshot's meta.json: it must name `id` and `sandbox`.
+/// Reads and checks a committed snapshot's meta.json: it must name `id`, and `sandbox` when
+/// one is given (a persistent snapshot whose sandbox was deleted names its own).
 fn read_meta(
     dir: &Path,
-    sandbox: &SandboxId,
+    sandbox: Option<&SandboxId>,
     id: &SnapshotId,
 ) -> Result<SnapshotInfo, StorageError> {
     let path = dir.join(SNAPSHOT_META_FILE);
@@ -260,7 +291,7 @@ fn read_meta(
             path: path.clone(),
             source,
         })?;
-    if &info.id != id || &info.sandbox_id != sandbox {
+    if &info.id != id || sandbox.is_some_and(|s| &info.sandbox_id != s) {
         return Err(StorageError::InvalidSnapshot {
             dir: dir.to_owned(),
             reason: format!(
@@ -270,6 +301,134 @@ fn read_meta(
         });
     }
     Ok(info)
+}
+
+/// The snapshot's source.json, if it has one (read whole, at most
+/// [`MAX_SNAPSHOT_SOURCE_BYTES`]).
+pub fn read_snapshot_source(paths: &SnapshotPaths) -> Result<Option<Vec<u8>>, StorageError> {
+    let Some(path) = &paths.source else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    File::open(path)
+        .ctx("open", path)?
+        .take(MAX_SNAPSHOT_SOURCE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ctx("read", path)?;
+    if bytes.len() as u64 > MAX_SNAPSHOT_SOURCE_BYTES {
+        return Err(StorageError::io(
+            "read",
+            path,
+            std::io::Error::other(format!("larger than {MAX_SNAPSHOT_SOURCE_BYTES} bytes")),
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+/// The committed snapshots in `parent`, oldest first; each must name `sandbox` if given.
+fn list_in(
+    parent: &Path,
+    sandbox: Option<&SandboxId>,
+    sizes: SnapshotSizes,
+) -> Result<Vec<SnapshotInfo>, StorageError> {
+    let entries = match std::fs::read_dir(parent) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StorageError::io("read directory", parent, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.ctx("read directory", parent)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        let Ok(id) = name.parse::<SnapshotId>() else {
+            tracing::warn!(dir = %entry.path().display(), "not a snapshot directory; ignored");
+            continue;
+        };
+        let dir = entry.path();
+        let mut info = match read_meta(&dir, sandbox, &id) {
+            Ok(info) => info,
+            // Deleted (or moved) meanwhile.
+            Err(_) if !dir.exists() => continue,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "unreadable snapshot skipped");
+                continue;
+            }
+        };
+        if sizes == SnapshotSizes::Refresh {
+            match measure(&dir) {
+                Ok((total, exclusive)) => {
+                    info.total_bytes = total;
+                    info.exclusive_bytes = exclusive;
+                }
+                // Deleted meanwhile, most likely: then it is not listed.
+                Err(_) if !dir.exists() => continue,
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot measure snapshot; listing its sizes at commit")
+                }
+            }
+        }
+        out.push(info);
+    }
+    out.sort_by(|a, b| {
+        a.created_at_ms
+            .cmp(&b.created_at_ms)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    Ok(out)
+}
+
+/// One committed snapshot in `parent` and its paths; it must name `sandbox` if given.
+fn snapshot_in(
+    parent: &Path,
+    sandbox: Option<&SandboxId>,
+    id: &SnapshotId,
+) -> Result<Option<(SnapshotInfo, SnapshotPaths)>, StorageError> {
+    let dir = parent.join(id.as_str());
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let info = read_meta(&dir, sandbox, id)?;
+    Ok(Some((info, SnapshotPaths::of(dir))))
+}
+
+/// Deletes the committed snapshot `id` in `parent`: renamed out of the listing first.
+fn delete_in(parent: &Path, id: &SnapshotId) -> Result<bool, StorageError> {
+    let dir = parent.join(id.as_str());
+    let doomed = parent.join(format!("{DELETING_PREFIX}{id}-{}", fsops::random_suffix()));
+    match std::fs::rename(&dir, &doomed) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(StorageError::io("rename for deletion", &dir, e)),
+    }
+    fsops::fsync_dir(parent)?;
+    mountinfo::remove_tree(&doomed)?;
+    tracing::debug!(dir = %parent.display(), snapshot = %id, "snapshot deleted");
+    Ok(true)
+}
+
+/// Removes the `.pending-*` and `.deleting-*` directories in `parent`; how many.
+fn remove_debris_in(parent: &Path) -> Result<usize, StorageError> {
+    let entries = match std::fs::read_dir(parent) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StorageError::io("read directory", parent, e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.ctx("read directory", parent)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(PENDING_PREFIX) || name.starts_with(DELETING_PREFIX) {
+            mountinfo::remove_tree(&entry.path())?;
+            tracing::info!(dir = %entry.path().display(), "removed an unfinished snapshot");
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 impl Store {
@@ -323,55 +482,7 @@ impl Store {
         sandbox: &SandboxId,
         sizes: SnapshotSizes,
     ) -> Result<Vec<SnapshotInfo>, StorageError> {
-        let parent = self.snapshots_dir(sandbox);
-        let entries = match std::fs::read_dir(&parent) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(StorageError::io("read directory", &parent, e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.ctx("read directory", &parent)?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') {
-                continue;
-            }
-            let Ok(id) = name.parse::<SnapshotId>() else {
-                tracing::warn!(dir = %entry.path().display(), "not a snapshot directory; ignored");
-                continue;
-            };
-            let dir = entry.path();
-            let mut info = match read_meta(&dir, sandbox, &id) {
-                Ok(info) => info,
-                // Deleted meanwhile.
-                Err(_) if !dir.exists() => continue,
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "unreadable snapshot skipped");
-                    continue;
-                }
-            };
-            if sizes == SnapshotSizes::Refresh {
-                match measure(&dir) {
-                    Ok((total, exclusive)) => {
-                        info.total_bytes = total;
-                        info.exclusive_bytes = exclusive;
-                    }
-                    // Deleted meanwhile, most likely: then it is not listed.
-                    Err(_) if !dir.exists() => continue,
-                    Err(e) => {
-                        tracing::warn!(dir = %dir.display(), error = %e, "cannot measure snapshot; listing its sizes at commit")
-                    }
-                }
-            }
-            out.push(info);
-        }
-        out.sort_by(|a, b| {
-            a.created_at_ms
-                .cmp(&b.created_at_ms)
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        Ok(out)
+        list_in(&self.snapshots_dir(sandbox), Some(sandbox), sizes)
     }
 
     /// One committed snapshot and where its files are; `None` if the sandbox has no such
@@ -381,12 +492,7 @@ impl Store {
         sandbox: &SandboxId,
         id: &SnapshotId,
     ) -> Result<Option<(SnapshotInfo, SnapshotPaths)>, StorageError> {
-        let dir = self.snapshots_dir(sandbox).join(id.as_str());
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        let info = read_meta(&dir, sandbox, id)?;
-        Ok(Some((info, SnapshotPaths::of(dir))))
+        snapshot_in(&self.snapshots_dir(sandbox), Some(sandbox), id)
     }
 
     /// Deletes a committed snapshot; `false` if there was none. It disappears from listings
@@ -396,42 +502,82 @@ impl Store {
         sandbox: &SandboxId,
         id: &SnapshotId,
     ) -> Result<bool, StorageError> {
-        let parent = self.snapshots_dir(sandbox);
-        let dir = parent.join(id.as_str());
-        let doomed = parent.join(format!("{DELETING_PREFIX}{id}-{}", fsops::random_suffix()));
-        match std::fs::rename(&dir, &doomed) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(StorageError::io("rename for deletion", &dir, e)),
-        }
-        fsops::fsync_dir(&parent)?;
-        mountinfo::remove_tree(&doomed)?;
-        tracing::debug!(sandbox = %sandbox, snapshot = %id, "snapshot deleted");
-        Ok(true)
+        delete_in(&self.snapshots_dir(sandbox), id)
     }
 
     /// Crash recovery: removes the sandbox's uncommitted (`.pending-*`) and half-deleted
     /// (`.deleting-*`) snapshot directories; returns how many. Call when no snapshot of the
     /// sandbox is being taken (at node start, before the scheduler runs).
     pub fn remove_pending_snapshots(&self, sandbox: &SandboxId) -> Result<usize, StorageError> {
-        let parent = self.snapshots_dir(sandbox);
-        let entries = match std::fs::read_dir(&parent) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(StorageError::io("read directory", &parent, e)),
-        };
-        let mut removed = 0;
-        for entry in entries {
-            let entry = entry.ctx("read directory", &parent)?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with(PENDING_PREFIX) || name.starts_with(DELETING_PREFIX) {
-                mountinfo::remove_tree(&entry.path())?;
-                tracing::info!(dir = %entry.path().display(), "removed an unfinished snapshot");
-                removed += 1;
-            }
+        remove_debris_in(&self.snapshots_dir(sandbox))
+    }
+
+    /// The store's directory of persistent snapshots whose sandbox was deleted
+    /// (`<root>/snapshots`).
+    pub fn persistent_snapshots_dir(&self) -> PathBuf {
+        self.root().join(PERSISTENT_SNAPSHOTS_DIR)
+    }
+
+    /// Moves the sandbox's committed snapshot `id` (a persistent one, whose sandbox is being
+    /// deleted) into [`Store::persistent_snapshots_dir`]: one rename that never replaces,
+    /// then both directories are fsynced. `false` if the sandbox has no such snapshot (moved
+    /// already, by a delete a crash interrupted). Idempotent.
+    pub fn persist_snapshot(
+        &self,
+        sandbox: &SandboxId,
+        id: &SnapshotId,
+    ) -> Result<bool, StorageError> {
+        let from_parent = self.snapshots_dir(sandbox);
+        let from = from_parent.join(id.as_str());
+        if !from.is_dir() {
+            return Ok(false);
         }
-        Ok(removed)
+        let to_parent = self.persistent_snapshots_dir();
+        fsops::create_dir_all(&to_parent)?;
+        let to = to_parent.join(id.as_str());
+        nix::fcntl::renameat2(
+            None,
+            &from,
+            None,
+            &to,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::EEXIST => StorageError::SnapshotExists(to.clone()),
+            e => StorageError::io("move into the persistent snapshots", &from, e.into()),
+        })?;
+        fsops::fsync_dir(&to_parent)?;
+        fsops::fsync_dir(&from_parent)?;
+        tracing::debug!(%sandbox, snapshot = %id, "snapshot kept after its sandbox");
+        Ok(true)
+    }
+
+    /// The persistent snapshots whose sandbox was deleted, oldest first (as
+    /// [`Store::list_snapshots`]).
+    pub fn list_persistent_snapshots(
+        &self,
+        sizes: SnapshotSizes,
+    ) -> Result<Vec<SnapshotInfo>, StorageError> {
+        list_in(&self.persistent_snapshots_dir(), None, sizes)
+    }
+
+    /// One persistent snapshot whose sandbox was deleted, and where its files are.
+    pub fn persistent_snapshot(
+        &self,
+        id: &SnapshotId,
+    ) -> Result<Option<(SnapshotInfo, SnapshotPaths)>, StorageError> {
+        snapshot_in(&self.persistent_snapshots_dir(), None, id)
+    }
+
+    /// Deletes a persistent snapshot whose sandbox was deleted; `false` if there was none.
+    pub fn delete_persistent_snapshot(&self, id: &SnapshotId) -> Result<bool, StorageError> {
+        delete_in(&self.persistent_snapshots_dir(), id)
+    }
+
+    /// Crash recovery of [`Store::persistent_snapshots_dir`]: removes half-deleted
+    /// snapshot directories; returns how many. Call at node start.
+    pub fn remove_pending_persistent_snapshots(&self) -> Result<usize, StorageError> {
+        remove_debris_in(&self.persistent_snapshots_dir())
     }
 
     /// Makes `dst` a reflink of a snapshot's disk, grown sparsely to `disk_mib` MiB (never

@@ -40,6 +40,7 @@ fn info(sandbox: &SandboxId, id: &SnapshotId, kind: SnapshotKind, at: i64) -> Sn
         exclusive_bytes: 12345, // filled in by commit
         total_bytes: 0,
         label: None,
+        persistent: false,
     }
 }
 
@@ -334,4 +335,137 @@ fn failed_aborted_and_crashed_snapshots_are_never_listed() {
             .unwrap(),
         0
     );
+}
+
+/// Takes a committed disk snapshot of `sbx`; persistent ones carry a source.json.
+fn take(store: &Store, sbx: &SandboxId, disk: &Path, persistent: bool, at: i64) -> SnapshotInfo {
+    let id = SnapshotId::generate();
+    let p = store.begin_snapshot(sbx, &id).unwrap();
+    p.reflink_disk(disk).unwrap();
+    if persistent {
+        p.write_source(format!("{{\"of\": \"{id}\"}}").as_bytes())
+            .unwrap();
+    }
+    p.commit(SnapshotInfo {
+        persistent,
+        ..info(sbx, &id, SnapshotKind::Disk, at)
+    })
+    .unwrap()
+}
+
+#[test]
+fn persistent_snapshots_move_out_of_their_sandbox_whole_and_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut g = Guard::new();
+    let store = g.open("data");
+    let (sbx, disk) = sandbox(&store);
+    assert!(store
+        .list_persistent_snapshots(SnapshotSizes::Stored)
+        .unwrap()
+        .is_empty());
+
+    // A persistent snapshot is committed only with its source.
+    let id = SnapshotId::generate();
+    let p = store.begin_snapshot(&sbx, &id).unwrap();
+    p.reflink_disk(&disk).unwrap();
+    let err = p
+        .commit(SnapshotInfo {
+            persistent: true,
+            ..info(&sbx, &id, SnapshotKind::Disk, 1)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("source.json"), "{err}");
+
+    let kept: Vec<SnapshotInfo> = (0..3)
+        .map(|i| take(&store, &sbx, &disk, true, 10 + i))
+        .collect();
+    let gone = take(&store, &sbx, &disk, false, 20);
+    let (_, paths) = store.snapshot(&sbx, &kept[0].id).unwrap().unwrap();
+    let source = paths.source.clone().expect("a source");
+    assert_eq!(
+        std::fs::metadata(&source).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the source holds secrets"
+    );
+    assert_eq!(
+        kept[0].total_bytes,
+        128 * MIB,
+        "the source is not counted as snapshot data"
+    );
+    assert!(store
+        .snapshot(&sbx, &gone.id)
+        .unwrap()
+        .unwrap()
+        .1
+        .source
+        .is_none());
+
+    // A delete that a crash interrupts after the first move...
+    assert!(store.persist_snapshot(&sbx, &kept[0].id).unwrap());
+    assert!(
+        !store.persist_snapshot(&sbx, &kept[0].id).unwrap(),
+        "moved once"
+    );
+    let listed = |store: &Store| {
+        let mut ids: Vec<SnapshotId> = store
+            .list_persistent_snapshots(SnapshotSizes::Refresh)
+            .unwrap()
+            .into_iter()
+            .map(|i| i.id)
+            .collect();
+        ids.extend(
+            store
+                .list_snapshots(&sbx, SnapshotSizes::Stored)
+                .unwrap()
+                .into_iter()
+                .filter(|i| i.persistent)
+                .map(|i| i.id),
+        );
+        ids.sort();
+        ids
+    };
+    let mut want: Vec<SnapshotId> = kept.iter().map(|i| i.id.clone()).collect();
+    want.sort();
+    // ...has each snapshot in exactly one of the two places...
+    assert_eq!(listed(&store), want);
+    // ...and the resumed delete moves the rest, then removes the sandbox.
+    for k in &kept {
+        store.persist_snapshot(&sbx, &k.id).unwrap();
+    }
+    store.remove_sandbox_dir(&sbx).unwrap();
+    assert_eq!(listed(&store), want);
+    let list = store
+        .list_persistent_snapshots(SnapshotSizes::Stored)
+        .unwrap();
+    assert_eq!(list, kept, "oldest first, metadata as committed");
+    let (got, paths) = store.persistent_snapshot(&kept[1].id).unwrap().unwrap();
+    assert_eq!(got, kept[1]);
+    assert_eq!(
+        space_storage::read_snapshot_source(&paths)
+            .unwrap()
+            .unwrap(),
+        format!("{{\"of\": \"{}\"}}", kept[1].id).into_bytes()
+    );
+    // The moved disk is still a reflink: it reads as the sandbox's did.
+    assert_eq!(std::fs::metadata(&paths.disk).unwrap().len(), 128 * MIB);
+    assert!(store.persistent_snapshot(&gone.id).unwrap().is_none());
+
+    // Deleting: once; a half-deleted one is cleared at start.
+    assert!(store.delete_persistent_snapshot(&kept[1].id).unwrap());
+    assert!(!store.delete_persistent_snapshot(&kept[1].id).unwrap());
+    std::fs::create_dir(
+        store
+            .persistent_snapshots_dir()
+            .join(format!(".deleting-{}-abcdefgh", kept[2].id)),
+    )
+    .unwrap();
+    assert_eq!(
+        store
+            .list_persistent_snapshots(SnapshotSizes::Stored)
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(store.remove_pending_persistent_snapshots().unwrap(), 1);
+    assert_eq!(store.remove_pending_persistent_snapshots().unwrap(), 0);
 }

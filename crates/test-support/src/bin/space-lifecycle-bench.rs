@@ -296,7 +296,7 @@ async fn operations() {
         let mut lat = Vec::new();
         for _ in 0..SNAPSHOTS {
             let t = Instant::now();
-            node.snapshot_disk(&sb.id, None, SnapshotTrigger::Manual)
+            node.snapshot_disk(&sb.id, None, SnapshotTrigger::Manual, None)
                 .await
                 .expect("snapshot");
             lat.push(ms(t.elapsed()));
@@ -335,7 +335,10 @@ async fn operations() {
     let (mut pause, mut total, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..CHECKPOINTS {
         let t = Instant::now();
-        match node.checkpoint(&sb.id, None, SnapshotTrigger::Manual).await {
+        match node
+            .checkpoint(&sb.id, None, SnapshotTrigger::Manual, None)
+            .await
+        {
             Ok(c) => {
                 total.push(ms(t.elapsed()));
                 pause.push(c.guest_pause.map(ms).unwrap_or(f64::NAN));
@@ -417,7 +420,7 @@ async fn operations() {
     }
 
     // Crash recovery: kill the VMM, time until it runs again (restored from a checkpoint).
-    node.checkpoint(&sb.id, None, SnapshotTrigger::Manual)
+    node.checkpoint(&sb.id, None, SnapshotTrigger::Manual, None)
         .await
         .expect("checkpoint");
     let mut lat = Vec::new();

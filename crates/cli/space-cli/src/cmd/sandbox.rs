@@ -2,7 +2,9 @@
 
 use clap::{Args, Subcommand};
 use futures::StreamExt;
-use space_core::sandbox::{CreateSandboxRequest, ForkRequest, ResourcesRequest, SandboxInfo};
+use space_core::sandbox::{
+    CreateSandboxRequest, ForkRequest, ResourcesRequest, SandboxInfo, TimeoutAction,
+};
 use space_core::SandboxState;
 
 use super::{parse_pairs, sandbox_id, snapshot_id};
@@ -33,7 +35,8 @@ pub enum SandboxCmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Set the timeout: delete automatically SECS from now.
+    /// Set the timeout: its timeout action (see `create --on-timeout`) happens SECS from
+    /// now, and each time it runs again it gets SECS once more.
     Timeout {
         /// Sandbox id.
         id: String,
@@ -107,8 +110,13 @@ pub enum SandboxCmd {
 #[derive(Args, Debug)]
 pub struct CreateArgs {
     /// Template name.
-    #[arg(long, short)]
-    template: String,
+    #[arg(long, short, required_unless_present = "snapshot")]
+    template: Option<String>,
+    /// Create it from this snapshot (see `space snapshot list`) instead of a template: a
+    /// checkpoint brings back memory and processes, a disk snapshot boots on a copy of its
+    /// disk. Template and resources are the snapshot's.
+    #[arg(long, conflicts_with_all = ["template", "vcpus", "memory_mib", "disk_mib"])]
+    snapshot: Option<String>,
     /// Virtual CPUs.
     #[arg(long)]
     vcpus: Option<u32>,
@@ -124,9 +132,17 @@ pub struct CreateArgs {
     /// Label (KEY=VALUE, repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     labels: Vec<String>,
-    /// Delete automatically after this many seconds (default 3600).
+    /// Its timeout, seconds (default 3600): then --on-timeout happens.
     #[arg(long)]
     timeout: Option<u64>,
+    /// What happens when the timeout passes: delete (default), pause (memory kept) or stop
+    /// (disk kept).
+    #[arg(long, value_name = "ACTION", value_parser = parse_timeout_action)]
+    on_timeout: Option<TimeoutAction>,
+    /// The next call that needs the guest resumes (or starts) it after its timeout paused
+    /// (or stopped) it.
+    #[arg(long)]
+    auto_resume: bool,
     /// Project within the tenant (credentials scoped to it apply).
     #[arg(long)]
     project: Option<String>,
@@ -136,6 +152,14 @@ pub struct CreateArgs {
     /// Print only the id.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// `--on-timeout`: one of [`TimeoutAction`]'s names.
+fn parse_timeout_action(s: &str) -> Result<TimeoutAction, String> {
+    TimeoutAction::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = TimeoutAction::ALL.iter().map(|a| a.as_str()).collect();
+        format!("expected one of {}", names.join(", "))
+    })
 }
 
 /// `space console`.
@@ -154,7 +178,8 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
     match c {
         SandboxCmd::Create(a) => {
             let req = CreateSandboxRequest {
-                template: a.template,
+                template: a.template.unwrap_or_default(),
+                snapshot: a.snapshot.as_deref().map(snapshot_id).transpose()?,
                 resources: ResourcesRequest {
                     vcpus: a.vcpus,
                     memory_mib: a.memory_mib,
@@ -163,6 +188,8 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 env: parse_pairs(&a.env, "--env")?,
                 labels: parse_pairs(&a.labels, "--label")?,
                 timeout_secs: a.timeout,
+                on_timeout: a.on_timeout.unwrap_or_default(),
+                auto_resume: a.auto_resume,
                 project: a.project,
                 egress: a.egress.policy()?,
                 ..Default::default()
@@ -224,9 +251,10 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 render::json(&info)?;
             } else {
                 println!(
-                    "{} expires {}",
+                    "{} {} {}",
                     info.id,
-                    render::relative(info.expires_at_ms)
+                    info.on_timeout.as_str(),
+                    render::expiry(&info)
                 );
             }
         }

@@ -10,11 +10,20 @@ use crate::{render, Global};
 /// Snapshot commands.
 #[derive(Subcommand, Debug)]
 pub enum SnapshotCmd {
-    /// List a sandbox's snapshots (kind, time, size).
+    /// List a sandbox's snapshots (kind, time, size), oldest first; without a sandbox id,
+    /// all of the tenant's (persistent ones of deleted sandboxes too), newest first.
     #[command(alias = "ls")]
     List {
         /// Sandbox id.
-        id: String,
+        id: Option<String>,
+        /// Only snapshots with this label (all of the tenant's).
+        #[arg(long, short)]
+        label: Option<String>,
+    },
+    /// Show one of the tenant's snapshots (of any sandbox, deleted ones too).
+    Get {
+        /// Snapshot id.
+        snapshot: String,
     },
     /// Take a snapshot now: a disk snapshot (the VM keeps running), or with --checkpoint
     /// memory and processes too.
@@ -27,16 +36,20 @@ pub enum SnapshotCmd {
         /// Free text to recognise it by.
         #[arg(long, short)]
         label: Option<String>,
+        /// Keep it until deleted, also after the sandbox is deleted (new sandboxes can be
+        /// created from it: `space sandbox create --snapshot`).
+        #[arg(long)]
+        persistent: bool,
         /// Print only the snapshot id.
         #[arg(long, short)]
         quiet: bool,
     },
-    /// Delete snapshots of a sandbox.
+    /// Delete snapshots: `rm SANDBOX SNAPSHOT...`, or `rm SNAPSHOT...` for the tenant's
+    /// snapshots wherever they are (persistent ones of deleted sandboxes too).
     Rm {
-        /// Sandbox id.
+        /// Sandbox id, or the first snapshot id.
         id: String,
         /// Snapshot ids.
-        #[arg(required = true)]
         snapshots: Vec<String>,
     },
     /// Files added, removed or modified between two snapshots of a sandbox.
@@ -57,8 +70,16 @@ pub enum SnapshotCmd {
 pub async fn run(g: &Global, c: SnapshotCmd) -> anyhow::Result<u8> {
     let client = g.client()?;
     match c {
-        SnapshotCmd::List { id } => {
-            let list = client.snapshots(&sandbox_id(&id)?).await?;
+        SnapshotCmd::List { id, label } => {
+            let list = match (id, label) {
+                (Some(id), None) => client.snapshots(&sandbox_id(&id)?).await?,
+                (id, label) => {
+                    let sandbox = id.as_deref().map(sandbox_id).transpose()?;
+                    client
+                        .tenant_snapshots(sandbox.as_ref(), label.as_deref())
+                        .await?
+                }
+            };
             if g.json {
                 render::json(&list)?;
             } else if list.snapshots.is_empty() {
@@ -67,10 +88,19 @@ pub async fn run(g: &Global, c: SnapshotCmd) -> anyhow::Result<u8> {
                 render::snapshots(&list.snapshots);
             }
         }
+        SnapshotCmd::Get { snapshot } => {
+            let info = client.tenant_snapshot(&snapshot_id(&snapshot)?).await?;
+            if g.json {
+                render::json(&info)?;
+            } else {
+                render::snapshots(std::slice::from_ref(&info));
+            }
+        }
         SnapshotCmd::Create {
             id,
             checkpoint,
             label,
+            persistent,
             quiet,
         } => {
             let req = CreateSnapshotRequest {
@@ -80,6 +110,7 @@ pub async fn run(g: &Global, c: SnapshotCmd) -> anyhow::Result<u8> {
                     SnapshotKind::Disk
                 },
                 label,
+                persistent,
             };
             let taken = client.create_snapshot(&sandbox_id(&id)?, &req).await?;
             if g.json {
@@ -94,12 +125,20 @@ pub async fn run(g: &Global, c: SnapshotCmd) -> anyhow::Result<u8> {
             }
         }
         SnapshotCmd::Rm { id, snapshots } => {
-            let id = sandbox_id(&id)?;
+            // A first argument that is a snapshot id names no sandbox.
+            let (sandbox, snapshots) = match snapshot_id(&id) {
+                Ok(_) => (None, [vec![id], snapshots].concat()),
+                Err(_) if snapshots.is_empty() => {
+                    anyhow::bail!("give the snapshots to delete")
+                }
+                Err(_) => (Some(sandbox_id(&id)?), snapshots),
+            };
             let mut failed = 0;
             for snap in snapshots {
-                let result = match snapshot_id(&snap) {
-                    Ok(s) => client.delete_snapshot(&id, &s).await.map_err(Into::into),
-                    Err(e) => Err(e),
+                let result = match (snapshot_id(&snap), &sandbox) {
+                    (Ok(s), Some(id)) => client.delete_snapshot(id, &s).await.map_err(Into::into),
+                    (Ok(s), None) => client.delete_tenant_snapshot(&s).await.map_err(Into::into),
+                    (Err(e), _) => Err(e),
                 };
                 match result {
                     Ok(()) => println!("deleted {snap}"),

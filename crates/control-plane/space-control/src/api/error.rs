@@ -51,6 +51,11 @@ impl ApiError {
         Self::not_found(format!("sandbox {id} not found"))
     }
 
+    /// 404 for a snapshot that is missing or another tenant's (indistinguishable).
+    pub fn snapshot_not_found(id: &space_core::SnapshotId) -> Self {
+        Self::not_found(format!("snapshot {id} not found"))
+    }
+
     /// 413 `payload_too_large`.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::PayloadTooLarge, message)

@@ -152,6 +152,24 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotPath {
     }
 }
 
+/// The `{snapshot_id}` of `/v1/snapshots/{snapshot_id}`, parsed.
+#[derive(Debug, Clone)]
+pub struct SnapshotIdPath(pub SnapshotId);
+
+impl<S: Send + Sync> FromRequestParts<S> for SnapshotIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        Ok(SnapshotIdPath(parse_snapshot_id(param(
+            &params,
+            "snapshot_id",
+        )?)?))
+    }
+}
+
 /// Parses a snapshot id from a path or query: `400 invalid_request` if malformed.
 pub fn parse_snapshot_id(raw: &str) -> Result<SnapshotId, ApiError> {
     raw.parse::<SnapshotId>()

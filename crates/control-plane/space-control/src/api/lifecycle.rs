@@ -25,7 +25,7 @@ use space_core::sandbox::{
     SandboxInfo, SandboxList, MAX_FORK_COUNT,
 };
 use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState};
-use space_node::{Node, NodeError, PauseCause, SandboxRecord};
+use space_node::{Node, NodeError, PauseCause, SandboxRecord, StopCause};
 use tokio::sync::broadcast;
 use utoipa::IntoParams;
 
@@ -37,7 +37,7 @@ use super::sandboxes::{
     begin_create, discard, finish_create, new_row, sandbox_info, validate_timeout, NewRow,
 };
 use super::{AppState, InFlightGuard};
-use crate::db::{SandboxRow, SandboxSpec};
+use crate::db::{now_ms, SandboxRow, SandboxSpec};
 
 /// How often a followed event stream sends a keep-alive (an empty line, which NDJSON
 /// readers skip) and checks that its sandbox still exists.
@@ -45,22 +45,46 @@ pub const FOLLOW_HEARTBEAT: Duration = Duration::from_secs(15);
 /// Longest a followed event stream stays open; the client reconnects for more.
 pub const MAX_FOLLOW: Duration = Duration::from_secs(24 * 3600);
 
+/// What an operation does to the sandbox's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    /// Left as it is.
+    Keep,
+    /// The sandbox runs again (resume, start): now + its timeout, also after its timeout
+    /// had paused or stopped it.
+    Renew,
+}
+
 /// Runs one node operation on a tenant's live sandbox in its own task and returns the
 /// sandbox as it is afterwards.
 async fn operate<F, Fut>(
     st: &AppState,
     tenant: &AuthTenant,
     id: SandboxId,
+    deadline: Deadline,
     op: F,
 ) -> ApiResult<Json<SandboxInfo>>
 where
     F: FnOnce(Node, SandboxId) -> Fut,
     Fut: std::future::Future<Output = Result<SandboxRecord, NodeError>> + Send + 'static,
 {
-    let row = st.live_sandbox(&tenant.id, &id).await?;
-    let record = tokio::spawn(op(st.node.clone(), id))
-        .await
-        .map_err(ApiError::internal)??;
+    let mut row = st.live_sandbox(&tenant.id, &id).await?;
+    let task_state = st.clone();
+    let work = op(st.node.clone(), id.clone());
+    // The renewal is part of the task: a client that hangs up cannot leave a sandbox that
+    // runs again without its new deadline.
+    let record = tokio::spawn(async move {
+        let record = work.await?;
+        if deadline == Deadline::Renew {
+            task_state.db.renew_timeout(&id, now_ms()).await?;
+        }
+        Ok::<_, ApiError>(record)
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    if deadline == Deadline::Renew {
+        row = st.find_sandbox(&tenant.id, &row.id).await?;
+    }
     Ok(Json(sandbox_info(&row, Some(&record), false)))
 }
 
@@ -86,13 +110,14 @@ pub async fn pause(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, |node, id| async move {
+    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
         node.pause_sandbox(&id, PauseCause::User).await
     })
     .await
 }
 
-/// Resume a paused sandbox; returns once its daemon answers again.
+/// Resume a paused sandbox (whoever paused it); returns once its daemon answers again. Its
+/// deadline becomes now + its timeout.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/resume",
@@ -113,7 +138,7 @@ pub async fn resume(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, |node, id| async move {
+    operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
         node.resume_sandbox(&id).await
     })
     .await
@@ -140,13 +165,14 @@ pub async fn stop(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, |node, id| async move {
-        node.stop_sandbox(&id).await
+    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
+        node.stop_sandbox(&id, StopCause::User).await
     })
     .await
 }
 
-/// Start a stopped sandbox: a cold boot on its kept disk; returns once its daemon is ready.
+/// Start a stopped sandbox (whoever stopped it): a cold boot on its kept disk; returns once
+/// its daemon is ready. Its deadline becomes now + its timeout.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/start",
@@ -167,7 +193,7 @@ pub async fn start(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, |node, id| async move {
+    operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
         node.start_sandbox(&id).await
     })
     .await
@@ -198,7 +224,7 @@ pub async fn rollback(
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<RollbackRequest>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, |node, id| async move {
+    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
         node.rollback(&id, &req.snapshot).await
     })
     .await
@@ -208,8 +234,8 @@ pub async fn rollback(
 /// running) or from one of its checkpoints. Each child has its own id, a copy-on-write copy
 /// of the disk and memory, and restored uniqueness (fresh RNG seed, hostname, clock) before
 /// any of its processes runs again. Children belong to the caller, inherit the template,
-/// resources, environment and crash policy, and get the parent's labels merged with
-/// `labels`. All or nothing: if a child fails to start, every child is deleted.
+/// resources, environment, crash policy and timeout action (`on_timeout`, `auto_resume`),
+/// and get the parent's labels merged with `labels`. All or nothing: if a child fails to start, every child is deleted.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/fork",
@@ -268,9 +294,12 @@ pub async fn fork(
                     resources: parent_rec.resources,
                     env_keys: parent_row.spec.env_keys.clone(),
                     forked_from: Some(parent.clone()),
+                    from_snapshot: None,
                 },
                 labels: labels.clone(),
                 timeout_secs: req.timeout_secs,
+                on_timeout: parent_row.on_timeout,
+                auto_resume: parent_row.auto_resume,
             },
         );
         match begin_create(&st, &row).await {

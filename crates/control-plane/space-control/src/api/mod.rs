@@ -85,17 +85,24 @@ impl AppState {
     }
 
     /// The channel to a tenant's live sandbox; a sandbox that idleness paused is resumed
-    /// first (the call that needs the guest is what wakes it). A sandbox a client paused, or
-    /// stopped, is `409 conflict` naming its state.
+    /// first (the call that needs the guest is what wakes it), and so, with `auto_resume`,
+    /// is one its timeout paused (or started, one its timeout stopped; its deadline is then
+    /// renewed). A sandbox a client paused or stopped, or a timed-out one without
+    /// `auto_resume`, is `409 conflict` naming its state.
     pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
-        self.live_sandbox(tenant, id).await?;
+        let row = self.live_sandbox(tenant, id).await?;
         // In its own task: a client that hangs up must not cancel a resume half-way.
-        let node = self.node.clone();
+        let st = self.clone();
         let id = id.clone();
-        let guest = tokio::spawn(async move { node.guest_waking(&id).await })
-            .await
-            .map_err(ApiError::internal)?;
-        Ok(guest?)
+        tokio::spawn(async move {
+            if row.auto_resume && st.node.wake_timed_out(&id).await? {
+                st.db.renew_timeout(&id, crate::db::now_ms()).await?;
+                tracing::info!(sandbox = %id, "woke the sandbox its timeout had paused or stopped");
+            }
+            Ok(st.node.guest_waking(&id).await?)
+        })
+        .await
+        .map_err(ApiError::internal)?
     }
 }
 

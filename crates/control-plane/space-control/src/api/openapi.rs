@@ -38,7 +38,7 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
         (name = "meta", description = "Health and this document"),
         (name = "templates", description = "Templates sandboxes start from"),
         (name = "sandboxes", description = "Sandbox lifecycle: create, pause/resume, stop/start, rollback, fork, events"),
-        (name = "snapshots", description = "Disk snapshots and full checkpoints of a sandbox"),
+        (name = "snapshots", description = "Disk snapshots and full checkpoints of a sandbox, and the tenant's, persistent ones of deleted sandboxes included"),
         (name = "pool", description = "The node's warm pool"),
         (name = "processes", description = "Processes inside a sandbox"),
         (name = "files", description = "Files inside a sandbox"),
@@ -113,6 +113,11 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(snapshots::delete_snapshot))
         .routes(routes!(snapshots::diff_snapshots))
+        .routes(routes!(snapshots::list_tenant_snapshots))
+        .routes(routes!(
+            snapshots::get_tenant_snapshot,
+            snapshots::delete_tenant_snapshot
+        ))
         .routes(routes!(processes::start_process, processes::list_processes))
         .routes(routes!(processes::get_process))
         .routes(routes!(processes::output))

@@ -21,10 +21,13 @@ use space_core::sandbox::{
     validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, SandboxList,
     SetTimeoutRequest, MAX_LABELS, MAX_TIMEOUT_SECS,
 };
-use space_core::sandbox::{PausedBy, SandboxOrigin};
+use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
-use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, TenantId};
-use space_node::{CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, VmOrigin};
+use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
+use space_node::{
+    CreateFromSnapshot, CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, StopCause,
+    VmOrigin,
+};
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -77,6 +80,10 @@ pub fn sandbox_info(
         node: row.node.clone(),
         created_at_ms: row.created_at_ms,
         expires_at_ms: row.expires_at_ms,
+        timeout_secs: row.timeout_secs,
+        on_timeout: row.on_timeout,
+        auto_resume: row.auto_resume,
+        timed_out_at_ms: row.timed_out_at_ms,
         create_latency_ms: row.create_latency_ms.and_then(|v| u64::try_from(v).ok()),
         failure_reason,
         paused_by: record
@@ -85,11 +92,20 @@ pub fn sandbox_info(
             .map(|c| match c {
                 PauseCause::User => PausedBy::User,
                 PauseCause::Idle => PausedBy::Idle,
+                PauseCause::Timeout => PausedBy::Timeout,
+            }),
+        stopped_by: record
+            .filter(|r| r.state == SandboxState::Stopped)
+            .and_then(|r| r.stopped_by)
+            .map(|c| match c {
+                StopCause::User => StoppedBy::User,
+                StopCause::Timeout => StoppedBy::Timeout,
             }),
         origin: record
             .filter(|r| !matches!(r.state, SandboxState::Deleted | SandboxState::Stopped))
             .map(|r| origin(&r.origin)),
         forked_from: row.spec.forked_from.clone(),
+        from_snapshot: row.spec.from_snapshot.clone(),
         on_crash: record.map(|r| r.on_crash).unwrap_or_default(),
         auto_pause_secs: record.and_then(|r| r.auto_pause_secs),
         project: record.and_then(|r| r.project.as_ref().map(|p| p.to_string())),
@@ -180,7 +196,8 @@ fn template_not_found(name: &str) -> ApiError {
     ))
 }
 
-/// Create a sandbox; returns once its daemon is ready.
+/// Create a sandbox, from a template or from one of the caller's snapshots; returns once
+/// its daemon is ready.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes",
@@ -190,7 +207,7 @@ fn template_not_found(name: &str) -> ApiError {
         (status = 201, description = "Created and running", body = SandboxInfo),
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 404, description = "No such template, or no such snapshot of the caller's", body = ErrorBody),
         (status = 413, description = "Body larger than 1 MiB", body = ErrorBody),
         (status = 502, description = "The sandbox failed to start", body = ErrorBody),
         (status = 507, description = "Not enough capacity on the node", body = ErrorBody),
@@ -204,6 +221,15 @@ pub async fn create_sandbox(
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
     let started = Instant::now();
     validate_create(&req)?;
+    if let Some(snapshot) = req.snapshot.clone() {
+        let info = create_from_snapshot(&st, &tenant, snapshot, req, started).await?;
+        return Ok((StatusCode::CREATED, Json(info)));
+    }
+    if req.template.is_empty() {
+        return Err(ApiError::invalid(
+            "give `template` (or `snapshot`) to create a sandbox from",
+        ));
+    }
     if !validate_template_name(&req.template) {
         return Err(template_not_found(&req.template));
     }
@@ -234,9 +260,12 @@ pub async fn create_sandbox(
                 resources,
                 env_keys: req.env.keys().cloned().collect(),
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: req.labels.clone(),
             timeout_secs: req.timeout_secs,
+            on_timeout: req.on_timeout,
+            auto_resume: req.auto_resume,
         },
     );
     let project = parse_project(req.project.as_deref())?;
@@ -263,15 +292,103 @@ pub async fn create_sandbox(
         project,
         egress,
     };
-    let task_state = st.clone();
+    let node = st.node.clone();
+    let info = create_in_task(st, row, guard, started, async move {
+        node.create_sandbox(create).await
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Runs the node's side of a create in its own task (a client that hangs up cannot cancel
+/// it half-way), then [`finish_create`], and only then leaves the in-flight set.
+async fn create_in_task<F>(
+    st: AppState,
+    row: SandboxRow,
+    guard: InFlightGuard,
+    started: Instant,
+    create: F,
+) -> ApiResult<SandboxInfo>
+where
+    F: std::future::Future<Output = Result<SandboxRecord, NodeError>> + Send + 'static,
+{
     let task = tokio::spawn(async move {
-        let result = task_state.node.create_sandbox(create).await;
-        let outcome = finish_create(&task_state, row, result, started).await;
+        let result = create.await;
+        let outcome = finish_create(&st, row, result, started).await;
         drop(guard);
         outcome
     });
-    let info = task.await.map_err(ApiError::internal)??;
-    Ok((StatusCode::CREATED, Json(info)))
+    task.await.map_err(ApiError::internal)?
+}
+
+/// A create with `snapshot`: template and resources are the snapshot's, labels and env are
+/// added to its, its egress policy and project apply unless the request names others.
+async fn create_from_snapshot(
+    st: &AppState,
+    tenant: &AuthTenant,
+    snapshot: SnapshotId,
+    req: CreateSandboxRequest,
+    started: Instant,
+) -> ApiResult<SandboxInfo> {
+    if !req.template.is_empty() || req.resources != ResourcesRequest::default() {
+        return Err(ApiError::invalid(
+            "a sandbox created from a snapshot takes its template and resources from the snapshot: give `snapshot` without `template` and `resources`",
+        ));
+    }
+    let found = super::snapshots::find_snapshot(st, &tenant.id, &snapshot).await?;
+    let mut labels = match &found.sandbox {
+        Some(row) => row.labels.clone(),
+        None => found.source.labels.clone(),
+    };
+    labels.extend(req.labels.clone());
+    validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
+    let mut env_keys: Vec<String> = found.source.env.keys().cloned().collect();
+    env_keys.extend(
+        req.env
+            .keys()
+            .filter(|k| !found.source.env.contains_key(*k))
+            .cloned(),
+    );
+    env_keys.sort();
+    let id = SandboxId::generate();
+    let row = new_row(
+        id.clone(),
+        &tenant.id,
+        st,
+        NewRow {
+            template: found.source.template.clone(),
+            template_digest: found.source.template_digest.clone(),
+            spec: SandboxSpec {
+                resources: found.source.resources,
+                env_keys,
+                forked_from: None,
+                from_snapshot: Some(snapshot.clone()),
+            },
+            labels,
+            timeout_secs: req.timeout_secs,
+            on_timeout: req.on_timeout,
+            auto_resume: req.auto_resume,
+        },
+    );
+    let create = CreateFromSnapshot {
+        id: id.clone(),
+        snapshot: snapshot.clone(),
+        source: found.sandbox.map(|r| r.id),
+        env: req.env,
+        on_crash: req.on_crash,
+        auto_pause_secs: req.auto_pause_secs,
+        snapshots: req.snapshots,
+        tenant: tenant.id.clone(),
+        project: parse_project(req.project.as_deref())?,
+        egress: req.egress,
+    };
+    let guard = begin_create(st, &row).await?;
+    tracing::info!(sandbox = %id, tenant = %tenant.name, %snapshot, "creating sandbox from a snapshot");
+    let node = st.node.clone();
+    create_in_task(st.clone(), row, guard, started, async move {
+        node.create_sandbox_from_snapshot(create).await
+    })
+    .await
 }
 
 /// What a new sandbox row is made of (the rest is set by [`new_row`]).
@@ -286,13 +403,17 @@ pub struct NewRow {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Requested timeout (already validated); default [`DEFAULT_TIMEOUT_SECS`].
     pub timeout_secs: Option<u64>,
+    /// What happens when the timeout passes.
+    pub on_timeout: TimeoutAction,
+    /// Whether the next call that needs the guest wakes it after its timeout acted.
+    pub auto_resume: bool,
 }
 
 /// The desired-state row of a sandbox about to be made on this node.
 pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> SandboxRow {
     let now = now_ms();
-    let timeout_ms =
-        i64::try_from(new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS) * 1000).unwrap_or(i64::MAX);
+    let timeout_secs = new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    let timeout_ms = i64::try_from(timeout_secs * 1000).unwrap_or(i64::MAX);
     SandboxRow {
         id,
         tenant_id: tenant.clone(),
@@ -304,6 +425,10 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> 
         desired_state: DesiredState::Running,
         created_at_ms: now,
         expires_at_ms: now.saturating_add(timeout_ms),
+        timeout_secs,
+        on_timeout: new.on_timeout,
+        auto_resume: new.auto_resume,
+        timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
     }
@@ -542,7 +667,9 @@ pub async fn delete_sandbox(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Set the sandbox timeout: it is deleted automatically `timeout_secs` from now.
+/// Set the sandbox timeout: its `on_timeout` action (deletion by default) happens
+/// `timeout_secs` from now, and each time it runs again (resume, start) it gets
+/// `timeout_secs` once more. A sandbox its timeout paused or stopped gets a deadline again.
 #[utoipa::path(
     put,
     path = "/v1/sandboxes/{id}/timeout",
@@ -565,9 +692,7 @@ pub async fn set_timeout(
 ) -> ApiResult<Json<SandboxInfo>> {
     validate_timeout(req.timeout_secs)?;
     st.live_sandbox(&tenant.id, &id).await?;
-    let expires =
-        now_ms().saturating_add(i64::try_from(req.timeout_secs * 1000).unwrap_or(i64::MAX));
-    if !st.db.set_expiry(&id, expires).await? {
+    if !st.db.set_timeout(&id, req.timeout_secs, now_ms()).await? {
         return Err(ApiError::sandbox_not_found(&id));
     }
     let row = st.find_sandbox(&tenant.id, &id).await?;
@@ -640,11 +765,16 @@ mod tests {
                 resources: Resources::default(),
                 env_keys: vec!["A".into()],
                 forked_from: None,
+                from_snapshot: None,
             },
             labels: BTreeMap::new(),
             desired_state: desired,
             created_at_ms: 1,
             expires_at_ms: 2,
+            timeout_secs: 1,
+            on_timeout: TimeoutAction::Pause,
+            auto_resume: true,
+            timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: Some(5),
         }
@@ -730,6 +860,38 @@ mod tests {
             sandbox_info(&r, None, true).on_crash,
             space_core::sandbox::CrashPolicy::Restore
         );
+    }
+
+    #[test]
+    fn merge_shows_what_the_timeout_did() {
+        let mut r = row(DesiredState::Running);
+        r.timed_out_at_ms = Some(7);
+        let mut rec = record(&r, SandboxState::Paused);
+        rec.paused_by = Some(PauseCause::Timeout);
+        let info = sandbox_info(&r, Some(&rec), false);
+        assert_eq!(
+            (info.paused_by, info.stopped_by, info.timed_out_at_ms),
+            (Some(PausedBy::Timeout), None, Some(7))
+        );
+        assert_eq!(
+            (info.on_timeout, info.auto_resume, info.timeout_secs),
+            (TimeoutAction::Pause, true, 1)
+        );
+        rec.state = SandboxState::Stopped;
+        rec.stopped_by = Some(StopCause::Timeout);
+        let info = sandbox_info(&r, Some(&rec), false);
+        assert_eq!(
+            (info.paused_by, info.stopped_by),
+            (None, Some(StoppedBy::Timeout))
+        );
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            (&json["stopped_by"], &json["on_timeout"]),
+            (&serde_json::json!("timeout"), &serde_json::json!("pause"))
+        );
+        // Only a stopped sandbox shows who stopped it.
+        rec.state = SandboxState::Running;
+        assert_eq!(sandbox_info(&r, Some(&rec), false).stopped_by, None);
     }
 
     #[test]

@@ -1,9 +1,14 @@
-//! Snapshots of a sandbox: list, take one now (disk snapshot or full checkpoint), delete,
-//! and the files changed between two of them.
+//! Snapshots of a sandbox: list, take one now (disk snapshot or full checkpoint, persistent
+//! or not), delete, and the files changed between two of them; and the tenant's snapshots
+//! across its sandboxes, deleted ones included for persistent snapshots
+//! (`/v1/snapshots`).
 //!
 //! A sandbox's snapshots live under it on its node: another sandbox's (or tenant's)
-//! snapshot id is simply not found. Rolling back to a snapshot and forking from one are
-//! lifecycle operations ([`super::lifecycle`]).
+//! snapshot id is simply not found. Who owns a snapshot is the node's to say, with the
+//! files: the sandbox's owner (the database row) while the sandbox lives, the tenant its
+//! persistent snapshot names once the sandbox is gone. Rolling back to a snapshot and
+//! forking from one are lifecycle operations ([`super::lifecycle`]); creating a sandbox
+//! from one is a create ([`super::sandboxes`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,13 +16,20 @@ use axum::Json;
 use serde::Deserialize;
 use space_core::sandbox::{CreateSnapshotRequest, SnapshotList, SnapshotTaken};
 use space_core::snapshot::{DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT};
-use space_core::{ErrorBody, SnapshotDiff, SnapshotKind, SnapshotTrigger};
+use space_core::{
+    ErrorBody, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger,
+    TenantId,
+};
+use space_node::{SnapshotOwner, SnapshotSource};
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
-use super::extract::{parse_snapshot_id, ApiJson, ApiQuery, SandboxPath, SnapshotPath};
+use super::extract::{
+    parse_snapshot_id, ApiJson, ApiQuery, SandboxPath, SnapshotIdPath, SnapshotPath,
+};
 use super::AppState;
+use crate::db::{SandboxFilter, SandboxRow};
 
 /// The sandbox's snapshots, oldest first, with their current sizes.
 #[utoipa::path(
@@ -45,7 +57,8 @@ pub async fn list_snapshots(
 
 /// Take a snapshot now. `disk`: the guest file systems are frozen for the instant of a
 /// reflink, the VM keeps running (also allowed while stopped). `checkpoint`: memory, device
-/// state and disk, saved live; the response says how long the guest was paused.
+/// state and disk, saved live; the response says how long the guest was paused. With
+/// `persistent`, it is kept until deleted, also after the sandbox is.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/snapshots",
@@ -72,20 +85,24 @@ pub async fn create_snapshot(
         space_core::snapshot::validate_snapshot_label(label)
             .map_err(|e| ApiError::invalid(e.to_string()))?;
     }
-    st.live_sandbox(&tenant.id, &id).await?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let owner = req.persistent.then(|| SnapshotOwner {
+        tenant: row.tenant_id.clone(),
+        labels: row.labels.clone(),
+    });
     let node = st.node.clone();
     // In its own task: a client that hangs up does not abandon a half-taken snapshot.
     let taken = tokio::spawn(async move {
         match req.kind {
             SnapshotKind::Disk => node
-                .snapshot_disk(&id, req.label, SnapshotTrigger::Manual)
+                .snapshot_disk(&id, req.label, SnapshotTrigger::Manual, owner)
                 .await
                 .map(|snapshot| SnapshotTaken {
                     snapshot,
                     guest_pause_ms: None,
                 }),
             SnapshotKind::Checkpoint => node
-                .checkpoint(&id, req.label, SnapshotTrigger::Manual)
+                .checkpoint(&id, req.label, SnapshotTrigger::Manual, owner)
                 .await
                 .map(|t| SnapshotTaken {
                     snapshot: t.info,
@@ -100,7 +117,7 @@ pub async fn create_snapshot(
     Ok((StatusCode::CREATED, Json(taken)))
 }
 
-/// Delete a snapshot (frees its exclusive bytes).
+/// Delete a snapshot (frees its exclusive bytes), persistent or not.
 #[utoipa::path(
     delete,
     path = "/v1/sandboxes/{id}/snapshots/{snapshot_id}",
@@ -176,4 +193,185 @@ pub async fn diff_snapshots(
     }
     st.live_sandbox(&tenant.id, &id).await?;
     Ok(Json(st.node.diff_snapshots(&id, &from, &to, limit).await?))
+}
+
+/// A snapshot of a tenant's, and where it is.
+#[derive(Debug, Clone)]
+pub struct FoundSnapshot {
+    /// The snapshot.
+    pub info: SnapshotInfo,
+    /// What a sandbox made from it needs.
+    pub source: SnapshotSource,
+    /// The live sandbox it is one of; `None`: a persistent snapshot whose sandbox was
+    /// deleted.
+    pub sandbox: Option<SandboxRow>,
+}
+
+/// The tenant's snapshot `snap`, of a live sandbox of its or persistent and its; `404`
+/// otherwise (another tenant's is indistinguishable from none).
+pub async fn find_snapshot(
+    st: &AppState,
+    tenant: &TenantId,
+    snap: &SnapshotId,
+) -> ApiResult<FoundSnapshot> {
+    if let Some((info, source)) = st.node.persistent_snapshot(snap).await? {
+        if source.tenant.as_ref() == Some(tenant) {
+            return Ok(FoundSnapshot {
+                info,
+                source,
+                sandbox: None,
+            });
+        }
+        return Err(ApiError::snapshot_not_found(snap));
+    }
+    for row in st.db.sandboxes(tenant, SandboxFilter::Live).await? {
+        if row.node != st.node.name() {
+            continue;
+        }
+        match st.node.snapshot_source(&row.id, snap).await {
+            Ok(Some((info, source))) => {
+                return Ok(FoundSnapshot {
+                    info,
+                    source,
+                    sandbox: Some(row),
+                })
+            }
+            Ok(None) => {}
+            // Deleted meanwhile: then it is not this one's.
+            Err(space_node::NodeError::SandboxNotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::snapshot_not_found(snap))
+}
+
+/// Query of `GET /v1/snapshots`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSnapshotsQuery {
+    /// Only snapshots of this sandbox (live or deleted).
+    pub sandbox: Option<String>,
+    /// Only snapshots with this label.
+    pub label: Option<String>,
+}
+
+/// The caller's snapshots, newest first: those of its live sandboxes, and the persistent
+/// ones of its deleted sandboxes, with their current sizes.
+#[utoipa::path(
+    get,
+    path = "/v1/snapshots",
+    tag = "snapshots",
+    params(TenantSnapshotsQuery),
+    responses(
+        (status = 200, description = "Snapshots, newest first", body = SnapshotList),
+        (status = 400, description = "Malformed sandbox id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_tenant_snapshots(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    ApiQuery(q): ApiQuery<TenantSnapshotsQuery>,
+) -> ApiResult<Json<SnapshotList>> {
+    let sandbox = q
+        .sandbox
+        .as_deref()
+        .map(|s| {
+            s.parse::<SandboxId>().map_err(|e| {
+                ApiError::invalid(format!(
+                    "bad sandbox id {:?}: {e}",
+                    s.chars().take(64).collect::<String>()
+                ))
+            })
+        })
+        .transpose()?;
+    let wanted = |info: &SnapshotInfo| {
+        sandbox.as_ref().is_none_or(|s| &info.sandbox_id == s)
+            && q.label
+                .as_ref()
+                .is_none_or(|l| info.label.as_ref() == Some(l))
+    };
+    let mut snapshots: Vec<SnapshotInfo> = Vec::new();
+    for row in st.db.sandboxes(&tenant.id, SandboxFilter::Live).await? {
+        if row.node != st.node.name() || sandbox.as_ref().is_some_and(|s| s != &row.id) {
+            continue;
+        }
+        match st.node.snapshots(&row.id).await {
+            Ok(list) => snapshots.extend(list.into_iter().filter(|i| wanted(i))),
+            // Deleted meanwhile (its persistent snapshots are listed below).
+            Err(space_node::NodeError::SandboxNotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for (info, source) in st.node.persistent_snapshots().await? {
+        if source.tenant.as_ref() == Some(&tenant.id)
+            && wanted(&info)
+            && !snapshots.iter().any(|s| s.id == info.id)
+        {
+            snapshots.push(info);
+        }
+    }
+    snapshots.sort_by(|a, b| {
+        b.created_at_ms
+            .cmp(&a.created_at_ms)
+            .then_with(|| b.id.cmp(&a.id))
+    });
+    Ok(Json(SnapshotList { snapshots }))
+}
+
+/// One of the caller's snapshots (of a live sandbox, or persistent of a deleted one).
+#[utoipa::path(
+    get,
+    path = "/v1/snapshots/{snapshot_id}",
+    tag = "snapshots",
+    params(("snapshot_id" = String, Path, description = "Snapshot id")),
+    responses(
+        (status = 200, description = "The snapshot", body = SnapshotInfo),
+        (status = 400, description = "Malformed id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such snapshot of the caller's", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_tenant_snapshot(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SnapshotIdPath(snap): SnapshotIdPath,
+) -> ApiResult<Json<SnapshotInfo>> {
+    Ok(Json(find_snapshot(&st, &tenant.id, &snap).await?.info))
+}
+
+/// Delete one of the caller's snapshots, wherever it is (of a live sandbox, or persistent of
+/// a deleted one).
+#[utoipa::path(
+    delete,
+    path = "/v1/snapshots/{snapshot_id}",
+    tag = "snapshots",
+    params(("snapshot_id" = String, Path, description = "Snapshot id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such snapshot of the caller's", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_tenant_snapshot(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SnapshotIdPath(snap): SnapshotIdPath,
+) -> ApiResult<StatusCode> {
+    let found = find_snapshot(&st, &tenant.id, &snap).await?;
+    let node = st.node.clone();
+    tokio::spawn(async move {
+        match found.sandbox {
+            Some(row) => node.delete_snapshot(&row.id, &snap).await,
+            None => node.delete_persistent_snapshot(&snap).await,
+        }
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    Ok(StatusCode::NO_CONTENT)
 }

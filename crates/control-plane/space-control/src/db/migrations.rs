@@ -97,6 +97,22 @@ pub const MIGRATIONS: &[Migration] = &[
                 updated_at_ms BIGINT NOT NULL
             )"],
     },
+    // What a sandbox's timeout does (`TimeoutAction`: delete, pause, stop), whether the next
+    // call that needs its guest wakes it afterwards (0/1), its timeout as a duration (the
+    // deadline is renewed from it whenever the sandbox runs again; rows from before this
+    // migration get the span they were created with), and when the timeout paused or
+    // stopped it (set: no deadline until it runs again).
+    Migration {
+        version: 4,
+        description: "sandbox timeout actions",
+        statements: &[
+            "ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'delete'",
+            "ALTER TABLE sandboxes ADD COLUMN auto_resume BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE sandboxes ADD COLUMN timeout_secs BIGINT NOT NULL DEFAULT 3600",
+            "UPDATE sandboxes SET timeout_secs = CASE WHEN expires_at_ms - created_at_ms >= 1000 THEN (expires_at_ms - created_at_ms) / 1000 ELSE 1 END",
+            "ALTER TABLE sandboxes ADD COLUMN timed_out_at_ms BIGINT",
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use space_core::{Resources, SandboxId, TenantId};
+use space_core::sandbox::TimeoutAction;
+use space_core::{Resources, SandboxId, SnapshotId, TenantId};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
@@ -47,7 +48,7 @@ impl DesiredState {
 
 /// The stored creation spec. Environment variable values are secrets and are never
 /// stored: they go to the node at create time only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
     /// Resources (template defaults already filled in).
     pub resources: Resources,
@@ -56,6 +57,9 @@ pub struct SandboxSpec {
     /// For a fork: the sandbox it was forked from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<SandboxId>,
+    /// For a sandbox created from a snapshot: the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotId>,
 }
 
 /// One row of `sandboxes`.
@@ -79,8 +83,19 @@ pub struct SandboxRow {
     pub desired_state: DesiredState,
     /// ms since the Unix epoch.
     pub created_at_ms: i64,
-    /// Automatic deletion time, ms since the Unix epoch.
+    /// When the timeout passes (the `on_timeout` action is due), ms since the Unix epoch.
     pub expires_at_ms: i64,
+    /// The timeout, seconds: the deadline is renewed to now + this whenever the sandbox runs
+    /// again (a resume or start) and set by `PUT /timeout`.
+    pub timeout_secs: u64,
+    /// What happens when the timeout passes.
+    pub on_timeout: TimeoutAction,
+    /// Whether the next call that needs the guest wakes a sandbox its timeout paused or
+    /// stopped.
+    pub auto_resume: bool,
+    /// When the timeout paused or stopped it (or found it paused or stopped): it has no
+    /// deadline until it runs again. `None` while the deadline stands.
+    pub timed_out_at_ms: Option<i64>,
     /// When deletion was requested.
     pub deleted_at_ms: Option<i64>,
     /// Create request to ready, ms; `None` until created.
@@ -100,7 +115,8 @@ pub enum SandboxFilter {
 
 const COLUMNS: &str =
     "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
-                       created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms";
+                       created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms, \
+                       timeout_secs, on_timeout, auto_resume, timed_out_at_ms";
 
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
     DbError::Corrupt {
@@ -115,6 +131,9 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
     let spec: String = row.try_get("spec")?;
     let labels: String = row.try_get("labels")?;
     let desired: String = row.try_get("desired_state")?;
+    let on_timeout: String = row.try_get("on_timeout")?;
+    let timeout_secs: i64 = row.try_get("timeout_secs")?;
+    let auto_resume: i64 = row.try_get("auto_resume")?;
     Ok(SandboxRow {
         id: id.parse().map_err(corrupt)?,
         tenant_id: tenant.parse().map_err(corrupt)?,
@@ -128,7 +147,17 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
         expires_at_ms: row.try_get("expires_at_ms")?,
         deleted_at_ms: row.try_get("deleted_at_ms")?,
         create_latency_ms: row.try_get("create_latency_ms")?,
+        timeout_secs: u64::try_from(timeout_secs).map_err(corrupt)?,
+        on_timeout: TimeoutAction::parse(&on_timeout)
+            .ok_or_else(|| corrupt(format!("on_timeout {on_timeout:?}")))?,
+        auto_resume: auto_resume != 0,
+        timed_out_at_ms: row.try_get("timed_out_at_ms")?,
     })
+}
+
+/// `secs` from `now_ms`, in ms, saturating.
+fn deadline(now_ms: i64, secs: u64) -> i64 {
+    now_ms.saturating_add(i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX))
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
@@ -138,7 +167,7 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
 impl Db {
     /// Records a new sandbox (before the node is asked to create it).
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
-        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)");
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)");
         sqlx::query(&sql)
             .bind(row.id.as_str())
             .bind(row.tenant_id.as_str())
@@ -152,6 +181,10 @@ impl Db {
             .bind(row.expires_at_ms)
             .bind(row.deleted_at_ms)
             .bind(row.create_latency_ms)
+            .bind(i64::try_from(row.timeout_secs).map_err(|e| DbError::Invalid(e.to_string()))?)
+            .bind(row.on_timeout.as_str())
+            .bind(i64::from(row.auto_resume))
+            .bind(row.timed_out_at_ms)
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;
@@ -218,26 +251,66 @@ impl Db {
     /// Marks a sandbox deleted. Returns `false` if it already was (or does not exist), so
     /// exactly one caller wins a race to delete.
     pub async fn mark_deleted(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
-        let done = sqlx::query("UPDATE sandboxes SET desired_state = $1, deleted_at_ms = $2 WHERE id = $3 AND desired_state = $4")
-            .bind(DesiredState::Deleted.as_str())
+        let sql = format!(
+            "UPDATE sandboxes SET desired_state = '{}', deleted_at_ms = $1 WHERE id = $2 AND desired_state = $3",
+            DesiredState::Deleted.as_str()
+        );
+        self.update_live(&sql, id, now_ms).await
+    }
+
+    /// `PUT /timeout`: the live sandbox's timeout becomes `timeout_secs`, its deadline
+    /// that far from `now_ms` (a timed-out sandbox has one again). `false` if it is not live.
+    pub async fn set_timeout(
+        &self,
+        id: &SandboxId,
+        timeout_secs: u64,
+        now_ms: i64,
+    ) -> Result<bool, DbError> {
+        let secs = i64::try_from(timeout_secs).map_err(|e| DbError::Invalid(e.to_string()))?;
+        let done = sqlx::query(
+            "UPDATE sandboxes SET timeout_secs = $1, expires_at_ms = $2, timed_out_at_ms = NULL WHERE id = $3 AND desired_state = $4",
+        )
+        .bind(secs)
+        .bind(deadline(now_ms, timeout_secs))
+        .bind(id.as_str())
+        .bind(DesiredState::Running.as_str())
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The live sandbox runs again (resumed or started): its deadline becomes `now_ms` plus
+    /// its timeout, and it is no longer timed out. `false` if it is not live.
+    pub async fn renew_timeout(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
+        self.update_live(
+            "UPDATE sandboxes SET expires_at_ms = $1 + timeout_secs * 1000, timed_out_at_ms = NULL WHERE id = $2 AND desired_state = $3",
+            id,
+            now_ms,
+        )
+        .await
+    }
+
+    /// The timeout of a live sandbox acted (paused or stopped it, or found it so) at
+    /// `now_ms`: it has no deadline until it runs again. `false` if it is not live, already
+    /// timed out, or its deadline moved past `now_ms` meanwhile (a renewal wins).
+    pub async fn mark_timed_out(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
+        self.update_live(
+            "UPDATE sandboxes SET timed_out_at_ms = $1 WHERE id = $2 AND desired_state = $3 AND timed_out_at_ms IS NULL AND expires_at_ms <= $1",
+            id,
+            now_ms,
+        )
+        .await
+    }
+
+    /// Runs `sql`, an update of one sandbox whose parameters are `$1` = `now_ms`, `$2` = its
+    /// id and `$3` = the live desired state; whether a row changed.
+    async fn update_live(&self, sql: &str, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
+        let done = sqlx::query(sql)
             .bind(now_ms)
             .bind(id.as_str())
             .bind(DesiredState::Running.as_str())
             .execute(self.pool())
             .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Sets the automatic deletion time of a live sandbox; `false` if it is not live.
-    pub async fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<bool, DbError> {
-        let done = sqlx::query(
-            "UPDATE sandboxes SET expires_at_ms = $1 WHERE id = $2 AND desired_state = $3",
-        )
-        .bind(expires_at_ms)
-        .bind(id.as_str())
-        .bind(DesiredState::Running.as_str())
-        .execute(self.pool())
-        .await?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -13,8 +13,47 @@ use space_control::{Server, ServerConfig};
 pub struct TestDb {
     pub db: Db,
     pub label: &'static str,
+    url: String,
     _dir: Option<tempfile::TempDir>,
     _pg: Option<PgDatabase>,
+}
+
+impl TestDb {
+    /// A second connection pool on the same database, as a restarted server opens it.
+    pub async fn reopen(&self) -> Db {
+        Db::connect(&self.url).await.unwrap()
+    }
+}
+
+/// A database nothing has been applied to yet (removed afterwards, even on failure).
+pub struct EmptyDb {
+    pub url: String,
+    pub label: &'static str,
+    _dir: Option<tempfile::TempDir>,
+    _pg: Option<PgDatabase>,
+}
+
+/// Empty SQLite in a temp dir, plus an empty PostgreSQL database if configured.
+pub async fn empty_dbs() -> Vec<EmptyDb> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut out = vec![EmptyDb {
+        url: format!(
+            "{}?mode=rwc",
+            space_control::db::default_sqlite_url(dir.path())
+        ),
+        label: "sqlite",
+        _dir: Some(dir),
+        _pg: None,
+    }];
+    if let Some((url, pg)) = postgres_database().await {
+        out.push(EmptyDb {
+            url,
+            label: "postgres",
+            _dir: None,
+            _pg: Some(pg),
+        });
+    }
+    out
 }
 
 /// SQLite in a temp dir, plus PostgreSQL if configured.
@@ -28,12 +67,12 @@ pub async fn test_dbs() -> Vec<TestDb> {
 
 pub async fn sqlite_db() -> TestDb {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::connect(&space_control::db::default_sqlite_url(dir.path()))
-        .await
-        .unwrap();
+    let url = space_control::db::default_sqlite_url(dir.path());
+    let db = Db::connect(&url).await.unwrap();
     TestDb {
         db,
         label: "sqlite",
+        url,
         _dir: Some(dir),
         _pg: None,
     }
@@ -41,6 +80,20 @@ pub async fn sqlite_db() -> TestDb {
 
 /// A fresh database on the server named by `SPACE_TEST_POSTGRES_URL`, dropped afterwards.
 pub async fn postgres_db() -> Option<TestDb> {
+    let (url, pg) = postgres_database().await?;
+    let db = Db::connect(&url).await.unwrap();
+    Some(TestDb {
+        db,
+        label: "postgres",
+        url,
+        _dir: None,
+        _pg: Some(pg),
+    })
+}
+
+/// A new, empty database on the server named by `SPACE_TEST_POSTGRES_URL`: its URL, and
+/// the guard that drops it.
+async fn postgres_database() -> Option<(String, PgDatabase)> {
     let admin_url = std::env::var("SPACE_TEST_POSTGRES_URL")
         .ok()
         .filter(|s| !s.is_empty())?;
@@ -51,14 +104,10 @@ pub async fn postgres_db() -> Option<TestDb> {
             .trim_start_matches("sbx-")
     );
     run_admin(&admin_url, &format!("CREATE DATABASE {name}")).await;
-    let url = with_database(&admin_url, &name);
-    let db = Db::connect(&url).await.unwrap();
-    Some(TestDb {
-        db,
-        label: "postgres",
-        _dir: None,
-        _pg: Some(PgDatabase { admin_url, name }),
-    })
+    Some((
+        with_database(&admin_url, &name),
+        PgDatabase { admin_url, name },
+    ))
 }
 
 /// Replaces the database name in a postgres URL (keeping any query string).
@@ -78,7 +127,7 @@ pub fn with_database(url: &str, name: &str) -> String {
     out
 }
 
-async fn run_admin(admin_url: &str, sql: &str) {
+pub async fn run_admin(admin_url: &str, sql: &str) {
     use sqlx::{Connection, Executor};
     sqlx::any::install_default_drivers();
     let mut conn = sqlx::AnyConnection::connect(admin_url).await.unwrap();

@@ -1,0 +1,159 @@
+//! Creating a sandbox from a snapshot, of a live sandbox or a persistent one whose sandbox
+//! was deleted: a checkpoint is restored as a fork child is (a copy-on-write copy of its
+//! disk, its memory loaded, made unique before its workload runs again) and configured as
+//! the new sandbox; a disk snapshot cold-boots on a copy-on-write copy of its disk. The new
+//! sandbox takes template, resources and CA from the snapshot's source (see
+//! [`crate::persistent`]); the snapshot's files are only read, so any number of creates may
+//! use one snapshot at once.
+
+use std::time::Instant;
+
+use space_core::template::TemplateInfo;
+use space_core::{SandboxEvent, SandboxState, SnapshotKind};
+use space_guest_proto::GuestConfig;
+use space_storage::{ExistingDisk, SnapshotPaths, SANDBOX_DISK_FILE};
+
+use crate::sandbox_manager::now_ms;
+use crate::{CreateFromSnapshot, Node, NodeError, SandboxRecord, SnapshotSource, VmOrigin};
+
+impl Node {
+    /// Creates sandbox `req.id` from a snapshot and returns when its daemon is ready
+    /// (`running`), or fails it. A snapshot of another tenant's is not found.
+    pub async fn create_sandbox_from_snapshot(
+        &self,
+        req: CreateFromSnapshot,
+    ) -> Result<SandboxRecord, NodeError> {
+        let started = Instant::now();
+        let (kind, paths, source) = self.find_snapshot_for(&req).await?;
+        let mut env = source.env.clone();
+        env.extend(req.env.clone());
+        space_core::process::validate_env(&env)
+            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
+        let schedule = req.snapshots.clone().unwrap_or_default();
+        schedule
+            .validate()
+            .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
+        let origin = match kind {
+            SnapshotKind::Checkpoint => VmOrigin::Checkpoint {
+                sandbox: source.sandbox_id.clone(),
+                snapshot: Some(req.snapshot.clone()),
+            },
+            SnapshotKind::Disk => VmOrigin::Boot,
+        };
+        let record = SandboxRecord {
+            created_at_ms: now_ms(),
+            env,
+            on_crash: req.on_crash,
+            auto_pause_secs: req.auto_pause_secs,
+            snapshots: schedule,
+            tenant: Some(req.tenant.clone()),
+            project: req.project.clone().or(source.project.clone()),
+            egress: req.egress.clone().unwrap_or(source.egress.clone()),
+            origin,
+            ..SandboxRecord::new(
+                req.id.clone(),
+                source.template.clone(),
+                source.template_digest.clone(),
+                source.resources,
+                SandboxState::Creating,
+            )
+        };
+        let tpl = self.template_of(&record)?;
+        // The snapshot's disk and memory trust the source sandbox's CA: so must its gateway.
+        let ca = match (&source.sandbox_ca_pem, &req.source) {
+            (Some(pem), _) => self.inner.sandbox_cas.install(&req.id, pem),
+            (None, Some(live)) => self.inner.sandbox_cas.copy(live, &req.id),
+            (None, None) => Ok(()),
+        };
+        let op = match ca.and_then(|()| self.inner.admit(record)) {
+            Ok(op) => op,
+            Err(e) => {
+                self.inner.sandbox_cas.remove(&req.id);
+                return Err(e);
+            }
+        };
+        let _guard = op.lock().await;
+        let started_vm = async {
+            let rec = self
+                .sandbox(&req.id)
+                .ok_or_else(|| NodeError::SandboxNotFound(req.id.clone()))?;
+            let config = self.inner.guest_config(&req.id, &tpl)?;
+            match &paths.state {
+                Some(state) => {
+                    self.start_from_checkpoint(
+                        &req.id,
+                        &paths.disk,
+                        state,
+                        None,
+                        Some(&config),
+                        started,
+                    )
+                    .await
+                }
+                None => {
+                    self.boot_snapshot_disk(&rec, &tpl, &paths, &config, started)
+                        .await
+                }
+            }
+        };
+        match started_vm.await {
+            Ok(rec) => {
+                tracing::info!(id = %req.id, snapshot = %req.snapshot, latency_ms = rec.create_latency_ms, origin = ?rec.origin, "sandbox created from a snapshot");
+                Ok(rec)
+            }
+            Err(e) => {
+                self.inner
+                    .fail(&req.id, None, &format!("create from snapshot failed: {e}"))
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The snapshot's kind, files and source, checked to be the tenant's.
+    async fn find_snapshot_for(
+        &self,
+        req: &CreateFromSnapshot,
+    ) -> Result<(SnapshotKind, SnapshotPaths, SnapshotSource), NodeError> {
+        let not_found = || NodeError::SnapshotNotFound(req.snapshot.clone());
+        let (info, source) = match &req.source {
+            Some(live) => self.snapshot_source(live, &req.snapshot).await?,
+            None => self.persistent_snapshot(&req.snapshot).await?,
+        }
+        .ok_or_else(not_found)?;
+        if source.tenant.as_ref().is_some_and(|t| t != &req.tenant) {
+            return Err(not_found());
+        }
+        let paths = match &req.source {
+            Some(live) => self.inner.store.snapshot(live, &req.snapshot)?,
+            None => self.inner.store.persistent_snapshot(&req.snapshot)?,
+        }
+        .map(|(_, paths)| paths)
+        .ok_or_else(not_found)?;
+        Ok((info.kind, paths, source))
+    }
+
+    /// Boots new sandbox `rec` on a copy-on-write copy of a disk snapshot; marks it running.
+    async fn boot_snapshot_disk(
+        &self,
+        rec: &SandboxRecord,
+        tpl: &TemplateInfo,
+        paths: &SnapshotPaths,
+        config: &GuestConfig,
+        started: Instant,
+    ) -> Result<SandboxRecord, NodeError> {
+        let id = &rec.id;
+        self.inner.nm.clone_disk(
+            &self.inner.store,
+            &paths.disk,
+            &self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE),
+            rec.resources.disk_mib,
+            ExistingDisk::Refuse,
+        )?;
+        let pid = self.boot_in_place(rec, tpl, config).await?;
+        self.inner.transition(id, SandboxEvent::Ready, |r| {
+            r.vmm_pid = Some(pid);
+            r.create_latency_ms = Some(started.elapsed().as_millis() as u64);
+        })
+    }
+}
