@@ -25,7 +25,7 @@ use crate::state::E2bState as SharedState;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use space_core::sandbox::{PausedBy, SandboxInfo};
+use space_core::sandbox::{PausedBy, SandboxInfo, TimeoutAction};
 use space_core::{ErrorCode, SandboxState};
 
 use crate::timestamp::rfc3339;
@@ -188,6 +188,32 @@ pub struct SandboxDetail {
     /// The domain sandbox hosts are named under.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// What its timeout does.
+    pub lifecycle: Lifecycle,
+}
+
+/// What a sandbox's timeout does, as E2B says it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// Whether the next request resumes a sandbox its timeout paused.
+    pub auto_resume: bool,
+    /// `kill` (SPACE's delete) or `pause` (SPACE's pause, or its stop for a file-system-only
+    /// pause).
+    pub on_timeout: String,
+}
+
+impl Lifecycle {
+    fn of(info: &SandboxInfo) -> Lifecycle {
+        Lifecycle {
+            auto_resume: info.auto_resume,
+            on_timeout: match info.on_timeout {
+                TimeoutAction::Delete => "kill",
+                TimeoutAction::Pause | TimeoutAction::Stop => "pause",
+            }
+            .to_owned(),
+        }
+    }
 }
 
 impl SandboxDetail {
@@ -212,6 +238,7 @@ impl SandboxDetail {
             metadata: info.labels.clone(),
             envd_access_token: token,
             domain,
+            lifecycle: Lifecycle::of(info),
         })
     }
 }

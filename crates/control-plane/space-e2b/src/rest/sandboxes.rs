@@ -14,7 +14,9 @@ use space_control::api::auth::AuthTenant;
 use space_control::api::error::ApiError;
 use space_control::api::extract::{ApiJson, SandboxPath};
 use space_control::api::{lifecycle, sandboxes};
-use space_core::sandbox::{CreateSandboxRequest, ForkRequest, SandboxInfo, SetTimeoutRequest};
+use space_core::sandbox::{
+    CreateSandboxRequest, ForkRequest, SandboxInfo, SetTimeoutRequest, TimeoutAction,
+};
 use space_core::{SandboxId, SandboxState};
 
 use super::error::{RestError, RestResult};
@@ -88,35 +90,34 @@ pub async fn create(
             .map_err(|e| RestError::bad_request(format!("autoResume: {e}")))?,
         _ => AutoResume::default(),
     };
-    if req.auto_pause || auto_resume.enabled {
-        return Err(RestError::bad_request(
-            "autoPause and autoResume are not supported by this SPACE server yet",
-        ));
-    }
+    let keep_memory = match req.other.get("autoPauseMemory") {
+        Some(serde_json::Value::Bool(b)) => *b,
+        None | Some(serde_json::Value::Null) => true,
+        Some(_) => return Err(RestError::bad_request("autoPauseMemory: want a boolean")),
+    };
+    // E2B's auto-pause is SPACE's timeout action: a pause keeps memory, a file-system-only
+    // pause is a stop.
+    let on_timeout = match (req.auto_pause, keep_memory) {
+        (false, _) => TimeoutAction::Delete,
+        (true, true) => TimeoutAction::Pause,
+        (true, false) => TimeoutAction::Stop,
+    };
+    // A sandbox made from a snapshot takes template and resources from it.
+    let (template, snapshot) = match req.template_id.parse::<space_core::SnapshotId>() {
+        Ok(snap) => (String::new(), Some(snap)),
+        Err(_) => (req.template_id.clone(), None),
+    };
     let egress = network::egress_policy(req.allow_internet_access, network.as_ref())
         .map_err(RestError::bad_request)?;
     let timeout_secs = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
-    if let Ok(snapshot) = req.template_id.parse::<space_core::SnapshotId>() {
-        if !req.env_vars.is_empty() || egress.is_some() {
-            return Err(RestError::bad_request(
-                "a sandbox started from a snapshot keeps its source's environment and network; envVars and network options are not supported with a snapshot id",
-            ));
-        }
-        let info = super::snapshots::create_from_snapshot(
-            &st,
-            tenant,
-            &snapshot,
-            req.metadata.clone(),
-            timeout_secs,
-        )
-        .await?;
-        return Ok((StatusCode::CREATED, Json(sandbox(&st, &info))));
-    }
     let native = CreateSandboxRequest {
-        template: req.template_id.clone(),
+        template,
+        snapshot,
         env: req.env_vars.clone(),
         labels: req.metadata.clone(),
         timeout_secs: Some(timeout_secs),
+        on_timeout,
+        auto_resume: auto_resume.enabled,
         egress,
         ..CreateSandboxRequest::default()
     };

@@ -1,10 +1,9 @@
-//! E2B snapshots onto SPACE's: `create_snapshot` takes a manual checkpoint (or, with
-//! `memory: false`, a disk snapshot) labelled with its name; `list_snapshots` lists the
-//! caller's manual snapshots, newest first; `delete_snapshot` (`DELETE /templates/{id}`)
-//! deletes one; and a create whose `templateID` is a snapshot id starts a sandbox from it
-//! ([`create_from_snapshot`]).
-
-use std::collections::BTreeMap;
+//! E2B snapshots are SPACE's persistent snapshots (they outlive their sandbox, as on
+//! E2B): `create_snapshot` takes a persistent checkpoint (or, with `memory: false`, a
+//! persistent disk snapshot) labelled with its name; `list_snapshots` lists the caller's
+//! persistent snapshots, newest first; `delete_snapshot` (`DELETE /templates/{id}`) deletes
+//! one; and a create whose `templateID` is a snapshot id starts a sandbox from it (SPACE's
+//! create from a snapshot).
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
@@ -12,11 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use space_control::api::auth::AuthTenant;
-use space_control::api::error::ApiError;
-use space_control::api::extract::{ApiJson, SandboxPath, SnapshotPath};
-use space_control::api::{lifecycle, snapshots};
-use space_core::sandbox::{CreateSnapshotRequest, ForkRequest, SandboxInfo};
-use space_core::{SandboxId, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger};
+use space_control::api::extract::{ApiJson, ApiQuery, SandboxPath, SnapshotIdPath};
+use space_control::api::snapshots::{self, TenantSnapshotsQuery};
+use space_core::sandbox::CreateSnapshotRequest;
+use space_core::{SnapshotId, SnapshotInfo, SnapshotKind};
 
 use super::error::{RestError, RestResult};
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
@@ -72,66 +70,30 @@ pub async fn create(
         ApiJson(CreateSnapshotRequest {
             kind,
             label: req.name,
+            persistent: true,
         }),
     )
     .await?;
     Ok((StatusCode::CREATED, Json(E2bSnapshot::of(&taken.snapshot))))
 }
 
-/// The caller's manual snapshots (of `only` if given), newest first.
-async fn tenant_snapshots(
-    st: &E2bState,
-    tenant: &AuthTenant,
-    only: Option<&SandboxId>,
-) -> RestResult<Vec<SnapshotInfo>> {
-    let rows = st
-        .app
-        .db
-        .sandboxes(&tenant.id, space_control::db::SandboxFilter::Live)
-        .await
-        .map_err(ApiError::from)?;
-    let mut out = Vec::new();
-    for row in rows.iter().filter(|r| only.is_none_or(|id| &r.id == id)) {
-        // A sandbox that is going away has no snapshots to offer.
-        let Ok(list) = st.app.node.snapshots(&row.id).await else {
-            continue;
-        };
-        out.extend(
-            list.into_iter()
-                .filter(|s| s.trigger == SnapshotTrigger::Manual),
-        );
-    }
-    out.sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
-    Ok(out)
-}
-
-/// Finds the caller's snapshot `id`: `None` if there is none.
-pub async fn find(
-    st: &E2bState,
-    tenant: &AuthTenant,
-    id: &SnapshotId,
-) -> RestResult<Option<SnapshotInfo>> {
-    Ok(tenant_snapshots(st, tenant, None)
-        .await?
-        .into_iter()
-        .find(|s| &s.id == id))
-}
-
-/// `GET /snapshots?sandboxID=&name=&limit=&nextToken=`: one page; the next page's token in
-/// `x-next-token`.
+/// `GET /snapshots?sandboxID=&name=&limit=&nextToken=`: one page of the caller's persistent
+/// snapshots, newest first; the next page's token in `x-next-token`.
 pub async fn list(
     State(st): State<E2bState>,
     tenant: AuthTenant,
     uri: Uri,
 ) -> RestResult<Response> {
-    let mut only = None;
-    let mut name = None;
+    let mut query = TenantSnapshotsQuery {
+        sandbox: None,
+        label: None,
+    };
     let mut limit = DEFAULT_LIMIT;
     let mut after: Option<(i64, SnapshotId)> = None;
     for (k, v) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
         match &*k {
-            "sandboxID" => only = Some(sandbox_id(&v)?),
-            "name" => name = Some(v.into_owned()),
+            "sandboxID" => query.sandbox = Some(sandbox_id(&v)?.to_string()),
+            "name" => query.label = Some(v.into_owned()),
             "limit" => {
                 limit = v
                     .parse::<usize>()
@@ -142,7 +104,6 @@ pub async fn list(
                     })?;
             }
             "nextToken" if !v.is_empty() => {
-                // The cursor's id field holds a sandbox id; snapshots page by their own.
                 after = Some(decode_cursor(&v).ok_or_else(|| {
                     RestError::bad_request("nextToken: not a token this server made")
                 })?);
@@ -156,18 +117,15 @@ pub async fn list(
             }
         }
     }
+    let Json(all) =
+        snapshots::list_tenant_snapshots(State(st.app.clone()), tenant, ApiQuery(query)).await?;
     let mut page = Vec::new();
     let mut more = false;
-    for snap in tenant_snapshots(&st, &tenant, only.as_ref()).await? {
+    // Newest first, as the native list is.
+    for snap in all.snapshots.into_iter().filter(|s| s.persistent) {
         if after
             .as_ref()
             .is_some_and(|(ms, id)| (snap.created_at_ms, snap.id.as_str()) >= (*ms, id.as_str()))
-        {
-            continue;
-        }
-        if name
-            .as_ref()
-            .is_some_and(|n| snap.label.as_ref() != Some(n))
         {
             continue;
         }
@@ -215,52 +173,9 @@ pub async fn delete(
             raw.chars().take(64).collect::<String>()
         )));
     };
-    let snap = find(&st, &tenant, &snap_id)
-        .await?
-        .ok_or_else(|| RestError::not_found(format!("snapshot {snap_id} not found")))?;
-    snapshots::delete_snapshot(
-        State(st.app.clone()),
-        tenant,
-        SnapshotPath(snap.sandbox_id, snap.id),
-    )
-    .await?;
+    snapshots::delete_tenant_snapshot(State(st.app.clone()), tenant, SnapshotIdPath(snap_id))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A sandbox started from the caller's checkpoint `id` (a fork of its sandbox from that
-/// checkpoint), with `labels` added and `timeout_secs`.
-pub async fn create_from_snapshot(
-    st: &E2bState,
-    tenant: AuthTenant,
-    id: &SnapshotId,
-    labels: BTreeMap<String, String>,
-    timeout_secs: u64,
-) -> RestResult<SandboxInfo> {
-    let snap = find(st, &tenant, id)
-        .await?
-        .ok_or_else(|| RestError::not_found(format!("snapshot {id} not found")))?;
-    if snap.kind != SnapshotKind::Checkpoint {
-        return Err(RestError::bad_request(format!(
-            "snapshot {id} has no memory (it was taken with memory=false): SPACE starts sandboxes only from full snapshots"
-        )));
-    }
-    let (_, Json(children)) = lifecycle::fork(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(snap.sandbox_id),
-        ApiJson(ForkRequest {
-            count: Some(1),
-            snapshot: Some(snap.id),
-            labels,
-            timeout_secs: Some(timeout_secs),
-        }),
-    )
-    .await?;
-    children
-        .sandboxes
-        .into_iter()
-        .next()
-        .ok_or_else(|| RestError::new(500, "the fork returned no sandbox"))
 }
 
 #[cfg(test)]
