@@ -434,6 +434,11 @@ async fn an_idle_sandbox_pauses_itself_and_the_next_call_wakes_it() {
     assert_eq!(sh(c, &id, "echo awake").await, "awake\n");
     let info = c.sandbox(&id).await.expect("get");
     assert_eq!((info.state, info.paused_by), (SandboxState::Running, None));
+    // Running again renewed its deadline: its timeout counts from the wake.
+    assert!(
+        info.expires_at_ms > info.created_at_ms + (info.timeout_secs * 1000) as i64,
+        "{info:?}"
+    );
     // A client pause is not undone by calls.
     c.pause_sandbox(&id).await.expect("pause");
     let (status, _, _) = api_error(c.run(&id, &ProcessSpec::shell("true")).await);

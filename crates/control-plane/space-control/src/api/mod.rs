@@ -26,8 +26,8 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Router;
-use space_core::{ErrorCode, SandboxId, TenantId};
-use space_node::{GuestClient, Node};
+use space_core::{ErrorCode, SandboxId, SandboxState, TenantId};
+use space_node::{GuestClient, Node, PauseCause};
 
 use crate::db::{Db, DesiredState, SandboxRow};
 use error::ApiError;
@@ -86,20 +86,25 @@ impl AppState {
 
     /// The channel to a tenant's live sandbox; a sandbox that idleness paused is resumed
     /// first (the call that needs the guest is what wakes it), and so, with `auto_resume`,
-    /// is one its timeout paused (or started, one its timeout stopped; its deadline is then
-    /// renewed). A sandbox a client paused or stopped, or a timed-out one without
-    /// `auto_resume`, is `409 conflict` naming its state.
+    /// is one its timeout paused (or started, one its timeout stopped). A sandbox woken so
+    /// runs again: its deadline is renewed. A sandbox a client paused or stopped, or a
+    /// timed-out one without `auto_resume`, is `409 conflict` naming its state.
     pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
         let row = self.live_sandbox(tenant, id).await?;
         // In its own task: a client that hangs up must not cancel a resume half-way.
         let st = self.clone();
         let id = id.clone();
         tokio::spawn(async move {
-            if row.auto_resume && st.node.wake_timed_out(&id).await? {
+            let timed_out = row.auto_resume && st.node.wake_timed_out(&id).await?;
+            let idle = st.node.sandbox(&id).is_some_and(|r| {
+                r.state == SandboxState::Paused && r.paused_by == Some(PauseCause::Idle)
+            });
+            let guest = st.node.guest_waking(&id).await?;
+            if timed_out || idle {
                 st.db.renew_timeout(&id, crate::db::now_ms()).await?;
-                tracing::info!(sandbox = %id, "woke the sandbox its timeout had paused or stopped");
+                tracing::info!(sandbox = %id, timed_out, "woke the sandbox; its deadline is renewed");
             }
-            Ok(st.node.guest_waking(&id).await?)
+            Ok(guest)
         })
         .await
         .map_err(ApiError::internal)?
