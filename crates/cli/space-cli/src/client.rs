@@ -536,6 +536,21 @@ impl SpaceClient {
         Ok(decode_events(resp))
     }
 
+    /// `GET /v1/sandboxes/{id}/processes/{pid}/output?live=true`: `started`, then only the
+    /// events produced from now on; ends after `exit`, or early if the connection breaks.
+    pub async fn output_live(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+    ) -> ClientResult<EventStream> {
+        let resp = Self::send(self.request(
+            Method::GET,
+            &format!("{}/processes/{pid}/output?live=true", Self::sbx(id)),
+        ))
+        .await?;
+        Ok(decode_events(resp))
+    }
+
     /// `POST /v1/sandboxes/{id}/processes/{pid}/stdin?close=BOOL`: the body is streamed.
     pub async fn write_stdin(
         &self,

@@ -14,6 +14,7 @@
 //! | GET | `/v1/processes` | – | `Vec<ProcessInfo>` |
 //! | GET | `/v1/processes/{id}` | – | `ProcessInfo` |
 //! | GET | `/v1/processes/{id}/output?after=SEQ` | – | NDJSON stream of `OutputEvent`, ends after `exit` |
+//! | GET | `/v1/processes/{id}/output?live=true` | – | the same, from now on: `started`, then only later events (an exited process: `started`, `exit`) |
 //! | POST | `/v1/processes/{id}/stdin?close=BOOL` | raw bytes, streamed | 204 |
 //! | POST | `/v1/processes/{id}/signal` | `SignalRequest` | 204 |
 //! | POST | `/v1/processes/{id}/resize` | `PtySize` | 204 (409 if not a pty) |
