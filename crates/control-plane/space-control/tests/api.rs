@@ -21,6 +21,7 @@ const ROUTES: &[&str] = &[
     "DELETE /v1/sandboxes/{id}",
     "PUT /v1/sandboxes/{id}/timeout",
     "GET /v1/sandboxes/{id}/console",
+    "GET /v1/sandboxes/{id}/metrics",
     "POST /v1/sandboxes/{id}/pause",
     "POST /v1/sandboxes/{id}/resume",
     "POST /v1/sandboxes/{id}/stop",

@@ -18,6 +18,7 @@ mod events;
 pub mod fork;
 mod gateway;
 pub mod image;
+pub mod metrics;
 pub mod network;
 pub mod node_manager;
 mod ops;
