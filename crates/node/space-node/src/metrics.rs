@@ -1,7 +1,8 @@
 //! Resource-use metrics of running sandboxes. A sampler task asks every *running* sandbox's
 //! daemon for its counters every `NodeConfig::metrics_interval` (a paused sandbox is never
-//! woken for it) and keeps the last [`MAX_METRIC_SAMPLES`] per sandbox, in memory; a
-//! sandbox's samples go when it is deleted. [`Node::metrics`] returns them.
+//! woken for it, and one with an operation under way is skipped that round) and keeps the
+//! last [`MAX_METRIC_SAMPLES`] per sandbox, in memory; a sandbox's samples go when it is
+//! deleted. [`Node::metrics`] returns them.
 //!
 //! CPU use is the share of busy ticks between two consecutive samples ([`metric`], pure);
 //! the first sample of a sandbox (and the first after its counters went back, as after a
@@ -130,6 +131,11 @@ impl Node {
             .map(|r| r.id)
             .collect();
         let work = running.into_iter().map(|id| async move {
+            // An operation under way (a pause parks the channel, a snapshot freezes) has the
+            // sandbox to itself: skip it this round. Holding the lock while sampling keeps
+            // the next one from starting mid-sample.
+            let Ok(op) = self.op_lock(&id) else { return };
+            let Ok(_op) = op.try_lock() else { return };
             // `guest`, not `guest_waking`: sampling never resumes a paused sandbox.
             let Ok(guest) = self.guest(&id) else { return };
             match tokio::time::timeout(limit, guest.metrics()).await {
