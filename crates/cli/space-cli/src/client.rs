@@ -14,6 +14,7 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
 use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{FileList, FileStat, MkdirRequest, RenameRequest};
+use space_core::metrics::SandboxMetrics;
 use space_core::process::{
     ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, ProcessSpec, PtySize,
     SignalRequest, MAX_OUTPUT_LINE,
@@ -352,6 +353,20 @@ impl SpaceClient {
         Ok(resp.text().await?)
     }
 
+    /// `GET /v1/sandboxes/{id}/metrics?start_ms=&end_ms=`: resource-use samples, oldest first.
+    pub async fn metrics(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        start_ms: Option<i64>,
+        end_ms: Option<i64>,
+    ) -> ClientResult<SandboxMetrics> {
+        let q = query(&[
+            ("start_ms", start_ms.map(|t| t.to_string())),
+            ("end_ms", end_ms.map(|t| t.to_string())),
+        ]);
+        Self::json(self.request(Method::GET, &format!("{}/metrics{q}", Self::sbx(id)))).await
+    }
+
     async fn lifecycle(
         &self,
         id: &(impl SandboxRef + ?Sized),
@@ -570,6 +585,21 @@ impl SpaceClient {
         let resp = Self::send(self.request(
             Method::GET,
             &format!("{}/processes/{pid}/output{q}", Self::sbx(id)),
+        ))
+        .await?;
+        Ok(decode_events(resp))
+    }
+
+    /// `GET /v1/sandboxes/{id}/processes/{pid}/output?live=true`: `started`, then only the
+    /// events produced from now on; ends after `exit`, or early if the connection breaks.
+    pub async fn output_live(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+        pid: ProcessId,
+    ) -> ClientResult<EventStream> {
+        let resp = Self::send(self.request(
+            Method::GET,
+            &format!("{}/processes/{pid}/output?live=true", Self::sbx(id)),
         ))
         .await?;
         Ok(decode_events(resp))

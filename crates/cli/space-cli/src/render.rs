@@ -5,6 +5,7 @@ use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
 use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::files::{FileKind, FileStat};
+use space_core::metrics::SandboxMetric;
 use space_core::process::ProcessInfo;
 use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin, StoppedBy};
 use space_core::template::TemplateInfo;
@@ -435,6 +436,22 @@ pub fn stat(f: &FileStat) {
     if let Some(t) = &f.symlink_target {
         println!("{:>9}: {t}", "target");
     }
+}
+
+/// Resource-use samples.
+pub fn metrics(list: &[SandboxMetric]) {
+    let mut t = table(&["TIME", "CPUS", "CPU", "MEMORY", "CACHE", "DISK"]);
+    for m in list {
+        t.add_row(vec![
+            timestamp(m.timestamp_ms),
+            m.cpu_count.to_string(),
+            format!("{:.1} %", m.cpu_used_pct),
+            format!("{} / {}", bytes(m.mem_used), bytes(m.mem_total)),
+            bytes(m.mem_cache),
+            format!("{} / {}", bytes(m.disk_used), bytes(m.disk_total)),
+        ]);
+    }
+    println!("{t}");
 }
 
 /// One line of a directory watch: `create  sub/file.txt`.

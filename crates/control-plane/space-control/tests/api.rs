@@ -21,6 +21,7 @@ const ROUTES: &[&str] = &[
     "DELETE /v1/sandboxes/{id}",
     "PUT /v1/sandboxes/{id}/timeout",
     "GET /v1/sandboxes/{id}/console",
+    "GET /v1/sandboxes/{id}/metrics",
     "POST /v1/sandboxes/{id}/pause",
     "POST /v1/sandboxes/{id}/resume",
     "POST /v1/sandboxes/{id}/stop",
@@ -409,6 +410,18 @@ async fn bad_requests_are_invalid_request_errors() {
     )
     .await;
     assert_eq!(status, 400);
+    // Live output is from now on: it does not go with `after`. A watch checks its user.
+    for path in [
+        format!("/v1/sandboxes/{id}/processes/1/output?live=true&after=3"),
+        format!("/v1/sandboxes/{id}/files/watch?path=/tmp&user=Bad!"),
+    ] {
+        let (status, body) = error_of(ts.get(&path).send().await.unwrap()).await;
+        assert_eq!(
+            (status, body.code),
+            (400, ErrorCode::InvalidRequest),
+            "{path}"
+        );
+    }
 
     let cases: &[(&str, &str, &str)] = &[
         ("/v1/sandboxes", "{not json", "invalid JSON"),
@@ -728,6 +741,9 @@ async fn path_traversal_is_refused() {
             .json(&serde_json::json!({"path": "/tmp/../etc"})),
         ts.req(Method::POST, &format!("/v1/sandboxes/{id}/files/rename"))
             .json(&serde_json::json!({"from": "/tmp/a", "to": "../b"})),
+        ts.get(&format!(
+            "/v1/sandboxes/{id}/files/watch?path={enc}&recursive=true"
+        )),
     ];
     for req in reqs {
         let (status, err) = error_of(req.send().await.unwrap()).await;

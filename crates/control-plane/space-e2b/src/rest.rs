@@ -9,6 +9,7 @@ pub mod auth;
 pub mod error;
 pub mod list;
 pub mod logs;
+pub mod metrics;
 pub mod network;
 pub mod sandboxes;
 pub mod snapshots;
@@ -294,6 +295,8 @@ pub fn router(st: SharedState) -> Router {
         .route("/sandboxes/{id}/network", put(sandboxes::update_network))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/logs", get(logs::v1))
+        .route("/sandboxes/{id}/metrics", get(metrics::sandbox))
+        .route("/sandboxes/metrics", get(metrics::latest))
         .route("/v2/sandboxes/{id}/logs", get(logs::v2))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))

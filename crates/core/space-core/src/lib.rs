@@ -14,6 +14,7 @@ pub mod files;
 pub mod id;
 pub mod lifecycle;
 pub mod mac;
+pub mod metrics;
 pub mod process;
 pub mod resources;
 pub mod sandbox;

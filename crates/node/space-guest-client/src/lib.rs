@@ -39,7 +39,7 @@ pub use error::GuestError;
 pub use options::{ClientOptions, MAX_ERROR_BODY, MAX_LISTING_BODY};
 pub use ports::PortStream;
 pub use space_guest_proto::handshake::Ready;
-pub use space_guest_proto::{Activity, GuestConfig, Health, IdentityRequest};
+pub use space_guest_proto::{Activity, GuestConfig, GuestMetrics, Health, IdentityRequest};
 
 use crate::prefixed::Prefixed;
 use crate::transport::Transport;

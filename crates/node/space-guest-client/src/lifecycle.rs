@@ -1,5 +1,6 @@
 //! Calls for snapshots, forks and idleness: freeze and thaw the guest's file systems and
-//! its workload, restore its identity after a restore or fork, and sample its activity.
+//! its workload, restore its identity after a restore or fork, and sample its activity and
+//! resource use.
 //!
 //! Requests are checked against the bounds in `space_guest_proto` before they are sent (the
 //! guest checks them again).
@@ -9,7 +10,7 @@ use std::time::Duration;
 use http::Method;
 use space_core::ErrorCode;
 use space_guest_proto::limits::{MAX_FREEZE_TIMEOUT_MS, MAX_JSON_BODY, MIN_FREEZE_TIMEOUT_MS};
-use space_guest_proto::{routes, Activity, FreezeRequest, IdentityRequest};
+use space_guest_proto::{routes, Activity, FreezeRequest, GuestMetrics, IdentityRequest};
 
 use crate::error::GuestError;
 use crate::query::Target;
@@ -102,6 +103,19 @@ impl GuestClient {
             .json(
                 Method::GET,
                 Target::new(routes::ACTIVITY),
+                Body::Empty,
+                MAX_JSON_BODY,
+            )
+            .await
+    }
+
+    /// `GET /v1/metrics`: the guest's CPU (cumulative ticks), memory and root-disk use.
+    /// Housekeeping: it does not count as activity.
+    pub async fn metrics(&self) -> Result<GuestMetrics, GuestError> {
+        self.transport()
+            .json(
+                Method::GET,
+                Target::new(routes::METRICS),
                 Body::Empty,
                 MAX_JSON_BODY,
             )

@@ -110,6 +110,24 @@ impl GuestClient {
     ) -> Result<BoxStream<'static, Result<OutputEvent, GuestError>>, GuestError> {
         let after = after.map(|seq| seq.to_string());
         let target = Target::new(routes::process_output(id)).opt_param("after", after.as_deref());
+        self.output_events(target).await
+    }
+
+    /// `GET /v1/processes/{id}/output?live=true`: the process's `started` event, then only
+    /// the events it produces from now on, ending with its `exit` (for a process that has
+    /// exited: `started`, then `exit`). Bounded and timed as [`GuestClient::output`].
+    pub async fn output_live(
+        &self,
+        id: ProcessId,
+    ) -> Result<BoxStream<'static, Result<OutputEvent, GuestError>>, GuestError> {
+        let target = Target::new(routes::process_output(id)).param("live", "true");
+        self.output_events(target).await
+    }
+
+    async fn output_events(
+        &self,
+        target: Target,
+    ) -> Result<BoxStream<'static, Result<OutputEvent, GuestError>>, GuestError> {
         let resp = self.transport().open_stream(Method::GET, target).await?;
         Ok(crate::stream::events(
             resp.into_body(),

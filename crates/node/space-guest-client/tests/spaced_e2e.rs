@@ -792,3 +792,67 @@ async fn port_connections() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn live_output_skips_the_past() {
+    let Some(d) = Spaced::start().await else {
+        return;
+    };
+    guard(async {
+        let c = &d.client;
+        let info = c
+            .start_process(&ProcessSpec {
+                stdin: true,
+                ..spec(&["sh", "-c", "echo before; read l; echo \"after $l\""])
+            })
+            .await
+            .unwrap();
+        // Follow the replay until the past is there.
+        let mut replay = c.output(info.id, None).await.unwrap();
+        while let Some(ev) = replay.next().await {
+            if matches!(ev.unwrap(), OutputEvent::Data { .. }) {
+                break;
+            }
+        }
+        drop(replay);
+        let mut live = c.output_live(info.id).await.unwrap();
+        let first = live.next().await.unwrap().unwrap();
+        assert_eq!(
+            first,
+            OutputEvent::Started {
+                seq: 1,
+                id: info.id,
+                pid: info.pid
+            }
+        );
+        let line = futures::stream::iter(vec![Ok(Bytes::from_static(b"now\n"))]).boxed();
+        c.write_stdin(info.id, line, true).await.unwrap();
+        let mut stdout = Vec::new();
+        let mut exit = None;
+        while let Some(ev) = live.next().await {
+            match ev.unwrap() {
+                ev @ OutputEvent::Data { .. } => stdout.extend(ev.bytes().unwrap().1),
+                OutputEvent::Exit { status, .. } => exit = Some(status),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(stdout, b"after now\n");
+        assert_eq!(exit.unwrap().exit_code, Some(0));
+        // Exited: `started`, then `exit`.
+        let events: Vec<OutputEvent> = c
+            .output_live(info.id)
+            .await
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect()
+            .await;
+        assert!(
+            matches!(
+                events[..],
+                [OutputEvent::Started { .. }, OutputEvent::Exit { .. }]
+            ),
+            "{events:?}"
+        );
+    })
+    .await;
+}

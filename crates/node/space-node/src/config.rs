@@ -40,6 +40,8 @@ pub struct NodeConfig {
     pub upstream_dns: Vec<std::net::SocketAddr>,
     /// PEM certificates trusted for upstream TLS besides the public roots (tests).
     pub upstream_extra_ca_pem: Option<String>,
+    /// How often running sandboxes' resource use is sampled (`Node::metrics`).
+    pub metrics_interval: std::time::Duration,
 }
 
 /// Where the node's credential manager keeps credentials.
@@ -79,6 +81,7 @@ impl NodeConfig {
             uplink_netns: None,
             upstream_dns: Vec::new(),
             upstream_extra_ca_pem: None,
+            metrics_interval: crate::metrics::DEFAULT_METRICS_INTERVAL,
         }
     }
 }

@@ -426,9 +426,11 @@ impl Node {
         self.inner.pool.status()
     }
 
-    /// Starts the background work of the node: the pool filler.
+    /// Starts the background work of the node: the scheduler, the metrics sampler, the
+    /// pool filler.
     pub(crate) fn start_background(&self) {
         self.start_scheduler();
+        self.start_metrics();
         if self.inner.pool.target() == 0 || !self.inner.cfg.memory_images {
             return;
         }

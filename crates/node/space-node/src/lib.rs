@@ -19,6 +19,7 @@ pub mod fork;
 mod from_snapshot;
 mod gateway;
 pub mod image;
+pub mod metrics;
 pub mod network;
 pub mod node_manager;
 mod ops;

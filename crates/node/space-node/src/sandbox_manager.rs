@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) events: EventLog,
     pub(crate) scheduler: crate::scheduler::Scheduler,
+    /// Every sandbox's resource-use samples.
+    pub(crate) metrics: crate::metrics::Metrics,
     pub(crate) background: Mutex<Vec<AbortHandle>>,
     /// The gateways' way out and upstream TLS (with `sandbox_network`), made on first use.
     pub(crate) gateway_shared: crate::gateway::GatewayCell,
@@ -151,6 +153,7 @@ impl Node {
                 pool: Pool::new(cfg_pool_size),
                 events: EventLog::new(&records_dir),
                 scheduler: Default::default(),
+                metrics: Default::default(),
                 background: Mutex::new(Vec::new()),
                 gateway_shared: Default::default(),
                 sandbox_cas,
@@ -368,6 +371,7 @@ impl Node {
                 self.inner
                     .transition(id, SandboxEvent::Done, |r| r.vmm_pid = None)?;
                 self.inner.sandbox_cas.remove(id);
+                self.inner.metrics.forget(id);
                 tracing::info!(%id, "sandbox deleted");
                 Ok(())
             }

@@ -280,8 +280,31 @@ pub struct Activity {
     /// TCP connections in state ESTABLISHED now (IPv4 and IPv6).
     pub tcp_connections: u32,
     /// Requests the daemon has served, except the platform's housekeeping
-    /// ([`routes::NOT_ACTIVITY`]: health, activity, configure, identity, freeze and thaw).
+    /// ([`routes::NOT_ACTIVITY`]: health, activity, metrics, configure, identity, freeze and
+    /// thaw).
     pub api_requests: u64,
+}
+
+/// `GET /v1/metrics`: how much of the guest's CPU, memory and root disk is in use. CPU
+/// counters are cumulative since boot; the host computes rates from two samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestMetrics {
+    /// Online CPUs (`cpuN` lines of `/proc/stat`).
+    pub cpu_count: u32,
+    /// Ticks all CPUs spent busy (not idle, not waiting for I/O) since boot.
+    pub cpu_busy_ticks: u64,
+    /// Ticks all CPUs spent in any state since boot.
+    pub cpu_total_ticks: u64,
+    /// `MemTotal` of `/proc/meminfo`, bytes.
+    pub mem_total_bytes: u64,
+    /// `MemAvailable`, bytes.
+    pub mem_available_bytes: u64,
+    /// `Cached` (the page cache), bytes.
+    pub mem_cache_bytes: u64,
+    /// Size of the root file system (`statfs /`), bytes.
+    pub disk_total_bytes: u64,
+    /// Bytes in use on it.
+    pub disk_used_bytes: u64,
 }
 
 #[cfg(test)]

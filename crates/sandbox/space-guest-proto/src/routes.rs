@@ -10,10 +10,12 @@
 //! | POST | `/v1/workload/freeze` | – | 204 once the workload cgroup is frozen (504 after 2 s; 409 without a workload cgroup) |
 //! | POST | `/v1/workload/thaw` | – | 204 |
 //! | GET | `/v1/activity` | – | [`crate::Activity`] |
+//! | GET | `/v1/metrics` | – | [`crate::GuestMetrics`] |
 //! | POST | `/v1/processes` | `ProcessSpec` | 201 `ProcessInfo` |
 //! | GET | `/v1/processes` | – | `Vec<ProcessInfo>` |
 //! | GET | `/v1/processes/{id}` | – | `ProcessInfo` |
 //! | GET | `/v1/processes/{id}/output?after=SEQ` | – | NDJSON stream of `OutputEvent`, ends after `exit` |
+//! | GET | `/v1/processes/{id}/output?live=true` | – | the same, from now on: `started`, then only later events (an exited process: `started`, `exit`) |
 //! | POST | `/v1/processes/{id}/stdin?close=BOOL` | raw bytes, streamed | 204 |
 //! | POST | `/v1/processes/{id}/signal` | `SignalRequest` | 204 |
 //! | POST | `/v1/processes/{id}/resize` | `PtySize` | 204 (409 if not a pty) |
@@ -66,13 +68,16 @@ pub const WORKLOAD_FREEZE: &str = "/v1/workload/freeze";
 pub const WORKLOAD_THAW: &str = "/v1/workload/thaw";
 /// Activity counters, for idleness.
 pub const ACTIVITY: &str = "/v1/activity";
+/// CPU, memory and disk use, for the node's metrics sampler.
+pub const METRICS: &str = "/v1/metrics";
 /// Routes that are the platform's own housekeeping, not the sandbox's use: requests to
 /// them do not count in `Activity::api_requests`. Freeze and thaw are here because the
-/// snapshot scheduler calls them every minute, which would otherwise keep every sandbox
-/// "busy" forever.
+/// snapshot scheduler calls them every minute, and metrics because the sampler calls them
+/// every few seconds, which would otherwise keep every sandbox "busy" forever.
 pub const NOT_ACTIVITY: &[&str] = &[
     HEALTH,
     ACTIVITY,
+    METRICS,
     CONFIGURE,
     IDENTITY,
     FS_FREEZE,

@@ -6,7 +6,8 @@
 //! platform's HTTP/2 API (see `space-guest-proto`) over the channel: processes (all in the
 //! workload cgroup, `workload.rs`), files (and directory watches) and connections to the
 //! guest's TCP ports (`ports.rs`), plus what snapshots, forks and idleness need (file-system
-//! freeze `fsfreeze.rs`, identity, activity counters `activity.rs`).
+//! freeze `fsfreeze.rs`, identity, activity counters `activity.rs`), and resource use for
+//! the node's metrics (`metrics.rs`).
 
 mod activity;
 mod agent;
@@ -19,6 +20,7 @@ mod fsfreeze;
 mod fsuser;
 mod handshake;
 mod init;
+mod metrics;
 mod mountinfo;
 mod netconfig;
 mod portbridge;

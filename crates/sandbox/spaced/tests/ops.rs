@@ -9,7 +9,7 @@ use common::*;
 use http::{Method, StatusCode};
 use serde_json::json;
 use space_core::process::ProcessSpec;
-use space_guest_proto::{routes, Activity, IdentityRequest};
+use space_guest_proto::{routes, Activity, GuestMetrics, IdentityRequest};
 
 #[tokio::test]
 async fn host_input_is_checked() {
@@ -73,7 +73,8 @@ async fn development_channel_changes_nothing_and_counts_requests() {
     let (s, a) = c.get::<Activity>(routes::ACTIVITY).await;
     assert_eq!(s, StatusCode::OK);
 
-    // Housekeeping: accepted, changes nothing here, not counted.
+    // Housekeeping (freeze, thaw, identity, health, metrics): accepted, changes nothing
+    // here, not counted.
     let (s, _, _) = c
         .call(
             Method::POST,
@@ -109,6 +110,22 @@ async fn development_channel_changes_nothing_and_counts_requests() {
     let (s, _, _) = c.call(Method::POST, routes::WORKLOAD_THAW, empty()).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let _ = c.get::<serde_json::Value>(routes::HEALTH).await;
+    let (s, m) = c.get::<GuestMetrics>(routes::METRICS).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        m.cpu_count >= 1 && m.cpu_busy_ticks <= m.cpu_total_ticks,
+        "{m:?}"
+    );
+    assert!(m.mem_available_bytes <= m.mem_total_bytes, "{m:?}");
+    assert!(
+        m.disk_used_bytes <= m.disk_total_bytes && m.disk_total_bytes > 0,
+        "{m:?}"
+    );
+    let (_, later) = c.get::<GuestMetrics>(routes::METRICS).await;
+    assert!(
+        later.cpu_total_ticks >= m.cpu_total_ticks,
+        "ticks are cumulative"
+    );
     let (_, b) = c.get::<Activity>(routes::ACTIVITY).await;
     assert_eq!(b.api_requests, a.api_requests, "{a:?} -> {b:?}");
 

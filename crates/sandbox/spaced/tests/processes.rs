@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http::{Method, StatusCode};
+use http_body_util::BodyExt;
 use space_core::process::{ExitStatus, OutputEvent, ProcessInfo, ProcessSpec, PtySize};
 use space_guest_proto::{GuestConfig, Health};
 
@@ -541,4 +542,101 @@ async fn orphans_are_reaped_by_the_subreaper() {
     }
     assert!(!zombie, "orphan {orphan} stayed a zombie");
     let _ = agent.pid();
+}
+
+#[tokio::test]
+async fn live_output_starts_with_started_and_skips_the_past() {
+    let agent = Agent::start();
+    let c = agent.connect().await;
+    let mut spec = ProcessSpec::shell("echo before; read line; echo \"after $line\"");
+    spec.stdin = true;
+    let info = c.start(&spec).await;
+    // Wait until the past is there: follow the replay until "before" has been printed.
+    let mut replay = c
+        .request(
+            Method::GET,
+            &format!("/v1/processes/{}/output", info.id),
+            empty(),
+        )
+        .await
+        .into_body();
+    let mut text = Vec::new();
+    while !String::from_utf8_lossy(&text).contains(&base64_of(b"before\n")) {
+        let frame = tokio::time::timeout(Duration::from_secs(20), replay.frame())
+            .await
+            .expect("no output in time")
+            .expect("output ended")
+            .unwrap();
+        if let Ok(d) = frame.into_data() {
+            text.extend_from_slice(&d);
+        }
+    }
+    drop(replay);
+    let resp = c
+        .request(
+            Method::GET,
+            &format!("/v1/processes/{}/output?live=true", info.id),
+            empty(),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (s, _, _) = c
+        .call(
+            Method::POST,
+            &format!("/v1/processes/{}/stdin?close=true", info.id),
+            full("now\n"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let events: Vec<OutputEvent> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(
+        events[0],
+        OutputEvent::Started {
+            seq: 1,
+            id: info.id,
+            pid: info.pid
+        }
+    );
+    let run = collect(info.id, events);
+    assert_eq!(
+        run.stdout(),
+        "after now\n",
+        "only what came after the request"
+    );
+    assert_eq!(run.exit, exited(0));
+
+    // An exited process: `started`, then its `exit`.
+    let (_, _, bytes) = c
+        .call(
+            Method::GET,
+            &format!("/v1/processes/{}/output?live=true", info.id),
+            empty(),
+        )
+        .await;
+    let events: Vec<OutputEvent> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(matches!(events[0], OutputEvent::Started { seq: 1, .. }));
+    assert!(matches!(events[1], OutputEvent::Exit { .. }));
+    c.expect_error(
+        Method::GET,
+        &format!("/v1/processes/{}/output?live=true&after=1", info.id),
+        empty(),
+        400,
+        "invalid_request",
+    )
+    .await;
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -104,6 +104,11 @@ pub enum SandboxCmd {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Resource use over time (sampled every few seconds while the sandbox runs).
+    Metrics {
+        /// Sandbox id.
+        id: String,
+    },
 }
 
 /// `space sandbox create`.
@@ -326,6 +331,16 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                         println!("{}", render::event_line(e));
                     }
                 }
+            }
+        }
+        SandboxCmd::Metrics { id } => {
+            let list = client.metrics(&sandbox_id(&id)?, None, None).await?;
+            if g.json {
+                render::json(&list)?;
+            } else if list.metrics.is_empty() {
+                eprintln!("no samples yet");
+            } else {
+                render::metrics(&list.metrics);
             }
         }
     }

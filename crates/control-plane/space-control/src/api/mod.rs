@@ -13,6 +13,7 @@ pub mod extract;
 pub mod files;
 pub mod idempotency;
 pub mod lifecycle;
+pub mod metrics;
 pub mod openapi;
 pub mod processes;
 pub mod sandboxes;

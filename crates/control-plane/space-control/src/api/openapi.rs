@@ -18,8 +18,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    auth, credentials, egress, files, idempotency, lifecycle, processes, sandboxes, snapshots,
-    templates, AppState,
+    auth, credentials, egress, files, idempotency, lifecycle, metrics, processes, sandboxes,
+    snapshots, templates, AppState,
 };
 
 /// The generated document, shared with the `/openapi.json` handler.
@@ -99,6 +99,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::console))
+        .routes(routes!(metrics::metrics))
         .routes(routes!(lifecycle::pause))
         .routes(routes!(lifecycle::resume))
         .routes(routes!(lifecycle::stop))

@@ -134,9 +134,13 @@ pub async fn get_process(
 pub struct OutputQuery {
     /// Only events with a larger sequence number (the last one seen, when reconnecting).
     pub after: Option<u64>,
+    /// From now on: the `started` event, then only events produced after this request (an
+    /// exited process: `started`, then `exit`). Not with `after`.
+    pub live: Option<bool>,
 }
 
-/// Stream a process's output as NDJSON `OutputEvent`s; ends after the `exit` event.
+/// Stream a process's output as NDJSON `OutputEvent`s; ends after the `exit` event. With
+/// `live=true`, `started` and then only what the process prints from now on.
 #[utoipa::path(
     get,
     path = "/v1/sandboxes/{id}/processes/{pid}/output",
@@ -144,6 +148,7 @@ pub struct OutputQuery {
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = u64, Path, description = "Process id"), OutputQuery),
     responses(
         (status = 200, description = "One OutputEvent per line", body = OutputEvent, content_type = "application/x-ndjson"),
+        (status = 400, description = "Both live and after", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox or process", body = ErrorBody),
     ),
@@ -155,8 +160,12 @@ pub async fn output(
     ProcessPath(id, pid): ProcessPath,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Response> {
-    let guest = st.guest(&tenant.id, &id).await?;
-    Ok(ndjson_response(guest.output(pid, q.after).await?))
+    let events = match (q.live.unwrap_or(false), q.after) {
+        (true, Some(_)) => return Err(ApiError::invalid("live and after exclude each other")),
+        (true, None) => st.guest(&tenant.id, &id).await?.output_live(pid).await?,
+        (false, after) => st.guest(&tenant.id, &id).await?.output(pid, after).await?,
+    };
+    Ok(ndjson_response(events))
 }
 
 /// Query of the stdin endpoint.

@@ -8,6 +8,7 @@ mod configure;
 mod files;
 mod freeze;
 mod identity;
+mod metrics;
 mod ports;
 mod processes;
 
@@ -44,6 +45,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(routes::WORKLOAD_FREEZE, post(freeze::workload_freeze))
         .route(routes::WORKLOAD_THAW, post(freeze::workload_thaw))
         .route(routes::ACTIVITY, get(activity::activity))
+        .route(routes::METRICS, get(metrics::metrics))
         .route(
             routes::PROCESSES,
             post(processes::start).get(processes::list),

@@ -91,8 +91,9 @@ pub(super) async fn get(
 
 #[derive(Debug, Deserialize)]
 pub(super) struct OutputQuery {
+    after: Option<u64>,
     #[serde(default)]
-    after: u64,
+    live: bool,
 }
 
 pub(super) async fn output(
@@ -101,7 +102,11 @@ pub(super) async fn output(
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> Result<Response, ApiError> {
     let proc = st.processes.get(id)?;
-    let body = Body::from_stream(proc.output_stream(q.after));
+    let body = match (q.live, q.after) {
+        (true, Some(_)) => return Err(ApiError::invalid("live and after exclude each other")),
+        (true, None) => Body::from_stream(proc.live_stream()),
+        (false, after) => Body::from_stream(proc.output_stream(after.unwrap_or(0))),
+    };
     Ok(([(header::CONTENT_TYPE, NDJSON)], body).into_response())
 }
 

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use space_core::process::{
-    ExitStatus, OutputStream, ProcessId, ProcessInfo, PtySize, MAX_OUTPUT_CHUNK,
+    ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo, PtySize, MAX_OUTPUT_CHUNK,
 };
 use space_core::ErrorCode;
 use space_guest_proto::limits::{
@@ -179,6 +179,22 @@ impl Proc {
                 self.id
             ),
         )
+    }
+
+    /// NDJSON output events from now on: `started` first, then only events produced after
+    /// this call (for an exited process, `started` then its `exit`).
+    pub fn live_stream(
+        self: Arc<Self>,
+    ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+        let after = lock(&self.output).live_after();
+        let started = OutputEvent::Started {
+            seq: 1,
+            id: self.id,
+            pid: self.pid,
+        };
+        let mut line = serde_json::to_vec(&started).unwrap_or_default();
+        line.push(b'\n');
+        futures::stream::once(async move { Ok(Bytes::from(line)) }).chain(self.output_stream(after))
     }
 
     /// NDJSON output events with `seq > after`, following live output until `exit`.

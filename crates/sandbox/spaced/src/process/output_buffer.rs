@@ -135,6 +135,18 @@ impl OutputBuffer {
         self.next_seq - 1
     }
 
+    /// The sequence number a reader of live events only starts after: the newest event's,
+    /// or for an exited process the one before its `exit` (so a late reader still sees how
+    /// it ended).
+    pub fn live_after(&self) -> u64 {
+        let last = self.next_seq - 1;
+        if self.exited {
+            last.saturating_sub(1)
+        } else {
+            last
+        }
+    }
+
     /// Data bytes dropped up to and including `seq`, as far as we still know; 0 if `seq`
     /// is older than the index (then the reported loss is an upper bound).
     fn dropped_through(&self, seq: u64) -> u64 {
@@ -241,6 +253,39 @@ mod tests {
         // A reader that is up to date with the drop point gets no lost event.
         let r = b.read_after(first - 1, 100);
         assert!(matches!(r.events[0], OutputEvent::Data { .. }));
+    }
+
+    #[test]
+    fn live_readers_start_at_the_newest_event_or_the_exit() {
+        let mut b = OutputBuffer::new(1 << 20);
+        b.push_started(7, 100);
+        assert_eq!(b.live_after(), 1);
+        b.push_data(OutputStream::Stdout, Bytes::from_static(b"old"));
+        let after = b.live_after();
+        assert!(
+            b.read_after(after, 10).events.is_empty(),
+            "nothing live yet"
+        );
+        b.push_data(OutputStream::Stdout, Bytes::from_static(b"new"));
+        let r = b.read_after(after, 10);
+        assert_eq!(
+            r.events,
+            vec![OutputEvent::data(3, OutputStream::Stdout, b"new")]
+        );
+        b.push_exit(status());
+        let r = b.read_after(b.live_after(), 10);
+        assert!(r.finished);
+        assert!(matches!(r.events[..], [OutputEvent::Exit { seq: 4, .. }]));
+        // Even when the budget kept nothing but the exit.
+        let mut tiny = OutputBuffer::new(10);
+        tiny.push_started(1, 1);
+        tiny.push_data(OutputStream::Stdout, Bytes::from(vec![0; 100]));
+        tiny.push_exit(status());
+        let r = tiny.read_after(tiny.live_after(), 10);
+        assert!(
+            matches!(r.events[..], [OutputEvent::Exit { seq: 3, .. }]),
+            "{r:?}"
+        );
     }
 
     #[test]
