@@ -261,6 +261,13 @@ pub struct ProcessInfo {
     pub argv: Vec<String>,
     /// User it runs as.
     pub user: String,
+    /// The environment its start asked for (on top of the sandbox's and the user's
+    /// defaults, which are not repeated here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Its working directory, absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
     /// The tag given at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,

@@ -22,6 +22,10 @@ pub const CONNECTION_WINDOW: u32 = 64 * STREAM_WINDOW;
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 /// Bytes of output events a process keeps for clients that (re)connect later.
 pub const OUTPUT_REPLAY_BYTES: usize = 1024 * 1024;
+/// Bytes of a process's requested environment its listing shows (names and values); the
+/// variables past it are left out, so a listing stays bounded whatever processes were
+/// started with.
+pub const MAX_LISTED_ENV_BYTES: usize = 8 * 1024;
 /// Finished processes whose status and output are kept for late readers.
 pub const MAX_FINISHED_PROCESSES: usize = 256;
 /// Processes that may run at once.

@@ -2,7 +2,7 @@
 //!
 //! - `Start` starts a SPACE process (`cmd` + `args` as its argv, the caller's user, the
 //!   request's deadline as its timeout: envd kills a command whose `Connect-Timeout-Ms`
-//!   passes) and streams its events; `Connect` streams a running one's.
+//!   passes) and streams its events; `Connect` streams a running one's from now on.
 //! - Closing either stream never kills the process (SPACE's output streams are readers).
 //! - Processes are named by their guest pid or tag, as in envd: the selector is resolved
 //!   against the running processes.
@@ -251,7 +251,9 @@ pub async fn connect(st: &E2bState, caller: EnvdCaller, req: Request) -> Respons
         let deadline = deadline(&headers)?;
         let guest = guest(st, &caller).await?;
         let process = find(&guest, &message.process).await?;
-        let events = guest.output(process.id, None).await.map_err(guest_error)?;
+        // envd's Connect follows the process from now on; what it printed before is not
+        // sent again.
+        let events = guest.output_live(process.id).await.map_err(guest_error)?;
         Ok::<_, ConnectError>(with_keepalive_and_deadline(
             process_stream(process.pid, events),
             keepalive(&headers),
@@ -272,8 +274,8 @@ fn info_of(p: &SpaceProcess) -> ProcessInfo {
         config: ProcessConfig {
             cmd: argv.next().unwrap_or_default(),
             args: argv.collect(),
-            envs: Default::default(),
-            cwd: None,
+            envs: p.env.clone(),
+            cwd: p.cwd.clone(),
         },
         pid: p.pid,
         tag: p.tag.clone(),

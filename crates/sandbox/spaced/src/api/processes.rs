@@ -73,6 +73,7 @@ pub(super) async fn start(
             .filter(|t| *t <= MAX_TIMEOUT_MS)
             .map(Duration::from_millis),
         tag: spec.tag,
+        requested_env: spec.env,
     };
     let info = st.processes.start(req).await?;
     Ok((StatusCode::CREATED, Json(info)))

@@ -19,7 +19,8 @@ use space_core::process::{
 };
 use space_core::ErrorCode;
 use space_guest_proto::limits::{
-    MAX_FINISHED_PROCESSES, MAX_JSON_BODY, MAX_RUNNING_PROCESSES, OUTPUT_REPLAY_BYTES,
+    MAX_FINISHED_PROCESSES, MAX_JSON_BODY, MAX_LISTED_ENV_BYTES, MAX_RUNNING_PROCESSES,
+    OUTPUT_REPLAY_BYTES,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -57,6 +58,21 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The part of a requested environment a listing shows: variables in name order while they
+/// fit in [`MAX_LISTED_ENV_BYTES`].
+fn listed_env(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut budget = MAX_LISTED_ENV_BYTES;
+    env.iter()
+        .take_while(|(k, v)| {
+            let size = k.len() + v.len();
+            let fits = size <= budget;
+            budget = budget.saturating_sub(size);
+            fits
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// One process.
 #[derive(Debug)]
 pub struct Proc {
@@ -64,6 +80,9 @@ pub struct Proc {
     pid: u32,
     argv: Vec<String>,
     user: String,
+    /// The environment the start asked for (listed; the spawn's is the merged one).
+    env: BTreeMap<String, String>,
+    cwd: String,
     tag: Option<String>,
     started_at_ms: u64,
     master: Option<SharedFd>,
@@ -81,6 +100,8 @@ impl Proc {
             pid: self.pid,
             argv: self.argv.clone(),
             user: self.user.clone(),
+            env: listed_env(&self.env),
+            cwd: Some(self.cwd.clone()),
             tag: self.tag.clone(),
             pty: self.master.is_some(),
             started_at_ms: self.started_at_ms,
@@ -255,6 +276,8 @@ pub struct StartRequest {
     pub timeout: Option<Duration>,
     /// Label.
     pub tag: Option<String>,
+    /// The environment the start asked for, as listed.
+    pub requested_env: BTreeMap<String, String>,
 }
 
 impl ProcessManager {
@@ -327,6 +350,7 @@ impl ProcessManager {
         }
         let argv = req.spawn.argv.clone();
         let user = req.spawn.user.name.clone();
+        let cwd = req.spawn.cwd.display().to_string();
         let reaper = self.reaper.clone();
         let workload = self.workload.clone();
         let spawned = tokio::task::spawn_blocking(move || {
@@ -386,6 +410,8 @@ impl ProcessManager {
             pid,
             argv,
             user,
+            env: req.requested_env,
+            cwd,
             tag: req.tag,
             started_at_ms: now_ms(),
             master: master.clone(),
@@ -481,4 +507,22 @@ fn drain(proc: Arc<Proc>, fd: SharedFd, stream: OutputStream) -> JoinHandle<()> 
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_show_a_bounded_environment() {
+        let small: BTreeMap<String, String> = [("A".into(), "1".into())].into();
+        assert_eq!(listed_env(&small), small);
+        let big: BTreeMap<String, String> = (0..10)
+            .map(|i| (format!("V{i}"), "x".repeat(MAX_LISTED_ENV_BYTES / 4)))
+            .collect();
+        let listed = listed_env(&big);
+        assert!(listed.len() < big.len() && !listed.is_empty());
+        let bytes: usize = listed.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(bytes <= MAX_LISTED_ENV_BYTES);
+    }
 }
