@@ -4,6 +4,8 @@
 //! which runs them as the requesting user. Paths are still checked at both ends, so a
 //! traversal attempt is refused with a clear `invalid_path` error rather than resolved.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 pub mod watch;
@@ -30,6 +32,52 @@ pub enum PathError {
     /// Contains a `..` component.
     #[error("path may not contain '..' components")]
     Traversal,
+}
+
+/// The extended-attribute namespace a file's metadata is kept under in the guest
+/// (`user.space.meta.<key>`).
+pub const FILE_METADATA_XATTR_PREFIX: &str = "user.space.meta.";
+/// Longest metadata key.
+pub const MAX_FILE_METADATA_KEY: usize = 128;
+/// Most bytes of a file's metadata, keys and values together.
+pub const MAX_FILE_METADATA_BYTES: usize = 4096;
+
+/// Why file metadata was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileMetadataError {
+    /// A key is empty, too long, or has characters other than `[a-z0-9._-]`.
+    #[error("metadata keys are 1 to {MAX_FILE_METADATA_KEY} of [a-z0-9._-]")]
+    Key,
+    /// A value has control characters.
+    #[error("metadata values may not contain control characters")]
+    Value,
+    /// Keys and values together are too large.
+    #[error("metadata is at most {MAX_FILE_METADATA_BYTES} bytes, keys and values together")]
+    TooLarge,
+}
+
+/// Checks a file's metadata: small key/value strings kept with the file.
+pub fn validate_file_metadata(
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), FileMetadataError> {
+    let mut total = 0usize;
+    for (k, v) in metadata {
+        let key_ok = !k.is_empty()
+            && k.len() <= MAX_FILE_METADATA_KEY
+            && k.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+        if !key_ok {
+            return Err(FileMetadataError::Key);
+        }
+        if v.chars().any(char::is_control) {
+            return Err(FileMetadataError::Value);
+        }
+        total = total.saturating_add(k.len() + v.len());
+    }
+    if total > MAX_FILE_METADATA_BYTES {
+        return Err(FileMetadataError::TooLarge);
+    }
+    Ok(())
 }
 
 /// What marks the temporary file of an atomic write (`.{name}.space-tmp-{16 hex}`, next to
@@ -110,6 +158,9 @@ pub struct FileStat {
     /// Target, for symlinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Its metadata (set when it was written), for regular files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A directory listing.
@@ -154,6 +205,22 @@ pub struct RenameRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_metadata_is_small_and_plain() {
+        let ok: BTreeMap<String, String> = [("origin".into(), "test run".into())].into();
+        assert_eq!(validate_file_metadata(&ok), Ok(()));
+        let upper: BTreeMap<String, String> = [("Origin".into(), "x".into())].into();
+        assert_eq!(validate_file_metadata(&upper), Err(FileMetadataError::Key));
+        let ctl: BTreeMap<String, String> = [("k".into(), "a\nb".into())].into();
+        assert_eq!(validate_file_metadata(&ctl), Err(FileMetadataError::Value));
+        let big: BTreeMap<String, String> =
+            [("k".into(), "x".repeat(MAX_FILE_METADATA_BYTES))].into();
+        assert_eq!(
+            validate_file_metadata(&big),
+            Err(FileMetadataError::TooLarge)
+        );
+    }
 
     #[test]
     fn atomic_write_temp_names_round_trip() {

@@ -5,13 +5,15 @@
 //! refused path is [`GuestError::Local`] with code `invalid_path`. User names are checked
 //! with the `space-core` rule (code `invalid_request`).
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use http::Method;
 use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{
-    validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
-    MAX_LIST_ENTRIES,
+    validate_file_metadata, validate_path, FileList, FileStat, MkdirRequest, RenameRequest,
+    MAX_LIST_DEPTH, MAX_LIST_ENTRIES,
 };
 use space_core::process::validate_user_name;
 use space_core::ErrorCode;
@@ -85,18 +87,28 @@ impl GuestClient {
     }
 
     /// `PUT /v1/files`: streams `body` into a file (atomic replace, parents created), with
-    /// permission bits `mode` (default decided by the guest). A failing `body` aborts the
-    /// upload ([`GuestError::Local`]) and the guest keeps the old file.
+    /// permission bits `mode` (default decided by the guest) and `metadata` (none if empty).
+    /// A failing `body` aborts the upload ([`GuestError::Local`]) and the guest keeps the
+    /// old file.
     pub async fn write_file(
         &self,
         path: &str,
         user: Option<&str>,
         mode: Option<u32>,
+        metadata: &BTreeMap<String, String>,
         body: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<FileStat, GuestError> {
         check_mode(mode)?;
+        validate_file_metadata(metadata)
+            .map_err(|e| GuestError::local(ErrorCode::InvalidRequest, e.to_string()))?;
         let mode = mode.map(|m| format!("{m:o}"));
-        let target = file_target(routes::FILES, path, user)?.opt_param("mode", mode.as_deref());
+        let metadata = (!metadata.is_empty())
+            .then(|| serde_json::to_string(metadata))
+            .transpose()
+            .map_err(|e| GuestError::local(ErrorCode::InvalidRequest, e.to_string()))?;
+        let target = file_target(routes::FILES, path, user)?
+            .opt_param("mode", mode.as_deref())
+            .opt_param("metadata", metadata.as_deref());
         self.transport()
             .upload_json(Method::PUT, target, body)
             .await

@@ -426,6 +426,7 @@ async fn query_strings_survive_hostile_paths() {
                 group: None,
                 modified_ms: 0,
                 symlink_target: None,
+                metadata: Default::default(),
             };
             common::respond(respond, 200, &serde_json::to_vec(&stat).unwrap()).await
         })
@@ -468,7 +469,7 @@ async fn early_error_answer_to_an_upload_keeps_its_body() {
         .unwrap();
     // An endless upload: only the early answer can end it.
     let body = futures::stream::repeat_with(|| Ok(Bytes::from(vec![0u8; 64 * 1024]))).boxed();
-    let err = guard(client.write_file("/tmp/big", None, None, body))
+    let err = guard(client.write_file("/tmp/big", None, None, &Default::default(), body))
         .await
         .unwrap_err();
     assert!(

@@ -264,7 +264,7 @@ async fn fifty_mib_file_round_trip() {
         let body = futures::stream::iter(chunks.into_iter().map(Ok)).boxed();
         let stat = d
             .client
-            .write_file(&path, Some(USER), Some(0o600), body)
+            .write_file(&path, Some(USER), Some(0o600), &Default::default(), body)
             .await
             .unwrap();
         assert_eq!(stat.size, SIZE as u64);
@@ -305,7 +305,9 @@ async fn file_operations() {
         assert_eq!(st.kind, FileKind::Dir);
         let file = format!("{dir}/a&b.txt");
         let body = futures::stream::iter(vec![Ok(Bytes::from_static(b"content"))]).boxed();
-        c.write_file(&file, Some(USER), None, body).await.unwrap();
+        c.write_file(&file, Some(USER), None, &Default::default(), body)
+            .await
+            .unwrap();
 
         let st = c.stat(&file, Some(USER)).await.unwrap();
         assert_eq!(
@@ -622,7 +624,7 @@ async fn guest_refusals_are_remote_errors() {
         // Writing over a directory, reading a missing file, removing a missing path.
         let body = futures::stream::iter(vec![Ok(Bytes::from_static(b"x"))]).boxed();
         let err = c
-            .write_file(&d.path("adir"), Some(USER), None, body)
+            .write_file(&d.path("adir"), Some(USER), None, &Default::default(), body)
             .await
             .unwrap_err();
         assert!(matches!(err, GuestError::Remote { .. }), "{err:?}");

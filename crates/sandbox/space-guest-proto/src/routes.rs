@@ -20,7 +20,7 @@
 //! | POST | `/v1/processes/{id}/signal` | `SignalRequest` | 204 |
 //! | POST | `/v1/processes/{id}/resize` | `PtySize` | 204 (409 if not a pty) |
 //! | GET | `/v1/files?path=P&user=U` | – | raw bytes, streamed; header [`FILE_SIZE_HEADER`] |
-//! | PUT | `/v1/files?path=P&user=U&mode=OCTAL` | raw bytes, streamed | `FileStat` (atomic replace, parents created) |
+//! | PUT | `/v1/files?path=P&user=U&mode=OCTAL&metadata=JSON` | raw bytes, streamed | `FileStat` (atomic replace, parents created; metadata kept as `user.space.meta.*` xattrs) |
 //! | DELETE | `/v1/files?path=P&user=U&recursive=BOOL` | – | 204 |
 //! | GET | `/v1/files/stat?path=P&user=U` | – | `FileStat` (lstat) |
 //! | GET | `/v1/files/list?path=P&user=U&depth=N` | – | `FileList` |

@@ -150,6 +150,56 @@ async fn write_replaces_atomically() {
 }
 
 #[tokio::test]
+async fn files_keep_their_metadata() {
+    let agent = Agent::start();
+    let c = agent.connect().await;
+    let path = agent.dir.path().join("meta/m.txt");
+    let p = q(path.to_str().unwrap());
+    let meta = q(r#"{"origin":"test","k2":"v 2"}"#);
+    let (s, _, body) = c
+        .call(
+            Method::PUT,
+            &format!("/v1/files?path={p}&metadata={meta}"),
+            full("m"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let stat: FileStat = serde_json::from_slice(&body).unwrap();
+    assert_eq!(stat.metadata["origin"], "test");
+    assert_eq!(stat.metadata["k2"], "v 2");
+    // Kept with the file: a stat and a listing show it, a rewrite without it clears it.
+    let (_, again): (_, FileStat) = c.get(&format!("/v1/files/stat?path={p}")).await;
+    assert_eq!(again.metadata, stat.metadata);
+    let (s, _, body) = c
+        .call(Method::PUT, &format!("/v1/files?path={p}"), full("n"))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let rewritten: FileStat = serde_json::from_slice(&body).unwrap();
+    assert!(rewritten.metadata.is_empty());
+    for bad in [
+        r#"{"Upper":"x"}"#,
+        r#"{"k":1}"#,
+        "[1]",
+        r#"{"k":"a
+b"}"#,
+    ] {
+        c.expect_error(
+            Method::PUT,
+            &format!("/v1/files?path={p}&metadata={}", q(bad)),
+            full("x"),
+            400,
+            "invalid_request",
+        )
+        .await;
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"n",
+        "a refused write changes nothing"
+    );
+}
+
+#[tokio::test]
 async fn list_stat_mkdir_remove_rename() {
     let agent = Agent::start();
     let c = agent.connect().await;

@@ -2,6 +2,7 @@
 //! rename, watch (streamed). Every path is checked here (no `..`, no NUL) and again by the guest daemon, which
 //! runs the operation as the acting user.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use space_core::files::watch::{WatchEvent, WatchRequest, WatchRequestError};
 use space_core::files::{
-    validate_path, FileList, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH,
+    validate_file_metadata, validate_path, FileList, FileStat, MkdirRequest, RenameRequest,
+    MAX_LIST_DEPTH,
 };
 use space_core::process::validate_user_name;
 use space_core::ErrorBody;
@@ -62,6 +64,19 @@ pub fn parse_mode(mode: &str) -> Result<u32, ApiError> {
         return Err(bad());
     }
     Ok(value)
+}
+
+/// Parses and checks a file's metadata given as a JSON object of strings.
+pub fn parse_metadata(json: Option<&str>) -> Result<BTreeMap<String, String>, ApiError> {
+    let metadata: BTreeMap<String, String> = match json {
+        None => BTreeMap::new(),
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            ApiError::invalid(format!("metadata must be a JSON object of strings: {e}"))
+        })?,
+    };
+    validate_file_metadata(&metadata)
+        .map_err(|e| ApiError::invalid(format!("bad metadata: {e}")))?;
+    Ok(metadata)
 }
 
 /// Passes `stream` through until more than `limit` bytes have gone by, then fails it; the
@@ -125,6 +140,9 @@ pub struct PutFileQuery {
     pub user: Option<String>,
     /// Octal permission bits, e.g. `0644` (default for new files).
     pub mode: Option<String>,
+    /// The file's metadata: a JSON object of strings (keys `[a-z0-9._-]`, at most 4096
+    /// bytes in all), kept with the file and returned by `stat` and `list`.
+    pub metadata: Option<String>,
 }
 
 /// Query of a removal.
@@ -216,6 +234,7 @@ pub async fn write_file(
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    let metadata = parse_metadata(q.metadata.as_deref())?;
     let limit = st.max_upload_bytes;
     let too_large =
         || ApiError::too_large(format!("upload is larger than the limit of {limit} bytes"));
@@ -230,7 +249,7 @@ pub async fn write_file(
     // fails the stream, which aborts the guest's atomic write, so nothing partial remains.
     let (data, exceeded) = limit_stream(body.into_data_stream().map_err(io::Error::other), limit);
     match guest
-        .write_file(&q.path, q.user.as_deref(), mode, data)
+        .write_file(&q.path, q.user.as_deref(), mode, &metadata, data)
         .await
     {
         Ok(stat) => Ok(Json(stat)),

@@ -10,6 +10,7 @@
 //! names no sandbox (the SDK adds no headers to it): the sandbox is then the one whose
 //! token the signature was made with.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::Ordering;
 
@@ -37,6 +38,9 @@ use super::filesystem_service::normalize;
 use super::signature::{Operation, Presented};
 use crate::state::E2bState;
 
+/// Headers whose suffix names a metadata key of the written files (header names are
+/// lowercase in `http`).
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
 /// Most files one multipart upload may carry.
 pub const MAX_UPLOAD_PARTS: usize = 1000;
 /// Largest part header block of a multipart upload (multer's bound).
@@ -203,16 +207,7 @@ async fn write(
 ) -> Result<Response, HttpError> {
     let limit = st.app.max_upload_bytes;
     let (parts, body) = req.into_parts();
-    if parts
-        .headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(HttpError::new(
-            400,
-            "file metadata (X-Metadata-* headers) is not supported by SPACE",
-        ));
-    }
+    let metadata = metadata_headers(&parts.headers)?;
     if let Some(len) = content_length(&parts.headers).filter(|&len| len > limit) {
         // Read (bounded) what the client is still sending, so it gets the answer and not
         // a reset connection.
@@ -230,18 +225,43 @@ async fn write(
     let entries = if content_type.starts_with("multipart/form-data") {
         let boundary = multer::parse_boundary(&content_type)
             .map_err(|e| HttpError::new(400, format!("bad multipart body: {e}")))?;
-        write_multipart(guest, caller, path, body, boundary, limit).await?
+        write_multipart(guest, caller, path, body, boundary, limit, &metadata).await?
     } else {
         let path = path
             .filter(|p| !p.is_empty())
             .ok_or_else(|| HttpError::new(400, "path is required for an octet-stream upload"))?;
         let data = decoded(&parts.headers, body)?;
-        vec![write_one(guest, caller, path, data, limit, 0).await?.0]
+        vec![
+            write_one(guest, caller, path, data, limit, 0, &metadata)
+                .await?
+                .0,
+        ]
     };
     if entries.is_empty() {
         return Err(HttpError::new(400, "the upload carries no file"));
     }
     Ok((StatusCode::OK, Json(entries)).into_response())
+}
+
+/// The file metadata of `X-Metadata-<key>: <value>` headers (keys lowercased, the first
+/// value of a repeated header), as envd reads them.
+fn metadata_headers(headers: &HeaderMap) -> Result<BTreeMap<String, String>, HttpError> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        if key.is_empty() || out.contains_key(key) {
+            continue;
+        }
+        let value = value
+            .to_str()
+            .map_err(|_| HttpError::new(400, format!("metadata {key:?}: not printable ASCII")))?;
+        out.insert(key.to_owned(), value.to_owned());
+    }
+    space_core::files::validate_file_metadata(&out)
+        .map_err(|e| HttpError::new(400, format!("bad X-Metadata-* headers: {e}")))?;
+    Ok(out)
 }
 
 /// The body's bytes, gzip-decoded when `Content-Encoding: gzip`.
@@ -276,11 +296,12 @@ async fn write_one(
     data: BoxStream<'static, Result<Bytes, io::Error>>,
     limit: u64,
     used: u64,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<(WrittenEntry, u64), HttpError> {
     let path = normalize(path).map_err(|e| HttpError::new(400, e.message))?;
     let (data, exceeded) = limit_stream(data, limit.saturating_sub(used));
     match guest
-        .write_file(&path, caller.user.as_deref(), None, data)
+        .write_file(&path, caller.user.as_deref(), None, metadata, data)
         .await
     {
         Ok(stat) => Ok((
@@ -304,6 +325,7 @@ async fn write_multipart(
     body: Body,
     boundary: String,
     limit: u64,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<WrittenEntry>, HttpError> {
     // multer's own bounds sit just above ours, so our count (which knows the limit the
     // client must be told) trips first.
@@ -348,7 +370,7 @@ async fn write_multipart(
             }
         };
         let data = field.map_err(io::Error::other).boxed();
-        let (entry, size) = write_one(guest, caller, &dest, data, limit, used).await?;
+        let (entry, size) = write_one(guest, caller, &dest, data, limit, used, metadata).await?;
         used = used.saturating_add(size);
         written.push(entry);
     }

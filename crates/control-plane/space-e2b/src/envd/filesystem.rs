@@ -101,6 +101,9 @@ pub struct EntryInfo {
     /// Where a symlink points.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Its metadata (`X-Metadata-*` at upload).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
     /// Whether it is a symlink (proto3 default `false` omitted).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub is_symlink: bool,
@@ -165,6 +168,7 @@ impl EntryInfo {
             group,
             modified_time: rfc3339(stat.modified_ms),
             symlink_target: stat.symlink_target.clone(),
+            metadata: stat.metadata.clone(),
             is_symlink: stat.kind == FileKind::Symlink,
         }
     }
@@ -280,6 +284,7 @@ mod tests {
             group: Some("user".into()),
             modified_ms: 1_764_417_600_000,
             symlink_target: None,
+            metadata: Default::default(),
         };
         let json = serde_json::to_value(EntryResponse {
             entry: EntryInfo::of(&stat, "user".into(), "user".into()),

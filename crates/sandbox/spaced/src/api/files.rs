@@ -44,6 +44,8 @@ pub(super) struct FileQuery {
     #[serde(default)]
     recursive: bool,
     depth: Option<u32>,
+    /// A written file's metadata: a JSON object of strings.
+    metadata: Option<String>,
 }
 
 /// Runs `f` on a blocking thread acting as `user`.
@@ -127,11 +129,20 @@ pub(super) async fn write(
 ) -> Result<Json<FileStat>, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
     let mode = parse_mode(q.mode.as_deref(), DEFAULT_FILE_MODE)?;
+    let metadata: std::collections::BTreeMap<String, String> = match q.metadata.as_deref() {
+        None => Default::default(),
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            ApiError::invalid(format!("metadata must be a JSON object of strings: {e}"))
+        })?,
+    };
+    space_core::files::validate_file_metadata(&metadata)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let (tx, mut rx) = mpsc::channel::<WriteMsg>(CHANNEL_CHUNKS);
     // One blocking thread owns the temporary file for the whole upload; dropped without
     // `End` (the body failed) the writer removes it.
     let writer = as_user(user, move || {
         let mut w = AtomicWriter::create(&path, mode)?;
+        w.set_metadata(&metadata)?;
         loop {
             match rx.blocking_recv() {
                 Some(WriteMsg::Data(d)) => w.write(&d)?,

@@ -1,7 +1,8 @@
-//! File operations inside the guest, run on blocking threads as the acting user, and
-//! directory watches (inotify) on threads of their own.
+//! File operations inside the guest, run on blocking threads as the acting user, files'
+//! metadata (extended attributes), and directory watches (inotify) on threads of their own.
 
 pub mod inotify;
+pub mod metadata;
 pub mod ops;
 pub mod paths;
 pub mod watch;

@@ -53,6 +53,11 @@ pub fn file_stat(path: &Path, md: &Metadata, names: &AccountNames) -> FileStat {
             .mtime()
             .saturating_mul(1000)
             .saturating_add(md.mtime_nsec() / 1_000_000),
+        metadata: if kind == FileKind::File {
+            super::metadata::read(path)
+        } else {
+            std::collections::BTreeMap::new()
+        },
         symlink_target,
     }
 }
@@ -321,6 +326,14 @@ impl AtomicWriter {
             .set_permissions(fs::Permissions::from_mode(mode))
             .map_err(|e| ApiError::io("chmod", target, &e))?;
         Ok(w)
+    }
+
+    /// Gives the file `metadata` (before it is committed, so it appears with it).
+    pub fn set_metadata(
+        &self,
+        metadata: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        super::metadata::set(&self.file, &self.target, metadata)
     }
 
     /// Appends a chunk.
