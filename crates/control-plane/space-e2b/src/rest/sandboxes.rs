@@ -337,7 +337,31 @@ pub struct ConnectRequest {
     memory: Option<bool>,
 }
 
-/// Brings a paused or stopped sandbox back; returns whether it was running already.
+/// How long a connect or resume waits for a sandbox that is on its way to a state (pausing,
+/// stopping, …) to get there before acting on it.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How often it looks meanwhile.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether a sandbox in `state` is between two states (an operation is under way).
+fn is_transient(state: SandboxState) -> bool {
+    use SandboxState::*;
+    matches!(
+        state,
+        Creating
+            | Pausing
+            | Resuming
+            | Stopping
+            | Starting
+            | Checkpointing
+            | RollingBack
+            | Restoring
+    )
+}
+
+/// Brings a paused or stopped sandbox back (waiting first for an operation under way, such
+/// as the pause its timeout started, to finish); returns whether it was running already,
+/// as E2B sees it (a sandbox idleness paused is running to E2B).
 async fn wake(
     st: &E2bState,
     tenant: &AuthTenant,
@@ -346,9 +370,23 @@ async fn wake(
 ) -> RestResult<bool> {
     let app = State(st.app.clone());
     let path = || SandboxPath(info.id.clone());
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    let mut info = info.clone();
+    while is_transient(info.state) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RestError::new(
+                409,
+                format!("sandbox {} is still {}", info.id, info.state),
+            ));
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+        info = visible(st, tenant, info.id.as_str()).await?;
+    }
+    let idle = info.paused_by == Some(space_core::sandbox::PausedBy::Idle);
     match info.state {
-        SandboxState::Paused if memory => {
+        SandboxState::Paused if memory || idle => {
             let _ = lifecycle::resume(app, tenant.clone(), path()).await?;
+            return Ok(idle);
         }
         SandboxState::Paused => {
             let _ = lifecycle::stop(app.clone(), tenant.clone(), path()).await?;
@@ -357,7 +395,6 @@ async fn wake(
         SandboxState::Stopped => {
             let _ = lifecycle::start(app, tenant.clone(), path()).await?;
         }
-        // Running, or on its way somewhere: the operation in flight decides.
         _ => return Ok(true),
     }
     Ok(false)
