@@ -2,7 +2,7 @@
 // info, kill, timeout, pause and resume, auto-pause, fork, snapshots, metrics, refusals.
 
 import assert from 'node:assert/strict'
-import { after, describe, test } from 'node:test'
+import { afterEach, describe, test } from 'node:test'
 import { Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
 import {
   ENVD_VERSION,
@@ -18,7 +18,9 @@ import {
   waitUntil,
 } from './helpers.mjs'
 
-after(killTracked)
+// Every test makes its own sandboxes: kill them as soon as it ends, so a file never holds
+// more than a test's worth of the node's capacity.
+afterEach(killTracked)
 
 const secondsBetween = (a, b) => (b.getTime() - a.getTime()) / 1000
 

@@ -120,9 +120,7 @@ impl Node {
     /// nothing is done). Whether the sandbox wants this (`auto_resume`) is the caller's
     /// decision. Someone else resuming or starting it first is not an error.
     pub async fn wake_timed_out(&self, id: &SandboxId) -> Result<bool, NodeError> {
-        let Some(rec) = self.sandbox(id) else {
-            return Err(NodeError::SandboxNotFound(id.clone()));
-        };
+        let rec = self.settled(id).await?;
         let woken = match (rec.state, rec.paused_by, rec.stopped_by) {
             (SandboxState::Paused, Some(PauseCause::Timeout), _) => self.resume_sandbox(id).await,
             (SandboxState::Stopped, _, Some(StopCause::Timeout)) => self.start_sandbox(id).await,
@@ -133,6 +131,23 @@ impl Node {
             Err(NodeError::Lifecycle(_)) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// The sandbox's record once no pause or stop is under way: a call that wakes a
+    /// sandbox its timeout or idleness is pausing right now waits for that pause to end,
+    /// rather than finding it neither running nor paused.
+    pub(crate) async fn settled(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        if !matches!(rec.state, SandboxState::Pausing | SandboxState::Stopping) {
+            return Ok(rec);
+        }
+        // The operation holds the sandbox's lock until its state is stable again.
+        let op = self.op_lock(id)?;
+        drop(op.lock().await);
+        self.sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))
     }
 
     /// Resumes a paused sandbox and returns once its daemon answers again.

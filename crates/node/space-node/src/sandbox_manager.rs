@@ -255,9 +255,9 @@ impl Node {
     /// Like [`Node::guest`], but first resumes a sandbox that idleness paused: the call
     /// that needs the guest is what wakes it.
     pub async fn guest_waking(&self, id: &SandboxId) -> Result<GuestClient, NodeError> {
-        let idle_paused = self.sandbox(id).is_some_and(|r| {
-            r.state == SandboxState::Paused && r.paused_by == Some(crate::PauseCause::Idle)
-        });
+        let rec = self.settled(id).await?;
+        let idle_paused =
+            rec.state == SandboxState::Paused && rec.paused_by == Some(crate::PauseCause::Idle);
         if idle_paused {
             match self.resume_sandbox(id).await {
                 Ok(_) => {}
