@@ -11,8 +11,11 @@ use crate::TestServer;
 /// The domain test sandboxes' hosts are named under (`{port}-{id}.space.test:{server port}`);
 /// nothing resolves it: tests send the host in a header to 127.0.0.1.
 pub const TEST_DOMAIN: &str = "space.test";
-/// The upload limit of E2B test servers (small, so the limit's test is cheap).
-pub const TEST_MAX_UPLOAD_BYTES: u64 = 32 << 20;
+/// The upload limit of E2B test servers: small, so the limit's tests are cheap, and below
+/// the most the server reads of an oversized upload before it answers 413
+/// (`space_control::api::files::MAX_DRAIN_BYTES`): past that it answers at once and closes,
+/// and a client that does not read early answers sees a reset instead.
+pub const TEST_MAX_UPLOAD_BYTES: u64 = 4 << 20;
 
 /// A test server that also serves the E2B API, with a small upload limit.
 pub async fn start_server() -> TestServer {

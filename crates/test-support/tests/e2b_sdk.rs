@@ -79,7 +79,12 @@ async fn js_sdk_suite() {
     require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
     run_suite(
         std::path::Path::new("node"),
-        &["--test", "--test-concurrency=2", "--test-timeout=300000", "tests/e2b/js"],
+        &[
+            "--test",
+            "--test-concurrency=2",
+            "--test-timeout=300000",
+            "tests/e2b/js",
+        ],
     )
     .await;
 }

@@ -92,7 +92,7 @@ async fn watch_a_directory_in_a_vm() {
         ("missing", None, 404, ErrorCode::NotFound),
         ("w/old/g", None, 400, ErrorCode::InvalidPath),
         ("../etc", None, 400, ErrorCode::InvalidPath),
-        ("/root", Some("nosuchuser"), 400, ErrorCode::InvalidRequest),
+        ("/root", Some("nosuchuser"), 400, ErrorCode::UnknownUser),
     ] {
         let req = WatchRequest {
             path: path.into(),

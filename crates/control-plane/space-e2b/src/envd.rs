@@ -181,6 +181,37 @@ async fn rpc(
     }
 }
 
+/// Runs a unary RPC on the caller's guest: decodes its `T`, finds the guest (waking a
+/// sandbox idleness paused), runs `f` with the guest, the acting user and the message, and
+/// renders its result.
+pub(crate) async fn unary<T, R, F, Fut>(
+    st: &E2bState,
+    caller: access::EnvdCaller,
+    req: Request,
+    f: F,
+) -> Response
+where
+    T: serde::de::DeserializeOwned,
+    R: serde::Serialize,
+    F: FnOnce(space_node::GuestClient, Option<String>, T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, ConnectError>>,
+{
+    use crate::connect::server::{Unary, UnaryResponse};
+    use axum::extract::FromRequest as _;
+    let message = match Unary::<T>::from_request(req, &()).await {
+        Ok(Unary(m)) => m,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
+        Ok(g) => g,
+        Err(e) => return errors::unreachable(e).into_response(),
+    };
+    match f(guest, caller.user, message).await {
+        Ok(r) => UnaryResponse(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn files_route(State(st): State<E2bState>, req: Request) -> Response {
     let target = target_of(&req);
     files::files(&st, target, req).await

@@ -227,7 +227,7 @@ async fn missing_or_unexecutable_binary_is_422() {
         "/v1/processes",
         full(r#"{"argv":["true"],"user":"no-such-user"}"#),
         400,
-        "invalid_request",
+        "unknown_user",
     )
     .await;
     c.expect_error(

@@ -310,7 +310,7 @@ async fn errors_come_before_the_stream() {
         (
             watch_url(base, false, Some("nosuchuser")),
             400,
-            "invalid_request",
+            "unknown_user",
         ),
         (
             format!("{}?recursive=true", routes::FILES_WATCH),

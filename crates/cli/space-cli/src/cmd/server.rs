@@ -84,13 +84,12 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
             space_secrets::CommandConfig::new(program),
         );
     }
-    if !a.no_e2b {
-        cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(
-            space_e2b::E2bConfig {
-                domain: a.e2b_domain.clone(),
-                private_ports: a.e2b_private_ports,
-            },
-        )));
+    let e2b = (!a.no_e2b).then(|| space_e2b::E2bConfig {
+        domain: a.e2b_domain.clone(),
+        private_ports: a.e2b_private_ports,
+    });
+    if let Some(config) = &e2b {
+        cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(config.clone())));
     }
     let server = Server::start(cfg).await?;
     let url = server.url();
@@ -121,6 +120,16 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     println!("  space exec $ID -- uname -a");
     println!("  space shell $ID");
     println!("  space sandbox rm $ID");
+    if let Some(config) = &e2b {
+        println!();
+        println!("E2B SDKs (docs/e2b-compat.md):");
+        println!("  export E2B_API_KEY=$(cat {key_file})");
+        println!("  export E2B_API_URL={url} E2B_SANDBOX_URL={url}");
+        println!(
+            "  export E2B_DOMAIN={}",
+            config.advertised_domain(server.addr().port())
+        );
+    }
     println!();
     server.run_until_signal().await?;
     Ok(0)

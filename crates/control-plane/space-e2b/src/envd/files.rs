@@ -41,6 +41,9 @@ use crate::state::E2bState;
 /// Headers whose suffix names a metadata key of the written files (header names are
 /// lowercase in `http`).
 const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+/// Bytes a one-file multipart body may carry beyond its file (boundaries and part headers)
+/// before its announced length alone says it is over the limit.
+const MULTIPART_OVERHEAD: u64 = 64 * 1024;
 /// Most files one multipart upload may carry.
 pub const MAX_UPLOAD_PARTS: usize = 1000;
 /// Largest part header block of a multipart upload (multer's bound).
@@ -208,7 +211,21 @@ async fn write(
     let limit = st.app.max_upload_bytes;
     let (parts, body) = req.into_parts();
     let metadata = metadata_headers(&parts.headers)?;
-    if let Some(len) = content_length(&parts.headers).filter(|&len| len > limit) {
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let multipart = content_type.starts_with("multipart/form-data");
+    // A body announced larger than any accepted upload is answered before it is read (a
+    // multipart body also carries part headers; the counts while writing are exact).
+    let announced_max = if multipart {
+        limit.saturating_add(MULTIPART_OVERHEAD)
+    } else {
+        limit
+    };
+    if let Some(len) = content_length(&parts.headers).filter(|&len| len > announced_max) {
         // Read (bounded) what the client is still sending, so it gets the answer and not
         // a reset connection.
         if len <= MAX_DRAIN_BYTES {
@@ -216,13 +233,7 @@ async fn write(
         }
         return Err(too_large(limit));
     }
-    let content_type = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let entries = if content_type.starts_with("multipart/form-data") {
+    let entries = if multipart {
         let boundary = multer::parse_boundary(&content_type)
             .map_err(|e| HttpError::new(400, format!("bad multipart body: {e}")))?;
         write_multipart(guest, caller, path, body, boundary, limit, &metadata).await?

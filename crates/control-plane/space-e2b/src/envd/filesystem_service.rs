@@ -28,10 +28,10 @@ use super::filesystem::{
     ListDirResponse, MoveRequest, PathRequest, WatchDirRequest, WatchDirResponse, WatcherRequest,
 };
 use super::process_service::Empty;
+use super::unary;
 use super::watchers::{as_envd_writes, filesystem_event};
 use crate::connect::server::{
     deadline, keepalive, stream_error, stream_response, with_keepalive_and_deadline, StreamRequest,
-    Unary, UnaryResponse,
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
@@ -78,28 +78,6 @@ pub fn entry(stat: &FileStat) -> EntryInfo {
 
 fn guest_error(e: GuestError) -> ConnectError {
     connect_error(ApiError::from(e))
-}
-
-/// Runs a unary call on the caller's guest.
-async fn unary<T, R, F, Fut>(st: &E2bState, caller: EnvdCaller, req: Request, f: F) -> Response
-where
-    T: serde::de::DeserializeOwned,
-    R: serde::Serialize,
-    F: FnOnce(GuestClient, Option<String>, T) -> Fut,
-    Fut: std::future::Future<Output = Result<R, ConnectError>>,
-{
-    let message = match Unary::<T>::from_request(req, &()).await {
-        Ok(Unary(m)) => m,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
-        Ok(g) => g,
-        Err(e) => return unreachable(e).into_response(),
-    };
-    match f(guest, caller.user, message).await {
-        Ok(r) => UnaryResponse(r).into_response(),
-        Err(e) => e.into_response(),
-    }
 }
 
 /// `filesystem.Filesystem/Stat`.

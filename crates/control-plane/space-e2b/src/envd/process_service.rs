@@ -29,9 +29,10 @@ use super::process::{
     ProcessInput, ProcessRequest, ProcessSelector, SendInputRequest, SendSignalRequest,
     StartRequest, StreamInputRequest, UpdateRequest,
 };
+use super::unary;
 use crate::connect::server::{
     client_stream_response, deadline, keepalive, stream_error, stream_response,
-    with_keepalive_and_deadline, ClientStream, StreamRequest, Unary, UnaryResponse,
+    with_keepalive_and_deadline, ClientStream, StreamRequest,
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
@@ -187,6 +188,22 @@ fn keepalive_event() -> EventResponse {
     }
 }
 
+/// The response of `Start` and `Connect`: the process's envd events, with keepalives at
+/// the interval the request asks for, ended at its deadline.
+fn follow(
+    pid: u32,
+    events: BoxStream<'static, Result<OutputEvent, GuestError>>,
+    headers: &axum::http::HeaderMap,
+    deadline: Option<std::time::Duration>,
+) -> Response {
+    stream_response(with_keepalive_and_deadline(
+        process_stream(pid, events),
+        keepalive(headers),
+        deadline,
+        keepalive_event,
+    ))
+}
+
 /// `process.Process/Start` (server stream).
 pub async fn start(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
     let StreamRequest { message, headers } =
@@ -200,17 +217,9 @@ pub async fn start(st: &E2bState, caller: EnvdCaller, req: Request) -> Response 
         let guest = guest(st, &caller).await?;
         let info = guest.start_process(&spec).await.map_err(guest_error)?;
         let events = guest.output(info.id, None).await.map_err(guest_error)?;
-        Ok::<_, ConnectError>(with_keepalive_and_deadline(
-            process_stream(info.pid, events),
-            keepalive(&headers),
-            deadline,
-            keepalive_event,
-        ))
+        Ok::<_, ConnectError>(follow(info.pid, events, &headers, deadline))
     };
-    match run.await {
-        Ok(events) => stream_response(events),
-        Err(e) => stream_error(e),
-    }
+    run.await.unwrap_or_else(stream_error)
 }
 
 /// The running process `selector` names.
@@ -254,17 +263,9 @@ pub async fn connect(st: &E2bState, caller: EnvdCaller, req: Request) -> Respons
         // envd's Connect follows the process from now on; what it printed before is not
         // sent again.
         let events = guest.output_live(process.id).await.map_err(guest_error)?;
-        Ok::<_, ConnectError>(with_keepalive_and_deadline(
-            process_stream(process.pid, events),
-            keepalive(&headers),
-            deadline,
-            keepalive_event,
-        ))
+        Ok::<_, ConnectError>(follow(process.pid, events, &headers, deadline))
     };
-    match run.await {
-        Ok(events) => stream_response(events),
-        Err(e) => stream_error(e),
-    }
+    run.await.unwrap_or_else(stream_error)
 }
 
 /// envd's description of a running process.
@@ -284,7 +285,7 @@ fn info_of(p: &SpaceProcess) -> ProcessInfo {
 
 /// `process.Process/List`: the running processes.
 pub async fn list(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    unary(st, caller, req, |guest, _: Empty| async move {
+    unary(st, caller, req, |guest, _user, _: Empty| async move {
         let processes = guest.list_processes().await.map_err(guest_error)?;
         Ok(ListResponse {
             processes: processes
@@ -295,28 +296,6 @@ pub async fn list(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
         })
     })
     .await
-}
-
-/// Runs a unary call: decodes `T`, finds the guest, runs `f`, renders its result.
-async fn unary<T, R, F, Fut>(st: &E2bState, caller: EnvdCaller, req: Request, f: F) -> Response
-where
-    T: serde::de::DeserializeOwned,
-    R: Serialize,
-    F: FnOnce(GuestClient, T) -> Fut,
-    Fut: std::future::Future<Output = Result<R, ConnectError>>,
-{
-    let message = match Unary::<T>::from_request(req, &()).await {
-        Ok(Unary(m)) => m,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let guest = match guest(st, &caller).await {
-        Ok(g) => g,
-        Err(e) => return e.into_response(),
-    };
-    match f(guest, message).await {
-        Ok(r) => UnaryResponse(r).into_response(),
-        Err(e) => e.into_response(),
-    }
 }
 
 fn input_bytes(input: ProcessInput) -> Bytes {
@@ -340,53 +319,73 @@ async fn write(
 
 /// `process.Process/SendInput`.
 pub async fn send_input(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    unary(st, caller, req, |guest, m: SendInputRequest| async move {
-        let p = find(&guest, &m.process).await?;
-        write(&guest, p.id, input_bytes(m.input), false).await?;
-        Ok(Empty {})
-    })
+    unary(
+        st,
+        caller,
+        req,
+        |guest, _user, m: SendInputRequest| async move {
+            let p = find(&guest, &m.process).await?;
+            write(&guest, p.id, input_bytes(m.input), false).await?;
+            Ok(Empty {})
+        },
+    )
     .await
 }
 
 /// `process.Process/CloseStdin`.
 pub async fn close_stdin(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    unary(st, caller, req, |guest, m: ProcessRequest| async move {
-        let p = find(&guest, &m.process).await?;
-        write(&guest, p.id, Bytes::new(), true).await?;
-        Ok(Empty {})
-    })
+    unary(
+        st,
+        caller,
+        req,
+        |guest, _user, m: ProcessRequest| async move {
+            let p = find(&guest, &m.process).await?;
+            write(&guest, p.id, Bytes::new(), true).await?;
+            Ok(Empty {})
+        },
+    )
     .await
 }
 
 /// `process.Process/SendSignal`: `not_found` for a process that is not running (the SDKs'
 /// `kill` then returns false).
 pub async fn send_signal(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    unary(st, caller, req, |guest, m: SendSignalRequest| async move {
-        let signal = m.signal.number();
-        if signal == 0 {
-            return Err(ConnectError::new(Code::InvalidArgument, "no signal given"));
-        }
-        let p = find(&guest, &m.process).await?;
-        guest.signal(p.id, signal).await.map_err(guest_error)?;
-        Ok(Empty {})
-    })
+    unary(
+        st,
+        caller,
+        req,
+        |guest, _user, m: SendSignalRequest| async move {
+            let signal = m.signal.number();
+            if signal == 0 {
+                return Err(ConnectError::new(Code::InvalidArgument, "no signal given"));
+            }
+            let p = find(&guest, &m.process).await?;
+            guest.signal(p.id, signal).await.map_err(guest_error)?;
+            Ok(Empty {})
+        },
+    )
     .await
 }
 
 /// `process.Process/Update`: resizes the process's PTY.
 pub async fn update(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    unary(st, caller, req, |guest, m: UpdateRequest| async move {
-        let p = find(&guest, &m.process).await?;
-        if let Some(pty) = m.pty {
-            let dim = |d: u32| u16::try_from(d).unwrap_or(u16::MAX);
-            let size = PtySize {
-                rows: dim(pty.size.rows),
-                cols: dim(pty.size.cols),
-            };
-            guest.resize(p.id, size).await.map_err(guest_error)?;
-        }
-        Ok(Empty {})
-    })
+    unary(
+        st,
+        caller,
+        req,
+        |guest, _user, m: UpdateRequest| async move {
+            let p = find(&guest, &m.process).await?;
+            if let Some(pty) = m.pty {
+                let dim = |d: u32| u16::try_from(d).unwrap_or(u16::MAX);
+                let size = PtySize {
+                    rows: dim(pty.size.rows),
+                    cols: dim(pty.size.cols),
+                };
+                guest.resize(p.id, size).await.map_err(guest_error)?;
+            }
+            Ok(Empty {})
+        },
+    )
     .await
 }
 

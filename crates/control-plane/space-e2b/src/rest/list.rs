@@ -15,6 +15,23 @@ use space_core::SandboxId;
 
 use super::E2bState;
 
+/// Header carrying the next page's token of a list.
+pub const NEXT_TOKEN_HEADER: &str = "x-next-token";
+
+/// `items` as a page: JSON, with the next page's token (if there is one) in
+/// [`NEXT_TOKEN_HEADER`].
+pub fn page_response<T: serde::Serialize>(
+    items: Vec<T>,
+    next: Option<String>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let mut response = axum::Json(items).into_response();
+    if let Some(v) = next.and_then(|t| axum::http::HeaderValue::from_str(&t).ok()) {
+        response.headers_mut().insert(NEXT_TOKEN_HEADER, v);
+    }
+    response
+}
+
 /// Default page size (the Python SDK's).
 pub const DEFAULT_LIMIT: usize = 100;
 /// Largest page.

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use space_control::api::auth::AuthTenant;
@@ -29,8 +29,6 @@ use crate::state::E2bState;
 
 /// Fields of a create request SPACE does not offer: refused, never silently dropped.
 const UNSUPPORTED_CREATE_FIELDS: &[&str] = &["mcp", "iam", "volumeMounts"];
-/// Header carrying the next page's token of a list.
-pub const NEXT_TOKEN_HEADER: &str = "x-next-token";
 
 /// The `{sandboxID}` of a path, parsed: a malformed id is simply not found, as on E2B.
 pub fn sandbox_id(raw: &str) -> RestResult<SandboxId> {
@@ -221,13 +219,7 @@ pub async fn list_v2(
     }
     let next = more.then(|| page.last().map(|(c, _)| c.encode())).flatten();
     let items: Vec<SandboxDetail> = page.into_iter().map(|(_, d)| d).collect();
-    let mut response = Json(items).into_response();
-    if let Some(token) = next {
-        if let Ok(v) = HeaderValue::from_str(&token) {
-            response.headers_mut().insert(NEXT_TOKEN_HEADER, v);
-        }
-    }
-    Ok(response)
+    Ok(list::page_response(items, next))
 }
 
 /// `GET /sandboxes` (deprecated): the running sandboxes, filtered by `metadata`.

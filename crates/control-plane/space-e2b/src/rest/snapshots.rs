@@ -6,8 +6,8 @@
 //! create from a snapshot).
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use space_control::api::auth::AuthTenant;
@@ -18,7 +18,7 @@ use space_core::{SnapshotId, SnapshotInfo, SnapshotKind};
 
 use super::error::{RestError, RestResult};
 use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
-use super::sandboxes::{sandbox_id, NEXT_TOKEN_HEADER};
+use super::sandboxes::sandbox_id;
 use super::JsonOrEmpty;
 use crate::state::E2bState;
 
@@ -139,11 +139,7 @@ pub async fn list(
         .then(|| page.last().map(|s| encode_cursor(s.created_at_ms, &s.id)))
         .flatten();
     let items: Vec<E2bSnapshot> = page.iter().map(E2bSnapshot::of).collect();
-    let mut response = Json(items).into_response();
-    if let Some(token) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
-        response.headers_mut().insert(NEXT_TOKEN_HEADER, token);
-    }
-    Ok(response)
+    Ok(super::list::page_response(items, next))
 }
 
 fn encode_cursor(ms: i64, id: &SnapshotId) -> String {
