@@ -12,7 +12,7 @@ use space_core::sandbox::{
     CreateSandboxRequest, PausedBy, SandboxInfo, SandboxOrigin, StoppedBy, TimeoutAction,
 };
 use space_core::{ErrorCode, SandboxEvent, SandboxId, SandboxState, SnapshotSchedule};
-use test_support::{api_error, shell, TestServer, TEST_TEMPLATE};
+use test_support::{api_error, shell, wait_until, TestServer, TEST_TEMPLATE};
 
 /// The timeout the tests set once a sandbox is ready (a create's timeout runs from the
 /// request, and creates are slow on a loaded machine). Long enough to check a woken sandbox
@@ -64,11 +64,18 @@ async fn two_expiring(
     (a, b)
 }
 
-/// Waits until the timeout has put `id` in `state`.
+/// Waits until the timeout has put `id` in `state` and marked it timed out. (The mark
+/// follows the pause or stop: the reconciler records it once the action has worked, so a
+/// read in between sees the state without it.)
 async fn timed_out(ts: &TestServer, id: &SandboxId, state: SandboxState) -> SandboxInfo {
-    let info = ts.wait_state(id, state, ACT_WITHIN).await;
-    assert!(info.timed_out_at_ms.is_some(), "{info:?}");
-    info
+    wait_until(ACT_WITHIN, &format!("{id} to be {state} and timed out"), || async {
+        ts.client
+            .sandbox(id)
+            .await
+            .ok()
+            .filter(|s| s.state == state && s.timed_out_at_ms.is_some())
+    })
+    .await
 }
 
 /// How many times the sandbox was paused and stopped, from its event log.
