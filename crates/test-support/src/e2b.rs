@@ -1,7 +1,7 @@
 //! Servers with the E2B-compatible API on, and the environment the pinned E2B SDKs need to
 //! reach them (`tests/e2b`, installed by `scripts/e2b-sdks`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use space_e2b::{E2bApi, E2bConfig};
@@ -27,6 +27,82 @@ pub async fn start_server() -> TestServer {
         })));
     })
     .await
+}
+
+/// The files of a test CA and of a certificate for `*.space.test` it signed, in a directory.
+pub struct TestCertificates {
+    /// The CA certificate (what clients trust: `SSL_CERT_FILE`).
+    pub ca: PathBuf,
+    /// The server's certificate chain (leaf, then CA).
+    pub chain: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+}
+
+/// Makes a CA and a wildcard certificate for [`TEST_DOMAIN`] (and the name itself) signed by
+/// it, as PEM files in `dir`.
+pub fn test_certificates(dir: &Path) -> TestCertificates {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "SPACE E2B test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let key = KeyPair::generate().expect("server key");
+    let params = CertificateParams::new(vec![format!("*.{TEST_DOMAIN}"), TEST_DOMAIN.to_owned()])
+        .expect("server params");
+    let leaf = params.signed_by(&key, &ca, &ca_key).expect("server certificate");
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write a PEM file");
+        path
+    };
+    TestCertificates {
+        ca: write("ca.pem", ca.pem()),
+        chain: write("chain.pem", format!("{}{}", leaf.pem(), ca.pem())),
+        key: write("key.pem", key.serialize_pem()),
+    }
+}
+
+/// [`start_server`] with a TLS listener too, presenting `certs`.
+pub async fn start_tls_server(certs: &TestCertificates) -> TestServer {
+    let tls = space_control::tls::TlsListen {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        cert: certs.chain.clone(),
+        key: certs.key.clone(),
+    };
+    TestServer::start_with(|cfg| {
+        cfg.max_upload_bytes = TEST_MAX_UPLOAD_BYTES;
+        cfg.tls = Some(tls);
+        cfg.surface = Some(Arc::new(E2bApi::new(E2bConfig {
+            domain: TEST_DOMAIN.to_owned(),
+            private_ports: false,
+        })));
+    })
+    .await
+}
+
+/// The environment of the host-mode suite (`tests/e2b/host_mode`): the SDKs' own without
+/// `E2B_SANDBOX_URL`, so they reach envd at `https://49983-{id}.{domain}` on the TLS
+/// listener, and trust `ca` for it.
+pub fn host_mode_env(server: &TestServer, ca: &Path) -> Vec<(String, String)> {
+    let tls_port = server
+        .server()
+        .tls_addr()
+        .expect("a server with a TLS listener")
+        .port();
+    [
+        ("E2B_API_KEY", server.api_key.clone()),
+        ("E2B_API_URL", server.url()),
+        ("E2B_DOMAIN", format!("{TEST_DOMAIN}:{tls_port}")),
+        ("SSL_CERT_FILE", ca.display().to_string()),
+        ("SPACE_E2B_TEMPLATE", crate::TEST_TEMPLATE.to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 /// The repository's root.

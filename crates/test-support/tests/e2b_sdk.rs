@@ -18,11 +18,25 @@ async fn run_suite(program: &std::path::Path, args: &[&str]) {
     let db = &server.server().state().db;
     let other = db.create_tenant("e2b-other").await.expect("second tenant");
     let other_key = db.create_api_key(&other.id).await.expect("second key");
+    let env = e2b::sdk_env(&server, &other_key.plaintext.0);
+    run_against(server, env, program, args).await;
+}
+
+/// Runs `program args…` in the repository root with `env`, then stops `server`; fails with
+/// the program's output unless it exits 0.
+async fn run_against(
+    server: test_support::TestServer,
+    env: Vec<(String, String)>,
+    program: &std::path::Path,
+    args: &[&str],
+) {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .current_dir(e2b::repo_root())
-        .envs(e2b::sdk_env(&server, &other_key.plaintext.0))
+        // Only what `env` says: the host-mode suite must not inherit a sandbox URL.
         .env_remove("E2B_DEBUG")
+        .env_remove("E2B_SANDBOX_URL")
+        .envs(env)
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let out = tokio::time::timeout(SUITE_TIMEOUT, cmd.output())
@@ -65,6 +79,33 @@ async fn python_sdk_suite() {
             "-m",
             "pytest",
             "tests/e2b/py",
+            "-q",
+            "-rf",
+            "-p",
+            "no:cacheprovider",
+        ],
+    )
+    .await;
+}
+
+/// The SDK without `E2B_SANDBOX_URL`: envd and ports by host name over HTTPS, on the TLS
+/// listener, with a CA of the test's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_host_mode() {
+    let python = e2b::python();
+    require_installed(&python);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = e2b::test_certificates(dir.path());
+    let server = e2b::start_tls_server(&certs).await;
+    let env = e2b::host_mode_env(&server, &certs.ca);
+    run_against(
+        server,
+        env,
+        &python,
+        &[
+            "-m",
+            "pytest",
+            "tests/e2b/host_mode",
             "-q",
             "-rf",
             "-p",

@@ -4,6 +4,7 @@
 //! - [`db`]: desired state, tenants and API keys (SQLite or PostgreSQL).
 //! - [`reconciler`]: converges the node's live state to the desired state (TTL, orphans).
 //! - [`server`]: runs it all ([`serve`], or [`Server`] for tests and the CLI).
+//! - [`tls`]: the optional TLS listener beside the plaintext one.
 //!
 //! Architecture invariants: the database holds desired state and the node live state; every
 //! `/v1` request is authenticated and sees only its tenant's sandboxes; API keys are stored
@@ -16,6 +17,7 @@ pub mod db;
 pub mod keys;
 pub mod reconciler;
 pub mod server;
+pub mod tls;
 
 pub use api::{build_app, AppState};
 pub use server::{serve, ApiSurface, Server, ServerConfig, SurfaceContext};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::serve::Listener as _;
 use axum::Router;
 use space_node::{Node, NodeConfig};
 use tokio::net::TcpListener;
@@ -17,6 +18,7 @@ use crate::api::{build_app, AppState, DEFAULT_MAX_UPLOAD_BYTES};
 use crate::bootstrap::{api_key_path, bootstrap};
 use crate::db::{default_sqlite_url, redact_url, Db};
 use crate::reconciler::Reconciler;
+use crate::tls::{TlsListen, TlsListener};
 
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -42,6 +44,8 @@ pub struct SurfaceContext<'a> {
     pub data_dir: &'a Path,
     /// The address the server listens on.
     pub addr: SocketAddr,
+    /// The address of its TLS listener, if it has one (see [`ServerConfig::tls`]).
+    pub tls_addr: Option<SocketAddr>,
 }
 
 /// How to run the server.
@@ -62,6 +66,8 @@ pub struct ServerConfig {
     pub run_reconciler: bool,
     /// Another API on the same listener (see [`ApiSurface`]); `None`: only SPACE's own.
     pub surface: Option<Arc<dyn ApiSurface>>,
+    /// A second listener serving the same application over TLS; `None`: plaintext only.
+    pub tls: Option<TlsListen>,
 }
 
 impl ServerConfig {
@@ -78,6 +84,7 @@ impl ServerConfig {
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             run_reconciler: true,
             surface: None,
+            tls: None,
         }
     }
 
@@ -92,11 +99,13 @@ impl ServerConfig {
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     first_api_key: Option<String>,
     api_key_file: PathBuf,
     state: AppState,
     stop: watch::Sender<bool>,
     http: JoinHandle<std::io::Result<()>>,
+    https: Option<JoinHandle<std::io::Result<()>>>,
     reconciler: Option<JoinHandle<()>>,
 }
 
@@ -129,6 +138,17 @@ impl Server {
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let addr = listener.local_addr()?;
+        let tls = match &config.tls {
+            Some(tls) => {
+                let rustls = crate::tls::server_config(tls)?;
+                let tcp = TcpListener::bind(tls.listen)
+                    .await
+                    .with_context(|| format!("listening on {} (TLS)", tls.listen))?;
+                Some(TlsListener::new(tcp, rustls)?)
+            }
+            None => None,
+        };
+        let tls_addr = tls.as_ref().map(|l| l.local_addr()).transpose()?;
         let mut app = build_app(state.clone());
         if let Some(surface) = &config.surface {
             app = surface
@@ -137,6 +157,7 @@ impl Server {
                     native: app,
                     data_dir,
                     addr,
+                    tls_addr,
                 })
                 .with_context(|| format!("setting up {surface:?}"))?;
         }
@@ -146,15 +167,18 @@ impl Server {
         } else {
             None
         };
+        let https = tls.map(|l| spawn_http(l, app.clone(), stop_rx.clone()));
         let http = spawn_http(listener, app, stop_rx);
-        tracing::info!(%addr, "SPACE control plane listening");
+        tracing::info!(%addr, ?tls_addr, "SPACE control plane listening");
         Ok(Server {
             addr,
+            tls_addr,
             first_api_key,
             api_key_file: api_key_path(data_dir),
             state,
             stop,
             http,
+            https,
             reconciler,
         })
     }
@@ -167,6 +191,11 @@ impl Server {
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The address of the TLS listener, if there is one.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The API key created on this start (first start with an empty database only).
@@ -188,15 +217,10 @@ impl Server {
     /// node's background tasks. VMs keep running.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        let mut http = self.http;
-        match tokio::time::timeout(SHUTDOWN_GRACE, &mut http).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Err(_) => {
-                tracing::info!("open requests did not finish in time; closing them");
-                http.abort();
-            }
+        // Both listeners drain at once, within one grace period.
+        let grace = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        for http in std::iter::once(self.http).chain(self.https) {
+            finish_http(http, grace).await;
         }
         if let Some(r) = self.reconciler {
             let _ = r.await;
@@ -214,12 +238,29 @@ impl Server {
     }
 }
 
+/// Waits until `deadline` for a server task to end after its stop, then cuts it.
+async fn finish_http(mut http: JoinHandle<std::io::Result<()>>, deadline: tokio::time::Instant) {
+    match tokio::time::timeout_at(deadline, &mut http).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+        Err(_) => {
+            tracing::info!("open requests did not finish in time; closing them");
+            http.abort();
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `stop` turns true.
-pub fn spawn_http(
-    listener: TcpListener,
+pub fn spawn_http<L>(
+    listener: L,
     app: Router,
     mut stop: watch::Receiver<bool>,
-) -> JoinHandle<std::io::Result<()>> {
+) -> JoinHandle<std::io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {

@@ -87,7 +87,10 @@ impl ApiSurface for E2bApi {
     fn wrap(&self, ctx: SurfaceContext<'_>) -> anyhow::Result<Router> {
         let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
         let config = E2bConfig {
-            domain: self.config.advertised_domain(ctx.addr.port()),
+            // Host-mode clients reach `{port}-{id}.{domain}` over HTTPS: the TLS port.
+            domain: self
+                .config
+                .advertised_domain(ctx.tls_addr.unwrap_or(ctx.addr).port()),
             ..self.config.clone()
         };
         let st = E2bState::new(ctx.state, config, TokenKey::new(*key));

@@ -56,6 +56,17 @@ pub struct ServerArgs {
     /// Do not serve the E2B-compatible API (only SPACE's own `/v1`).
     #[arg(long)]
     no_e2b: bool,
+    /// Also serve everything over TLS on this address (with --tls-cert and --tls-key). The
+    /// E2B SDKs reach sandboxes at https://{port}-{sandbox id}.DOMAIN when E2B_SANDBOX_URL
+    /// is not set: give a certificate for *.DOMAIN (--e2b-domain).
+    #[arg(long, value_name = "ADDR", requires_all = ["tls_cert", "tls_key"])]
+    tls_listen: Option<SocketAddr>,
+    /// PEM certificate chain of the TLS listener, leaf first.
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of the TLS listener.
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 /// Runs the server.
@@ -64,6 +75,9 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     cfg.listen = a.listen;
     cfg.database_url = a.database_url;
     cfg.max_upload_bytes = a.max_upload_bytes;
+    if let (Some(listen), Some(cert), Some(key)) = (a.tls_listen, a.tls_cert, a.tls_key) {
+        cfg.tls = Some(space_control::tls::TlsListen { listen, cert, key });
+    }
     cfg.node.accel = a.accel;
     if let Some(n) = a.pool_size {
         cfg.node.pool_size = n;
@@ -94,6 +108,9 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     let server = Server::start(cfg).await?;
     let url = server.url();
     println!("SPACE listening on {url}");
+    if let Some(tls) = server.tls_addr() {
+        println!("  and on https://{tls}");
+    }
     let key_file = server.api_key_file().display().to_string();
     match server.first_api_key() {
         Some(key) => {
@@ -125,10 +142,11 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         println!("E2B SDKs (docs/e2b-compat.md):");
         println!("  export E2B_API_KEY=$(cat {key_file})");
         println!("  export E2B_API_URL={url} E2B_SANDBOX_URL={url}");
-        println!(
-            "  export E2B_DOMAIN={}",
-            config.advertised_domain(server.addr().port())
-        );
+        let port = server.tls_addr().unwrap_or(server.addr()).port();
+        println!("  export E2B_DOMAIN={}", config.advertised_domain(port));
+        if server.tls_addr().is_some() {
+            println!("  (or, where *.{} resolves to this server, leave E2B_SANDBOX_URL unset: the SDKs then use https://{{port}}-{{id}}.{})", config.host_domain(), config.advertised_domain(port));
+        }
     }
     println!();
     server.run_until_signal().await?;
