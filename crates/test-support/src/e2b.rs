@@ -53,7 +53,9 @@ pub fn test_certificates(dir: &Path) -> TestCertificates {
     let key = KeyPair::generate().expect("server key");
     let params = CertificateParams::new(vec![format!("*.{TEST_DOMAIN}"), TEST_DOMAIN.to_owned()])
         .expect("server params");
-    let leaf = params.signed_by(&key, &ca, &ca_key).expect("server certificate");
+    let leaf = params
+        .signed_by(&key, &ca, &ca_key)
+        .expect("server certificate");
     let write = |name: &str, text: String| {
         let path = dir.join(name);
         std::fs::write(&path, text).expect("write a PEM file");
@@ -84,7 +86,7 @@ pub async fn start_tls_server(certs: &TestCertificates) -> TestServer {
     .await
 }
 
-/// The environment of the host-mode suite (`tests/e2b/host_mode`): the SDKs' own without
+/// The environment of the host-mode suites (`tests/e2b/host_mode`, `tests/e2b/js/host_mode`): the SDKs' own without
 /// `E2B_SANDBOX_URL`, so they reach envd at `https://49983-{id}.{domain}` on the TLS
 /// listener, and trust `ca` for it.
 pub fn host_mode_env(server: &TestServer, ca: &Path) -> Vec<(String, String)> {
@@ -97,7 +99,9 @@ pub fn host_mode_env(server: &TestServer, ca: &Path) -> Vec<(String, String)> {
         ("E2B_API_KEY", server.api_key.clone()),
         ("E2B_API_URL", server.url()),
         ("E2B_DOMAIN", format!("{TEST_DOMAIN}:{tls_port}")),
+        // The CA: the Python SDK's transport (rustls-native-certs) and node read these.
         ("SSL_CERT_FILE", ca.display().to_string()),
+        ("NODE_EXTRA_CA_CERTS", ca.display().to_string()),
         ("SPACE_E2B_TEMPLATE", crate::TEST_TEMPLATE.to_owned()),
     ]
     .into_iter()

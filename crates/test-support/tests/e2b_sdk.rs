@@ -115,6 +115,27 @@ async fn python_sdk_host_mode() {
     .await;
 }
 
+/// The JS SDK in host mode, as [`python_sdk_host_mode`].
+#[tokio::test(flavor = "multi_thread")]
+async fn js_sdk_host_mode() {
+    require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = e2b::test_certificates(dir.path());
+    let server = e2b::start_tls_server(&certs).await;
+    let env = e2b::host_mode_env(&server, &certs.ca);
+    run_against(
+        server,
+        env,
+        std::path::Path::new("node"),
+        &[
+            "--test",
+            "--test-timeout=300000",
+            "tests/e2b/js/host_mode/host_mode.mjs",
+        ],
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn js_sdk_suite() {
     require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));

@@ -68,13 +68,17 @@ async fn two_expiring(
 /// follows the pause or stop: the reconciler records it once the action has worked, so a
 /// read in between sees the state without it.)
 async fn timed_out(ts: &TestServer, id: &SandboxId, state: SandboxState) -> SandboxInfo {
-    wait_until(ACT_WITHIN, &format!("{id} to be {state} and timed out"), || async {
-        ts.client
-            .sandbox(id)
-            .await
-            .ok()
-            .filter(|s| s.state == state && s.timed_out_at_ms.is_some())
-    })
+    wait_until(
+        ACT_WITHIN,
+        &format!("{id} to be {state} and timed out"),
+        || async {
+            ts.client
+                .sandbox(id)
+                .await
+                .ok()
+                .filter(|s| s.state == state && s.timed_out_at_ms.is_some())
+        },
+    )
     .await
 }
 

@@ -6,8 +6,11 @@ The harness (`python_sdk_host_mode` in crates/test-support/tests/e2b_sdk.rs) sta
 with a TLS listener presenting a `*.space.test` certificate of a CA of its own, and passes:
 E2B_API_KEY, E2B_API_URL (plaintext), E2B_DOMAIN (`space.test:{TLS port}`), SSL_CERT_FILE (the
 CA, which the SDK's rustls-based transport reads) and SPACE_E2B_TEMPLATE. Nothing resolves
-`*.space.test`, so each test adds `/etc/hosts` lines for its sandbox's names (the suite runs
-as root) and removes them when it ends, whatever its outcome.
+`*.space.test`, so the module adds `/etc/hosts` lines for its sandbox's names (the suite
+runs as root) and removes them when it ends, whatever its outcome. The SDK's transport
+(pyqwest) resolves with hickory, which reads `/etc/hosts` once, when the SDK first builds
+it: the module's one sandbox is created with a plain REST call and its names are in the
+file before the SDK is used at all.
 """
 
 import os
@@ -48,17 +51,19 @@ def resolvable(names):
             f.writelines(kept)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sandbox():
     assert "E2B_SANDBOX_URL" not in os.environ, "host mode runs without E2B_SANDBOX_URL"
-    sbx = Sandbox.create(template=env("SPACE_E2B_TEMPLATE"), timeout=600)
-    host = sbx.sandbox_domain.split(":")[0]
-    names = [f"{port}-{sbx.sandbox_id}.{host}" for port in (ENVD_PORT, 8000)]
+    r = httpx.post(f"{env('E2B_API_URL')}/sandboxes", headers={"X-API-Key": env("E2B_API_KEY")},
+                   json={"templateID": env("SPACE_E2B_TEMPLATE"), "timeout": 600}, timeout=120)
+    assert r.status_code == 201, r.text
+    sandbox_id, domain = r.json()["sandboxID"], r.json()["domain"]
+    names = [f"{port}-{sandbox_id}.{domain.split(':')[0]}" for port in (ENVD_PORT, 8000)]
     try:
         with resolvable(names):
-            yield sbx
+            yield Sandbox.connect(sandbox_id)
     finally:
-        sbx.kill()
+        Sandbox.kill(sandbox_id)
 
 
 @pytest.fixture
