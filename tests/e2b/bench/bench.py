@@ -2,12 +2,13 @@
 `/v1` API, from one Python process, on the same server and sandbox (docs/e2b-compat.md,
 section 6, "Benchmarks"). Run by scripts/bench-e2b, which starts the server.
 
-Figures (N runs each, interleaved so every path sees the same server state, in reversed
-order every other round so no path always follows another; p50/p90 ms):
+Figures (N runs each, interleaved so every path sees the same server state, in a shuffled
+order each round so no path always follows another; p50/p90 ms):
 - create: `Sandbox.create()` vs `POST /v1/sandboxes`, each from a full warm pool (an
   untimed wait for the pool to refill comes first, an untimed kill after), so every create
   claims a pool member: what a client of a provisioned server sees;
-- run: `commands.run("true")` vs `POST /v1/sandboxes/{id}/exec` read to the end, with
+- run (`--exec-runs`, more runs: a round trip is short and its tail under TCG is noisy):
+  `commands.run("true")` vs `POST /v1/sandboxes/{id}/exec` read to the end, with
   argv `["true"]` and with the SDK's own `["/bin/bash", "-l", "-c", "true"]` (same guest work);
 - write and read of 10 MiB: `files.write` (multipart, and octet-stream) and `files.read`
   vs `PUT` / `GET /v1/sandboxes/{id}/files?path=`.
@@ -21,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import struct
 import sys
@@ -200,6 +202,8 @@ def main() -> int:
     ap.add_argument("--template", default="busybox")
     ap.add_argument("--domain", help="E2B_DOMAIN (default: space.test:<port of --url>)")
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--exec-runs", type=int, default=150, help="runs of the round-trip figures")
+    ap.add_argument("--seed", type=int, default=1, help="of the order the paths take in each round")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args()
@@ -229,20 +233,24 @@ def main() -> int:
         if record:
             timings.setdefault(name, []).append(ms)
 
+    order = random.Random(a.seed)
+
     def rounds(variants: List[Tuple[str, Callable[[], object]]],
                before: Optional[Callable[[], None]] = None,
-               after: Optional[Callable[[], None]] = None):
+               after: Optional[Callable[[], None]] = None,
+               runs: Optional[int] = None):
         for name, _ in variants:
             timings.setdefault(name, [])  # the report lists figures in this order
-        for i in range(a.warmup + a.runs):
-            for name, fn in (variants if i % 2 == 0 else variants[::-1]):
+        for i in range(a.warmup + (runs or a.runs)):
+            for name, fn in order.sample(variants, len(variants)):
                 if before:
                     before()
                 timed(name, fn, record=i >= a.warmup)
                 if after:
                     after()
 
-    print(f"# {a.runs} runs per figure (+{a.warmup} warm-up), template {a.template}, server {url}", file=sys.stderr)
+    print(f"# {a.runs} runs per figure, {a.exec_runs} of the round trips (+{a.warmup} warm-up), "
+          f"template {a.template}, server {url}", file=sys.stderr)
 
     # --- create ---
     made: List[str] = []
@@ -301,7 +309,7 @@ def main() -> int:
             ("run true e2b replay", lambda: stream_ok(replay_run())),
             ("run true native argv true", lambda: native.exec(sbx.sandbox_id, ["true"])),
             ("run true native bash -l -c true", lambda: native.exec(sbx.sandbox_id, ["/bin/bash", "-l", "-c", "true"])),
-        ])
+        ], runs=a.exec_runs)
 
         def sdk_read():
             assert len(sbx.files.read(path, format="bytes")) == TEN_MIB
