@@ -22,6 +22,16 @@ async fn run_suite(program: &std::path::Path, args: &[&str]) {
     run_against(server, env, program, args).await;
 }
 
+/// Runs `program args…` against a fresh E2B server with a TLS listener (a CA and a
+/// `*.space.test` certificate of the test's own), in the host-mode environment.
+async fn run_host_mode(program: &std::path::Path, args: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = e2b::test_certificates(dir.path());
+    let server = e2b::start_tls_server(&certs).await;
+    let env = e2b::host_mode_env(&server, &certs.ca);
+    run_against(server, env, program, args).await;
+}
+
 /// Runs `program args…` in the repository root with `env`, then stops `server`; fails with
 /// the program's output unless it exits 0.
 async fn run_against(
@@ -94,13 +104,7 @@ async fn python_sdk_suite() {
 async fn python_sdk_host_mode() {
     let python = e2b::python();
     require_installed(&python);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let certs = e2b::test_certificates(dir.path());
-    let server = e2b::start_tls_server(&certs).await;
-    let env = e2b::host_mode_env(&server, &certs.ca);
-    run_against(
-        server,
-        env,
+    run_host_mode(
         &python,
         &[
             "-m",
@@ -119,13 +123,7 @@ async fn python_sdk_host_mode() {
 #[tokio::test(flavor = "multi_thread")]
 async fn js_sdk_host_mode() {
     require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let certs = e2b::test_certificates(dir.path());
-    let server = e2b::start_tls_server(&certs).await;
-    let env = e2b::host_mode_env(&server, &certs.ca);
-    run_against(
-        server,
-        env,
+    run_host_mode(
         std::path::Path::new("node"),
         &[
             "--test",
