@@ -29,6 +29,7 @@ pub use errors::sandbox_not_found_response;
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
 use access::Proof;
+use space_core::error::excerpt;
 
 /// `bytes` fields: standard base64 with padding in JSON (proto3 JSON also accepts the
 /// URL-safe alphabet and missing padding on input).
@@ -113,10 +114,7 @@ pub fn router(st: E2bState) -> Router {
 async fn not_found(req: Request) -> Response {
     errors::http_error(
         404,
-        format!(
-            "no envd route {}",
-            req.uri().path().chars().take(128).collect::<String>()
-        ),
+        format!("no envd route {}", excerpt(req.uri().path(), 128)),
     )
 }
 
@@ -144,8 +142,8 @@ async fn rpc(
             Code::Unimplemented,
             format!(
                 "{}/{} is not implemented",
-                service.chars().take(64).collect::<String>(),
-                method.chars().take(64).collect::<String>()
+                excerpt(&service, 64),
+                excerpt(&method, 64)
             ),
         )
         .into_response();

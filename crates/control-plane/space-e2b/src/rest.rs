@@ -30,6 +30,7 @@ use space_core::sandbox::{PausedBy, SandboxInfo, TimeoutAction};
 use space_core::{ErrorCode, SandboxState};
 
 use crate::timestamp::rfc3339;
+use space_core::error::excerpt;
 
 /// The envd version SPACE reports: the highest the pinned SDKs gate features on (default
 /// user, `CloseStdin`, octet-stream uploads, file metadata, watch entries).
@@ -319,7 +320,7 @@ async fn not_found(req: Request) -> error::RestError {
     error::RestError::not_found(format!(
         "no route for {} {} (SPACE serves the E2B sandbox API; templates, builds, volumes and secrets are managed with SPACE's own API)",
         req.method(),
-        req.uri().path().chars().take(128).collect::<String>()
+        excerpt(req.uri().path(), 128)
     ))
 }
 
@@ -329,7 +330,7 @@ async fn method_not_allowed(req: Request) -> error::RestError {
         format!(
             "method {} is not allowed on {}",
             req.method(),
-            req.uri().path().chars().take(128).collect::<String>()
+            excerpt(req.uri().path(), 128)
         ),
     )
 }

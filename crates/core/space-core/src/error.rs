@@ -7,6 +7,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// At most `max_chars` characters of `text`, for quoting input in an error message: what a
+/// client or a guest sent is echoed bounded, never whole.
+pub fn excerpt(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}
+
 /// What went wrong, as a stable string a program can match on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use crate::error::excerpt;
 use crate::files::{validate_path, PathError};
 
 /// Identifies a process within one sandbox. Assigned by the daemon, never reused while the
@@ -212,7 +213,7 @@ pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     }
     for (k, v) in env {
         if !valid_env_key(k) || v.len() > MAX_ENV_VALUE || v.contains('\0') {
-            return Err(k.chars().take(64).collect());
+            return Err(excerpt(k, 64));
         }
     }
     Ok(())

@@ -22,6 +22,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery};
 use super::sandboxes::parse_project;
 use super::AppState;
+use space_core::error::excerpt;
 
 /// Whom a credential is for, within the caller's tenant.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
@@ -145,10 +146,7 @@ impl<S: Send + Sync> FromRequestParts<S> for CredentialPath {
             .await
             .map_err(|e| ApiError::invalid(e.body_text()))?;
         id.parse::<CredentialId>().map(CredentialPath).map_err(|_| {
-            ApiError::invalid(format!(
-                "malformed credential id {:?}",
-                id.chars().take(64).collect::<String>()
-            ))
+            ApiError::invalid(format!("malformed credential id {:?}", excerpt(&id, 64)))
         })
     }
 }

@@ -17,6 +17,7 @@ use space_core::process::ProcessId;
 use space_core::{SandboxId, SnapshotId};
 
 use super::error::ApiError;
+use space_core::error::excerpt;
 
 /// Largest JSON request body.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
@@ -128,9 +129,9 @@ impl<S: Send + Sync> FromRequestParts<S> for ProcessPath {
             .map_err(|e| ApiError::invalid(e.body_text()))?;
         let id = sandbox_param(&params)?;
         let pid = param(&params, "pid")?;
-        let pid = pid
-            .parse::<ProcessId>()
-            .map_err(|_| ApiError::invalid(format!("malformed process id {:?}", truncate(pid))))?;
+        let pid = pid.parse::<ProcessId>().map_err(|_| {
+            ApiError::invalid(format!("malformed process id {:?}", excerpt(pid, 64)))
+        })?;
         Ok(ProcessPath(id, pid))
     }
 }
@@ -173,7 +174,7 @@ impl<S: Send + Sync> FromRequestParts<S> for SnapshotIdPath {
 /// Parses a snapshot id from a path or query: `400 invalid_request` if malformed.
 pub fn parse_snapshot_id(raw: &str) -> Result<SnapshotId, ApiError> {
     raw.parse::<SnapshotId>()
-        .map_err(|e| ApiError::invalid(format!("bad snapshot id {:?}: {e}", truncate(raw))))
+        .map_err(|e| ApiError::invalid(format!("bad snapshot id {:?}: {e}", excerpt(raw, 64))))
 }
 
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiError> {
@@ -187,10 +188,5 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiE
 fn sandbox_param(params: &[(String, String)]) -> Result<SandboxId, ApiError> {
     let raw = param(params, "id")?;
     raw.parse::<SandboxId>()
-        .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", truncate(raw))))
-}
-
-/// Echoing client input back in a message is useful; echoing megabytes is not.
-fn truncate(s: &str) -> String {
-    s.chars().take(64).collect()
+        .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", excerpt(raw, 64))))
 }

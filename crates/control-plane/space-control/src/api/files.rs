@@ -31,6 +31,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{content_length, ApiJson, ApiQuery, SandboxPath};
 use super::processes::ndjson_response;
 use super::AppState;
+use space_core::error::excerpt;
 
 /// Checks a path parameter: `invalid_path` if unacceptable.
 pub fn check_path(what: &str, path: &str) -> Result<(), ApiError> {
@@ -52,7 +53,7 @@ pub fn parse_mode(mode: &str) -> Result<u32, ApiError> {
     let bad = || {
         ApiError::invalid(format!(
             "mode must be octal permission bits like 0644, got {:?}",
-            mode.chars().take(16).collect::<String>()
+            excerpt(mode, 16)
         ))
     };
     let digits = mode.strip_prefix("0o").unwrap_or(mode);

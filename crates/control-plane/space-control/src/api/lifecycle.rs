@@ -24,7 +24,7 @@ use space_core::sandbox::{
     validate_labels, EventList, ForkRequest, PoolShape, PoolStatusList, RollbackRequest,
     SandboxInfo, SandboxList, MAX_FORK_COUNT,
 };
-use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState};
+use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState, TenantId};
 use space_node::{Node, NodeError, PauseCause, SandboxRecord, StopCause};
 use tokio::sync::broadcast;
 use utoipa::IntoParams;
@@ -382,6 +382,27 @@ pub struct EventsQuery {
     pub follow: Option<bool>,
 }
 
+/// The lifecycle log of a sandbox the tenant may see, as `GET …/events` without `follow`
+/// returns it (other APIs' log endpoints read it here).
+pub async fn event_log(
+    st: &AppState,
+    tenant: &TenantId,
+    id: &SandboxId,
+) -> ApiResult<Vec<LifecycleEntry>> {
+    st.find_sandbox(tenant, id).await?;
+    past_events(st, id)
+}
+
+/// What the node's log holds for `id`. Deleted sandboxes keep their log for auditing (while
+/// the node keeps their record); one the node has no record of has an empty log.
+fn past_events(st: &AppState, id: &SandboxId) -> ApiResult<Vec<LifecycleEntry>> {
+    match st.node.events(id) {
+        Ok(events) => Ok(events),
+        Err(NodeError::SandboxNotFound(_)) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The sandbox's lifecycle transitions with their times (and details such as what a crash
 /// restore lost), oldest first. With `follow=true`, an NDJSON stream of `LifecycleEntry`.
 #[utoipa::path(
@@ -406,15 +427,10 @@ pub async fn events(
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult<Response> {
-    // Deleted sandboxes keep their log for auditing (while the node keeps their record).
     st.find_sandbox(&tenant.id, &id).await?;
     // Subscribe before reading the log: nothing falls between the two.
     let rx = st.node.subscribe_events();
-    let past = match st.node.events(&id) {
-        Ok(events) => events,
-        Err(NodeError::SandboxNotFound(_)) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
+    let past = past_events(&st, &id)?;
     if !q.follow.unwrap_or(false) {
         return Ok(Json(EventList { events: past }).into_response());
     }

@@ -35,6 +35,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery, SandboxPath};
 use super::{AppState, InFlightGuard};
 use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+use space_core::error::excerpt;
 
 /// Timeout when a create request gives none.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
@@ -171,7 +172,7 @@ pub fn parse_project(project: Option<&str>) -> Result<Option<ProjectId>, ApiErro
             p.parse::<ProjectId>().map_err(|_| {
                 ApiError::invalid(format!(
                     "project {:?} must be [a-z0-9][a-z0-9_-]*, at most {} bytes",
-                    p.chars().take(80).collect::<String>(),
+                    excerpt(p, 80),
                     space_secrets::model::MAX_PROJECT_ID_LEN
                 ))
             })
@@ -190,10 +191,7 @@ pub fn validate_timeout(secs: u64) -> Result<(), ApiError> {
 }
 
 fn template_not_found(name: &str) -> ApiError {
-    ApiError::not_found(format!(
-        "template '{}' not found",
-        name.chars().take(64).collect::<String>()
-    ))
+    ApiError::not_found(format!("template '{}' not found", excerpt(name, 64)))
 }
 
 /// Create a sandbox, from a template or from one of the caller's snapshots; returns once
@@ -535,16 +533,13 @@ pub fn parse_list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             }
             "state" => {
                 out.state = Some(SandboxState::parse(&v).ok_or_else(|| {
-                    ApiError::invalid(format!(
-                        "unknown state {:?}",
-                        v.chars().take(32).collect::<String>()
-                    ))
+                    ApiError::invalid(format!("unknown state {:?}", excerpt(&v, 32)))
                 })?);
             }
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter {:?}",
-                    other.chars().take(32).collect::<String>()
+                    excerpt(other, 32)
                 )))
             }
         }

@@ -30,6 +30,7 @@ use super::extract::{
 };
 use super::AppState;
 use crate::db::{SandboxFilter, SandboxRow};
+use space_core::error::excerpt;
 
 /// The sandbox's snapshots, oldest first, with their current sizes.
 #[utoipa::path(
@@ -279,12 +280,8 @@ pub async fn list_tenant_snapshots(
         .sandbox
         .as_deref()
         .map(|s| {
-            s.parse::<SandboxId>().map_err(|e| {
-                ApiError::invalid(format!(
-                    "bad sandbox id {:?}: {e}",
-                    s.chars().take(64).collect::<String>()
-                ))
-            })
+            s.parse::<SandboxId>()
+                .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", excerpt(s, 64))))
         })
         .transpose()?;
     let wanted = |info: &SnapshotInfo| {

@@ -28,6 +28,7 @@ use serde::Serialize;
 
 use super::envelope::{Envelope, EnvelopeDecoder, EnvelopeError, MAX_MESSAGE_BYTES};
 use super::error::{Code, ConnectError};
+use space_core::error::excerpt;
 
 /// Content type of unary JSON messages.
 pub const UNARY_JSON: &str = "application/json";
@@ -65,7 +66,7 @@ fn check_encoding(headers: &HeaderMap, header: &str) -> Result<(), ConnectError>
             Code::Unimplemented,
             format!(
                 "compression {:?} is not supported: send identity",
-                e.chars().take(32).collect::<String>()
+                excerpt(e, 32)
             ),
         )),
     }
@@ -166,7 +167,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Unary<T> {
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     format!(
                         "unsupported content type {:?}: send application/json",
-                        ct.chars().take(64).collect::<String>()
+                        excerpt(&ct, 64)
                     ),
                 )
                     .into_response(),
@@ -215,7 +216,7 @@ fn check_stream_request(headers: &HeaderMap) -> Result<(), ConnectError> {
             Code::InvalidArgument,
             format!(
                 "unsupported content type {:?}: send application/connect+json",
-                ct.chars().take(64).collect::<String>()
+                excerpt(&ct, 64)
             ),
         ));
     }

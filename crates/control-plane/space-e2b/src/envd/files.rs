@@ -37,6 +37,7 @@ use super::errors::{http_access_error, http_error, HttpError};
 use super::filesystem_service::normalize;
 use super::signature::{Operation, Presented};
 use crate::state::E2bState;
+use space_core::error::excerpt;
 
 /// Headers whose suffix names a metadata key of the written files (header names are
 /// lowercase in `http`).
@@ -292,7 +293,7 @@ fn decoded(
             415,
             format!(
                 "Content-Encoding {:?} is not supported: send gzip or identity",
-                other.chars().take(32).collect::<String>()
+                excerpt(other, 32)
             ),
         )),
     }

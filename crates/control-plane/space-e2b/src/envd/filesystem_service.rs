@@ -35,6 +35,7 @@ use crate::connect::server::{
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
+use space_core::error::excerpt;
 
 /// `path` with `.` and `..` resolved lexically; a relative path that climbs above its
 /// start (the user's home, which only the guest knows) is refused.
@@ -104,7 +105,7 @@ pub async fn make_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Respon
             Ok(_) => {
                 return Err(ConnectError::new(
                     Code::AlreadyExists,
-                    format!("{} already exists", truncate(&path)),
+                    format!("{} already exists", excerpt(&path, 256)),
                 ))
             }
             Err(e) if e.code() == ErrorCode::NotFound => {}
@@ -123,10 +124,6 @@ pub async fn make_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Respon
         })
     })
     .await
-}
-
-fn truncate(s: &str) -> String {
-    s.chars().take(256).collect()
 }
 
 /// `filesystem.Filesystem/Move`: the entry at its new path.

@@ -36,6 +36,7 @@ use crate::connect::server::{
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
+use space_core::error::excerpt;
 
 /// An empty message (the response of most unary calls).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -240,10 +241,9 @@ async fn find(
                 Code::NotFound,
                 match selector {
                     ProcessSelector::Pid(pid) => format!("process with pid {pid} not found"),
-                    ProcessSelector::Tag(tag) => format!(
-                        "process with tag {:?} not found",
-                        tag.chars().take(64).collect::<String>()
-                    ),
+                    ProcessSelector::Tag(tag) => {
+                        format!("process with tag {:?} not found", excerpt(tag, 64))
+                    }
                 },
             )
         })

@@ -21,6 +21,7 @@ use space_node::GuestError;
 use super::filesystem::{EventType, FilesystemEvent};
 use super::filesystem_service::entry;
 use crate::connect::{Code, ConnectError};
+use space_core::error::excerpt;
 
 /// Most polled watchers one sandbox may have.
 pub const MAX_WATCHERS_PER_SANDBOX: usize = 16;
@@ -180,10 +181,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn not_found(id: &str) -> ConnectError {
     ConnectError::new(
         Code::NotFound,
-        format!(
-            "watcher {} not found",
-            id.chars().take(64).collect::<String>()
-        ),
+        format!("watcher {} not found", excerpt(id, 64)),
     )
 }
 

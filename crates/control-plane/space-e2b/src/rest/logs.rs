@@ -10,7 +10,6 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 use space_control::api::auth::AuthTenant;
-use space_control::api::extract::{ApiQuery, SandboxPath};
 use space_control::api::lifecycle;
 use space_core::LifecycleEntry;
 
@@ -157,19 +156,7 @@ async fn lifecycle_log(
     raw: &str,
 ) -> RestResult<Vec<LifecycleEntry>> {
     let id = sandbox_id(raw)?;
-    let response = lifecycle::events(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(id),
-        ApiQuery(lifecycle::EventsQuery { follow: None }),
-    )
-    .await?;
-    let body = axum::body::to_bytes(response.into_body(), 16 << 20)
-        .await
-        .map_err(|e| RestError::new(500, format!("reading the event log: {e}")))?;
-    let list: space_core::sandbox::EventList = serde_json::from_slice(&body)
-        .map_err(|e| RestError::new(500, format!("reading the event log: {e}")))?;
-    Ok(list.events)
+    Ok(lifecycle::event_log(&st.app, &tenant.id, &id).await?)
 }
 
 /// `GET /v2/sandboxes/{id}/logs`.

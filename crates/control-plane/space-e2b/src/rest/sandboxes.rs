@@ -26,6 +26,7 @@ use super::{
     E2bState as WireState, JsonOrEmpty, NewSandbox, Sandbox, SandboxDetail, DEFAULT_TIMEOUT_SECS,
 };
 use crate::state::E2bState;
+use space_core::error::excerpt;
 
 /// Fields of a create request SPACE does not offer: refused, never silently dropped.
 const UNSUPPORTED_CREATE_FIELDS: &[&str] = &["mcp", "iam", "volumeMounts"];
@@ -33,11 +34,7 @@ const UNSUPPORTED_CREATE_FIELDS: &[&str] = &["mcp", "iam", "volumeMounts"];
 /// The `{sandboxID}` of a path, parsed: a malformed id is simply not found, as on E2B.
 pub fn sandbox_id(raw: &str) -> RestResult<SandboxId> {
     raw.parse()
-        .map_err(|_| RestError::not_found(format!("sandbox {} not found", truncate(raw))))
-}
-
-fn truncate(s: &str) -> String {
-    s.chars().take(64).collect()
+        .map_err(|_| RestError::not_found(format!("sandbox {} not found", excerpt(raw, 64))))
 }
 
 /// The E2B view of a sandbox SPACE just made or woke.

@@ -21,6 +21,7 @@ use super::list::{DEFAULT_LIMIT, MAX_LIMIT};
 use super::sandboxes::sandbox_id;
 use super::JsonOrEmpty;
 use crate::state::E2bState;
+use space_core::error::excerpt;
 
 /// Body of `POST /sandboxes/{id}/snapshots`.
 #[derive(Debug, Default, Deserialize)]
@@ -112,7 +113,7 @@ pub async fn list(
             other => {
                 return Err(RestError::bad_request(format!(
                     "{}: not supported",
-                    other.chars().take(32).collect::<String>()
+                    excerpt(other, 32)
                 )))
             }
         }
@@ -166,7 +167,7 @@ pub async fn delete(
     let Ok(snap_id) = raw.parse::<SnapshotId>() else {
         return Err(RestError::not_found(format!(
             "snapshot {} not found (SPACE's templates are managed with `space template`)",
-            raw.chars().take(64).collect::<String>()
+            excerpt(&raw, 64)
         )));
     };
     snapshots::delete_tenant_snapshot(State(st.app.clone()), tenant, SnapshotIdPath(snap_id))
