@@ -200,14 +200,77 @@ where
         Ok(Unary(m)) => m,
         Err(rejection) => return rejection.into_response(),
     };
-    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
+    let guest = match guest(st, &caller).await {
         Ok(g) => g,
-        Err(e) => return errors::unreachable(e).into_response(),
+        Err(e) => return e.into_response(),
     };
     match f(guest, caller.user, message).await {
         Ok(r) => UnaryResponse(r).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// The guest of the caller's sandbox (waking it if idleness paused it).
+pub(crate) async fn guest(
+    st: &E2bState,
+    caller: &access::EnvdCaller,
+) -> Result<space_node::GuestClient, ConnectError> {
+    st.app
+        .guest(&caller.tenant, &caller.id)
+        .await
+        .map_err(errors::unreachable)
+}
+
+/// What a server-streaming RPC starts from: its one request message, its headers (for the
+/// keepalive interval), its deadline and the caller.
+pub(crate) struct StreamCall<'a, T> {
+    st: &'a E2bState,
+    pub caller: access::EnvdCaller,
+    pub message: T,
+    pub headers: axum::http::HeaderMap,
+    pub deadline: Option<std::time::Duration>,
+}
+
+impl<T> StreamCall<'_, T> {
+    /// The caller's guest ([`guest`]); asked for only once the request is known to be good.
+    pub async fn guest(&self) -> Result<space_node::GuestClient, ConnectError> {
+        guest(self.st, &self.caller).await
+    }
+}
+
+/// Runs a server-streaming RPC: decodes its `T` (a rejection is answered as such) and reads
+/// its deadline, then `f` opens the stream. Whatever fails before the stream opens is the
+/// stream's error.
+pub(crate) async fn server_stream<'a, T, F, Fut>(
+    st: &'a E2bState,
+    caller: access::EnvdCaller,
+    req: Request,
+    f: F,
+) -> Response
+where
+    T: serde::de::DeserializeOwned,
+    F: FnOnce(StreamCall<'a, T>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ConnectError>>,
+{
+    use crate::connect::server::{stream_error, StreamRequest};
+    use axum::extract::FromRequest as _;
+    let StreamRequest { message, headers } = match StreamRequest::<T>::from_request(req, &()).await
+    {
+        Ok(r) => r,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let run = async {
+        let deadline = crate::connect::server::deadline(&headers)?;
+        f(StreamCall {
+            st,
+            caller,
+            message,
+            headers,
+            deadline,
+        })
+        .await
+    };
+    run.await.unwrap_or_else(stream_error)
 }
 
 async fn files_route(State(st): State<E2bState>, req: Request) -> Response {

@@ -11,8 +11,8 @@
 //! lexically first, so `/home/user/a/../b` works as on E2B (the guest still checks every
 //! access as the acting user).
 
-use axum::extract::{FromRequest, Request};
-use axum::response::{IntoResponse, Response};
+use axum::extract::Request;
+use axum::response::Response;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use space_control::api::error::ApiError;
@@ -22,17 +22,15 @@ use space_core::ErrorCode;
 use space_node::{GuestClient, GuestError};
 
 use super::access::EnvdCaller;
-use super::errors::{connect_error, unreachable};
+use super::errors::connect_error;
 use super::filesystem::{
     CreateWatcherResponse, EntryInfo, EntryResponse, GetWatcherEventsResponse, ListDirRequest,
     ListDirResponse, MoveRequest, PathRequest, WatchDirRequest, WatchDirResponse, WatcherRequest,
 };
 use super::process_service::Empty;
-use super::unary;
 use super::watchers::{as_envd_writes, filesystem_event};
-use crate::connect::server::{
-    deadline, keepalive, stream_error, stream_response, with_keepalive_and_deadline, StreamRequest,
-};
+use super::{server_stream, unary, StreamCall};
+use crate::connect::server::{keepalive, stream_response, with_keepalive_and_deadline};
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
 use space_core::error::excerpt;
@@ -216,42 +214,35 @@ fn keepalive_message() -> WatchDirResponse {
 
 /// `filesystem.Filesystem/WatchDir` (server stream): `start`, then the changes.
 pub async fn watch_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    let StreamRequest { message, headers } =
-        match StreamRequest::<WatchDirRequest>::from_request(req, &()).await {
-            Ok(r) => r,
-            Err(rejection) => return rejection.into_response(),
-        };
-    let run = async {
-        let deadline = deadline(&headers)?;
-        let guest = st
-            .app
-            .guest(&caller.tenant, &caller.id)
-            .await
-            .map_err(unreachable)?;
-        let events = open_watch(&guest, caller.user.clone(), &message).await?;
-        let include = message.include_entry;
-        let changes = as_envd_writes(events).filter_map(move |ev| async move {
-            match ev {
-                Ok(ev) => filesystem_event(ev, include)
-                    .map(|e| Ok(WatchDirResponse::Filesystem(Box::new(e)))),
-                Err(e) => Some(Err(ConnectError::new(
-                    Code::Unavailable,
-                    format!("the watch broke off: {}", ApiError::from(e).body.message),
-                ))),
-            }
-        });
-        let stream = futures::stream::once(async { Ok(WatchDirResponse::Start {}) }).chain(changes);
-        Ok::<_, ConnectError>(with_keepalive_and_deadline(
-            stream,
-            keepalive(&headers),
-            deadline,
-            keepalive_message,
-        ))
-    };
-    match run.await {
-        Ok(events) => stream_response(events),
-        Err(e) => stream_error(e),
-    }
+    server_stream(
+        st,
+        caller,
+        req,
+        |c: StreamCall<WatchDirRequest>| async move {
+            let guest = c.guest().await?;
+            let events = open_watch(&guest, c.caller.user.clone(), &c.message).await?;
+            let include = c.message.include_entry;
+            let changes = as_envd_writes(events).filter_map(move |ev| async move {
+                match ev {
+                    Ok(ev) => filesystem_event(ev, include)
+                        .map(|e| Ok(WatchDirResponse::Filesystem(Box::new(e)))),
+                    Err(e) => Some(Err(ConnectError::new(
+                        Code::Unavailable,
+                        format!("the watch broke off: {}", ApiError::from(e).body.message),
+                    ))),
+                }
+            });
+            let stream =
+                futures::stream::once(async { Ok(WatchDirResponse::Start {}) }).chain(changes);
+            Ok(stream_response(with_keepalive_and_deadline(
+                stream,
+                keepalive(&c.headers),
+                c.deadline,
+                keepalive_message,
+            )))
+        },
+    )
+    .await
 }
 
 /// `filesystem.Filesystem/CreateWatcher`.

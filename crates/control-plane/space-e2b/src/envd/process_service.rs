@@ -23,16 +23,15 @@ use space_core::process::{
 use space_node::{GuestClient, GuestError};
 
 use super::access::EnvdCaller;
-use super::errors::{connect_error, unreachable};
+use super::errors::connect_error;
 use super::process::{
     DataEvent, EndEvent, EventResponse, ListResponse, ProcessConfig, ProcessEvent, ProcessInfo,
     ProcessInput, ProcessRequest, ProcessSelector, SendInputRequest, SendSignalRequest,
     StartRequest, StreamInputRequest, UpdateRequest,
 };
-use super::unary;
+use super::{guest, server_stream, unary, StreamCall};
 use crate::connect::server::{
-    client_stream_response, deadline, keepalive, stream_error, stream_response,
-    with_keepalive_and_deadline, ClientStream, StreamRequest,
+    client_stream_response, keepalive, stream_response, with_keepalive_and_deadline, ClientStream,
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
@@ -41,14 +40,6 @@ use space_core::error::excerpt;
 /// An empty message (the response of most unary calls).
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Empty {}
-
-/// The guest of the caller's sandbox (waking it if idleness paused it).
-async fn guest(st: &E2bState, caller: &EnvdCaller) -> Result<GuestClient, ConnectError> {
-    st.app
-        .guest(&caller.tenant, &caller.id)
-        .await
-        .map_err(unreachable)
-}
 
 fn guest_error(e: GuestError) -> ConnectError {
     connect_error(ApiError::from(e))
@@ -207,20 +198,14 @@ fn follow(
 
 /// `process.Process/Start` (server stream).
 pub async fn start(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    let StreamRequest { message, headers } =
-        match StreamRequest::<StartRequest>::from_request(req, &()).await {
-            Ok(r) => r,
-            Err(rejection) => return rejection.into_response(),
-        };
-    let run = async {
-        let deadline = deadline(&headers)?;
-        let spec = spec_of(&message, caller.user.clone(), deadline)?;
-        let guest = guest(st, &caller).await?;
+    server_stream(st, caller, req, |c: StreamCall<StartRequest>| async move {
+        let spec = spec_of(&c.message, c.caller.user.clone(), c.deadline)?;
+        let guest = c.guest().await?;
         let info = guest.start_process(&spec).await.map_err(guest_error)?;
         let events = guest.output(info.id, None).await.map_err(guest_error)?;
-        Ok::<_, ConnectError>(follow(info.pid, events, &headers, deadline))
-    };
-    run.await.unwrap_or_else(stream_error)
+        Ok(follow(info.pid, events, &c.headers, c.deadline))
+    })
+    .await
 }
 
 /// The running process `selector` names.
@@ -251,21 +236,20 @@ async fn find(
 
 /// `process.Process/Connect` (server stream).
 pub async fn connect(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
-    let StreamRequest { message, headers } =
-        match StreamRequest::<ProcessRequest>::from_request(req, &()).await {
-            Ok(r) => r,
-            Err(rejection) => return rejection.into_response(),
-        };
-    let run = async {
-        let deadline = deadline(&headers)?;
-        let guest = guest(st, &caller).await?;
-        let process = find(&guest, &message.process).await?;
-        // envd's Connect follows the process from now on; what it printed before is not
-        // sent again.
-        let events = guest.output_live(process.id).await.map_err(guest_error)?;
-        Ok::<_, ConnectError>(follow(process.pid, events, &headers, deadline))
-    };
-    run.await.unwrap_or_else(stream_error)
+    server_stream(
+        st,
+        caller,
+        req,
+        |c: StreamCall<ProcessRequest>| async move {
+            let guest = c.guest().await?;
+            let process = find(&guest, &c.message.process).await?;
+            // envd's Connect follows the process from now on; what it printed before is not
+            // sent again.
+            let events = guest.output_live(process.id).await.map_err(guest_error)?;
+            Ok(follow(process.pid, events, &c.headers, c.deadline))
+        },
+    )
+    .await
 }
 
 /// envd's description of a running process.
