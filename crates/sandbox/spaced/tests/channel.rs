@@ -26,7 +26,7 @@ async fn expect_closed(stream: &mut UnixStream) {
 #[tokio::test]
 async fn garbage_before_hello_is_ignored() {
     let agent = Agent::start();
-    let stream = UnixStream::connect(&agent.sock).await.unwrap();
+    let stream = dial(&agent.sock).await;
     let mut stream = BufReader::new(stream);
     let mut junk: Vec<u8> = (0..10_000u32).map(|i| (i * 7919 % 256) as u8).collect();
     junk.extend_from_slice(
@@ -53,7 +53,7 @@ async fn garbage_before_hello_is_ignored() {
 #[tokio::test]
 async fn unsupported_version_is_refused() {
     let agent = Agent::start();
-    let mut stream = UnixStream::connect(&agent.sock).await.unwrap();
+    let mut stream = dial(&agent.sock).await;
     stream.write_all(b"SPACE-HELLO 99 ab\n").await.unwrap();
     let mut buf = vec![0u8; 64];
     let n = stream.read(&mut buf).await.unwrap();

@@ -73,10 +73,25 @@ impl Agent {
     }
 }
 
+/// Connects to the agent's socket. The file appears at `bind`, a moment before the agent
+/// listens: a refusal in between is retried (for up to 5 s), as the host's dialer does.
+pub async fn dial(sock: &std::path::Path) -> UnixStream {
+    for _ in 0..500 {
+        match UnixStream::connect(sock).await {
+            Ok(stream) => return stream,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("connect to {}: {e}", sock.display()),
+        }
+    }
+    panic!("the agent never accepted on {}", sock.display())
+}
+
 /// Connects to `sock` and handshakes, repeating HELLO every 250 ms until READY (as the
 /// host does: the guest may still be booting, and a virtio-serial port may hold stale bytes).
 pub async fn handshake_at(sock: &std::path::Path, nonce: &str) -> (BufReader<UnixStream>, String) {
-    let stream = UnixStream::connect(sock).await.unwrap();
+    let stream = dial(sock).await;
     let mut stream = BufReader::new(stream);
     for _ in 0..400 {
         stream
