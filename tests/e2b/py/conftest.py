@@ -79,8 +79,10 @@ def env() -> Env:
     return Env.from_environ()
 
 
-def wait_until(what: str, check: Callable[[], object], timeout: float = 20.0, interval: float = 0.2):
-    """Polls `check` until it returns a truthy value, which is returned; fails after `timeout`."""
+def wait_until(what: str | Callable[[], str], check: Callable[[], object], timeout: float = 20.0,
+               interval: float = 0.2):
+    """Polls `check` until it returns a truthy value, which is returned; fails after `timeout`
+    (`what`, or what it returns then, says what was awaited)."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -88,6 +90,7 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = 20.0, in
         if last:
             return last
         if time.monotonic() > deadline:
+            what = what() if callable(what) else what
             pytest.fail(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
         time.sleep(interval)
 

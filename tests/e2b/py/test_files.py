@@ -202,7 +202,10 @@ def events_of(handle, want, timeout=20.0):
         seen.extend((e.name, e.type) for e in handle.get_new_events())
         return want <= set(seen)
 
-    wait_until(f"watch events {sorted(want, key=str)}", check, timeout=timeout, interval=0.3)
+    def missing():
+        return f"watch events {sorted(want - set(seen), key=str)} (seen: {seen})"
+
+    wait_until(missing, check, timeout=timeout, interval=0.3)
     return seen
 
 

@@ -188,15 +188,22 @@ async fn recursion_follows_existing_and_new_subdirectories() {
     std::fs::write(dir.join("old/deep/f"), "1").unwrap();
     w.until("old/deep/f", FileChange::Write).await;
 
-    // A new tree, made faster than the watch can follow: its entries are still reported.
+    // A new tree, made faster than the watch can follow (the agent is stopped meanwhile, so
+    // every entry predates its directory's watch): its entries are still reported, a file
+    // with content with its write.
+    let pid = agent.pid() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
     std::fs::create_dir_all(dir.join("new/a/b")).unwrap();
     std::fs::write(dir.join("new/a/b/file"), "x").unwrap();
-    let evs = w.until("new/a/b/file", FileChange::Create).await;
-    let names: Vec<String> = changes(&evs).into_iter().map(|(n, _)| n).collect();
-    for expected in ["new", "new/a", "new/a/b"] {
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let evs = w.until("new/a/b/file", FileChange::Write).await;
+    let seen = changes(&evs);
+    for expected in ["new", "new/a", "new/a/b", "new/a/b/file"] {
         assert!(
-            names.contains(&expected.to_owned()),
-            "{expected}: {names:?}"
+            seen.contains(&(expected.to_owned(), FileChange::Create)),
+            "{expected}: {seen:?}"
         );
     }
     // And from now on it is watched.

@@ -431,7 +431,8 @@ pub async fn rename(
 /// Watch a directory: one `WatchEvent` per line, `started` first (sent once every watch is
 /// in place), then the changes (`name` relative to the directory); the stream ends after
 /// the directory's own removal. With `recursive`, subdirectories are watched too, those
-/// created later included.
+/// created later included: a new subdirectory's entries are reported as it is watched
+/// (`create`, and `write` for a file with content), since they may predate its watch.
 #[utoipa::path(
     get,
     path = "/v1/sandboxes/{id}/files/watch",

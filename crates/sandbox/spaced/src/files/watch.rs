@@ -3,12 +3,12 @@
 //!
 //! The thread places every watch before the stream starts (errors are an ordinary error
 //! response), queues `started`, then follows the tree: a new subdirectory is watched as it
-//! appears, and its `create` reported once it is (then its entries', since they may predate
-//! the watch, so an entry created in that instant can be reported twice); changes are
-//! reported with the entry's lstat; and a queue the reader does not drain drops changes and reports `overflow`
-//! once it has room again. The thread ends when the reader goes away (the response body is
-//! dropped, which wakes it through an eventfd) or after the watched directory itself is
-//! removed or moved.
+//! appears, and its `create` reported once it is, then its entries' (`create`, and `write`
+//! for files with content), since they may predate the watch; so an entry created in that
+//! instant can be reported twice. Changes are reported with the entry's lstat; a queue the
+//! reader does not drain drops changes and reports `overflow` once it has room again. The
+//! thread ends when the reader goes away (the response body is dropped, which wakes it
+//! through an eventfd) or after the watched directory itself is removed or moved.
 
 mod tracker;
 
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_core::files::watch::{FileChange, WatchEvent};
+use space_core::files::FileKind;
 use space_core::ErrorCode;
 use space_guest_proto::limits::{MAX_WATCHED_DIRS, MAX_WATCH_QUEUE};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
@@ -200,6 +201,30 @@ impl Watcher {
         });
     }
 
+    /// Reports an entry found in a directory that was just watched: its `create` and, for a
+    /// file with content, a `write`. Both may predate the watch, and a reader that re-reads
+    /// a file on `write` must not miss content written before the watch could see it.
+    fn found(&mut self, name: String) {
+        let stat = ops::stat(&self.root.join(&name)).ok();
+        let written = stat
+            .as_ref()
+            .is_some_and(|st| st.kind == FileKind::File && st.size > 0);
+        let changes: &[FileChange] = if written {
+            &[FileChange::Create, FileChange::Write]
+        } else {
+            &[FileChange::Create]
+        };
+        for &change in changes {
+            let (name, stat) = (name.clone(), stat.clone());
+            self.out.emit(|seq| WatchEvent::Change {
+                seq,
+                name,
+                change,
+                stat,
+            });
+        }
+    }
+
     /// Watches the directory at `name` (relative to the root) and every directory below it,
     /// as far as [`MAX_WATCHED_DIRS`] allows; with `report`, collects the entries found.
     fn watch_tree(&mut self, name: &str, report: bool) -> Walked {
@@ -247,7 +272,7 @@ impl Watcher {
                     let walked = self.watch_tree(&name, created);
                     self.change(name, FileChange::Create);
                     for entry in walked.found {
-                        self.change(entry, FileChange::Create);
+                        self.found(entry);
                     }
                     if walked.partial {
                         // Beyond a bound: that part of the tree goes unreported.
