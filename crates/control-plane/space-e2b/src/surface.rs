@@ -4,6 +4,7 @@
 //! authentication ([`crate::dispatch`]), then goes to envd, to a sandbox port, to SPACE's own
 //! API (`/v1`, `/healthz`, `/openapi.json`) or to the E2B REST API.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -61,11 +62,14 @@ impl E2bConfig {
         split_port(&self.domain).0
     }
 
-    /// The domain as the SDKs are told it, for a server listening on `port`.
-    pub fn advertised_domain(&self, port: u16) -> String {
+    /// The domain as the SDKs are told it, for a server listening on `addr` and, if it has
+    /// one, on `tls_addr`: host-mode clients reach `{port}-{id}.{domain}` over HTTPS, so the
+    /// TLS listener's port is the one to name. The server's banner and the surface both ask
+    /// here, so the two cannot disagree.
+    pub fn advertised_domain(&self, addr: SocketAddr, tls_addr: Option<SocketAddr>) -> String {
         match split_port(&self.domain) {
             (_, Some(_)) => self.domain.clone(),
-            (name, None) => format!("{name}:{port}"),
+            (name, None) => format!("{name}:{}", tls_addr.unwrap_or(addr).port()),
         }
     }
 }
@@ -87,10 +91,7 @@ impl ApiSurface for E2bApi {
     fn wrap(&self, ctx: SurfaceContext<'_>) -> anyhow::Result<Router> {
         let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
         let config = E2bConfig {
-            // Host-mode clients reach `{port}-{id}.{domain}` over HTTPS: the TLS port.
-            domain: self
-                .config
-                .advertised_domain(ctx.tls_addr.unwrap_or(ctx.addr).port()),
+            domain: self.config.advertised_domain(ctx.addr, ctx.tls_addr),
             ..self.config.clone()
         };
         let st = E2bState::new(ctx.state, config, TokenKey::new(*key));
@@ -178,11 +179,20 @@ mod tests {
             private_ports: false,
         };
         assert_eq!(c.host_domain(), "space.test");
-        assert_eq!(c.advertised_domain(1234), "space.test:7070");
+        let (plain, tls): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:7070".parse().expect("address"),
+            "127.0.0.1:7443".parse().expect("address"),
+        );
+        assert_eq!(c.advertised_domain(plain, Some(tls)), "space.test:7070");
         assert_eq!(E2bConfig::default().host_domain(), "localhost");
         assert_eq!(
-            E2bConfig::default().advertised_domain(7070),
+            E2bConfig::default().advertised_domain(plain, None),
             "localhost:7070"
+        );
+        assert_eq!(
+            E2bConfig::default().advertised_domain(plain, Some(tls)),
+            "localhost:7443",
+            "host-mode clients come over TLS"
         );
         assert!(is_native_path("/v1/sandboxes"));
         assert!(is_native_path("/healthz"));

@@ -142,10 +142,10 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         println!("E2B SDKs (docs/e2b-compat.md):");
         println!("  export E2B_API_KEY=$(cat {key_file})");
         println!("  export E2B_API_URL={url} E2B_SANDBOX_URL={url}");
-        let port = server.tls_addr().unwrap_or(server.addr()).port();
-        println!("  export E2B_DOMAIN={}", config.advertised_domain(port));
+        let domain = config.advertised_domain(server.addr(), server.tls_addr());
+        println!("  export E2B_DOMAIN={domain}");
         if server.tls_addr().is_some() {
-            println!("  (or, where *.{} resolves to this server, leave E2B_SANDBOX_URL unset: the SDKs then use https://{{port}}-{{id}}.{})", config.host_domain(), config.advertised_domain(port));
+            println!("  (or, where *.{} resolves to this server, leave E2B_SANDBOX_URL unset: the SDKs then use https://{{port}}-{{id}}.{domain})", config.host_domain());
         }
     }
     println!();
