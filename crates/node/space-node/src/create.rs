@@ -16,6 +16,7 @@ use space_vmm::{GuestMemory, Vm, VmConfig};
 use crate::image::{self, ImageBuild, ImageKey, MemoryImage};
 use crate::pool::{self, Member};
 use crate::sandbox_manager::{internal, now_ms, Inner};
+use crate::settings::Inherited;
 use crate::vm_start::{connect_ready, connect_restored, make_unique_and_configure};
 use crate::{CreateSandbox, Node, NodeError, SandboxRecord, VmOrigin};
 
@@ -56,32 +57,19 @@ impl Node {
         resources
             .validate(tpl.image_size_mib)
             .map_err(NodeError::Capacity)?;
-        space_core::process::validate_env(&req.env)
-            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
-        let schedule = req.snapshots.clone().unwrap_or_default();
-        schedule
-            .validate()
-            .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
-        let record = SandboxRecord {
-            created_at_ms: now_ms(),
-            env: req.env.clone(),
-            on_crash: req.on_crash,
-            auto_pause_secs: req.auto_pause_secs,
-            snapshots: schedule,
-            tenant: Some(req.tenant.clone()),
-            project: req.project.clone(),
-            egress: req
-                .egress
-                .clone()
-                .unwrap_or_else(|| self.inner.cfg.egress.clone()),
-            ..SandboxRecord::new(
-                req.id.clone(),
-                tpl.name.clone(),
-                tpl.digest.clone(),
-                resources,
-                SandboxState::Creating,
-            )
+        let mut record = SandboxRecord::new(
+            req.id.clone(),
+            tpl.name.clone(),
+            tpl.digest.clone(),
+            resources,
+            SandboxState::Creating,
+        );
+        record.created_at_ms = now_ms();
+        let inherited = Inherited {
+            egress: self.inner.cfg.egress.clone(),
+            ..Inherited::default()
         };
+        req.settings.apply(inherited, &mut record)?;
         let op = self.inner.admit(record)?;
         let _guard = op.lock().await;
         match self.materialise(&req, &tpl, &resources).await {

@@ -14,6 +14,7 @@ use space_guest_proto::GuestConfig;
 use space_storage::{ExistingDisk, SnapshotPaths, SANDBOX_DISK_FILE};
 
 use crate::sandbox_manager::now_ms;
+use crate::settings::Inherited;
 use crate::{CreateFromSnapshot, Node, NodeError, SandboxRecord, SnapshotSource, VmOrigin};
 
 impl Node {
@@ -25,14 +26,6 @@ impl Node {
     ) -> Result<SandboxRecord, NodeError> {
         let started = Instant::now();
         let (kind, paths, source) = self.find_snapshot_for(&req).await?;
-        let mut env = source.env.clone();
-        env.extend(req.env.clone());
-        space_core::process::validate_env(&env)
-            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
-        let schedule = req.snapshots.clone().unwrap_or_default();
-        schedule
-            .validate()
-            .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
         let origin = match kind {
             SnapshotKind::Checkpoint => VmOrigin::Checkpoint {
                 sandbox: source.sandbox_id.clone(),
@@ -40,24 +33,21 @@ impl Node {
             },
             SnapshotKind::Disk => VmOrigin::Boot,
         };
-        let record = SandboxRecord {
-            created_at_ms: now_ms(),
-            env,
-            on_crash: req.on_crash,
-            auto_pause_secs: req.auto_pause_secs,
-            snapshots: schedule,
-            tenant: Some(req.tenant.clone()),
-            project: req.project.clone().or(source.project.clone()),
-            egress: req.egress.clone().unwrap_or(source.egress.clone()),
-            origin,
-            ..SandboxRecord::new(
-                req.id.clone(),
-                source.template.clone(),
-                source.template_digest.clone(),
-                source.resources,
-                SandboxState::Creating,
-            )
+        let mut record = SandboxRecord::new(
+            req.id.clone(),
+            source.template.clone(),
+            source.template_digest.clone(),
+            source.resources,
+            SandboxState::Creating,
+        );
+        record.created_at_ms = now_ms();
+        record.origin = origin;
+        let inherited = Inherited {
+            env: source.env.clone(),
+            project: source.project.clone(),
+            egress: source.egress.clone(),
         };
+        req.settings.apply(inherited, &mut record)?;
         let tpl = self.template_of(&record)?;
         // The snapshot's disk and memory trust the source sandbox's CA: so must its gateway.
         let ca = match (&source.sandbox_ca_pem, &req.source) {
@@ -121,7 +111,11 @@ impl Node {
             None => self.persistent_snapshot(&req.snapshot).await?,
         }
         .ok_or_else(not_found)?;
-        if source.tenant.as_ref().is_some_and(|t| t != &req.tenant) {
+        if source
+            .tenant
+            .as_ref()
+            .is_some_and(|t| t != &req.settings.tenant)
+        {
             return Err(not_found());
         }
         let paths = match &req.source {

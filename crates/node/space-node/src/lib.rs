@@ -30,6 +30,7 @@ pub mod recovery;
 mod sandbox_ca;
 mod sandbox_manager;
 pub mod scheduler;
+mod settings;
 pub mod snapshots;
 mod vm_start;
 
@@ -47,6 +48,7 @@ pub use error::NodeError;
 pub use persistent::{SnapshotOwner, SnapshotSource};
 pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
+pub use settings::SandboxSettings;
 pub use space_guest_client::{GuestClient, GuestError, PortStream};
 
 /// A create request as the node sees it (already authorised and validated by the control plane).
@@ -58,20 +60,9 @@ pub struct CreateSandbox {
     pub template: String,
     /// Missing fields come from the template's defaults.
     pub resources: ResourcesRequest,
-    /// Environment for every process.
-    pub env: BTreeMap<String, String>,
-    /// What to do when the VMM dies.
-    pub on_crash: CrashPolicy,
-    /// Pause the sandbox after this long without activity; `None` = never.
-    pub auto_pause_secs: Option<u64>,
-    /// Automatic snapshots; `None` = the default schedule.
-    pub snapshots: Option<space_core::SnapshotSchedule>,
-    /// The owner (credential scopes and audit entries name it).
-    pub tenant: TenantId,
-    /// The project within the tenant, if any (credential scopes).
-    pub project: Option<ProjectId>,
-    /// What may leave the sandbox; `None` = the node's default ([`NodeConfig::egress`]).
-    pub egress: Option<EgressPolicy>,
+    /// What it is given beside the template; the egress policy defaults to the node's
+    /// ([`NodeConfig::egress`]).
+    pub settings: SandboxSettings,
 }
 
 /// A create from a snapshot as the node sees it (authorised and validated by the control
@@ -85,20 +76,9 @@ pub struct CreateFromSnapshot {
     /// The live sandbox the snapshot is one of; `None`: a persistent snapshot whose sandbox
     /// was deleted.
     pub source: Option<SandboxId>,
-    /// Environment added to (or replacing) the snapshot's.
-    pub env: BTreeMap<String, String>,
-    /// What to do when the VMM dies.
-    pub on_crash: CrashPolicy,
-    /// Pause the sandbox after this long without activity; `None` = never.
-    pub auto_pause_secs: Option<u64>,
-    /// Automatic snapshots; `None` = the default schedule.
-    pub snapshots: Option<space_core::SnapshotSchedule>,
-    /// The owner, who must be the snapshot's.
-    pub tenant: TenantId,
-    /// The project within the tenant; `None` = the snapshot's.
-    pub project: Option<ProjectId>,
-    /// What may leave the sandbox; `None` = the snapshot's.
-    pub egress: Option<EgressPolicy>,
+    /// What it is given beside the snapshot: environment, project and egress policy default
+    /// to the snapshot's, and the tenant must be the snapshot's.
+    pub settings: SandboxSettings,
 }
 
 /// Why a sandbox is paused.

@@ -25,8 +25,8 @@ use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
 use space_node::{
-    CreateFromSnapshot, CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord, StopCause,
-    VmOrigin,
+    CreateFromSnapshot, CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord,
+    SandboxSettings, StopCause, VmOrigin,
 };
 use utoipa::IntoParams;
 
@@ -215,7 +215,7 @@ fn template_not_found(name: &str) -> ApiError {
 pub async fn create_sandbox(
     State(st): State<AppState>,
     tenant: AuthTenant,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
     let started = Instant::now();
     validate_create(&req)?;
@@ -266,11 +266,10 @@ pub async fn create_sandbox(
             auto_resume: req.auto_resume,
         },
     );
-    let project = parse_project(req.project.as_deref())?;
-    let egress = match req.egress {
-        Some(p) => Some(p),
-        None => st.db.tenant_egress_policy(&tenant.id).await?,
-    };
+    if req.egress.is_none() {
+        req.egress = st.db.tenant_egress_policy(&tenant.id).await?;
+    }
+    let settings = sandbox_settings(req, &tenant.id)?;
     let guard = begin_create(&st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, template = %row.template, "creating sandbox");
 
@@ -282,13 +281,7 @@ pub async fn create_sandbox(
             memory_mib: Some(resources.memory_mib),
             disk_mib: Some(resources.disk_mib),
         },
-        env: req.env,
-        on_crash: req.on_crash,
-        auto_pause_secs: req.auto_pause_secs,
-        snapshots: req.snapshots,
-        tenant: tenant.id.clone(),
-        project,
-        egress,
+        settings,
     };
     let node = st.node.clone();
     let info = create_in_task(st, row, guard, started, async move {
@@ -296,6 +289,19 @@ pub async fn create_sandbox(
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// What the node gives a new sandbox, from the create request (for both kinds of create).
+fn sandbox_settings(req: CreateSandboxRequest, tenant: &TenantId) -> ApiResult<SandboxSettings> {
+    Ok(SandboxSettings {
+        project: parse_project(req.project.as_deref())?,
+        env: req.env,
+        on_crash: req.on_crash,
+        auto_pause_secs: req.auto_pause_secs,
+        snapshots: req.snapshots,
+        tenant: tenant.clone(),
+        egress: req.egress,
+    })
 }
 
 /// Runs the node's side of a create in its own task (a client that hangs up cannot cancel
@@ -372,13 +378,7 @@ async fn create_from_snapshot(
         id: id.clone(),
         snapshot: snapshot.clone(),
         source: found.sandbox.map(|r| r.id),
-        env: req.env,
-        on_crash: req.on_crash,
-        auto_pause_secs: req.auto_pause_secs,
-        snapshots: req.snapshots,
-        tenant: tenant.id.clone(),
-        project: parse_project(req.project.as_deref())?,
-        egress: req.egress,
+        settings: sandbox_settings(req, &tenant.id)?,
     };
     let guard = begin_create(st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, %snapshot, "creating sandbox from a snapshot");

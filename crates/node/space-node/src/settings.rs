@@ -1,0 +1,157 @@
+//! What a create gives a new sandbox beside what it starts from: one [`SandboxSettings`] for
+//! both kinds of create (from a template, [`crate::CreateSandbox`], and from a snapshot,
+//! [`crate::CreateFromSnapshot`]), and the one place that validates the settings and writes
+//! them into the new sandbox's record. Pure.
+
+use std::collections::BTreeMap;
+
+use space_core::egress::EgressPolicy;
+use space_core::sandbox::CrashPolicy;
+use space_core::{SnapshotSchedule, TenantId};
+use space_secrets::ProjectId;
+
+use crate::{NodeError, SandboxRecord};
+
+/// What a create gives a new sandbox beside what it starts from (a template or a
+/// snapshot). What is left unset comes from there: [`Inherited`].
+#[derive(Debug, Clone)]
+pub struct SandboxSettings {
+    /// Environment for every process, added to (or replacing) the inherited one.
+    pub env: BTreeMap<String, String>,
+    /// What to do when the VMM dies.
+    pub on_crash: CrashPolicy,
+    /// Pause the sandbox after this long without activity; `None` = never.
+    pub auto_pause_secs: Option<u64>,
+    /// Automatic snapshots; `None` = the default schedule.
+    pub snapshots: Option<SnapshotSchedule>,
+    /// The owner (credential scopes and audit entries name it); from a snapshot, it must be
+    /// the snapshot's.
+    pub tenant: TenantId,
+    /// The project within the tenant (credential scopes); `None` = the inherited one.
+    pub project: Option<ProjectId>,
+    /// What may leave the sandbox; `None` = the inherited policy.
+    pub egress: Option<EgressPolicy>,
+}
+
+/// What a new sandbox inherits where its settings say nothing: from a template, nothing but
+/// the node's default egress policy; from a snapshot, its source sandbox's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Inherited {
+    pub env: BTreeMap<String, String>,
+    pub project: Option<ProjectId>,
+    pub egress: EgressPolicy,
+}
+
+impl SandboxSettings {
+    /// Validates the settings over what the sandbox inherits and writes them into its
+    /// `record`; on an error the record is left as it was.
+    pub(crate) fn apply(
+        &self,
+        inherited: Inherited,
+        record: &mut SandboxRecord,
+    ) -> Result<(), NodeError> {
+        let mut env = inherited.env;
+        env.extend(self.env.clone());
+        space_core::process::validate_env(&env)
+            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
+        let schedule = self.snapshots.clone().unwrap_or_default();
+        schedule
+            .validate()
+            .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
+        record.env = env;
+        record.on_crash = self.on_crash;
+        record.auto_pause_secs = self.auto_pause_secs;
+        record.snapshots = schedule;
+        record.tenant = Some(self.tenant.clone());
+        record.project = self.project.clone().or(inherited.project);
+        record.egress = self.egress.clone().unwrap_or(inherited.egress);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use space_core::{Resources, SandboxId, SandboxState};
+
+    use super::*;
+
+    fn record() -> SandboxRecord {
+        SandboxRecord::new(
+            SandboxId::generate(),
+            "base".into(),
+            "digest".into(),
+            Resources::default(),
+            SandboxState::Creating,
+        )
+    }
+
+    fn settings() -> SandboxSettings {
+        SandboxSettings {
+            env: BTreeMap::from([("A".into(), "mine".into())]),
+            on_crash: CrashPolicy::default(),
+            auto_pause_secs: Some(600),
+            snapshots: None,
+            tenant: TenantId::generate(),
+            project: None,
+            egress: None,
+        }
+    }
+
+    #[test]
+    fn settings_win_and_what_they_leave_unset_is_inherited() {
+        let inherited = Inherited {
+            env: BTreeMap::from([("A".into(), "theirs".into()), ("B".into(), "kept".into())]),
+            project: Some("apollo".parse().expect("project")),
+            egress: EgressPolicy::allow_all_public(),
+        };
+        let s = settings();
+        let mut rec = record();
+        s.apply(inherited.clone(), &mut rec).expect("valid");
+        assert_eq!(rec.env["A"], "mine");
+        assert_eq!(rec.env["B"], "kept");
+        assert_eq!(rec.project, inherited.project);
+        assert_eq!(rec.egress, inherited.egress);
+        assert_eq!(rec.tenant.as_ref(), Some(&s.tenant));
+        assert_eq!(rec.auto_pause_secs, Some(600));
+        assert_eq!(rec.snapshots, SnapshotSchedule::default());
+
+        let own = SandboxSettings {
+            project: Some("hermes".parse().expect("project")),
+            egress: Some(EgressPolicy::default()),
+            ..settings()
+        };
+        own.apply(inherited, &mut rec).expect("valid");
+        assert_eq!(rec.project, own.project);
+        assert_eq!(Some(rec.egress), own.egress);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_and_change_nothing() {
+        let before = record();
+        let mut rec = before.clone();
+        let bad_env = SandboxSettings {
+            env: BTreeMap::from([("NOT=OK".into(), "x".into())]),
+            ..settings()
+        };
+        let err = bad_env.apply(Inherited::default(), &mut rec).unwrap_err();
+        assert!(matches!(err, NodeError::Invalid(m) if m.contains("NOT=OK")));
+        // An inherited variable is checked too: the merged environment is what runs.
+        let inherited = Inherited {
+            env: BTreeMap::from([("".into(), "x".into())]),
+            ..Inherited::default()
+        };
+        assert!(settings().apply(inherited, &mut rec).is_err());
+        let bad_schedule = SandboxSettings {
+            snapshots: Some(SnapshotSchedule {
+                disk_every_secs: Some(1),
+                ..SnapshotSchedule::default()
+            }),
+            ..settings()
+        };
+        let err = bad_schedule
+            .apply(Inherited::default(), &mut rec)
+            .unwrap_err();
+        assert!(matches!(err, NodeError::Invalid(m) if m.contains("schedule")));
+        assert_eq!(rec, before);
+    }
+}
