@@ -139,13 +139,7 @@ impl Server {
             .with_context(|| format!("listening on {listen}"))?;
         let addr = listener.local_addr()?;
         let tls = match &config.tls {
-            Some(tls) => {
-                let rustls = crate::tls::server_config(tls)?;
-                let tcp = TcpListener::bind(tls.listen)
-                    .await
-                    .with_context(|| format!("listening on {} (TLS)", tls.listen))?;
-                Some(TlsListener::new(tcp, rustls)?)
-            }
+            Some(tls) => Some(TlsListener::bind(tls).await?),
             None => None,
         };
         let tls_addr = tls.as_ref().map(|l| l.local_addr()).transpose()?;

@@ -53,6 +53,14 @@ pub enum TlsError {
     /// rustls refused the pair (e.g. the key does not match the certificate).
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
+    /// The address cannot be listened on.
+    #[error("listening on {addr} (TLS): {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why not.
+        source: io::Error,
+    },
 }
 
 fn pem_error(path: &Path, e: impl std::fmt::Display) -> TlsError {
@@ -90,8 +98,20 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
+    /// Reads `tls`'s certificate and key, listens on its address and serves handshakes
+    /// from now on.
+    pub async fn bind(tls: &TlsListen) -> Result<Self, TlsError> {
+        let config = server_config(tls)?;
+        let listen_error = |source| TlsError::Listen {
+            addr: tls.listen,
+            source,
+        };
+        let listener = TcpListener::bind(tls.listen).await.map_err(listen_error)?;
+        Self::new(listener, config).map_err(listen_error)
+    }
+
     /// Serves handshakes on `listener` with `config` from now on.
-    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> io::Result<Self> {
+    fn new(listener: TcpListener, config: rustls::ServerConfig) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let (tx, ready) = mpsc::channel(READY_QUEUE);
@@ -225,9 +245,7 @@ mod tests {
             cert,
             key,
         };
-        let config = server_config(&tls).expect("config");
-        let tcp = TcpListener::bind(tls.listen).await.expect("bind");
-        let listener = TlsListener::new(tcp, config).expect("listener");
+        let listener = TlsListener::bind(&tls).await.expect("listener");
         let addr = axum::serve::Listener::local_addr(&listener).expect("addr");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
