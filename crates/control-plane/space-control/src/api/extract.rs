@@ -186,7 +186,11 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiE
 }
 
 fn sandbox_param(params: &[(String, String)]) -> Result<SandboxId, ApiError> {
-    let raw = param(params, "id")?;
+    parse_sandbox_id(param(params, "id")?)
+}
+
+/// Parses a sandbox id from a path or query: `400 invalid_request` if malformed.
+pub fn parse_sandbox_id(raw: &str) -> Result<SandboxId, ApiError> {
     raw.parse::<SandboxId>()
         .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", excerpt(raw, 64))))
 }

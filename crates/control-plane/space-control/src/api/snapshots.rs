@@ -17,8 +17,7 @@ use serde::Deserialize;
 use space_core::sandbox::{CreateSnapshotRequest, SnapshotList, SnapshotTaken};
 use space_core::snapshot::{DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT};
 use space_core::{
-    ErrorBody, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger,
-    TenantId,
+    ErrorBody, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger, TenantId,
 };
 use space_node::{SnapshotOwner, SnapshotSource};
 use utoipa::IntoParams;
@@ -26,11 +25,11 @@ use utoipa::IntoParams;
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{
-    parse_snapshot_id, ApiJson, ApiQuery, SandboxPath, SnapshotIdPath, SnapshotPath,
+    parse_sandbox_id, parse_snapshot_id, ApiJson, ApiQuery, SandboxPath, SnapshotIdPath,
+    SnapshotPath,
 };
 use super::AppState;
 use crate::db::{SandboxFilter, SandboxRow};
-use space_core::error::excerpt;
 
 /// The sandbox's snapshots, oldest first, with their current sizes.
 #[utoipa::path(
@@ -276,14 +275,7 @@ pub async fn list_tenant_snapshots(
     tenant: AuthTenant,
     ApiQuery(q): ApiQuery<TenantSnapshotsQuery>,
 ) -> ApiResult<Json<SnapshotList>> {
-    let sandbox = q
-        .sandbox
-        .as_deref()
-        .map(|s| {
-            s.parse::<SandboxId>()
-                .map_err(|e| ApiError::invalid(format!("bad sandbox id {:?}: {e}", excerpt(s, 64))))
-        })
-        .transpose()?;
+    let sandbox = q.sandbox.as_deref().map(parse_sandbox_id).transpose()?;
     let wanted = |info: &SnapshotInfo| {
         sandbox.as_ref().is_none_or(|s| &info.sandbox_id == s)
             && q.label
