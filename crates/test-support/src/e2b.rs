@@ -19,8 +19,14 @@ pub const TEST_MAX_UPLOAD_BYTES: u64 = 4 << 20;
 
 /// A test server that also serves the E2B API, with a small upload limit.
 pub async fn start_server() -> TestServer {
+    start(None).await
+}
+
+/// [`start_server`], with a TLS listener too when `tls` says so.
+async fn start(tls: Option<space_control::tls::TlsListen>) -> TestServer {
     TestServer::start_with(|cfg| {
         cfg.max_upload_bytes = TEST_MAX_UPLOAD_BYTES;
+        cfg.tls = tls;
         cfg.surface = Some(Arc::new(E2bApi::new(E2bConfig {
             domain: TEST_DOMAIN.to_owned(),
             private_ports: false,
@@ -70,19 +76,11 @@ pub fn test_certificates(dir: &Path) -> TestCertificates {
 
 /// [`start_server`] with a TLS listener too, presenting `certs`.
 pub async fn start_tls_server(certs: &TestCertificates) -> TestServer {
-    let tls = space_control::tls::TlsListen {
+    start(Some(space_control::tls::TlsListen {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         cert: certs.chain.clone(),
         key: certs.key.clone(),
-    };
-    TestServer::start_with(|cfg| {
-        cfg.max_upload_bytes = TEST_MAX_UPLOAD_BYTES;
-        cfg.tls = Some(tls);
-        cfg.surface = Some(Arc::new(E2bApi::new(E2bConfig {
-            domain: TEST_DOMAIN.to_owned(),
-            private_ports: false,
-        })));
-    })
+    }))
     .await
 }
 

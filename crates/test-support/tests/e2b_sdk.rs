@@ -70,6 +70,25 @@ async fn run_against(
     println!("{stdout}");
 }
 
+/// The Python suites' arguments: pytest on `dir`, quiet, with the reasons of failures, and
+/// no cache written into the repository.
+fn pytest(dir: &str) -> [&str; 7] {
+    ["-m", "pytest", dir, "-q", "-rf", "-p", "no:cacheprovider"]
+}
+
+/// The JS suites' runner (`node --test`), once the pinned SDK is checked to be installed.
+fn node() -> &'static std::path::Path {
+    require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
+    std::path::Path::new("node")
+}
+
+/// The Python of the SDK virtualenv, checked to be installed.
+fn python() -> std::path::PathBuf {
+    let python = e2b::python();
+    require_installed(&python);
+    python
+}
+
 /// Fails unless `scripts/e2b-sdks` has installed what the suites need.
 fn require_installed(what: &std::path::Path) {
     assert!(
@@ -81,70 +100,34 @@ fn require_installed(what: &std::path::Path) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdk_suite() {
-    let python = e2b::python();
-    require_installed(&python);
-    run_suite(
-        &python,
-        &[
-            "-m",
-            "pytest",
-            "tests/e2b/py",
-            "-q",
-            "-rf",
-            "-p",
-            "no:cacheprovider",
-        ],
-    )
-    .await;
+    run_suite(&python(), &pytest("tests/e2b/py")).await;
 }
 
 /// The SDK without `E2B_SANDBOX_URL`: envd and ports by host name over HTTPS, on the TLS
 /// listener, with a CA of the test's own.
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdk_host_mode() {
-    let python = e2b::python();
-    require_installed(&python);
-    run_host_mode(
-        &python,
-        &[
-            "-m",
-            "pytest",
-            "tests/e2b/host_mode",
-            "-q",
-            "-rf",
-            "-p",
-            "no:cacheprovider",
-        ],
-    )
-    .await;
+    run_host_mode(&python(), &pytest("tests/e2b/host_mode")).await;
 }
 
 /// The JS SDK in host mode, as [`python_sdk_host_mode`].
 #[tokio::test(flavor = "multi_thread")]
 async fn js_sdk_host_mode() {
-    require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
-    run_host_mode(
-        std::path::Path::new("node"),
-        &[
-            "--test",
-            "--test-timeout=300000",
-            "tests/e2b/js/host_mode/host_mode.mjs",
-        ],
-    )
-    .await;
+    let args = [
+        "--test",
+        "--test-timeout=300000",
+        "tests/e2b/js/host_mode/host_mode.mjs",
+    ];
+    run_host_mode(node(), &args).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn js_sdk_suite() {
-    require_installed(&e2b::repo_root().join("tests/e2b/js/node_modules/e2b"));
-    run_suite(
-        std::path::Path::new("node"),
-        &[
-            "--test",
-            "--test-concurrency=2",
-            "--test-timeout=300000",
-            "tests/e2b/js",
-        ],
-    )
-    .await;
+    let args = [
+        "--test",
+        "--test-concurrency=2",
+        "--test-timeout=300000",
+        "tests/e2b/js",
+    ];
+    run_suite(node(), &args).await;
 }
