@@ -66,6 +66,46 @@ pub fn loop_devices_under(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The VMM cgroups nodes made (`space/<node>/<vm>`, under each v1 controller or in v2):
+/// removes the empty ones, whose VMM ended while no node watched it (a test that dropped its
+/// node; a running node removes them at its next start), and returns those still holding
+/// processes, and how many were removed.
+pub fn vmm_cgroups() -> (Vec<String>, usize) {
+    let mut busy = Vec::new();
+    let mut removed = 0;
+    let roots: Vec<std::path::PathBuf> = match std::fs::read_dir("/sys/fs/cgroup") {
+        Ok(dir) => dir
+            .flatten()
+            .map(|e| e.path().join("space"))
+            .chain(std::iter::once(
+                Path::new("/sys/fs/cgroup/space").to_owned(),
+            ))
+            .filter(|p| p.is_dir())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    for root in roots {
+        for node in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            for vm in std::fs::read_dir(node.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if !vm.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                if std::fs::remove_dir(vm.path()).is_ok() {
+                    removed += 1;
+                } else {
+                    busy.push(vm.path().display().to_string());
+                }
+            }
+            let _ = std::fs::remove_dir(node.path());
+        }
+    }
+    (busy, removed)
+}
+
 /// Network namespaces a node made (`spc<node hash>-<vm>`) that are still there.
 pub fn sandbox_namespaces() -> Vec<String> {
     space_net::datapath::netns::names_with_prefix("spc")

@@ -42,6 +42,9 @@ pub struct NodeConfig {
     pub upstream_extra_ca_pem: Option<String>,
     /// How often running sandboxes' resource use is sampled (`Node::metrics`).
     pub metrics_interval: std::time::Duration,
+    /// Run every VMM in a jail of its own (`space_vmm::jail`). Off only to measure what the
+    /// jail costs: unjailed VMMs run as root, unconfined.
+    pub vmm_jail: bool,
 }
 
 /// Where the node's credential manager keeps credentials.
@@ -82,6 +85,7 @@ impl NodeConfig {
             upstream_dns: Vec::new(),
             upstream_extra_ca_pem: None,
             metrics_interval: crate::metrics::DEFAULT_METRICS_INTERVAL,
+            vmm_jail: true,
         }
     }
 }

@@ -131,6 +131,9 @@ pub trait NodeManager: Send + Sync + 'static {
     async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
     /// Names of the live VMMs whose runtime files are under `run_root`.
     fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
+    /// Removes the cgroups VMMs that died unwatched left behind (see
+    /// [`Vmm::remove_stale_confinement`]).
+    fn remove_stale_vm_confinement(&self) -> usize;
     /// Makes the network namespace `netns` (TAP, gateway address, firewall) unless it
     /// exists, and returns the NIC a VM in it gets.
     fn ensure_vm_network(&self, netns: &str) -> Result<VmNetwork, NodeManagerError>;
@@ -303,6 +306,10 @@ impl NodeManager for LocalNodeManager {
 
     fn vm_names_under(&self, run_root: &Path) -> Vec<String> {
         self.vmm.names_under(run_root)
+    }
+
+    fn remove_stale_vm_confinement(&self) -> usize {
+        self.vmm.remove_stale_confinement()
     }
 
     fn ensure_vm_network(&self, name: &str) -> Result<VmNetwork, NodeManagerError> {

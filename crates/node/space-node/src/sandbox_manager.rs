@@ -120,8 +120,18 @@ impl Node {
             None => space_vmm::detect_accel(),
         };
         tracing::info!(%accel, "VMs will run under {accel}");
-        let nm: Arc<dyn NodeManager> =
-            Arc::new(LocalNodeManager::new(Arc::new(QemuVmm::default())));
+        let run_root = data_dir.join("run");
+        let vmm = if cfg.vmm_jail {
+            // The node's VMM cgroups are named like its network namespaces, after its run
+            // directory, so nodes sharing a machine never touch each other's.
+            let node = crate::network::netns_prefix(&run_root);
+            let jail = space_vmm::JailConfig::new(node.trim_end_matches('-'));
+            QemuVmm::jailed("qemu-system-x86_64", jail)
+        } else {
+            tracing::warn!("VMMs run unjailed, as root: for measuring the jail only");
+            QemuVmm::unjailed("qemu-system-x86_64")
+        };
+        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::new(Arc::new(vmm)));
         let store = {
             let nm = nm.clone();
             let (dir, size) = (data_dir.clone(), cfg.loop_size_bytes);
@@ -135,7 +145,6 @@ impl Node {
         let capacity = cfg
             .capacity
             .unwrap_or_else(|| default_capacity(fs_size(store.root())));
-        let run_root = data_dir.join("run");
         std::fs::create_dir_all(&run_root)
             .map_err(|e| internal("cannot create run directory", e))?;
         let cfg_pool_size = cfg.pool_size;
@@ -567,6 +576,10 @@ impl Node {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(vm = %name, error = %e, "cannot kill an orphaned VMM"),
             }
+        }
+        let cgroups = inner.nm.remove_stale_vm_confinement();
+        if cgroups > 0 {
+            tracing::info!(cgroups, "removed the cgroups of VMMs that ended unwatched");
         }
         for entry in read_dir_names(&inner.store.sandboxes_root()) {
             if live_ids.contains(&entry) {

@@ -26,6 +26,15 @@ pub enum VmmError {
         source: io::Error,
     },
 
+    /// The VMM could not be confined (uid, cgroup, jail directory) or failed a step of its
+    /// jail before it ran.
+    #[error("cannot jail the VMM: {step}: {source}")]
+    Jail {
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+
     /// QEMU exited before the VM was up; `detail` holds the end of vmm.log.
     #[error("QEMU exited during start: {detail}")]
     StartFailed { detail: String },

@@ -3,13 +3,15 @@
 //! A [`Vmm`] starts VMs ([`Vmm::launch`]) and re-attaches to VMs an earlier node process
 //! started ([`Vmm::adopt`]); both give a [`Vm`] handle for status, exit notification and
 //! killing. [`QemuVmm`] runs `qemu-system-x86_64 -M microvm` with virtio-mmio devices, driven
-//! over QMP. QEMU runs in its own session, so VMs outlive a restart of the node.
+//! over QMP. QEMU runs in its own session, so VMs outlive a restart of the node, and in a jail
+//! of its own ([`jail`]): its own uid, namespaces, root directory, cgroup and seccomp filter.
 
 mod accel;
 mod config;
 mod console;
 mod error;
 mod exit;
+pub mod jail;
 mod process;
 mod procfs;
 mod qemu;
@@ -29,7 +31,8 @@ pub use config::{
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
 pub use error::VmmError;
 pub use exit::VmExit;
-pub use qemu::QemuVmm;
+pub use jail::{CgroupLayout, DiskLimits, JailConfig, UidRange};
+pub use qemu::{JailedProcess, QemuVmm};
 pub use qemu_args::AGENT_PORT_NAME;
 pub use state::{SaveOptions, SaveReport};
 pub use vm::{Vm, VmStatus};
@@ -55,4 +58,8 @@ pub trait Vmm: Send + Sync + 'static {
 
     /// Names of every live VMM of this backend whose runtime files lie under `run_root`.
     fn names_under(&self, run_root: &Path) -> Vec<String>;
+
+    /// Removes what VMMs that ended unwatched (their node crashed) left behind, such as empty
+    /// cgroups; returns how many were removed.
+    fn remove_stale_confinement(&self) -> usize;
 }

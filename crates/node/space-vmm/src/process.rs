@@ -40,8 +40,48 @@ impl ProcHandle {
         Ok(ProcHandle { pid, pidfd })
     }
 
+    /// A handle on a child made with `clone3(CLONE_PIDFD)`; must run inside a Tokio runtime.
+    pub(crate) fn from_pidfd(pid: u32, pidfd: OwnedFd) -> io::Result<Self> {
+        // SAFETY: as in `open`: the AsyncFd owns the descriptor for its whole life.
+        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        Ok(ProcHandle {
+            pid,
+            pidfd: Some(pidfd),
+        })
+    }
+
     pub(crate) fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Reaps our child once it has exited ([`Self::wait_exit`] first) and says how it ended.
+    pub(crate) fn reap(&self) -> crate::exit::ProcessEnd {
+        use crate::exit::ProcessEnd;
+        let Some(fd) = &self.pidfd else {
+            return ProcessEnd::Unknown;
+        };
+        // SAFETY: siginfo_t is plain data, filled by waitid on a pidfd we own.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                fd.get_ref().as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG,
+            )
+        };
+        if rc < 0 {
+            tracing::warn!(pid = self.pid, error = %io::Error::last_os_error(), "cannot reap VMM");
+            return ProcessEnd::Unknown;
+        }
+        // SAFETY: waitid succeeded for an exited child, so the status fields are set.
+        let status = unsafe { info.si_status() };
+        match info.si_code {
+            libc::CLD_EXITED => ProcessEnd::Code(status),
+            libc::CLD_KILLED | libc::CLD_DUMPED => ProcessEnd::Signal(status),
+            _ => ProcessEnd::Unknown,
+        }
     }
 
     /// Sends `sig`; `Ok(false)` when the process had already exited.

@@ -147,7 +147,7 @@ pub(crate) fn qemu_names_under(run_root: &Path) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let root = run_root.as_os_str().as_encoded_bytes();
+    let marker_prefix = run_dir_marker_prefix(run_root);
     let mut names = Vec::new();
     for pid in dir
         .flatten()
@@ -164,10 +164,10 @@ pub(crate) fn qemu_names_under(run_root: &Path) -> Vec<String> {
                 .unwrap_or(&a)
                 .starts_with("qemu-system-")
         });
-        let pidfile_under = args.windows(2).any(|w| {
-            w[0] == b"-pidfile" && w[1].starts_with(root) && w[1].get(root.len()) == Some(&b'/')
-        });
-        if !is_qemu || !pidfile_under {
+        let under = args
+            .windows(2)
+            .any(|w| w[0] == b"-object" && run_dir_under(w[1], &marker_prefix));
+        if !is_qemu || !under {
             continue;
         }
         if let Some(w) = args.windows(2).find(|w| w[0] == b"-name") {
@@ -183,9 +183,50 @@ pub(crate) fn qemu_names_under(run_root: &Path) -> Vec<String> {
     names
 }
 
+/// `secret,id=<marker>,data=<run_root>/` as it appears on the command line (commas doubled).
+fn run_dir_marker_prefix(run_root: &Path) -> Vec<u8> {
+    let mut prefix = format!("secret,id={},data=", crate::qemu_args::RUN_DIR_MARKER).into_bytes();
+    for &b in run_root.as_os_str().as_encoded_bytes() {
+        prefix.push(b);
+        if b == b',' {
+            prefix.push(b',');
+        }
+    }
+    prefix.push(b'/');
+    prefix
+}
+
+/// True when an `-object` value is the run-dir marker of a run directory under the root
+/// `prefix` names.
+fn run_dir_under(value: &[u8], prefix: &[u8]) -> bool {
+    value.starts_with(prefix) && value.len() > prefix.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_dir_marker_matches_only_below_the_root() {
+        let prefix = run_dir_marker_prefix(Path::new("/data/run"));
+        assert!(run_dir_under(
+            b"secret,id=space-run-dir,data=/data/run/sbx-1",
+            &prefix
+        ));
+        assert!(!run_dir_under(
+            b"secret,id=space-run-dir,data=/data/run2/sbx-1",
+            &prefix
+        ));
+        assert!(!run_dir_under(
+            b"secret,id=space-run-dir,data=/data/run/",
+            &prefix
+        ));
+        let comma = run_dir_marker_prefix(Path::new("/a,b"));
+        assert!(run_dir_under(
+            b"secret,id=space-run-dir,data=/a,,b/x",
+            &comma
+        ));
+    }
 
     fn raw(args: &[&str]) -> Vec<u8> {
         let mut v = Vec::new();

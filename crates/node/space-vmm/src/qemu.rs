@@ -2,14 +2,13 @@
 //! restart), brings it up paused, attaches QMP and the console, then lets the guest run; and
 //! re-adopts a QEMU started by an earlier process.
 
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use qapi::qmp;
 use tokio::net::UnixStream;
-use tokio::process::Child;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -17,6 +16,7 @@ use crate::config::{self, VmConfig, VmPaths};
 use crate::console::{self, RotatingLog, CONSOLE_LOG_MAX_BYTES};
 use crate::error::VmmError;
 use crate::exit::ProcessEnd;
+use crate::jail::{self, BlockDevices, JailConfig, JailedFiles, MemoryImages, VmCgroup};
 use crate::process::ProcHandle;
 use crate::procfs;
 use crate::qemu_args::{self, CONSOLE_CHARDEV};
@@ -33,10 +33,20 @@ const CONSOLE_ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much of vmm.log goes into a start failure message.
 const LOG_TAIL_BYTES: usize = 2048;
 
-/// Runs VMs with `qemu-system-x86_64 -M microvm`.
+/// Runs VMs with `qemu-system-x86_64 -M microvm`, each in a jail of its own (see
+/// [`crate::jail`]) unless made [`QemuVmm::unjailed`].
 #[derive(Debug, Clone)]
 pub struct QemuVmm {
     binary: PathBuf,
+    jail: Option<Arc<Jailer>>,
+}
+
+/// What jailing needs across launches.
+#[derive(Debug)]
+struct Jailer {
+    config: JailConfig,
+    images: MemoryImages,
+    devices: BlockDevices,
 }
 
 impl Default for QemuVmm {
@@ -46,19 +56,39 @@ impl Default for QemuVmm {
 }
 
 impl QemuVmm {
-    /// Uses `qemu-system-x86_64` from PATH.
+    /// Jailed VMMs from `qemu-system-x86_64` on PATH, with [`JailConfig::new`]'s defaults.
     pub fn new() -> Self {
-        Self::with_binary("qemu-system-x86_64")
+        Self::jailed("qemu-system-x86_64", JailConfig::new("vmm"))
     }
 
-    pub fn with_binary(binary: impl Into<PathBuf>) -> Self {
+    /// Every VM in a jail built by `config`.
+    pub fn jailed(binary: impl Into<PathBuf>, config: JailConfig) -> Self {
         QemuVmm {
             binary: binary.into(),
+            jail: Some(Arc::new(Jailer {
+                config,
+                images: MemoryImages::default(),
+                devices: BlockDevices::default(),
+            })),
+        }
+    }
+
+    /// VMMs as root in this process's namespaces, unconfined: only for measuring what the jail
+    /// costs, never for serving.
+    pub fn unjailed(binary: impl Into<PathBuf>) -> Self {
+        QemuVmm {
+            binary: binary.into(),
+            jail: None,
         }
     }
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// The jail's rules, when VMs are jailed.
+    pub fn jail_config(&self) -> Option<&JailConfig> {
+        self.jail.as_deref().map(|j| &j.config)
     }
 
     /// The exact command line `launch` would run for `cfg` (for logs and reports).
@@ -67,61 +97,335 @@ impl QemuVmm {
             Accel::Tcg => crate::tsc::host_tsc_khz().await,
             Accel::Kvm => None,
         };
-        let args = qemu_args::qemu_args(cfg, &VmPaths::new(&cfg.run_dir), tsc);
-        qemu_args::display_command(self.binary.as_os_str(), &args)
+        let binary = resolve_binary(&self.binary).unwrap_or_else(|_| self.binary.clone());
+        let (files, confined) = match &self.jail {
+            Some(j) => {
+                let plan = jail::plan(cfg, &j.config, &binary, None);
+                (plan.files, Some(plan.disk))
+            }
+            None => (JailedFiles::host(cfg), None),
+        };
+        let args = qemu_args::qemu_args(cfg, &files, confined.as_ref(), tsc);
+        qemu_args::display_command(binary.as_os_str(), &args)
     }
 
-    fn spawn(&self, cfg: &VmConfig, paths: &VmPaths, tsc: Option<u64>) -> Result<Child, VmmError> {
-        let log = std::fs::File::create(&paths.vmm_log)
-            .map_err(|e| VmmError::io(format!("create {}", paths.vmm_log.display()), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| VmmError::io("duplicate vmm.log handle", e))?;
-        let args = qemu_args::qemu_args(cfg, paths, tsc);
-        tracing::info!(
-            vm = %cfg.name,
-            accel = %cfg.accel,
-            command = %qemu_args::display_command(self.binary.as_os_str(), &args),
-            "starting QEMU"
-        );
-        let mut cmd = tokio::process::Command::new(&self.binary);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .kill_on_drop(false);
-        // Opened here (close-on-exec): the child only calls setns on it.
+    /// Starts QEMU (jailed or not) and returns once it runs the VMM program, recorded in the
+    /// pidfile and in its cgroup; QMP and the guest are not up yet.
+    async fn spawn(
+        &self,
+        cfg: &VmConfig,
+        paths: &VmPaths,
+        tsc: Option<u64>,
+        program: Program<'_>,
+    ) -> Result<
+        (
+            Arc<ProcHandle>,
+            watch::Receiver<Option<ProcessEnd>>,
+            Option<u32>,
+        ),
+        VmmError,
+    > {
+        let binary = resolve_binary(&self.binary)?;
+        let jail_err = |step: &str| {
+            let step = step.to_owned();
+            move |source| VmmError::Jail { step, source }
+        };
+        let mut fds: Vec<(OwnedFd, RawFd)> = vec![
+            (open_null()?, 0),
+            (log_file(&paths.vmm_log)?, 1),
+            (log_file(&paths.vmm_log)?, 2),
+            (listen(&paths.qmp)?, jail::fds::QMP),
+            (listen(&paths.console)?, jail::fds::CONSOLE),
+            (listen(&paths.channel)?, jail::fds::CHANNEL),
+        ];
         let netns = match &cfg.network {
-            Some(net) => Some(std::fs::File::open(&net.netns).map_err(|e| {
-                VmmError::io(format!("open network namespace {}", net.netns.display()), e)
-            })?),
+            Some(net) => Some(OwnedFd::from(std::fs::File::open(&net.netns).map_err(
+                |e| VmmError::io(format!("open network namespace {}", net.netns.display()), e),
+            )?)),
             None => None,
         };
-        let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
-        // SAFETY: setsid(2) and setns(2) are async-signal-safe and touch no memory; the fd
-        // stays open until spawn returns (`netns` lives past it). A new session keeps QEMU
-        // out of our process group and terminal, so signals aimed at the node (Ctrl-C, a
-        // service manager stopping it) do not take the VMs down with it.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
+        let mut confinement = None;
+        let (files, confined) = match &self.jail {
+            None => (JailedFiles::host(cfg), None),
+            Some(j) => {
+                let lease = jail::lease_uid(j.config.uids, &j.config.uid_lock_dir)
+                    .map_err(jail_err("taking a VMM uid"))?;
+                let device = j.devices.of(&cfg.root_disk);
+                let mut plan = jail::plan(cfg, &j.config, &binary, device);
+                if let Program::Other { host, .. } = program {
+                    plan.binds.push(jail::Bind::program(host, OTHER_PROGRAM));
                 }
-                if let Some(fd) = netns_fd {
-                    if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                if let Some(image) = &plan.memory_image {
+                    let memfd = j
+                        .images
+                        .get(image)
+                        .map_err(jail_err("loading the memory image"))?;
+                    let dup = memfd
+                        .try_clone()
+                        .map_err(jail_err("passing the memory image"))?;
+                    fds.push((dup, jail::fds::MEMORY));
                 }
-                Ok(())
+                let steps = jail::prepare::steps(&plan, lease.uid)
+                    .map_err(jail_err("preparing the jail"))?;
+                let cgroup = VmCgroup::create(
+                    &j.config.cgroups,
+                    &j.config.cgroup_parent,
+                    &cfg.name,
+                    &plan.limits,
+                )
+                .map_err(jail_err("creating the VMM's cgroup"))?;
+                let files = plan.files.clone();
+                let disk = plan.disk;
+                confinement = Some((steps, lease, cgroup, plan, j.config.oom_score_adj));
+                (files, Some(disk))
+            }
+        };
+        let (exe, argv) = match program {
+            Program::Vmm => {
+                let args = qemu_args::qemu_args(cfg, &files, confined.as_ref(), tsc);
+                tracing::info!(
+                    vm = %cfg.name,
+                    accel = %cfg.accel,
+                    jailed = confinement.is_some(),
+                    command = %qemu_args::display_command(binary.as_os_str(), &args),
+                    "starting QEMU"
+                );
+                let mut argv = vec![binary.as_os_str().to_owned()];
+                argv.extend(args);
+                (binary.clone(), argv)
+            }
+            Program::Other { host, args } => {
+                let exe = match &self.jail {
+                    Some(_) => PathBuf::from(OTHER_PROGRAM),
+                    None => host.to_owned(),
+                };
+                let mut argv = vec![exe.as_os_str().to_owned()];
+                argv.extend(args.iter().cloned());
+                (exe, argv)
+            }
+        };
+        let uid = confinement.as_ref().map(|c| c.1.uid);
+        let (steps, cleanup, oom) = match confinement {
+            Some((steps, lease, cgroup, plan, oom)) => {
+                fds.push((lease.lock, jail::fds::UID_LOCK));
+                (
+                    Some(steps),
+                    ExitCleanup {
+                        cgroup: Some(cgroup),
+                        lent: plan.lend,
+                    },
+                    Some(oom),
+                )
+            }
+            None => (None, ExitCleanup::default(), None),
+        };
+        let conf = jail::spawn::Confinement {
+            jail: steps,
+            netns,
+            tap: cfg
+                .network
+                .as_ref()
+                .map(|n| (n.tap.clone(), jail::fds::TAP)),
+            fds,
+        };
+        let spawned = jail::spawn::spawn(&exe, &argv, conf).map_err(|source| {
+            cleanup.run(&cfg.name);
+            VmmError::Spawn {
+                binary: binary.clone(),
+                source,
+            }
+        })?;
+        let pid = spawned.pid;
+        let proc = Arc::new(
+            ProcHandle::from_pidfd(pid, spawned.pidfd)
+                .map_err(|e| VmmError::io(format!("watch pidfd of pid {pid}"), e))?,
+        );
+        let status_rx = spawn_reaper(cfg.name.clone(), proc.clone(), cleanup);
+        // Until the gate opens the child runs nothing: record it first, so no VMM ever runs
+        // unrecorded or outside its cgroup.
+        let recorded = (|| {
+            write_pidfile(&paths.pidfile, pid)?;
+            if let Some(j) = &self.jail {
+                VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, &cfg.name)
+                    .add(pid)
+                    .map_err(jail_err("moving the VMM into its cgroup"))?;
+            }
+            if let Some(score) = oom {
+                let path = format!("/proc/{pid}/oom_score_adj");
+                std::fs::write(&path, score.to_string())
+                    .map_err(jail_err("setting the VMM's oom_score_adj"))?;
+            }
+            Ok::<_, VmmError>(())
+        })();
+        let gate = spawned.gate;
+        let released = match recorded {
+            Ok(()) => tokio::task::spawn_blocking(move || gate.release())
+                .await
+                .map_err(|e| VmmError::io("VMM start task", std::io::Error::other(e)))?,
+            Err(e) => {
+                // Dropping the gate makes the child exit without running anything.
+                drop(gate);
+                paths.remove_runtime_files();
+                return Err(e);
+            }
+        };
+        if let Err(failure) = released {
+            paths.remove_runtime_files();
+            let step = failure.step.map_or("starting the VMM", |s| s.describe());
+            return Err(VmmError::Jail {
+                step: format!("{step} (item {})", failure.index),
+                source: failure.error,
             });
         }
-        let child = cmd.spawn().map_err(|source| VmmError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        });
-        drop(netns);
-        child
+        Ok((proc, status_rx, uid))
     }
+
+    /// Runs `program` (a host path) with `args` in exactly the jail [`Vmm::launch`] would
+    /// build for `cfg`, the program bound read-only at `/probe` in place of QEMU. For tests
+    /// that probe the jail's walls; the process is not a VM.
+    pub async fn run_in_jail(
+        &self,
+        cfg: &VmConfig,
+        program: &Path,
+        args: &[std::ffi::OsString],
+    ) -> Result<JailedProcess, VmmError> {
+        config::validate(cfg)?;
+        let paths = VmPaths::new(&cfg.run_dir);
+        tokio::fs::create_dir_all(&paths.run_dir)
+            .await
+            .map_err(|e| VmmError::io(format!("create run dir {}", paths.run_dir.display()), e))?;
+        let (proc, exit, uid) = self
+            .spawn(
+                cfg,
+                &paths,
+                None,
+                Program::Other {
+                    host: program,
+                    args,
+                },
+            )
+            .await?;
+        Ok(JailedProcess { proc, exit, uid })
+    }
+}
+
+/// Where [`QemuVmm::run_in_jail`] puts its program inside the jail.
+const OTHER_PROGRAM: &str = "/probe";
+
+/// What a jail runs.
+#[derive(Clone, Copy)]
+enum Program<'a> {
+    /// QEMU, for the VM of the config.
+    Vmm,
+    /// Another program in the same jail (tests).
+    Other {
+        host: &'a Path,
+        args: &'a [std::ffi::OsString],
+    },
+}
+
+/// A program [`QemuVmm::run_in_jail`] started.
+pub struct JailedProcess {
+    proc: Arc<ProcHandle>,
+    exit: watch::Receiver<Option<ProcessEnd>>,
+    uid: Option<u32>,
+}
+
+impl JailedProcess {
+    /// Its pid, as this process sees it.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// The uid it runs as (`None` unjailed: this process's).
+    pub fn uid(&self) -> Option<u32> {
+        self.uid
+    }
+
+    /// Kills it.
+    pub fn kill(&self) -> std::io::Result<bool> {
+        self.proc.signal(libc::SIGKILL)
+    }
+
+    /// Waits for its end: `Ok(exit code)`, or `Err(signal)` when a signal ended it.
+    pub async fn wait(&mut self) -> Result<i32, i32> {
+        match self.exit.wait_for(Option::is_some).await.map(|e| *e) {
+            Ok(Some(ProcessEnd::Code(code))) => Ok(code),
+            Ok(Some(ProcessEnd::Signal(sig))) => Err(sig),
+            _ => Err(0),
+        }
+    }
+}
+
+/// What to undo once a VMM has exited: its cgroup, and the files lent to its uid.
+#[derive(Debug, Default)]
+struct ExitCleanup {
+    cgroup: Option<VmCgroup>,
+    lent: Vec<PathBuf>,
+}
+
+impl ExitCleanup {
+    fn run(&self, vm: &str) {
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.remove() {
+                tracing::warn!(vm = %vm, error = %e, "cannot remove the VMM's cgroup");
+            }
+        }
+        for file in &self.lent {
+            jail::prepare::give_back(file);
+        }
+    }
+}
+
+/// An absolute path for `binary` (execve does not search PATH).
+fn resolve_binary(binary: &Path) -> Result<PathBuf, VmmError> {
+    if binary.is_absolute() {
+        return Ok(binary.to_owned());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|p| p.is_file())
+        .ok_or_else(|| VmmError::Spawn {
+            binary: binary.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found on PATH"),
+        })
+}
+
+fn open_null() -> Result<OwnedFd, VmmError> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| VmmError::io("open /dev/null", e))
+}
+
+fn log_file(path: &Path) -> Result<OwnedFd, VmmError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(OwnedFd::from)
+        .map_err(|e| VmmError::io(format!("open {}", path.display()), e))
+}
+
+/// A listening socket for QEMU to serve on (QMP, console, channel), at a fresh path.
+fn listen(path: &Path) -> Result<OwnedFd, VmmError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(VmmError::io(format!("remove {}", path.display()), e))
+        }
+        _ => {}
+    }
+    std::os::unix::net::UnixListener::bind(path)
+        .map(OwnedFd::from)
+        .map_err(|e| VmmError::io(format!("listen on {}", path.display()), e))
+}
+
+/// The pidfile, written whole or not at all.
+fn write_pidfile(path: &Path, pid: u32) -> Result<(), VmmError> {
+    let tmp = path.with_extension("pid.tmp");
+    std::fs::write(&tmp, format!("{pid}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| VmmError::io(format!("write {}", path.display()), e))
 }
 
 #[async_trait::async_trait]
@@ -144,21 +448,8 @@ impl Vmm for QemuVmm {
             Accel::Kvm => None,
         };
 
-        let child = self.spawn(cfg, &paths, tsc)?;
-        let pid = child.id().ok_or_else(|| VmmError::StartFailed {
-            detail: "QEMU exited at once".into(),
-        })?;
-        // The child cannot be reaped before the reaper runs, so this pidfd is surely QEMU's.
-        let proc = match ProcHandle::open(pid) {
-            Ok(p) => Arc::new(p),
-            Err(e) => {
-                // Dropping the Child would leave a zombie for tokio's orphan reaper; kill first.
-                let mut child = child;
-                let _ = child.kill().await;
-                return Err(VmmError::io(format!("open pidfd for pid {pid}"), e));
-            }
-        };
-        let mut status_rx = spawn_reaper(cfg.name.clone(), child);
+        let (proc, mut status_rx, _) = self.spawn(cfg, &paths, tsc, Program::Vmm).await?;
+        let pid = proc.pid();
         // If the caller drops this future mid-start, nobody would ever `cont` or kill the
         // paused QEMU; the guard kills it (the reaper task still reaps it).
         let mut cancel_guard = KillOnCancel(Some(proc.clone()));
@@ -211,6 +502,13 @@ impl Vmm for QemuVmm {
 
     fn names_under(&self, run_root: &Path) -> Vec<String> {
         procfs::qemu_names_under(run_root)
+    }
+
+    fn remove_stale_confinement(&self) -> usize {
+        match &self.jail {
+            Some(j) => jail::remove_empty_cgroups(&j.config.cgroups, &j.config.cgroup_parent),
+            None => 0,
+        }
     }
 
     async fn kill_strays(&self, name: &str) -> Result<usize, VmmError> {
@@ -287,6 +585,24 @@ impl Vmm for QemuVmm {
             Err(e) => {
                 tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
             }
+        }
+        if let Some(j) = &self.jail {
+            // Its start's reaper died with the node that started it; remove its cgroup when
+            // it ends (the files lent to it are given to the next VMM of the sandbox).
+            let cgroup = VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name);
+            let watched = proc.clone();
+            let vm = name.to_owned();
+            tokio::spawn(async move {
+                watched.wait_exit().await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    ExitCleanup {
+                        cgroup: Some(cgroup),
+                        lent: Vec::new(),
+                    }
+                    .run(&vm)
+                })
+                .await;
+            });
         }
         tracing::info!(vm = %name, pid, "adopted running VM");
         Ok(Vm::new(
@@ -409,18 +725,20 @@ impl Drop for KillOnCancel {
     }
 }
 
-/// Owns the child and reaps it, so no zombie stays behind even if the `Vm` is dropped.
-fn spawn_reaper(name: String, mut child: Child) -> watch::Receiver<Option<ProcessEnd>> {
+/// Reaps the child once it exits, undoes what its start lent it, and reports how it ended,
+/// so no zombie or cgroup stays behind even if the `Vm` is dropped.
+fn spawn_reaper(
+    name: String,
+    proc: Arc<ProcHandle>,
+    cleanup: ExitCleanup,
+) -> watch::Receiver<Option<ProcessEnd>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        let end = match child.wait().await {
-            Ok(status) => ProcessEnd::from(status),
-            Err(e) => {
-                tracing::warn!(vm = %name, error = %e, "waiting for QEMU failed");
-                ProcessEnd::Unknown
-            }
-        };
+        proc.wait_exit().await;
+        let end = proc.reap();
         tracing::debug!(vm = %name, ?end, "QEMU reaped");
+        let vm = name.clone();
+        let _ = tokio::task::spawn_blocking(move || cleanup.run(&vm)).await;
         tx.send_replace(Some(end));
     });
     rx

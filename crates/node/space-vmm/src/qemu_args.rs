@@ -14,7 +14,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use crate::accel::Accel;
-use crate::config::{GuestMemory, VmConfig, VmPaths};
+use crate::config::{GuestMemory, VmConfig};
+use crate::jail::{fds, DiskLimits, JailedFiles};
 
 /// Name of the virtio-serial port the guest daemon opens (`/sys/class/virtio-ports/*/name`).
 pub const AGENT_PORT_NAME: &str = "space.agent";
@@ -25,6 +26,8 @@ pub(crate) const RAM_ID: &str = "mem";
 pub(crate) const ROOT_DRIVE: &str = "root";
 /// QEMU chardev id of the serial console (matched in `query-chardev`).
 pub(crate) const CONSOLE_CHARDEV: &str = "console";
+/// Id of the object whose data is the VM's run directory (see `qemu_args`).
+pub(crate) const RUN_DIR_MARKER: &str = "space-run-dir";
 
 /// The kernel command line QEMU gets: the config's, plus under TCG a fixed TSC frequency so the
 /// guest never has to calibrate against the emulated PIT (which fails under host load and then
@@ -49,12 +52,19 @@ pub(crate) fn kernel_cmdline(cfg: &VmConfig, host_tsc_khz: Option<u64>) -> Strin
 /// console first and then sends `cont`, so no console output is lost.
 pub(crate) fn qemu_args(
     cfg: &VmConfig,
-    paths: &VmPaths,
+    files: &JailedFiles,
+    confined: Option<&DiskLimits>,
     host_tsc_khz: Option<u64>,
 ) -> Vec<OsString> {
     let mut a = Args::default();
     a.flag("-name")
         .arg(format!("{},debug-threads=off", cfg.name));
+    // QEMU ignores this object; it ties the process to its node's run directory in
+    // /proc/<pid>/cmdline (see `procfs::qemu_names_under`), since a jailed QEMU names no
+    // host path of its own.
+    let mut marker = OsString::from(format!("secret,id={RUN_DIR_MARKER},data="));
+    marker.push(escape_opt(cfg.run_dir.as_os_str()));
+    a.flag("-object").arg(marker);
     match cfg.accel {
         Accel::Tcg => {
             a.flag("-M").arg(format!(
@@ -77,32 +87,37 @@ pub(crate) fn qemu_args(
     }
     a.flag("-smp").arg(cfg.vcpus.to_string());
     a.flag("-m").arg(cfg.memory_mib.to_string());
-    a.flag("-object").arg(memory_object(cfg));
+    a.flag("-object").arg(memory_object(cfg, files));
     a.flag("-nodefaults")
         .flag("-no-user-config")
         .flag("-nographic")
         .flag("-no-reboot");
     a.flag("-msg").arg("timestamp=on");
-    // -kernel/-initrd/-append/-pidfile take their value verbatim (no option parsing, no escaping).
-    a.flag("-kernel").arg(cfg.kernel.as_os_str());
-    a.flag("-initrd").arg(cfg.initrd.as_os_str());
+    // -kernel/-initrd/-append take their value verbatim (no option parsing, no escaping).
+    a.flag("-kernel").arg(files.kernel.as_os_str());
+    a.flag("-initrd").arg(files.initrd.as_os_str());
     a.flag("-append").arg(kernel_cmdline(cfg, host_tsc_khz));
-    a.flag("-pidfile").arg(paths.pidfile.as_os_str());
-    // QMP on a chardev (not -qmp unix:…) so the path goes through the same escaping as the others.
-    a.flag("-chardev")
-        .arg(socket_chardev("qmp", paths.qmp.as_os_str()));
+    // The sockets are the node's, listening already, passed as descriptors: QEMU creates
+    // no file, and its pid (written by the node) needs no -pidfile.
+    a.flag("-chardev").arg(socket_chardev("qmp", fds::QMP));
     a.flag("-mon").arg("chardev=qmp,mode=control");
     a.flag("-chardev")
-        .arg(socket_chardev(CONSOLE_CHARDEV, paths.console.as_os_str()));
+        .arg(socket_chardev(CONSOLE_CHARDEV, fds::CONSOLE));
     a.flag("-serial").arg(format!("chardev:{CONSOLE_CHARDEV}"));
     let mut drive = OsString::from(format!("id={ROOT_DRIVE},file="));
-    drive.push(escape_opt(cfg.root_disk.as_os_str()));
+    drive.push(escape_opt(files.disk.as_os_str()));
     drive.push(",format=raw,if=none,discard=unmap");
+    if let Some(limits) = confined {
+        drive.push(format!(
+            ",throttling.bps-total={},throttling.iops-total={}",
+            limits.bytes_per_sec, limits.iops
+        ));
+    }
     a.flag("-drive").arg(drive);
     a.flag("-device").arg("virtio-blk-device,drive=root");
     a.flag("-device").arg("virtio-serial-device");
     a.flag("-chardev")
-        .arg(socket_chardev("channel", paths.channel.as_os_str()));
+        .arg(socket_chardev("channel", fds::CHANNEL));
     a.flag("-device").arg(format!(
         "virtserialport,chardev=channel,name={AGENT_PORT_NAME}"
     ));
@@ -110,10 +125,10 @@ pub(crate) fn qemu_args(
     if let Some(net) = &cfg.network {
         // The TAP exists already (persistent, with a virtio-net header) in the namespace
         // QEMU runs in; no scripts, QEMU never configures the host.
-        a.flag("-netdev").arg(format!(
-            "tap,id=net0,ifname={},script=no,downscript=no,vnet_hdr=on",
-            net.tap
-        ));
+        // The TAP is opened by the node inside the namespace (with a virtio-net header,
+        // which QEMU finds on the descriptor) and passed as a descriptor.
+        a.flag("-netdev")
+            .arg(format!("tap,id=net0,fd={}", fds::TAP));
         a.flag("-device").arg(format!(
             "virtio-net-device,netdev=net0,mac={}",
             net.mac_text()
@@ -123,18 +138,21 @@ pub(crate) fn qemu_args(
         // The state is fed in over QMP (`migrate-incoming`) once QMP and the console are up.
         a.flag("-incoming").arg("defer");
     }
+    if confined.is_some() {
+        // QEMU's own seccomp filter: no exec or fork (state moves over passed descriptors,
+        // never `exec:`), no privilege changes, no scheduler or resource changes, no
+        // obsolete system calls.
+        a.flag("-sandbox")
+            .arg("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+    }
     a.flag("-S");
     a.0
 }
 
 /// The `-object` that backs guest RAM.
-fn memory_object(cfg: &VmConfig) -> OsString {
-    match &cfg.memory {
-        GuestMemory::Anonymous => OsString::from(format!(
-            "memory-backend-ram,id={RAM_ID},size={}M",
-            cfg.memory_mib
-        )),
-        GuestMemory::File { path, shared } => {
+fn memory_object(cfg: &VmConfig, files: &JailedFiles) -> OsString {
+    match (&cfg.memory, &files.memory) {
+        (GuestMemory::File { shared, .. }, Some(path)) => {
             let mut s = OsString::from(format!(
                 "memory-backend-file,id={RAM_ID},size={}M,share={},mem-path=",
                 cfg.memory_mib,
@@ -143,15 +161,16 @@ fn memory_object(cfg: &VmConfig) -> OsString {
             s.push(escape_opt(path.as_os_str()));
             s
         }
+        _ => OsString::from(format!(
+            "memory-backend-ram,id={RAM_ID},size={}M",
+            cfg.memory_mib
+        )),
     }
 }
 
-/// A listening Unix socket chardev that does not wait for a client.
-fn socket_chardev(id: &str, path: &OsStr) -> OsString {
-    let mut s = OsString::from(format!("socket,id={id},path="));
-    s.push(escape_opt(path));
-    s.push(",server=on,wait=off");
-    s
+/// A chardev on a listening Unix socket passed as descriptor `fd`, not waiting for a client.
+fn socket_chardev(id: &str, fd: std::os::fd::RawFd) -> String {
+    format!("socket,id={id},fd={fd},server=on,wait=off")
 }
 
 /// QEMU option values escape a literal comma by doubling it.
@@ -199,7 +218,11 @@ pub(crate) fn display_command(binary: &OsStr, args: &[OsString]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
+
+    fn args_of(c: &VmConfig, tsc: Option<u64>) -> Vec<OsString> {
+        qemu_args(c, &JailedFiles::host(c), None, tsc)
+    }
 
     fn cfg(accel: Accel) -> VmConfig {
         VmConfig {
@@ -222,16 +245,15 @@ mod tests {
     #[test]
     fn network_card_on_a_tap() {
         let mut c = cfg(Accel::Tcg);
-        let none = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
+        let none = strings(&args_of(&c, None));
         assert!(!none.iter().any(|a| a.contains("virtio-net")));
         c.network = Some(crate::VmNetwork {
             netns: PathBuf::from("/run/netns/x"),
             tap: "tap0".into(),
             mac: [2, 0x53, 0x50, 0, 2, 0x0f],
         });
-        let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
-        assert!(args
-            .contains(&"tap,id=net0,ifname=tap0,script=no,downscript=no,vnet_hdr=on".to_owned()));
+        let args = strings(&args_of(&c, None));
+        assert!(args.contains(&"tap,id=net0,fd=6".to_owned()));
         assert!(args.contains(&"virtio-net-device,netdev=net0,mac=02:53:50:00:02:0f".to_owned()));
     }
 
@@ -251,7 +273,7 @@ mod tests {
     #[test]
     fn tcg_command_line() {
         let c = cfg(Accel::Tcg);
-        let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), Some(2_596_134)));
+        let args = strings(&args_of(&c, Some(2_596_134)));
         assert_eq!(value_of(&args, "-name"), ["sbx-1,debug-threads=off"]);
         assert_eq!(
             value_of(&args, "-M"),
@@ -259,9 +281,13 @@ mod tests {
         );
         assert_eq!(
             value_of(&args, "-object"),
-            ["memory-backend-ram,id=mem,size=256M"]
+            [
+                "secret,id=space-run-dir,data=/run/sbx-1",
+                "memory-backend-ram,id=mem,size=256M"
+            ]
         );
         assert!(!args.iter().any(|a| a == "-incoming"));
+        assert!(!args.iter().any(|a| a == "-sandbox" || a == "-pidfile"));
         assert_eq!(value_of(&args, "-accel"), ["tcg,tb-size=64"]);
         assert_eq!(value_of(&args, "-cpu"), ["max"]);
         assert_eq!(
@@ -272,12 +298,10 @@ mod tests {
             value_of(&args, "-drive"),
             ["id=root,file=/data/a,,b.raw,format=raw,if=none,discard=unmap"]
         );
-        assert!(value_of(&args, "-chardev")
-            .contains(&"socket,id=qmp,path=/run/sbx-1/qmp.sock,server=on,wait=off"));
+        assert!(value_of(&args, "-chardev").contains(&"socket,id=qmp,fd=3,server=on,wait=off"));
         assert!(
             value_of(&args, "-device").contains(&"virtserialport,chardev=channel,name=space.agent")
         );
-        assert_eq!(value_of(&args, "-pidfile"), ["/run/sbx-1/vmm.pid"]);
         assert_eq!(args.last().map(String::as_str), Some("-S"));
     }
 
@@ -293,10 +317,10 @@ mod tests {
             ignore_shared: true,
             paused: false,
         });
-        let args = strings(&qemu_args(&c, &VmPaths::new(&c.run_dir), None));
+        let args = strings(&args_of(&c, None));
         assert_eq!(
-            value_of(&args, "-object"),
-            ["memory-backend-file,id=mem,size=256M,share=off,mem-path=/img/a,,b/memory"]
+            value_of(&args, "-object")[1],
+            "memory-backend-file,id=mem,size=256M,share=off,mem-path=/img/a,,b/memory"
         );
         assert_eq!(value_of(&args, "-incoming"), ["defer"]);
         assert_eq!(args.last().map(String::as_str), Some("-S"));
@@ -305,11 +329,42 @@ mod tests {
     #[test]
     fn kvm_command_line() {
         let c = cfg(Accel::Kvm);
-        let args = strings(&qemu_args(&c, &VmPaths::new(Path::new("/r")), Some(1)));
+        let args = strings(&args_of(&c, Some(1)));
         assert_eq!(value_of(&args, "-accel"), ["kvm"]);
         assert_eq!(value_of(&args, "-cpu"), ["host"]);
         // KVM guests use kvmclock; no TSC override.
         assert_eq!(value_of(&args, "-append"), ["console=ttyS0 quiet"]);
+    }
+
+    #[test]
+    fn a_jailed_vmm_sees_jail_paths_a_seccomp_filter_and_disk_throttling() {
+        let c = cfg(Accel::Tcg);
+        let files = JailedFiles {
+            kernel: "/kernel/vmlinuz".into(),
+            initrd: "/kernel/initrd".into(),
+            disk: "/disk.raw".into(),
+            memory: None,
+        };
+        let limits = DiskLimits {
+            bytes_per_sec: 100,
+            iops: 7,
+        };
+        let args = strings(&qemu_args(&c, &files, Some(&limits), None));
+        assert_eq!(value_of(&args, "-kernel"), ["/kernel/vmlinuz"]);
+        assert_eq!(
+            value_of(&args, "-drive"),
+            ["id=root,file=/disk.raw,format=raw,if=none,discard=unmap,throttling.bps-total=100,throttling.iops-total=7"]
+        );
+        assert_eq!(
+            value_of(&args, "-sandbox"),
+            ["on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+        );
+        // Nothing of the host's file system is named but the run-dir marker.
+        let host = args
+            .iter()
+            .filter(|a| a.contains("/data/") || a.contains("/boot/") || a.contains("/img/"))
+            .count();
+        assert_eq!(host, 0, "{args:?}");
     }
 
     #[test]

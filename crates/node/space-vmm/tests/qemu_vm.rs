@@ -622,3 +622,101 @@ async fn network_card_attaches_to_the_tap_inside_its_namespace() {
 
     vm.kill(Duration::from_secs(5)).await.expect("kill");
 }
+
+/// A field of /proc/<pid>/status (`Uid`, `Seccomp`, `NoNewPrivs`, …).
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Asks QEMU over a raw QMP connection (the node's own has been closed) to migrate to an
+/// `exec:` URI, i.e. to spawn a shell command.
+async fn qmp_migrate_exec(sock: &Path, command: &str) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::net::UnixStream::connect(sock).await.expect("QMP");
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let _greeting = lines.next_line().await;
+    write
+        .write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
+        .await
+        .unwrap();
+    let _ = lines.next_line().await;
+    let cmd = format!("{{\"execute\":\"migrate\",\"arguments\":{{\"uri\":\"exec:{command}\"}}}}\n");
+    let _ = write.write_all(cmd.as_bytes()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jailed_vmm_is_confined_and_its_seccomp_filter_refuses_to_spawn() {
+    let fx = Fixture::new();
+    let marker = fx.dir.path().join("spawned");
+    let command = format!("/usr/bin/touch {}", marker.display());
+
+    // Unjailed, QEMU runs the command: the migration target is a program.
+    let cfg = fx.config("unjailed", "tick");
+    let vm = QemuVmm::unjailed("qemu-system-x86_64")
+        .launch(&cfg)
+        .await
+        .unwrap();
+    let _guard = KillOnDrop::new(&vm);
+    let sock = vm.paths().qmp.clone();
+    drop(vm);
+    qmp_migrate_exec(&sock, &command).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || marker.exists()).await,
+        "unjailed QEMU did not run the exec: migration command"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    // Jailed: its own uid, no capabilities, seccomp, its own namespaces.
+    let mut cfg = fx.config("jailed", "tick");
+    cfg.root_disk = fx.dir.path().join("disk-jailed.raw");
+    std::fs::File::create(&cfg.root_disk)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let vm = QemuVmm::new().launch(&cfg).await.unwrap();
+    let _guard = KillOnDrop::new(&vm);
+    let pid = vm.pid();
+    let uids = status_field(pid, "Uid");
+    assert!(
+        uids.split_whitespace().all(|u| u != "0"),
+        "jailed QEMU runs as uid {uids}"
+    );
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapBnd"), "0000000000000000");
+    for ns in ["pid", "mnt", "ipc", "uts", "net"] {
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+        let its = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+        assert_ne!(ours, its, "jailed QEMU shares our {ns} namespace");
+    }
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(environ.is_empty(), "jailed QEMU has an environment");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        cgroups.contains(&format!("/space/vmm/{}", cfg.name)),
+        "{cgroups}"
+    );
+    // The guest still runs.
+    let ticks = last_tick(&vm);
+    assert!(
+        wait_until(BOOT_TIMEOUT, || last_tick(&vm) > ticks + 1).await,
+        "jailed guest does not run"
+    );
+    // Asked to spawn, QEMU is killed by its filter, and nothing runs.
+    let sock = vm.paths().qmp.clone();
+    drop(vm);
+    qmp_migrate_exec(&sock, &command).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || !process_exists(pid)).await,
+        "jailed QEMU survived an exec: migration"
+    );
+    assert!(!marker.exists(), "jailed QEMU ran a program");
+}

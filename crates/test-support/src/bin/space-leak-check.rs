@@ -1,5 +1,6 @@
 //! Runs after the whole test suite: unmounts the shared test store and fails if any QEMU
-//! process, mount, loop device, network namespace or sandbox disk of SPACE is left on the machine.
+//! process, mount, loop device, network namespace, busy VMM cgroup or sandbox disk of SPACE is
+//! left on the machine.
 
 use std::process::ExitCode;
 
@@ -24,6 +25,13 @@ fn main() -> ExitCode {
     }
     for n in test_support::leaks::sandbox_namespaces() {
         problems.push(format!("stray network namespace {n}"));
+    }
+    let (busy, removed) = test_support::leaks::vmm_cgroups();
+    for c in busy {
+        problems.push(format!("VMM cgroup with processes left {c}"));
+    }
+    if removed > 0 {
+        println!("leak check: removed {removed} empty VMM cgroups of VMMs that ended unwatched");
     }
     if problems.is_empty() {
         println!("leak check: no stray QEMU process, mount, loop device, network namespace or sandbox disk");

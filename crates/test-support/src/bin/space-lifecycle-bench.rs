@@ -139,6 +139,171 @@ async fn main() {
     if run("memory") {
         memory_of_idle_sandboxes().await;
     }
+    // Not in the default set: it runs two nodes side by side.
+    if parts.iter().any(|a| a == "jail") {
+        jail_overhead().await;
+    }
+}
+
+const JAIL_POOL: usize = 6;
+const JAIL_ROUNDS: usize = 4;
+const JAIL_SAMPLES: usize = 20;
+const JAIL_CHECKPOINTS: usize = 10;
+const JAIL_FORKS: usize = 3;
+
+/// An unjailed and a jailed node (in that order) with `pool` warm members per shape, each
+/// with its memory image built.
+async fn jail_pair(pool: usize) -> (Vec<TestServer>, Vec<Node>) {
+    let mut sides = Vec::new();
+    for jailed in [false, true] {
+        let ts = server(|c| {
+            c.node.vmm_jail = jailed;
+            c.node.pool_size = pool;
+        })
+        .await;
+        let first = ts
+            .client
+            .create_sandbox(&request(None, None))
+            .await
+            .expect("first");
+        ts.client
+            .delete_sandbox(first.id.as_str())
+            .await
+            .expect("delete");
+        sides.push(ts);
+    }
+    let nodes = sides
+        .iter()
+        .map(|ts| ts.server().state().node.clone())
+        .collect();
+    (sides, nodes)
+}
+
+/// What the VMM jail costs: the same operations on a jailed and an unjailed node, run at the
+/// same time and alternated operation by operation, so drift of the host hits both alike.
+async fn jail_overhead() {
+    let (sides, nodes) = jail_pair(JAIL_POOL).await;
+    let mut figures: Vec<(&str, [Vec<f64>; 2])> = Vec::new();
+
+    // Creates from a full pool: wait for both pools, then alternate creates.
+    let mut pool = [Vec::new(), Vec::new()];
+    for _ in 0..JAIL_ROUNDS {
+        for n in &nodes {
+            wait_pool(n, JAIL_POOL).await;
+        }
+        for _ in 0..JAIL_POOL {
+            for (i, ts) in sides.iter().enumerate() {
+                let t = Instant::now();
+                let sb = ts
+                    .client
+                    .create_sandbox(&request(None, None))
+                    .await
+                    .expect("create");
+                pool[i].push(ms(t.elapsed()));
+                exec_ok(ts, &sb.id).await;
+                ts.client
+                    .delete_sandbox(sb.id.as_str())
+                    .await
+                    .expect("delete");
+            }
+        }
+    }
+    figures.push(("create from the pool", pool));
+    for ts in sides {
+        ts.stop().await;
+    }
+    // Creates that miss the pool restore from the memory image: nodes without a pool.
+    let (sides, nodes) = jail_pair(0).await;
+    let mut image = [Vec::new(), Vec::new()];
+    for _ in 0..JAIL_SAMPLES {
+        for (i, ts) in sides.iter().enumerate() {
+            let t = Instant::now();
+            let sb = ts
+                .client
+                .create_sandbox(&request(None, None))
+                .await
+                .expect("create");
+            image[i].push(ms(t.elapsed()));
+            exec_ok(ts, &sb.id).await;
+            ts.client
+                .delete_sandbox(sb.id.as_str())
+                .await
+                .expect("delete");
+        }
+    }
+    figures.push(("create from the memory image", image));
+    let mut sandboxes = Vec::new();
+    for ts in &sides {
+        let sb = ts
+            .client
+            .create_sandbox(&request(Some(512), None))
+            .await
+            .expect("create");
+        ts.client
+            .run(
+                &sb.id,
+                &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"),
+            )
+            .await
+            .expect("use memory");
+        sandboxes.push(sb.id);
+    }
+    let mut resume = [Vec::new(), Vec::new()];
+    for _ in 0..JAIL_SAMPLES {
+        for (i, n) in nodes.iter().enumerate() {
+            n.pause_sandbox(&sandboxes[i], PauseCause::User)
+                .await
+                .expect("pause");
+            let t = Instant::now();
+            n.resume_sandbox(&sandboxes[i]).await.expect("resume");
+            resume[i].push(ms(t.elapsed()));
+        }
+    }
+    figures.push(("resume after pause", resume));
+    let mut checkpoint = [Vec::new(), Vec::new()];
+    for _ in 0..JAIL_CHECKPOINTS {
+        for (i, n) in nodes.iter().enumerate() {
+            let t = Instant::now();
+            let c = n
+                .checkpoint(&sandboxes[i], None, SnapshotTrigger::Manual, None)
+                .await
+                .expect("checkpoint");
+            checkpoint[i].push(ms(t.elapsed()));
+            n.delete_snapshot(&sandboxes[i], &c.info.id)
+                .await
+                .expect("delete snapshot");
+        }
+    }
+    figures.push(("checkpoint 512 MiB (whole operation)", checkpoint));
+    let mut fork = [Vec::new(), Vec::new()];
+    for _ in 0..JAIL_FORKS {
+        for (i, n) in nodes.iter().enumerate() {
+            let children: Vec<SandboxId> =
+                (0..FORK_CHILDREN).map(|_| SandboxId::generate()).collect();
+            let t = Instant::now();
+            n.fork(&sandboxes[i], &children, None).await.expect("fork");
+            fork[i].push(ms(t.elapsed()));
+            for c in &children {
+                let _ = n.delete_sandbox(c).await;
+            }
+        }
+    }
+    figures.push(("fork into 10", fork));
+
+    println!("VMM jail: unjailed vs jailed, alternated in one run (ms)");
+    for (name, [mut off, mut on]) in figures {
+        let (off50, off90) = (pct(&mut off, 0.5), pct(&mut off, 0.9));
+        let (on50, on90) = (pct(&mut on, 0.5), pct(&mut on, 0.9));
+        println!(
+            "{name:<38} n={:<3} unjailed p50={off50:>7.1} p90={off90:>7.1}   jailed p50={on50:>7.1} p90={on90:>7.1}   p50 {:+.1} %  p90 {:+.1} %   target <= +10 %",
+            on.len(),
+            (on50 / off50 - 1.0) * 100.0,
+            (on90 / off90 - 1.0) * 100.0,
+        );
+    }
+    for ts in sides {
+        ts.stop().await;
+    }
 }
 
 /// 100 creates at concurrency 4 with the default pool; each create is followed by an exec

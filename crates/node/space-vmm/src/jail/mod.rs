@@ -1,0 +1,91 @@
+//! The VMM jail: the second wall around a sandbox, after the VM itself.
+//!
+//! Every QEMU starts, in the spirit of Firecracker's jailer, as PID 1 of its own pid, mount,
+//! ipc and uts namespaces, inside the sandbox's network namespace, after `pivot_root` into a
+//! per-VM directory (`<run_dir>/root`) that holds only what it needs: `/usr` (QEMU, its
+//! libraries and firmware) read-only, the kernel bundle read-only, its own disk, and `/proc`
+//! showing only itself. Its sockets, TAP device, memory image and state files arrive as
+//! descriptors; it never sees a path of the host. It runs as a uid and gid of its own from a
+//! reserved range ([`UidRange`]), with no capabilities (the bounding set emptied too),
+//! `no_new_privs`, a seccomp filter of the jail's own (no namespaces, mounts, tracing, kernel
+//! modules, BPF or keyrings), an empty environment, no core dumps and bounded descriptors,
+//! in a network namespace of its own when the sandbox has none, in a cgroup
+//! of its own limiting CPU, memory, pids and disk I/O, with an `oom_score_adj` that makes it
+//! the kernel's first choice under memory pressure, and under QEMU's own seccomp filter
+//! (`-sandbox on,…,spawn=deny,…`), so it can neither run a program nor gain privileges.
+//!
+//! [`plan`] derives every path and mount from a [`VmConfig`] (pure, unit-tested); [`spawn`]
+//! carries the plan out in a child between `clone3` and `execve`.
+
+mod block_device;
+mod cgroup;
+mod memory_image;
+mod plan;
+pub(crate) mod prepare;
+mod seccomp;
+pub(crate) mod spawn;
+mod uids;
+
+use std::path::PathBuf;
+
+pub(crate) use block_device::BlockDevices;
+pub use cgroup::CgroupLayout;
+pub(crate) use cgroup::{remove_empty as remove_empty_cgroups, VmCgroup};
+pub(crate) use memory_image::MemoryImages;
+pub(crate) use plan::{fds, plan, Bind, JailedFiles};
+pub(crate) use uids::lease as lease_uid;
+pub use uids::UidRange;
+
+/// How a node jails its VMMs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailConfig {
+    /// Uids (and gids) handed to VMMs, one per live VMM.
+    pub uids: UidRange,
+    /// Lock files of the uids in use, shared by every node on the machine.
+    pub uid_lock_dir: PathBuf,
+    /// Where cgroups live on this host.
+    pub cgroups: CgroupLayout,
+    /// The node's cgroup directory, relative to the hierarchy root (`space/<node>`); each VMM
+    /// gets `<cgroup_parent>/<vm name>`.
+    pub cgroup_parent: PathBuf,
+    /// Memory a VMM may use beyond guest RAM (device emulation, I/O buffers, page cache of
+    /// its disk), on top of the TCG translation cache when there is one.
+    pub vmm_overhead_mib: u64,
+    /// Processes and threads a VMM may have (QEMU: vCPU threads, I/O workers).
+    pub max_pids: u32,
+    /// Descriptors a VMM may hold.
+    pub max_open_files: u64,
+    /// `oom_score_adj` of every VMM: under memory pressure the kernel kills a VMM (one
+    /// sandbox) before anything else of the node.
+    pub oom_score_adj: i32,
+    /// Disk I/O each VMM may do per vCPU, enforced by QEMU on its disk and by the cgroup on
+    /// the block device under the disk's file system (when it has one).
+    pub disk_per_vcpu: DiskLimits,
+}
+
+/// Disk I/O bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskLimits {
+    pub bytes_per_sec: u64,
+    pub iops: u64,
+}
+
+impl JailConfig {
+    /// Defaults for a node whose VMM cgroups go under `space/<node>`.
+    pub fn new(node: &str) -> JailConfig {
+        JailConfig {
+            uids: UidRange::DEFAULT,
+            uid_lock_dir: PathBuf::from("/run/space/vmm-uids"),
+            cgroups: CgroupLayout::detect(),
+            cgroup_parent: PathBuf::from("space").join(node),
+            vmm_overhead_mib: 256,
+            max_pids: 128,
+            max_open_files: 1024,
+            oom_score_adj: 800,
+            disk_per_vcpu: DiskLimits {
+                bytes_per_sec: 256 << 20,
+                iops: 20_000,
+            },
+        }
+    }
+}
