@@ -121,3 +121,62 @@ fn privileged_calls_stay_in_the_node_manager() {
         }
     }
 }
+
+/// The host's privileged primitives (mounts, namespaces, `pivot_root`, new processes in new
+/// namespaces, network configuration, VMMs) appear only in the code that runs as the node
+/// manager: the VMM driver and its jail, the store's mount, the network datapath, and
+/// `space_node::node_manager`. The guest daemon is another machine's root and may mount
+/// there; tests and benchmarks set up what they test.
+#[test]
+fn privileged_primitives_live_only_in_the_node_manager() {
+    let root = workspace_root().join("crates");
+    let allowed = [
+        "node/space-vmm/src/",
+        "node/space-storage/src/loopback.rs",
+        "node/space-storage/src/mountinfo.rs",
+        "node/space-storage/src/store.rs",
+        "node/space-net/src/datapath/",
+        "node/space-net/src/uplink.rs",
+        "node/space-node/src/node_manager.rs",
+        "sandbox/spaced/",
+        "test-support/",
+    ];
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let needles = [
+        "libc::mount(",
+        "nix::mount::",
+        "setns(",
+        "unshare(",
+        "SYS_pivot_root",
+        "SYS_clone3",
+        "Command::new(\"mount\")",
+        "Command::new(\"losetup\")",
+        "Command::new(\"ip\")",
+        "Command::new(\"nft\")",
+        "Command::new(\"qemu",
+        "QemuVmm::",
+    ];
+    let mut offenders = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap_or(f)
+            .to_string_lossy()
+            .into_owned();
+        let test_code = rel.contains("/tests/") || rel.contains("/benches/");
+        if test_code || allowed.iter().any(|a| rel.starts_with(a)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        for needle in needles {
+            if text.contains(needle) {
+                offenders.push(format!("{rel}: {needle}"));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "privileged primitives outside the node manager: {offenders:#?}"
+    );
+}

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::{netns, GuestLink, NetError, SandboxNetwork};
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
-use space_vmm::{Vm, VmConfig, VmNetwork, Vmm};
+use space_vmm::{QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
 
 /// Why a privileged operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +152,22 @@ impl LocalNodeManager {
     /// A node manager that starts VMs with `vmm`.
     pub fn new(vmm: Arc<dyn Vmm>) -> Self {
         Self { vmm }
+    }
+
+    /// The node manager of the node whose run directory is `run_root`: QEMU VMMs, each in a
+    /// jail of its own unless `jail` is false (only to measure what the jail costs).
+    pub fn qemu(run_root: &Path, jail: bool) -> Self {
+        let vmm = if jail {
+            // The node's VMM cgroups are named like its network namespaces, after its run
+            // directory, so nodes sharing a machine never touch each other's.
+            let node = crate::network::netns_prefix(run_root);
+            let config = space_vmm::JailConfig::new(node.trim_end_matches('-'));
+            QemuVmm::jailed("qemu-system-x86_64", config)
+        } else {
+            tracing::warn!("VMMs run unjailed, as root: for measuring the jail only");
+            QemuVmm::unjailed("qemu-system-x86_64")
+        };
+        Self::new(Arc::new(vmm))
     }
 }
 

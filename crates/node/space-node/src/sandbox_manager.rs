@@ -13,7 +13,7 @@ use space_core::template::TemplateInfo;
 use space_core::{NodeCapacity, SandboxEvent, SandboxId, SandboxState};
 use space_guest_client::GuestClient;
 use space_storage::Store;
-use space_vmm::{Accel, QemuVmm, Vm};
+use space_vmm::{Accel, Vm};
 use tokio::task::AbortHandle;
 
 use crate::config::{default_capacity, NodeConfig, MAX_DATA_DIR_LEN};
@@ -121,17 +121,7 @@ impl Node {
         };
         tracing::info!(%accel, "VMs will run under {accel}");
         let run_root = data_dir.join("run");
-        let vmm = if cfg.vmm_jail {
-            // The node's VMM cgroups are named like its network namespaces, after its run
-            // directory, so nodes sharing a machine never touch each other's.
-            let node = crate::network::netns_prefix(&run_root);
-            let jail = space_vmm::JailConfig::new(node.trim_end_matches('-'));
-            QemuVmm::jailed("qemu-system-x86_64", jail)
-        } else {
-            tracing::warn!("VMMs run unjailed, as root: for measuring the jail only");
-            QemuVmm::unjailed("qemu-system-x86_64")
-        };
-        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::new(Arc::new(vmm)));
+        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::qemu(&run_root, cfg.vmm_jail));
         let store = {
             let nm = nm.clone();
             let (dir, size) = (data_dir.clone(), cfg.loop_size_bytes);

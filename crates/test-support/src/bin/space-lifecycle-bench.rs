@@ -151,6 +151,24 @@ const JAIL_SAMPLES: usize = 20;
 const JAIL_CHECKPOINTS: usize = 10;
 const JAIL_FORKS: usize = 3;
 
+/// Milliseconds of one default create; the sandbox is then proved exec-ready and deleted
+/// (not timed).
+async fn timed_create(ts: &TestServer) -> f64 {
+    let t = Instant::now();
+    let sb = ts
+        .client
+        .create_sandbox(&request(None, None))
+        .await
+        .expect("create");
+    let took = ms(t.elapsed());
+    exec_ok(ts, &sb.id).await;
+    ts.client
+        .delete_sandbox(sb.id.as_str())
+        .await
+        .expect("delete");
+    took
+}
+
 /// An unjailed and a jailed node (in that order) with `pool` warm members per shape, each
 /// with its memory image built.
 async fn jail_pair(pool: usize) -> (Vec<TestServer>, Vec<Node>) {
@@ -161,15 +179,8 @@ async fn jail_pair(pool: usize) -> (Vec<TestServer>, Vec<Node>) {
             c.node.pool_size = pool;
         })
         .await;
-        let first = ts
-            .client
-            .create_sandbox(&request(None, None))
-            .await
-            .expect("first");
-        ts.client
-            .delete_sandbox(first.id.as_str())
-            .await
-            .expect("delete");
+        // The first create builds the memory image.
+        timed_create(&ts).await;
         sides.push(ts);
     }
     let nodes = sides
@@ -193,18 +204,7 @@ async fn jail_overhead() {
         }
         for _ in 0..JAIL_POOL {
             for (i, ts) in sides.iter().enumerate() {
-                let t = Instant::now();
-                let sb = ts
-                    .client
-                    .create_sandbox(&request(None, None))
-                    .await
-                    .expect("create");
-                pool[i].push(ms(t.elapsed()));
-                exec_ok(ts, &sb.id).await;
-                ts.client
-                    .delete_sandbox(sb.id.as_str())
-                    .await
-                    .expect("delete");
+                pool[i].push(timed_create(ts).await);
             }
         }
     }
@@ -217,18 +217,7 @@ async fn jail_overhead() {
     let mut image = [Vec::new(), Vec::new()];
     for _ in 0..JAIL_SAMPLES {
         for (i, ts) in sides.iter().enumerate() {
-            let t = Instant::now();
-            let sb = ts
-                .client
-                .create_sandbox(&request(None, None))
-                .await
-                .expect("create");
-            image[i].push(ms(t.elapsed()));
-            exec_ok(ts, &sb.id).await;
-            ts.client
-                .delete_sandbox(sb.id.as_str())
-                .await
-                .expect("delete");
+            image[i].push(timed_create(ts).await);
         }
     }
     figures.push(("create from the memory image", image));

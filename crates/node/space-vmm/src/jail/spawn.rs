@@ -107,29 +107,10 @@ pub(crate) enum Step {
 
 impl Step {
     fn from_u8(v: u8) -> Option<Step> {
-        use Step::*;
-        const ALL: [Step; 19] = [
-            Setsid,
-            Netns,
-            Tap,
-            Hostname,
-            MountPrivate,
-            BindRoot,
-            Mount,
-            Remount,
-            RemountRoot,
-            PivotRoot,
-            CapabilityBound,
-            Groups,
-            Gid,
-            Uid,
-            NoNewPrivs,
-            Rlimit,
-            Seccomp,
-            Fds,
-            Exec,
-        ];
-        ALL.into_iter().find(|s| *s as u8 == v)
+        // SAFETY: Step is repr(u8) with the contiguous discriminants 1..=Exec, checked here.
+        (1..=Step::Exec as u8)
+            .contains(&v)
+            .then(|| unsafe { std::mem::transmute::<u8, Step>(v) })
     }
 
     pub(crate) fn describe(self) -> &'static str {
