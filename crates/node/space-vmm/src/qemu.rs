@@ -270,6 +270,10 @@ impl QemuVmm {
             }
         };
         if let Err(failure) = released {
+            // A child that has not reached execve is killed (the reaper cleans up).
+            if let Err(e) = proc.signal(libc::SIGKILL) {
+                tracing::warn!(vm = %cfg.name, pid, error = %e, "cannot kill a VMM that failed to start");
+            }
             paths.remove_runtime_files();
             let step = failure.step.map_or("starting the VMM", |s| s.describe());
             return Err(VmmError::Jail {

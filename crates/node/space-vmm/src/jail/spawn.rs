@@ -7,9 +7,11 @@
 //! pidfd, so no intermediate process and no pid reuse race exist.
 //!
 //! The child is a copy of a multi-threaded process: until `execve` it may only make
-//! async-signal-safe system calls, so everything it needs (C strings, pointer arrays,
-//! `ifreq`, rlimits) is prepared by the parent beforehand, and a failure is reported as a
-//! step number and an errno over a close-on-exec pipe. The child also waits for the parent's
+//! async-signal-safe system calls, and no glibc call that takes a lock (the uid and group
+//! changes are raw system calls for that reason), so everything it needs (C strings,
+//! pointer arrays, `ifreq`, rlimits) is prepared by the parent beforehand, and a failure is
+//! reported as a step number and an errno over a close-on-exec pipe. The parent waits for
+//! the child's `execve` for a bounded time and kills a child that does not get there. The child also waits for the parent's
 //! go byte: the parent first records the pid and moves the child into its cgroup, so no
 //! program ever runs unrecorded or unconfined (a parent that dies first leaves a child that
 //! reads EOF and exits without running anything).
@@ -172,6 +174,10 @@ struct TunRequest {
     _pad: [u8; 22],
 }
 
+/// How long the child may take from the gate to `execve` (mounts and a few system calls:
+/// milliseconds; the bound is for a child stuck anyway, which is then killed).
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Highest capability number we drop from the bounding set; unknown ones fail with EINVAL,
 /// which is ignored.
 const MAX_CAPABILITY: libc::c_ulong = 63;
@@ -330,7 +336,33 @@ impl Gate {
         drop(self.go);
         let mut report = [0u8; 7];
         let mut got = 0;
+        let deadline = std::time::Instant::now() + RELEASE_TIMEOUT;
         while got < report.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.status.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one pollfd we own.
+            let ready = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as libc::c_int) };
+            if ready == 0 {
+                return Err(ChildFailure {
+                    step: None,
+                    index: 0,
+                    error: io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the child did not reach execve within {RELEASE_TIMEOUT:?}"),
+                    ),
+                });
+            }
+            if ready < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(fail(e));
+            }
             // SAFETY: reading into the unfilled part of a local buffer.
             let n = unsafe {
                 libc::read(
@@ -543,14 +575,34 @@ unsafe fn jail_self(st: RawFd, j: &JailSteps) {
             fail(st, Step::CapabilityBound, cap as usize);
         }
     }
-    if libc::setgroups(0, std::ptr::null()) < 0 {
+    // Raw system calls, not glibc's wrappers: those broadcast the change to every thread
+    // glibc believes exists, under a lock another thread of the parent may have held at
+    // clone time, and then wait forever (seen: children stuck in a futex as root).
+    if libc::syscall(
+        libc::SYS_setgroups,
+        0 as libc::c_long,
+        std::ptr::null::<libc::gid_t>(),
+    ) < 0
+    {
         fail(st, Step::Groups, 0);
     }
-    if libc::setresgid(j.gid, j.gid, j.gid) < 0 {
+    if libc::syscall(
+        libc::SYS_setresgid,
+        j.gid as libc::c_long,
+        j.gid as libc::c_long,
+        j.gid as libc::c_long,
+    ) < 0
+    {
         fail(st, Step::Gid, 0);
     }
     // From root to a non-zero uid in all three: the kernel clears every capability.
-    if libc::setresuid(j.uid, j.uid, j.uid) < 0 {
+    if libc::syscall(
+        libc::SYS_setresuid,
+        j.uid as libc::c_long,
+        j.uid as libc::c_long,
+        j.uid as libc::c_long,
+    ) < 0
+    {
         fail(st, Step::Uid, 0);
     }
     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
