@@ -151,6 +151,23 @@ const JAIL_SAMPLES: usize = 20;
 const JAIL_CHECKPOINTS: usize = 10;
 const JAIL_FORKS: usize = 3;
 
+/// A 512 MiB sandbox with 64 MiB of its memory in use (for checkpoints, resumes, forks).
+async fn busy_sandbox(ts: &TestServer) -> SandboxId {
+    let sb = ts
+        .client
+        .create_sandbox(&request(Some(512), None))
+        .await
+        .expect("create");
+    ts.client
+        .run(
+            &sb.id,
+            &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"),
+        )
+        .await
+        .expect("use memory");
+    sb.id
+}
+
 /// Milliseconds of one default create; the sandbox is then proved exec-ready and deleted
 /// (not timed).
 async fn timed_create(ts: &TestServer) -> f64 {
@@ -223,19 +240,7 @@ async fn jail_overhead() {
     figures.push(("create from the memory image", image));
     let mut sandboxes = Vec::new();
     for ts in &sides {
-        let sb = ts
-            .client
-            .create_sandbox(&request(Some(512), None))
-            .await
-            .expect("create");
-        ts.client
-            .run(
-                &sb.id,
-                &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"),
-            )
-            .await
-            .expect("use memory");
-        sandboxes.push(sb.id);
+        sandboxes.push(busy_sandbox(ts).await);
     }
     let mut resume = [Vec::new(), Vec::new()];
     for _ in 0..JAIL_SAMPLES {
@@ -364,29 +369,11 @@ async fn create_from_pool() {
 /// Creates restored from the memory image with no pool.
 async fn create_pool_miss() -> f64 {
     let ts = server(|c| c.node.pool_size = 0).await;
-    let first = ts
-        .client
-        .create_sandbox(&request(None, None))
-        .await
-        .expect("first");
-    ts.client
-        .delete_sandbox(first.id.as_str())
-        .await
-        .expect("delete");
+    // The first create builds the memory image.
+    timed_create(&ts).await;
     let mut lat = Vec::new();
     for _ in 0..MISS_CREATES {
-        let t = Instant::now();
-        let sb = ts
-            .client
-            .create_sandbox(&request(None, None))
-            .await
-            .expect("create");
-        lat.push(ms(t.elapsed()));
-        exec_ok(&ts, &sb.id).await;
-        ts.client
-            .delete_sandbox(sb.id.as_str())
-            .await
-            .expect("delete");
+        lat.push(timed_create(&ts).await);
     }
     let p50 = pct(&mut lat, 0.5);
     report(
@@ -474,29 +461,18 @@ async fn operations() {
     );
 
     // Checkpoints of a 512 MiB sandbox with some memory in use.
-    let sb = ts
-        .client
-        .create_sandbox(&request(Some(512), None))
-        .await
-        .expect("create");
-    ts.client
-        .run(
-            &sb.id,
-            &ProcessSpec::shell("dd if=/dev/urandom of=/dev/shm/m bs=1M count=64 2>/dev/null"),
-        )
-        .await
-        .expect("use memory");
+    let sb_id = busy_sandbox(&ts).await;
     let (mut pause, mut total, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..CHECKPOINTS {
         let t = Instant::now();
         match node
-            .checkpoint(&sb.id, None, SnapshotTrigger::Manual, None)
+            .checkpoint(&sb_id, None, SnapshotTrigger::Manual, None)
             .await
         {
             Ok(c) => {
                 total.push(ms(t.elapsed()));
                 pause.push(c.guest_pause.map(ms).unwrap_or(f64::NAN));
-                node.delete_snapshot(&sb.id, &c.info.id)
+                node.delete_snapshot(&sb_id, &c.info.id)
                     .await
                     .expect("delete snapshot");
             }
@@ -525,11 +501,11 @@ async fn operations() {
     // Pause / resume.
     let mut lat = Vec::new();
     for _ in 0..RESUMES {
-        node.pause_sandbox(&sb.id, PauseCause::User)
+        node.pause_sandbox(&sb_id, PauseCause::User)
             .await
             .expect("pause");
         let t = Instant::now();
-        node.resume_sandbox(&sb.id).await.expect("resume");
+        node.resume_sandbox(&sb_id).await.expect("resume");
         lat.push(ms(t.elapsed()));
     }
     report(
@@ -543,7 +519,7 @@ async fn operations() {
     let before = store_used_mib(&ts);
     let children: Vec<SandboxId> = (0..FORK_CHILDREN).map(|_| SandboxId::generate()).collect();
     let t = Instant::now();
-    let forked = node.fork(&sb.id, &children, None).await.expect("fork");
+    let forked = node.fork(&sb_id, &children, None).await.expect("fork");
     let took = t.elapsed();
     let running = forked
         .iter()
@@ -574,19 +550,19 @@ async fn operations() {
     }
 
     // Crash recovery: kill the VMM, time until it runs again (restored from a checkpoint).
-    node.checkpoint(&sb.id, None, SnapshotTrigger::Manual, None)
+    node.checkpoint(&sb_id, None, SnapshotTrigger::Manual, None)
         .await
         .expect("checkpoint");
     let mut lat = Vec::new();
     for _ in 0..CRASHES {
-        let pid = node.sandbox(&sb.id).and_then(|r| r.vmm_pid).expect("pid");
+        let pid = node.sandbox(&sb_id).and_then(|r| r.vmm_pid).expect("pid");
         let t = Instant::now();
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
         loop {
-            let r = node.sandbox(&sb.id).expect("record");
+            let r = node.sandbox(&sb_id).expect("record");
             if r.state == SandboxState::Running && r.vmm_pid.is_some_and(|p| p != pid) {
                 break;
             }
@@ -595,7 +571,7 @@ async fn operations() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        exec_ok(&ts, &sb.id).await;
+        exec_ok(&ts, &sb_id).await;
         lat.push(ms(t.elapsed()));
     }
     report(
