@@ -260,8 +260,9 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
     validate_socket_paths(&VmPaths::new(&cfg.run_dir))
 }
 
-/// State and memory paths go into QEMU options and (for state) a shell command of QEMU's
-/// `exec:` migration; only absolute paths without quotes or control characters are accepted.
+/// State and memory paths name files the node opens (and, unjailed, QEMU options); only
+/// absolute paths without quotes or control characters are accepted, so they also read
+/// unambiguously in logs and command lines.
 pub(crate) fn check_plain_path(what: &str, path: &Path) -> Result<(), VmmError> {
     let bytes = path.as_os_str().as_bytes();
     if !path.is_absolute() || bytes.iter().any(|&b| b == b'\'' || b < 0x20 || b == 0x7f) {

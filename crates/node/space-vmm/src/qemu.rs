@@ -86,11 +86,6 @@ impl QemuVmm {
         &self.binary
     }
 
-    /// The jail's rules, when VMs are jailed.
-    pub fn jail_config(&self) -> Option<&JailConfig> {
-        self.jail.as_deref().map(|j| &j.config)
-    }
-
     /// The exact command line `launch` would run for `cfg` (for logs and reports).
     pub async fn command_line(&self, cfg: &VmConfig) -> String {
         let tsc = match cfg.accel {
@@ -205,16 +200,16 @@ impl QemuVmm {
             }
         };
         let uid = confinement.as_ref().map(|c| c.1.uid);
-        let (steps, cleanup, oom) = match confinement {
+        let (steps, cleanup, confined_by) = match confinement {
             Some((steps, lease, cgroup, plan, oom)) => {
                 fds.push((lease.lock, jail::fds::UID_LOCK));
                 (
                     Some(steps),
                     ExitCleanup {
-                        cgroup: Some(cgroup),
+                        cgroup: Some(cgroup.clone()),
                         lent: plan.lend,
                     },
-                    Some(oom),
+                    Some((cgroup, oom)),
                 )
             }
             None => (None, ExitCleanup::default(), None),
@@ -245,12 +240,10 @@ impl QemuVmm {
         // unrecorded or outside its cgroup.
         let recorded = (|| {
             write_pidfile(&paths.pidfile, pid)?;
-            if let Some(j) = &self.jail {
-                VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, &cfg.name)
+            if let Some((cgroup, score)) = &confined_by {
+                cgroup
                     .add(pid)
                     .map_err(jail_err("moving the VMM into its cgroup"))?;
-            }
-            if let Some(score) = oom {
                 let path = format!("/proc/{pid}/oom_score_adj");
                 std::fs::write(&path, score.to_string())
                     .map_err(jail_err("setting the VMM's oom_score_adj"))?;

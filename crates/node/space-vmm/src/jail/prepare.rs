@@ -74,7 +74,7 @@ pub(crate) fn steps(plan: &JailPlan, uid: u32) -> io::Result<JailSteps> {
         gid: uid,
         hostname: std::ffi::CString::new(VMM_HOSTNAME).map_err(io::Error::other)?,
         rlimits: plan.rlimits.clone(),
-        seccomp: super::seccomp::filters().map_err(io::Error::other)?,
+        seccomp: super::seccomp::filters()?,
         empty_network: true,
     })
 }

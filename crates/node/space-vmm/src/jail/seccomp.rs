@@ -62,10 +62,22 @@ const NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
-/// The filters, in the order they are installed: the denials (`EPERM`), then `clone3`
-/// answered `ENOSYS` (its flags live in memory a filter cannot read; glibc then falls back to
-/// `clone`, whose flags the first filter checks).
-pub(crate) fn filters() -> Result<Vec<BpfProgram>, seccompiler::BackendError> {
+/// The filters, in the order they are installed (compiled once per process, as they never
+/// change): the denials (`EPERM`), then `clone3` answered `ENOSYS` (its flags live in memory
+/// a filter cannot read; glibc then falls back to `clone`, whose flags the first filter
+/// checks).
+pub(crate) fn filters() -> std::io::Result<&'static [BpfProgram]> {
+    static FILTERS: std::sync::OnceLock<Result<Vec<BpfProgram>, String>> =
+        std::sync::OnceLock::new();
+    match FILTERS.get_or_init(|| compile().map_err(|e| e.to_string())) {
+        Ok(programs) => Ok(programs),
+        Err(e) => Err(std::io::Error::other(format!(
+            "cannot compile the jail's seccomp filter: {e}"
+        ))),
+    }
+}
+
+fn compile() -> Result<Vec<BpfProgram>, seccompiler::BackendError> {
     let mut denied: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     let clone_rules = NAMESPACE_FLAGS

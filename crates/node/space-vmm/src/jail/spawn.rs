@@ -48,7 +48,7 @@ pub(crate) struct JailSteps {
     pub(crate) hostname: CString,
     pub(crate) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// seccomp-bpf programs installed last, in order (see [`super::seccomp`]).
-    pub(crate) seccomp: Vec<seccompiler::BpfProgram>,
+    pub(crate) seccomp: &'static [seccompiler::BpfProgram],
     /// No network namespace is given: make an empty one, so the program reaches no network.
     pub(crate) empty_network: bool,
 }
