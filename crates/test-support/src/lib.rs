@@ -10,6 +10,7 @@
 
 pub mod e2b;
 pub mod leaks;
+pub mod node_manager;
 mod wait;
 
 use std::path::{Path, PathBuf};

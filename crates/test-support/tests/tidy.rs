@@ -125,7 +125,7 @@ fn privileged_calls_stay_in_the_node_manager() {
 /// The host's privileged primitives (mounts, namespaces, `pivot_root`, new processes in new
 /// namespaces, network configuration, VMMs) appear only in the code that runs as the node
 /// manager: the VMM driver and its jail, the store's mount, the network datapath, and
-/// `space_node::node_manager`. The guest daemon is another machine's root and may mount
+/// `space_node_manager::LocalNodeManager`. The guest daemon is another machine's root and may mount
 /// there; tests and benchmarks set up what they test.
 #[test]
 fn privileged_primitives_live_only_in_the_node_manager() {
@@ -137,7 +137,7 @@ fn privileged_primitives_live_only_in_the_node_manager() {
         "node/space-storage/src/store.rs",
         "node/space-net/src/datapath/",
         "node/space-net/src/uplink.rs",
-        "node/space-node/src/node_manager.rs",
+        "node/space-node-manager/src/local.rs",
         "sandbox/spaced/",
         "test-support/",
     ];

@@ -53,6 +53,9 @@ pub struct Global {
 enum Command {
     /// Run the control plane and a local node.
     Server(cmd::server::ServerArgs),
+    /// Run the node manager: the node's only root process, doing the privileged work of
+    /// the sandbox manager (`space server --node-manager`).
+    NodeManager(cmd::node_manager::NodeManagerArgs),
     /// Templates: list (API), build and remove (local store).
     #[command(subcommand)]
     Template(cmd::template::TemplateCmd),
@@ -131,14 +134,17 @@ pub fn print_error(err: &anyhow::Error) {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    init_logging(if matches!(cli.command, Command::Server(_)) {
-        "info"
-    } else {
-        "warn"
-    });
+    init_logging(
+        if matches!(cli.command, Command::Server(_) | Command::NodeManager(_)) {
+            "info"
+        } else {
+            "warn"
+        },
+    );
     let g = cli.global;
     let result = match cli.command {
         Command::Server(a) => cmd::server::run(&g, a).await,
+        Command::NodeManager(a) => cmd::node_manager::run(&g, a).await,
         Command::Template(c) => cmd::template::run(&g, c).await,
         Command::Sandbox(c) => cmd::sandbox::run(&g, c).await,
         Command::Snapshot(c) => cmd::snapshot::run(&g, c).await,

@@ -275,7 +275,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     server.run_until_signal().await
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+/// Resolves at the first SIGTERM or SIGINT.
+pub async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

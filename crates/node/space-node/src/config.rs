@@ -45,6 +45,10 @@ pub struct NodeConfig {
     /// Run every VMM in a jail of its own (`space_vmm::jail`). Off only to measure what the
     /// jail costs: unjailed VMMs run as root, unconfined.
     pub vmm_jail: bool,
+    /// The socket of this node's `space node-manager`, which then does every privileged
+    /// operation (and `vmm_jail` is its setting, not this one). `None`: they are done in
+    /// this process, which must be root.
+    pub node_manager: Option<std::path::PathBuf>,
 }
 
 /// Where the node's credential manager keeps credentials.
@@ -64,6 +68,8 @@ pub enum CredentialBackend {
 /// members when host memory runs low. Under TCG a member takes ~0.5 s of CPU to make, so a
 /// burst of creates outruns the refill: the pool is sized to absorb bursts.
 pub const DEFAULT_POOL_SIZE: usize = 32;
+/// Size of the store's btrfs image when the data directory is not on btrfs.
+pub const DEFAULT_STORE_SIZE: u64 = 64 << 30;
 
 impl NodeConfig {
     /// A config with defaults for everything but the data directory.
@@ -73,7 +79,7 @@ impl NodeConfig {
             data_dir: data_dir.into(),
             capacity: None,
             accel: None,
-            loop_size_bytes: 64 << 30,
+            loop_size_bytes: DEFAULT_STORE_SIZE,
             ready_timeout_secs: 120,
             tcg_tb_size_mib: Some(64),
             memory_images: true,
@@ -86,6 +92,7 @@ impl NodeConfig {
             upstream_extra_ca_pem: None,
             metrics_interval: crate::metrics::DEFAULT_METRICS_INTERVAL,
             vmm_jail: true,
+            node_manager: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 use space_core::{ErrorBody, ErrorCode, SandboxId};
 use space_guest_client::GuestError;
 
-use crate::node_manager::NodeManagerError;
+use space_node_manager::NodeManagerError;
 
 /// Why a node operation failed.
 #[derive(Debug, thiserror::Error)]

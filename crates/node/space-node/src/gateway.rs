@@ -10,14 +10,13 @@
 //! sandbox's tenant, project and id.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use space_core::egress::EgressPolicy;
 use space_core::SandboxId;
 use space_net::ca::LeafCache;
-use space_net::datapath::{netns, GuestLink};
+use space_net::datapath::GuestLink;
 use space_net::dns::{PinLimits, PinTable, PolicyHandle, SandboxResolver};
 use space_net::proxy::{upstream_tls_config, ProxyContext, ProxyLimits, SandboxProxy};
 use space_net::udp::{UdpLimits, UdpRelay};
@@ -78,25 +77,12 @@ impl Inner {
         let id = &record.id;
         let link = GuestLink::default();
         let ns = self.netns_name(vm_name);
-        let gw = link.gateway;
-        let proxy_port = link.proxy_port;
-        let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);
-        let (udp, dns_tcp, proxy, relay_socket) = netns::run_in(&ns, move || {
-            let relay = space_net::udp::listener(relay_addr)?;
-            let udp = std::net::UdpSocket::bind((gw, 53))?;
-            let dns_tcp = std::net::TcpListener::bind((gw, 53))?;
-            let proxy = std::net::TcpListener::bind(SocketAddr::from((gw, proxy_port)))?;
-            for s in [&dns_tcp, &proxy] {
-                s.set_nonblocking(true)?;
-            }
-            udp.set_nonblocking(true)?;
-            Ok((udp, dns_tcp, proxy, relay))
-        })
-        .map_err(|e| NodeError::Internal(format!("cannot open the gateway sockets: {e}")))?;
+        let sockets = self.nm.open_gateway_sockets(&ns, &link)?;
         let io = |e: std::io::Error| NodeError::Internal(format!("gateway socket: {e}"));
-        let udp = tokio::net::UdpSocket::from_std(udp).map_err(io)?;
-        let dns_tcp = tokio::net::TcpListener::from_std(dns_tcp).map_err(io)?;
-        let proxy = tokio::net::TcpListener::from_std(proxy).map_err(io)?;
+        let udp = tokio::net::UdpSocket::from_std(sockets.dns_udp).map_err(io)?;
+        let dns_tcp = tokio::net::TcpListener::from_std(sockets.dns_tcp).map_err(io)?;
+        let proxy = tokio::net::TcpListener::from_std(sockets.proxy).map_err(io)?;
+        let relay_socket = sockets.udp_relay;
 
         let shared = self.gateway_shared()?;
         let uplink = shared.uplink.clone();

@@ -156,7 +156,7 @@ pub(crate) struct ImageBuild<'a> {
     pub vm_name: String,
     pub cfg: &'a crate::NodeConfig,
     pub accel: space_vmm::Accel,
-    pub nm: Arc<dyn crate::node_manager::NodeManager>,
+    pub nm: Arc<dyn space_node_manager::NodeManager>,
     pub store: space_storage::Store,
     /// Network namespace for the image VM when sandboxes have a network card (the image
     /// must have the same devices as the VMs restored from it).
@@ -203,7 +203,7 @@ struct OwnedBuild {
     ready_timeout: Duration,
     tcg_tb_size_mib: Option<u32>,
     accel: space_vmm::Accel,
-    nm: Arc<dyn crate::node_manager::NodeManager>,
+    nm: Arc<dyn space_node_manager::NodeManager>,
     store: space_storage::Store,
     netns: Option<String>,
 }

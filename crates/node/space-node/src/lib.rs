@@ -3,12 +3,13 @@
 //! - [`Node`] is the sandbox manager: it drives each sandbox through the lifecycle table of
 //!   `space-core` (persisting every transition in [`records`]), boots VMs, connects to their
 //!   daemons, watches them, and re-adopts them after a restart.
-//! - [`node_manager`] holds every privileged operation (mounts, disk clones, VMM processes)
-//!   behind one interface.
+//! - Every privileged operation (mounts, disk clones, namespaces, VMM processes) it asks of
+//!   the node manager (`space_node_manager::NodeManager`): `space node-manager` over its
+//!   socket when [`NodeConfig::node_manager`] names one, else in this process.
 //!
 //! Architecture invariants: the node is the source of truth for the live state of its
 //! sandboxes; the control plane reaches a guest only through [`Node::guest`]; nothing here
-//! performs a privileged operation except through [`node_manager::NodeManager`].
+//! performs a privileged operation except through the node manager.
 
 pub mod config;
 mod create;
@@ -21,7 +22,6 @@ mod gateway;
 pub mod image;
 pub mod metrics;
 pub mod network;
-pub mod node_manager;
 mod ops;
 pub mod persistent;
 mod pool;

@@ -17,13 +17,7 @@ use crate::NodeError;
 /// and 20-24 characters).
 const MAX_VM_NAME_IN_NETNS: usize = 48;
 
-/// Prefix of every namespace a node whose run directory is `run_root` (`<data_dir>/run`,
-/// absolute) makes: `spc` and 8 hex digits of a hash of the path.
-pub fn netns_prefix(run_root: &std::path::Path) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
-    format!("spc{}-", &hex::encode(digest)[..8])
-}
+pub use space_node_manager::netns_prefix;
 
 impl Inner {
     /// Prefix of every namespace this node makes: `spc` and 8 hex digits of a hash of the run

@@ -18,10 +18,10 @@ use tokio::task::AbortHandle;
 
 use crate::config::{default_capacity, NodeConfig, MAX_DATA_DIR_LEN};
 use crate::events::EventLog;
-use crate::node_manager::{LocalNodeManager, NodeManager};
 use crate::pool::Pool;
 use crate::records::RecordStore;
 use crate::{NodeError, SandboxRecord};
+use space_node_manager::{LocalNodeManager, NodeManager, RemoteNodeManager};
 
 /// Bytes of serial console attached to a failure reason.
 const FAILURE_CONSOLE_TAIL: usize = 4096;
@@ -121,7 +121,10 @@ impl Node {
         };
         tracing::info!(%accel, "VMs will run under {accel}");
         let run_root = data_dir.join("run");
-        let nm: Arc<dyn NodeManager> = Arc::new(LocalNodeManager::qemu(&run_root, cfg.vmm_jail));
+        let nm: Arc<dyn NodeManager> = match &cfg.node_manager {
+            Some(socket) => Arc::new(RemoteNodeManager::connect(socket, &data_dir)?),
+            None => Arc::new(LocalNodeManager::qemu(&run_root, cfg.vmm_jail)),
+        };
         let store = {
             let nm = nm.clone();
             let (dir, size) = (data_dir.clone(), cfg.loop_size_bytes);

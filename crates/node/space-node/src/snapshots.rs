@@ -243,9 +243,7 @@ impl Node {
         id: &SandboxId,
         vm: &Vm,
         state: &std::path::Path,
-        snapshot_disk: impl FnOnce(
-            &std::path::Path,
-        ) -> Result<(), crate::node_manager::NodeManagerError>,
+        snapshot_disk: impl FnOnce(&std::path::Path) -> Result<(), space_node_manager::NodeManagerError>,
     ) -> Result<Option<Duration>, NodeError> {
         let opts = SaveOptions {
             ignore_shared: false,

@@ -156,12 +156,7 @@ impl PendingSnapshot {
     /// Makes the snapshot's disk a reflink of `src` (the sandbox disk; its guest filesystems
     /// frozen or the VM stopped): O(1), no data copied; fails rather than copy. Synced.
     pub fn reflink_disk(&self, src: &Path) -> Result<(), StorageError> {
-        let disk = self.disk_path();
-        fsops::reflink(src, &disk)?;
-        File::open(&disk)
-            .ctx("open", &disk)?
-            .sync_all()
-            .ctx("sync", &disk)
+        reflink_synced(src, &self.disk_path())
     }
 
     /// Makes the snapshot usable: checks `info` belongs to it and has a disk, syncs every
@@ -475,6 +470,27 @@ impl Store {
         })
     }
 
+    /// [`PendingSnapshot::reflink_disk`] for a pending snapshot another process began
+    /// (the sandbox manager's, asking the node manager): fails unless it is pending.
+    pub fn reflink_pending_snapshot_disk(
+        &self,
+        sandbox: &SandboxId,
+        id: &SnapshotId,
+        src: &Path,
+    ) -> Result<(), StorageError> {
+        let dir = self
+            .snapshots_dir(sandbox)
+            .join(format!("{PENDING_PREFIX}{id}"));
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return Err(StorageError::NotFound {
+                what: "pending snapshot",
+                name: id.to_string(),
+                dir: self.snapshots_dir(sandbox),
+            });
+        }
+        reflink_synced(src, &dir.join(SNAPSHOT_DISK_FILE))
+    }
+
     /// The sandbox's committed snapshots, oldest first. Pending and half-deleted ones are not
     /// listed; a snapshot whose meta.json cannot be read is skipped with a warning.
     pub fn list_snapshots(
@@ -596,4 +612,13 @@ impl Store {
         }
         clone_disk(snapshot_disk, dst, disk_mib, existing)
     }
+}
+
+/// A reflink of `src` at `dst`, synced.
+fn reflink_synced(src: &Path, dst: &Path) -> Result<(), StorageError> {
+    fsops::reflink(src, dst)?;
+    File::open(dst)
+        .ctx("open", dst)?
+        .sync_all()
+        .ctx("sync", dst)
 }

@@ -78,6 +78,33 @@ impl Store {
         Ok(store)
     }
 
+    /// The store under `data_dir` as another process opened it (the node manager, for the
+    /// sandbox manager): nothing is created or mounted; fails unless `data_dir/store` is a
+    /// btrfs directory.
+    pub fn attach(data_dir: &Path) -> Result<Store, StorageError> {
+        let data_dir = data_dir.canonicalize().ctx("resolve", data_dir)?;
+        let root = data_dir.join("store");
+        if !fsops::is_btrfs(&root)? {
+            return Err(StorageError::NotFound {
+                what: "btrfs store",
+                name: root.display().to_string(),
+                dir: data_dir.clone(),
+            });
+        }
+        let backing = match mountinfo::mount_at(&mountinfo::read()?, &root) {
+            Some(m) => StoreBacking::LoopImage {
+                image: data_dir.join("store.btrfs"),
+                loop_device: m.source.clone(),
+            },
+            None => StoreBacking::Native,
+        };
+        Ok(Store {
+            data_dir,
+            root,
+            backing,
+        })
+    }
+
     /// Makes sure `image` is mounted at `root`; returns its loop device.
     fn mount_loop(image: &Path, root: &Path, loop_size: u64) -> Result<String, StorageError> {
         let mounts = mountinfo::read()?;

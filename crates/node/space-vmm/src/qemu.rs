@@ -534,75 +534,74 @@ impl Vmm for QemuVmm {
     }
 
     async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError> {
-        config::validate_name(name)?;
-        let paths = VmPaths::new(run_dir);
-        let pid = match procfs::read_pidfile(&paths.pidfile) {
-            Ok(pid) => pid,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(VmmError::NotRunning(format!(
-                    "no pidfile at {}",
-                    paths.pidfile.display()
-                )))
-            }
-            Err(e) => {
-                return Err(VmmError::NotRunning(format!(
-                    "unusable pidfile {}: {e}",
-                    paths.pidfile.display()
-                )))
-            }
-        };
-        check_ours(pid, name)?;
-        let proc = match ProcHandle::open(pid) {
-            Ok(p) => Arc::new(p),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-                return Err(VmmError::NotRunning(format!("pid {pid} has exited")))
-            }
-            Err(e) => return Err(VmmError::io(format!("open pidfd for pid {pid}"), e)),
-        };
-        // The pid could have been recycled between the check and pidfd_open; the pidfd pins
-        // the process, so checking again makes the identity certain.
-        check_ours(pid, name)?;
+        let cleanup = self
+            .jail
+            .as_ref()
+            .map(|j| VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name));
+        adopt(name, run_dir, Adoption::Whole { cgroup: cleanup }).await
+    }
+}
 
-        let deadline = Instant::now() + ADOPT_TIMEOUT;
-        let (qmp, events) =
-            Qmp::connect(name, &paths.qmp, deadline, || procfs::is_alive(pid)).await?;
-        let qmp_state = QmpState::new();
-        let mut tasks = Tasks::default();
-        tasks.push(
-            tokio::spawn(qmp_conn::run_events(
-                name.to_owned(),
-                events,
-                qmp_state.clone(),
-            ))
-            .abort_handle(),
-        );
-        // Output the guest wrote while nobody was connected is lost; from now on it is kept.
-        match attach_console(name, &paths).await {
-            Ok(copier) => tasks.push_console(copier),
-            Err(e) => {
-                tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
-            }
+/// Connects to a VM another process launched and [released](Vm::release) to this one: its
+/// QMP socket, and its exit by pidfd. The launcher keeps its console and its reaping.
+pub async fn attach(name: &str, run_dir: &Path) -> Result<Vm, VmmError> {
+    adopt(name, run_dir, Adoption::ControlOnly).await
+}
+
+/// How much of a running VM a process takes over.
+enum Adoption {
+    /// Everything its dead launcher had: control, console, and (jailed) removing its cgroup
+    /// when it ends.
+    Whole { cgroup: Option<VmCgroup> },
+    /// Control only ([`attach`]).
+    ControlOnly,
+}
+
+async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, VmmError> {
+    config::validate_name(name)?;
+    let paths = VmPaths::new(run_dir);
+    let pid = match procfs::read_pidfile(&paths.pidfile) {
+        Ok(pid) => pid,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(VmmError::NotRunning(format!(
+                "no pidfile at {}",
+                paths.pidfile.display()
+            )))
         }
-        if let Some(j) = &self.jail {
-            // Its start's reaper died with the node that started it; remove its cgroup when
-            // it ends (the files lent to it are given to the next VMM of the sandbox).
-            let cgroup = VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name);
-            let watched = proc.clone();
-            let vm = name.to_owned();
-            tokio::spawn(async move {
-                watched.wait_exit().await;
-                let _ = tokio::task::spawn_blocking(move || {
-                    ExitCleanup {
-                        cgroup: Some(cgroup),
-                        lent: Vec::new(),
-                    }
-                    .run(&vm)
-                })
-                .await;
-            });
+        Err(e) => {
+            return Err(VmmError::NotRunning(format!(
+                "unusable pidfile {}: {e}",
+                paths.pidfile.display()
+            )))
         }
-        tracing::info!(vm = %name, pid, "adopted running VM");
-        Ok(Vm::new(
+    };
+    check_ours(pid, name)?;
+    let proc = match ProcHandle::open(pid) {
+        Ok(p) => Arc::new(p),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            return Err(VmmError::NotRunning(format!("pid {pid} has exited")))
+        }
+        Err(e) => return Err(VmmError::io(format!("open pidfd for pid {pid}"), e)),
+    };
+    // The pid could have been recycled between the check and pidfd_open; the pidfd pins
+    // the process, so checking again makes the identity certain.
+    check_ours(pid, name)?;
+
+    let deadline = Instant::now() + ADOPT_TIMEOUT;
+    let (qmp, events) = Qmp::connect(name, &paths.qmp, deadline, || procfs::is_alive(pid)).await?;
+    let qmp_state = QmpState::new();
+    let mut tasks = Tasks::default();
+    tasks.push(
+        tokio::spawn(qmp_conn::run_events(
+            name.to_owned(),
+            events,
+            qmp_state.clone(),
+        ))
+        .abort_handle(),
+    );
+    let Adoption::Whole { cgroup } = adoption else {
+        tracing::debug!(vm = %name, pid, "attached to a released VM");
+        return Ok(Vm::new(
             name.to_owned(),
             paths,
             proc,
@@ -610,8 +609,42 @@ impl Vmm for QemuVmm {
             qmp_state,
             ExitSource::Pidfd,
             tasks,
-        ))
+        ));
+    };
+    // Output the guest wrote while nobody was connected is lost; from now on it is kept.
+    match attach_console(name, &paths).await {
+        Ok(copier) => tasks.push_console(copier),
+        Err(e) => {
+            tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
+        }
     }
+    if let Some(cgroup) = cgroup {
+        // Its start's reaper died with the node that started it; remove its cgroup when
+        // it ends (the files lent to it are given to the next VMM of the sandbox).
+        let watched = proc.clone();
+        let vm = name.to_owned();
+        tokio::spawn(async move {
+            watched.wait_exit().await;
+            let _ = tokio::task::spawn_blocking(move || {
+                ExitCleanup {
+                    cgroup: Some(cgroup),
+                    lent: Vec::new(),
+                }
+                .run(&vm)
+            })
+            .await;
+        });
+    }
+    tracing::info!(vm = %name, pid, "adopted running VM");
+    Ok(Vm::new(
+        name.to_owned(),
+        paths,
+        proc,
+        qmp,
+        qmp_state,
+        ExitSource::Pidfd,
+        tasks,
+    ))
 }
 
 /// QMP up, console attached, guest running. On error the caller kills QEMU.

@@ -54,6 +54,8 @@ pub(crate) struct ConsoleCopier {
 #[derive(Default)]
 pub(crate) struct Tasks {
     handles: Vec<AbortHandle>,
+    /// The console copier, apart: [`Vm::release`] keeps it running.
+    console: Option<AbortHandle>,
     console_drained: Option<oneshot::Receiver<()>>,
 }
 
@@ -63,15 +65,98 @@ impl Tasks {
     }
 
     pub(crate) fn push_console(&mut self, copier: ConsoleCopier) {
-        self.handles.push(copier.task);
+        self.console = Some(copier.task);
         self.console_drained = Some(copier.drained);
     }
 }
 
 impl Drop for Tasks {
     fn drop(&mut self) {
-        for t in &self.handles {
+        for t in self.handles.iter().chain(&self.console) {
             t.abort();
+        }
+    }
+}
+
+/// A VMM this process launched and then handed over ([`Vm::release`]): another process
+/// controls it over QMP; this one still reaps it when it exits (and undoes its confinement),
+/// copies its console into `console.log`, and may kill it.
+pub struct ReleasedVm {
+    name: String,
+    proc: Arc<ProcHandle>,
+    /// The reaper's report: set once the process is reaped and its confinement undone.
+    reaped: Option<watch::Receiver<Option<ProcessEnd>>>,
+    console: Option<AbortHandle>,
+}
+
+impl std::fmt::Debug for ReleasedVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleasedVm")
+            .field("name", &self.name)
+            .field("pid", &self.proc.pid())
+            .finish()
+    }
+}
+
+impl ReleasedVm {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&self) -> bool {
+        crate::procfs::is_alive(self.proc.pid())
+    }
+
+    /// Whether it has ended and been reaped, its lent files given back (see
+    /// [`ReleasedVm::wait_reaped`]).
+    pub fn is_reaped(&self) -> bool {
+        match &self.reaped {
+            Some(rx) => rx.borrow().is_some(),
+            None => !self.is_running(),
+        }
+    }
+
+    /// SIGKILL, then waits until the process is gone.
+    pub async fn kill(&self) -> Result<(), VmmError> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        tracing::warn!(vm = %self.name, pid = self.pid(), "killing a VMM that did not quit");
+        self.proc
+            .signal(libc::SIGKILL)
+            .map_err(|e| VmmError::io(format!("SIGKILL pid {}", self.pid()), e))?;
+        tokio::time::timeout(KILL_WAIT, self.proc.wait_exit())
+            .await
+            .map_err(|_| {
+                VmmError::KillFailed(format!(
+                    "pid {} still there {KILL_WAIT:?} after SIGKILL",
+                    self.pid()
+                ))
+            })
+    }
+
+    /// Resolves once the process has exited and been reaped, and what its start lent it
+    /// (its disk, its memory file) is given back: before then, a new VMM of the same
+    /// sandbox must not be lent the same files.
+    pub async fn wait_reaped(&self) {
+        match &self.reaped {
+            Some(rx) => {
+                let mut rx = rx.clone();
+                if rx.wait_for(Option::is_some).await.is_err() {
+                    self.proc.wait_exit().await;
+                }
+            }
+            None => self.proc.wait_exit().await,
+        }
+    }
+}
+
+impl Drop for ReleasedVm {
+    fn drop(&mut self) {
+        if let Some(c) = &self.console {
+            c.abort();
         }
     }
 }
@@ -87,6 +172,8 @@ pub struct Vm {
     kill_lock: tokio::sync::Mutex<()>,
     /// Set before kill() falls back to SIGKILL, so the exit reason can say so.
     sigkilled: Arc<AtomicBool>,
+    /// The reaper's report, for a VMM this process spawned (see [`ReleasedVm`]).
+    reaped: Option<watch::Receiver<Option<ProcessEnd>>>,
     _tasks: Tasks,
 }
 
@@ -114,6 +201,10 @@ impl Vm {
     ) -> Vm {
         let (exit_tx, exit_rx) = watch::channel(None);
         let sigkilled = Arc::new(AtomicBool::new(false));
+        let reaped = match &source {
+            ExitSource::Child(rx) => Some(rx.clone()),
+            ExitSource::Pidfd => None,
+        };
         let monitor = tokio::spawn(monitor(
             name.clone(),
             paths.clone(),
@@ -136,6 +227,7 @@ impl Vm {
             exit_rx,
             kill_lock: tokio::sync::Mutex::new(()),
             sigkilled,
+            reaped,
             _tasks: tasks,
         }
     }
@@ -267,9 +359,50 @@ impl Vm {
         }
     }
 
+    /// Gives up control of a VM this process launched, so that another process may connect
+    /// to its QMP socket ([`crate::attach`]): closes this process's QMP connection and stops
+    /// watching, but keeps reaping it and copying its console (see [`ReleasedVm`]).
+    pub fn release(self) -> ReleasedVm {
+        let Vm {
+            name,
+            proc,
+            qmp,
+            reaped,
+            mut _tasks,
+            ..
+        } = self;
+        let console = _tasks.console.take();
+        // Aborting the event reader drops the socket's read half; with `qmp` the write half.
+        drop(_tasks);
+        drop(qmp);
+        ReleasedVm {
+            name,
+            proc,
+            reaped,
+            console,
+        }
+    }
+
     /// Stops the VM for good: QMP `quit`, up to `grace` for QEMU to exit, then SIGKILL and
     /// wait. Idempotent; returns once the process is gone (and reaped, if it is our child).
     pub async fn kill(&self, grace: Duration) -> Result<(), VmmError> {
+        let proc = self.proc.clone();
+        self.kill_with(grace, || async move {
+            let pid = proc.pid();
+            proc.signal(libc::SIGKILL)
+                .map(drop)
+                .map_err(|e| VmmError::io(format!("SIGKILL pid {pid}"), e))
+        })
+        .await
+    }
+
+    /// [`Vm::kill`] with `force` in place of this process's SIGKILL: for a VMM another,
+    /// more privileged, process must kill (the node manager's).
+    pub async fn kill_with<F, Fut>(&self, grace: Duration, force: F) -> Result<(), VmmError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(), VmmError>>,
+    {
         let _one_at_a_time = self.kill_lock.lock().await;
         if self.exit_now().is_some() {
             return Ok(());
@@ -289,9 +422,7 @@ impl Vm {
         }
         tracing::warn!(vm = %self.name, pid = self.pid(), ?grace, "QEMU did not quit in time; sending SIGKILL");
         self.sigkilled.store(true, Ordering::SeqCst);
-        self.proc
-            .signal(libc::SIGKILL)
-            .map_err(|e| VmmError::io(format!("SIGKILL pid {}", self.pid()), e))?;
+        force().await?;
         tokio::time::timeout(KILL_WAIT, self.wait_exited())
             .await
             .map_err(|_| {

@@ -6,6 +6,7 @@ pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod key;
+pub mod node_manager;
 pub mod pool;
 pub mod sandbox;
 pub mod server;

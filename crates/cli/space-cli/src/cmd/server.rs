@@ -67,6 +67,10 @@ pub struct ServerArgs {
     /// PEM private key of the TLS listener.
     #[arg(long, value_name = "FILE", requires = "tls_listen")]
     tls_key: Option<std::path::PathBuf>,
+    /// The socket of this node's `space node-manager`, which then does every privileged
+    /// operation (default: this process does them, and must be root).
+    #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
+    node_manager: Option<std::path::PathBuf>,
 }
 
 /// Runs the server.
@@ -93,6 +97,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
             .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
     }
     cfg.node.upstream_dns = a.upstream_dns;
+    cfg.node.node_manager = a.node_manager;
     if let Some(program) = a.credential_helper {
         cfg.node.credentials = space_node::config::CredentialBackend::Command(
             space_secrets::CommandConfig::new(program),

@@ -1,12 +1,4 @@
-//! The node manager: every privileged operation of a node, behind one interface.
-//!
-//! Mounting the btrfs store, cloning and removing disks, and starting or killing VMMs need
-//! root. The sandbox manager never does these itself; it asks a [`NodeManager`]. Today the
-//! only implementation, [`LocalNodeManager`], runs in the same process; the interface is the
-//! seam along which it moves into its own root process while the rest runs unprivileged.
-//!
-//! Architecture invariant: no other module of the node calls `mount`, `FICLONE`, or spawns
-//! or signals a VMM.
+//! [`LocalNodeManager`]: the node manager's operations carried out in this process.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,134 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
-use space_net::datapath::{netns, GuestLink, NetError, SandboxNetwork};
+use space_net::datapath::{netns, GuestLink, SandboxNetwork};
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
 use space_vmm::{QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
 
-/// Why a privileged operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeManagerError {
-    /// Store (btrfs, disks) failure.
-    #[error(transparent)]
-    Storage(#[from] space_storage::StorageError),
-    /// VMM failure.
-    #[error(transparent)]
-    Vmm(#[from] space_vmm::VmmError),
-    /// Network namespace, TAP or firewall failure.
-    #[error(transparent)]
-    Network(#[from] NetError),
-    /// File system failure on run directories.
-    #[error("{what} {path}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// Privileged operations of a node.
-#[async_trait]
-pub trait NodeManager: Send + Sync + 'static {
-    /// Opens the btrfs store under `data_dir`, loop-mounting an image if needed.
-    fn open_store(&self, data_dir: &Path, loop_size: u64) -> Result<Store, NodeManagerError>;
-    /// Clones a template image into a sandbox disk of `disk_mib` (reflink, no data copied).
-    fn create_sandbox_disk(
-        &self,
-        store: &Store,
-        id: &SandboxId,
-        image: &Path,
-        disk_mib: u32,
-    ) -> Result<PathBuf, NodeManagerError>;
-    /// Makes `dst` a reflink of the disk `src` grown to `disk_mib` (0 keeps its size); the
-    /// parent directory is created. Used for images, pool members, rollbacks and forks.
-    fn clone_disk(
-        &self,
-        store: &Store,
-        src: &Path,
-        dst: &Path,
-        disk_mib: u32,
-        existing: ExistingDisk,
-    ) -> Result<(), NodeManagerError>;
-    /// Starts a two-phase snapshot of a sandbox (see [`space_storage::PendingSnapshot`]).
-    fn begin_snapshot(
-        &self,
-        store: &Store,
-        sandbox: &SandboxId,
-        snapshot: &SnapshotId,
-    ) -> Result<PendingSnapshot, NodeManagerError>;
-    /// Reflinks the sandbox's disk into a pending snapshot.
-    fn snapshot_disk(&self, pending: &PendingSnapshot, disk: &Path)
-        -> Result<(), NodeManagerError>;
-    /// Deletes a committed snapshot; false if there was none.
-    fn delete_snapshot(
-        &self,
-        store: &Store,
-        sandbox: &SandboxId,
-        snapshot: &SnapshotId,
-    ) -> Result<bool, NodeManagerError>;
-    /// Removes snapshots a crash left half-taken.
-    fn remove_pending_snapshots(
-        &self,
-        store: &Store,
-        sandbox: &SandboxId,
-    ) -> Result<usize, NodeManagerError>;
-    /// Moves a persistent snapshot of a sandbox being deleted out of its directory, into the
-    /// store's persistent snapshots (see [`Store::persist_snapshot`]); false if it was moved
-    /// already.
-    fn persist_snapshot(
-        &self,
-        store: &Store,
-        sandbox: &SandboxId,
-        snapshot: &SnapshotId,
-    ) -> Result<bool, NodeManagerError>;
-    /// Deletes a persistent snapshot whose sandbox was deleted; false if there was none.
-    fn delete_persistent_snapshot(
-        &self,
-        store: &Store,
-        snapshot: &SnapshotId,
-    ) -> Result<bool, NodeManagerError>;
-    /// Removes persistent snapshots a crash left half-deleted.
-    fn remove_pending_persistent_snapshots(&self, store: &Store)
-        -> Result<usize, NodeManagerError>;
-    /// Gives a disk (a pool member's) a second name `dst` in the same store (a hard link).
-    /// The first name must stay while the VM runs: QEMU reopens its disk by the path it was
-    /// started with (e.g. when a checkpoint hands the disk over), and fails if it is gone.
-    fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
-    /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
-    /// directory). Idempotent.
-    fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;
-    /// Removes a sandbox's disk directory and run directory. Idempotent.
-    fn remove_sandbox_files(
-        &self,
-        store: &Store,
-        id: &SandboxId,
-        run_dir: &Path,
-    ) -> Result<(), NodeManagerError>;
-    /// Starts a VM.
-    async fn launch_vm(&self, cfg: &VmConfig) -> Result<Vm, NodeManagerError>;
-    /// Re-attaches to a VM started before this process.
-    async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError>;
-    /// Stops a VM for good.
-    async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
-    /// Kills VMMs started for `name` that no handle covers (see [`Vmm::kill_strays`]).
-    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
-    /// Names of the live VMMs whose runtime files are under `run_root`.
-    fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
-    /// Removes the cgroups VMMs that died unwatched left behind (see
-    /// [`Vmm::remove_stale_confinement`]).
-    fn remove_stale_vm_confinement(&self) -> usize;
-    /// Makes the network namespace `netns` (TAP, gateway address, firewall) unless it
-    /// exists, and returns the NIC a VM in it gets.
-    fn ensure_vm_network(&self, netns: &str) -> Result<VmNetwork, NodeManagerError>;
-    /// Removes the network namespace `netns`. Idempotent.
-    fn remove_vm_network(&self, netns: &str) -> Result<(), NodeManagerError>;
-    /// Network namespaces whose names start with `prefix`.
-    fn vm_networks(&self, prefix: &str) -> Vec<String>;
-}
+use crate::{GatewaySockets, NodeManager, NodeManagerError};
 
 /// The in-process node manager (this process must run as root).
 pub struct LocalNodeManager {
@@ -160,7 +29,7 @@ impl LocalNodeManager {
         let vmm = if jail {
             // The node's VMM cgroups are named like its network namespaces, after its run
             // directory, so nodes sharing a machine never touch each other's.
-            let node = crate::network::netns_prefix(run_root);
+            let node = crate::netns_prefix(run_root);
             let config = space_vmm::JailConfig::new(node.trim_end_matches('-'));
             QemuVmm::jailed("qemu-system-x86_64", config)
         } else {
@@ -347,5 +216,30 @@ impl NodeManager for LocalNodeManager {
 
     fn vm_networks(&self, prefix: &str) -> Vec<String> {
         netns::names_with_prefix(prefix)
+    }
+
+    fn open_gateway_sockets(
+        &self,
+        name: &str,
+        link: &GuestLink,
+    ) -> Result<GatewaySockets, NodeManagerError> {
+        let gw = link.gateway;
+        let proxy_port = link.proxy_port;
+        let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);
+        Ok(netns::run_in(name, move || {
+            let udp_relay = space_net::udp::listener(relay_addr)?;
+            let dns_udp = std::net::UdpSocket::bind((gw, 53))?;
+            let dns_tcp = std::net::TcpListener::bind((gw, 53))?;
+            let proxy = std::net::TcpListener::bind((gw, proxy_port))?;
+            dns_udp.set_nonblocking(true)?;
+            dns_tcp.set_nonblocking(true)?;
+            proxy.set_nonblocking(true)?;
+            Ok(GatewaySockets {
+                dns_udp,
+                dns_tcp,
+                proxy,
+                udp_relay,
+            })
+        })?)
     }
 }

@@ -1,0 +1,195 @@
+//! The node manager: every privileged operation of a node, behind one interface, and the
+//! root process that serves it.
+//!
+//! Mounting the btrfs store, cloning disks a VMM was lent, making network namespaces,
+//! opening sockets inside them, and starting or killing jailed VMMs need root. The sandbox
+//! manager never does these itself; it asks a [`NodeManager`]:
+//! - [`RemoteNodeManager`] (in the sandbox manager's process) sends each operation as a
+//!   typed [`protocol::Request`] over a Unix socket to `space node-manager`;
+//! - [`server`] (in `space node-manager`, the only root process of a node) checks the
+//!   caller's uid (`SO_PEERCRED`), confines every path it is given to the store and run
+//!   directories ([`confine`]), and carries the operation out with [`LocalNodeManager`];
+//! - [`LocalNodeManager`] does the work in the calling process (which must then be root):
+//!   the server's implementation, and the in-process node manager of `space server` until
+//!   every node runs split.
+//!
+//! Architecture invariant (a tidy test): no crate but this one and the crates it drives
+//! calls `mount`, `setns`, `unshare`, `pivot_root`, or spawns a VMM.
+
+pub mod confine;
+mod local;
+pub mod protocol;
+mod remote;
+pub mod server;
+pub mod wire;
+
+pub use local::LocalNodeManager;
+pub use remote::RemoteNodeManager;
+
+use async_trait::async_trait;
+use space_core::{SandboxId, SnapshotId};
+use space_net::datapath::{GuestLink, NetError};
+use space_storage::{ExistingDisk, PendingSnapshot, Store};
+use space_vmm::{Vm, VmConfig, VmNetwork};
+use std::path::{Path, PathBuf};
+
+/// Why a privileged operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeManagerError {
+    /// Store (btrfs, disks) failure.
+    #[error(transparent)]
+    Storage(#[from] space_storage::StorageError),
+    /// VMM failure.
+    #[error(transparent)]
+    Vmm(#[from] space_vmm::VmmError),
+    /// Network namespace, TAP or firewall failure.
+    #[error(transparent)]
+    Network(#[from] NetError),
+    /// The node manager refused or failed the request (see [`protocol::RefusalCode`]).
+    #[error("node manager: {0}")]
+    Refused(#[from] protocol::Refusal),
+    /// The node manager could not be reached, or broke the protocol.
+    #[error("node manager connection: {0}")]
+    Connection(String),
+    /// File system failure on run directories.
+    #[error("{what} {path}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Privileged operations of a node.
+#[async_trait]
+pub trait NodeManager: Send + Sync + 'static {
+    /// Opens the btrfs store under `data_dir`, loop-mounting an image if needed.
+    fn open_store(&self, data_dir: &Path, loop_size: u64) -> Result<Store, NodeManagerError>;
+    /// Clones a template image into a sandbox disk of `disk_mib` (reflink, no data copied).
+    fn create_sandbox_disk(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        image: &Path,
+        disk_mib: u32,
+    ) -> Result<PathBuf, NodeManagerError>;
+    /// Makes `dst` a reflink of the disk `src` grown to `disk_mib` (0 keeps its size); the
+    /// parent directory is created. Used for images, pool members, rollbacks and forks.
+    fn clone_disk(
+        &self,
+        store: &Store,
+        src: &Path,
+        dst: &Path,
+        disk_mib: u32,
+        existing: ExistingDisk,
+    ) -> Result<(), NodeManagerError>;
+    /// Starts a two-phase snapshot of a sandbox (see [`space_storage::PendingSnapshot`]).
+    fn begin_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<PendingSnapshot, NodeManagerError>;
+    /// Reflinks the sandbox's disk into a pending snapshot.
+    fn snapshot_disk(&self, pending: &PendingSnapshot, disk: &Path)
+        -> Result<(), NodeManagerError>;
+    /// Deletes a committed snapshot; false if there was none.
+    fn delete_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Removes snapshots a crash left half-taken.
+    fn remove_pending_snapshots(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+    ) -> Result<usize, NodeManagerError>;
+    /// Moves a persistent snapshot of a sandbox being deleted out of its directory, into the
+    /// store's persistent snapshots (see [`Store::persist_snapshot`]); false if it was moved
+    /// already.
+    fn persist_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Deletes a persistent snapshot whose sandbox was deleted; false if there was none.
+    fn delete_persistent_snapshot(
+        &self,
+        store: &Store,
+        snapshot: &SnapshotId,
+    ) -> Result<bool, NodeManagerError>;
+    /// Removes persistent snapshots a crash left half-deleted.
+    fn remove_pending_persistent_snapshots(&self, store: &Store)
+        -> Result<usize, NodeManagerError>;
+    /// Gives a disk (a pool member's) a second name `dst` in the same store (a hard link).
+    /// The first name must stay while the VM runs: QEMU reopens its disk by the path it was
+    /// started with (e.g. when a checkpoint hands the disk over), and fails if it is gone.
+    fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
+    /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
+    /// directory). Idempotent.
+    fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;
+    /// Removes a sandbox's disk directory and run directory. Idempotent.
+    fn remove_sandbox_files(
+        &self,
+        store: &Store,
+        id: &SandboxId,
+        run_dir: &Path,
+    ) -> Result<(), NodeManagerError>;
+    /// Starts a VM.
+    async fn launch_vm(&self, cfg: &VmConfig) -> Result<Vm, NodeManagerError>;
+    /// Re-attaches to a VM started before this process.
+    async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError>;
+    /// Stops a VM for good.
+    async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
+    /// Kills VMMs started for `name` that no handle covers (see [`Vmm::kill_strays`]).
+    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
+    /// Names of the live VMMs whose runtime files are under `run_root`.
+    fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
+    /// Removes the cgroups VMMs that died unwatched left behind (see
+    /// [`Vmm::remove_stale_confinement`]).
+    fn remove_stale_vm_confinement(&self) -> usize;
+    /// Makes the network namespace `netns` (TAP, gateway address, firewall) unless it
+    /// exists, and returns the NIC a VM in it gets.
+    fn ensure_vm_network(&self, netns: &str) -> Result<VmNetwork, NodeManagerError>;
+    /// Removes the network namespace `netns`. Idempotent.
+    fn remove_vm_network(&self, netns: &str) -> Result<(), NodeManagerError>;
+    /// Network namespaces whose names start with `prefix`.
+    fn vm_networks(&self, prefix: &str) -> Vec<String>;
+    /// The egress gateway's listening sockets, opened inside network namespace `netns` on
+    /// the gateway address of `link` (a socket belongs for good to the namespace it was
+    /// made in, so the gateway can serve them from anywhere).
+    fn open_gateway_sockets(
+        &self,
+        netns: &str,
+        link: &GuestLink,
+    ) -> Result<GatewaySockets, NodeManagerError>;
+}
+
+/// The listening sockets of one sandbox's egress gateway, non-blocking.
+#[derive(Debug)]
+pub struct GatewaySockets {
+    /// DNS over UDP, port 53.
+    pub dns_udp: std::net::UdpSocket,
+    /// DNS over TCP, port 53.
+    pub dns_tcp: std::net::TcpListener,
+    /// The transparent proxy guest TCP is redirected to.
+    pub proxy: std::net::TcpListener,
+    /// The UDP relay guest UDP is handed to (IP_TRANSPARENT).
+    pub udp_relay: std::os::fd::OwnedFd,
+}
+
+/// Prefix of every network namespace the node whose run directory is `run_root`
+/// (`<data_dir>/run`, absolute) makes: `spc` and 8 hex digits of a hash of the path, so
+/// that nodes sharing a machine never touch each other's.
+pub fn netns_prefix(run_root: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
+    format!("spc{}-", &hex::encode(digest)[..8])
+}

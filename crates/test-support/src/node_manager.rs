@@ -1,0 +1,105 @@
+//! A real `space node-manager` process for a test node: the `space` binary this workspace
+//! built, serving one data directory to one uid.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `space` binary beside the running test's (cargo builds it for space-cli's tests).
+pub fn space_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // <target>/<profile>/deps/<test> -> <target>/<profile>/space
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("space"))
+        .expect("target directory");
+    assert!(
+        bin.exists(),
+        "no space binary at {} — build it: cargo build -p space-cli",
+        bin.display()
+    );
+    bin
+}
+
+/// A running node manager; killed (SIGTERM, then SIGKILL) when dropped. Its VMMs stay.
+pub struct NodeManagerProcess {
+    child: Child,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl NodeManagerProcess {
+    /// Starts `space node-manager` for `data_dir`, serving only `client_uid`, and waits
+    /// until its socket exists.
+    pub fn start(data_dir: &Path, client_uid: u32) -> NodeManagerProcess {
+        let socket = data_dir.join("node-manager.sock");
+        let log = data_dir.join("node-manager.log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("node manager log");
+        let child = Command::new(space_binary())
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["node-manager", "--socket"])
+            .arg(&socket)
+            .args(["--client", &client_uid.to_string()])
+            .args(["--store-size", &(1u64 << 30).to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log fd"))
+            .stderr(out)
+            .spawn()
+            .expect("spawn space node-manager");
+        let mut nm = NodeManagerProcess { child, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !nm.socket.exists() {
+            if let Ok(Some(status)) = nm.child.try_wait() {
+                panic!(
+                    "space node-manager exited ({status}): {}",
+                    std::fs::read_to_string(&nm.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node manager socket never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        nm
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it (SIGTERM), as a restart or crash of the node manager would.
+    pub fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NodeManagerProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}

@@ -1,0 +1,309 @@
+//! The node manager as its own process (`space node-manager`): it serves only its client's
+//! uid, refuses bad requests and keeps serving, and a sandbox lives its whole life with every
+//! privileged operation going through it (its VMMs are its children, jailed).
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use space_core::sandbox::{CreateSnapshotRequest, ForkRequest};
+use space_core::SandboxState;
+use space_core::SnapshotKind;
+use space_node_manager::protocol::{
+    Area, NodePath, RefusalCode, RelPath, Request, Response, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+};
+use space_node_manager::wire;
+use test_support::node_manager::NodeManagerProcess;
+use test_support::{new_data_dir, shell, test_sandbox, TestServer};
+
+/// A uid no account uses: the client of the node manager in the refusal test.
+const CLIENT_UID: u32 = 4242;
+
+/// Runs `f` on a thread whose uid (real, effective, saved) is `uid`. Credentials are per
+/// thread in the kernel; the raw system call changes only this one (glibc's wrapper would
+/// change every thread of the test process).
+fn as_uid<T: Send + 'static>(uid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: setresuid on the calling thread only; the thread ends with `f`.
+        let r = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+        assert_eq!(r, 0, "setresuid: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("thread")
+}
+
+fn ask(stream: &UnixStream, request: &Request) -> Response {
+    wire::send(stream, request, &[]).expect("send");
+    read(stream)
+}
+
+fn read(stream: &UnixStream) -> Response {
+    wire::recv(stream, 1 << 20)
+        .expect("recv")
+        .expect("an answer")
+        .parse()
+        .expect("a response")
+}
+
+fn raw(stream: &UnixStream, json: &str) -> Response {
+    let mut s = stream;
+    s.write_all(&(json.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(json.as_bytes()).unwrap();
+    read(stream)
+}
+
+fn refused(r: Response) -> RefusalCode {
+    match r {
+        Response::Refused(r) => r.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn greeted(socket: &Path) -> UnixStream {
+    let s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+    };
+    assert!(matches!(ask(&s, &hello), Response::Welcome { .. }));
+    s
+}
+
+fn store(rel: &str) -> NodePath {
+    NodePath {
+        area: Area::Store,
+        rel: RelPath::new(rel).unwrap(),
+    }
+}
+
+#[test]
+fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests() {
+    test_support::init_logging();
+    let data_dir = new_data_dir();
+    let nm = NodeManagerProcess::start(&data_dir, CLIENT_UID);
+    let socket = nm.socket.clone();
+
+    // Root may open the socket (file permissions do not stop it) but is not the client.
+    let s = UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(refused(read(&s)), RefusalCode::Forbidden);
+    // Another unprivileged uid cannot even connect: the socket is the client's, 0600.
+    let other = as_uid(CLIENT_UID + 1, {
+        let socket = socket.clone();
+        move || UnixStream::connect(&socket).map(drop)
+    });
+    assert!(other.is_err(), "uid {} connected", CLIENT_UID + 1);
+
+    // A symlink in a sandbox's directory pointing out of the store.
+    let sandboxes = data_dir.join("store/sandboxes");
+    std::fs::create_dir_all(sandboxes.join("sbx-evil")).unwrap();
+    std::os::unix::fs::symlink("/etc", sandboxes.join("sbx-evil/etc")).unwrap();
+
+    as_uid(CLIENT_UID, move || {
+        // An oversized frame ends its connection with a refusal.
+        let s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        (&s).write_all(&((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes())
+            .unwrap();
+        assert_eq!(refused(read(&s)), RefusalCode::TooLarge);
+        // Requests before the handshake, and other protocol versions, are refused.
+        let s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(
+            refused(ask(&s, &Request::VmNetworks)),
+            RefusalCode::BadRequest
+        );
+        let s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let old = Request::Hello { version: 0 };
+        assert_eq!(refused(ask(&s, &old)), RefusalCode::UnsupportedVersion);
+
+        let s = greeted(&socket);
+        // Malformed and unknown requests: refused, and the connection goes on.
+        assert_eq!(refused(raw(&s, "{not json")), RefusalCode::BadRequest);
+        assert_eq!(
+            refused(raw(&s, r#"{"op":"run_command","cmd":"id"}"#)),
+            RefusalCode::BadRequest
+        );
+        // Paths out of the store: by '..' (refused as malformed), by a symlink, or into
+        // what the caller may not write (templates, kernels, published memory images).
+        let escape = r#"{"op":"clone_disk","src":{"area":"store","rel":"../../../etc/shadow"},"dst":{"area":"store","rel":"sandboxes/sbx-1/x"},"disk_mib":0,"existing":"refuse"}"#;
+        assert_eq!(refused(raw(&s, escape)), RefusalCode::BadRequest);
+        let absolute = r#"{"op":"remove_dir","dir":{"area":"run","rel":"/etc"}}"#;
+        assert_eq!(refused(raw(&s, absolute)), RefusalCode::BadRequest);
+        let through_symlink = Request::CloneDisk {
+            src: store("sandboxes/sbx-evil/etc/shadow"),
+            dst: store("sandboxes/sbx-1/rootfs.ext4"),
+            disk_mib: 0,
+            existing: space_node_manager::protocol::Existing::Refuse,
+        };
+        assert_eq!(refused(ask(&s, &through_symlink)), RefusalCode::Confinement);
+        for dst in [
+            "templates/busybox/rootfs.ext4",
+            "kernels/k/vmlinuz",
+            "images/abc/memory",
+        ] {
+            let write_template = Request::CloneDisk {
+                src: store("sandboxes/sbx-evil"),
+                dst: store(dst),
+                disk_mib: 0,
+                existing: space_node_manager::protocol::Existing::Replace,
+            };
+            assert_eq!(
+                refused(ask(&s, &write_template)),
+                RefusalCode::Confinement,
+                "{dst}"
+            );
+        }
+        let link_template = Request::LinkDisk {
+            src: store("templates/busybox/rootfs.ext4"),
+            dst: store("sandboxes/sbx-1/rootfs.ext4"),
+        };
+        assert_eq!(refused(ask(&s, &link_template)), RefusalCode::Confinement);
+        let remove_records = Request::RemoveDir {
+            dir: store("records"),
+        };
+        assert_eq!(refused(ask(&s, &remove_records)), RefusalCode::Confinement);
+        // Names: a namespace of another node, a VM name that is a path.
+        let foreign = Request::RemoveVmNetwork {
+            netns: "spt-internet".into(),
+        };
+        assert_eq!(refused(ask(&s, &foreign)), RefusalCode::Confinement);
+        let bad_name = Request::KillVm {
+            name: "../sbx".into(),
+        };
+        assert_eq!(refused(ask(&s, &bad_name)), RefusalCode::BadRequest);
+
+        // The good requests are still served, on the same connection.
+        assert!(matches!(
+            ask(&s, &Request::VmNetworks),
+            Response::Names { .. }
+        ));
+        assert!(matches!(
+            ask(&s, &Request::RemoveStaleVmConfinement),
+            Response::Count { .. }
+        ));
+        let made = Request::RemoveDir {
+            dir: store("sandboxes/sbx-evil"),
+        };
+        assert_eq!(ask(&s, &made), Response::Done);
+    });
+    assert!(
+        !sandboxes.join("sbx-evil").exists(),
+        "a good request after the bad ones was carried out"
+    );
+    // /etc went untouched through the symlink.
+    assert!(Path::new("/etc/passwd").exists());
+    let log = std::fs::read_to_string(&nm.log).unwrap_or_default();
+    assert!(log.contains("refused"), "refusals are logged: {log}");
+    drop(nm);
+    std::fs::remove_dir_all(&data_dir).ok();
+}
+
+/// Pid of the QEMU of VM `name` whose run directory is under `data_dir`.
+fn vmm_of(data_dir: &Path, name: &str) -> Option<u32> {
+    test_support::leaks::sandbox_vmm_processes()
+        .into_iter()
+        .find(|(_, cmd)| {
+            cmd.contains(&format!("-name {name}")) && cmd.contains(&*data_dir.to_string_lossy())
+        })
+        .map(|(pid, _)| pid)
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
+    let mut manager = None;
+    let s = TestServer::start_with(|c| {
+        let nm = NodeManagerProcess::start(&c.node.data_dir, 0);
+        c.node.node_manager = Some(nm.socket.clone());
+        manager = Some(nm);
+    })
+    .await;
+    let nm = manager.expect("node manager started");
+    let c = &s.client;
+    let data_dir = s.data_dir.clone();
+
+    // Create (from the template's memory image, itself built through the node manager).
+    let id = test_sandbox(c).await;
+    assert_eq!(shell(c, &id, "echo hello", false).await.trim(), "hello");
+    let pid = vmm_of(&data_dir, id.as_str()).expect("the sandbox's QEMU");
+    assert_eq!(
+        status_field(pid, "PPid"),
+        nm.pid().to_string(),
+        "the node manager launched the VMM"
+    );
+    assert_ne!(status_field(pid, "Uid"), "0", "the VMM runs as its own uid");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+
+    // Pause and resume.
+    c.pause_sandbox(&id).await.expect("pause");
+    c.resume_sandbox(&id).await.expect("resume");
+    assert_eq!(shell(c, &id, "echo back", false).await.trim(), "back");
+
+    // A disk snapshot, a checkpoint, and a rollback to the checkpoint.
+    shell(c, &id, "echo one > /root/mark && sync", true).await;
+    let snap = |kind| CreateSnapshotRequest {
+        kind,
+        label: None,
+        persistent: false,
+    };
+    c.create_snapshot(&id, &snap(SnapshotKind::Disk))
+        .await
+        .expect("disk snapshot");
+    let checkpoint = c
+        .create_snapshot(&id, &snap(SnapshotKind::Checkpoint))
+        .await
+        .expect("checkpoint");
+    shell(c, &id, "echo two > /root/mark && sync", true).await;
+    c.rollback(&id, &checkpoint.snapshot.id)
+        .await
+        .expect("rollback");
+    assert_eq!(shell(c, &id, "cat /root/mark", true).await.trim(), "one");
+
+    // Fork into two.
+    let forks = c
+        .fork(
+            &id,
+            &ForkRequest {
+                count: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("fork");
+    assert_eq!(forks.sandboxes.len(), 2);
+    for f in &forks.sandboxes {
+        assert_eq!(shell(c, &f.id, "cat /root/mark", true).await.trim(), "one");
+        c.delete_sandbox(&f.id).await.expect("delete fork");
+    }
+
+    // The sandbox manager restarts: it re-attaches to the VM the node manager runs.
+    let (dir, config) = s.stop_keep_vms().await;
+    let s = TestServer::start_on(dir, config).await;
+    let c = &s.client;
+    s.wait_state(&id, SandboxState::Running, Duration::from_secs(60))
+        .await;
+    assert_eq!(shell(c, &id, "echo again", false).await.trim(), "again");
+
+    // The node manager restarts: the VMM (no longer its child) is still killed on delete.
+    nm.stop();
+    let nm = NodeManagerProcess::start(&data_dir, 0);
+    c.delete_sandbox(&id).await.expect("delete");
+    test_support::wait_until(Duration::from_secs(30), "the VMM to be gone", || async {
+        vmm_of(&data_dir, id.as_str()).is_none().then_some(())
+    })
+    .await;
+    s.stop().await;
+    drop(nm);
+}
