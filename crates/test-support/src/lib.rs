@@ -156,6 +156,9 @@ pub fn test_server_config(data_dir: &Path) -> ServerConfig {
     config.node.pool_size = 0;
     let store = Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
     import_template(&store, TEST_TEMPLATE).expect("import test template");
+    if node_manager::enabled() {
+        config.node.node_manager = Some(node_manager::for_data_dir(data_dir));
+    }
     config
 }
 
@@ -323,6 +326,7 @@ pub fn cleanup_data_dir(data_dir: &Path) {
     if data_dir.as_os_str().is_empty() {
         return;
     }
+    node_manager::stop_for_data_dir(data_dir);
     for run in std::fs::read_dir(data_dir.join("run"))
         .into_iter()
         .flatten()

@@ -1,25 +1,63 @@
 //! A real `space node-manager` process for a test node: the `space` binary this workspace
 //! built, serving one data directory to one uid.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The `space` binary beside the running test's (cargo builds it for space-cli's tests).
+/// Whether test nodes get a node manager process of their own (`SPACE_TEST_NODE_MANAGER`,
+/// on unless `0`): the split every node will run. Off, the test process does the
+/// privileged work itself, as `space server` without `--node-manager` does.
+pub fn enabled() -> bool {
+    std::env::var("SPACE_TEST_NODE_MANAGER").map_or(true, |v| v != "0")
+}
+
+/// The node managers this test process started, by data directory.
+fn registry() -> &'static Mutex<HashMap<PathBuf, NodeManagerProcess>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, NodeManagerProcess>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// The socket of the node manager of `data_dir`, started (serving root, the sandbox
+/// manager of the tests) unless this process already runs it. It outlives the sandbox
+/// managers started on that data directory, as the real one does, until
+/// [`stop_for_data_dir`].
+pub fn for_data_dir(data_dir: &Path) -> PathBuf {
+    let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
+    r.entry(data_dir.to_owned())
+        .or_insert_with(|| NodeManagerProcess::start(data_dir, 0))
+        .socket
+        .clone()
+}
+
+/// Stops the node manager of `data_dir`, if this process started one.
+pub fn stop_for_data_dir(data_dir: &Path) {
+    let nm = registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(data_dir);
+    drop(nm);
+}
+
+/// The `space` binary of this build: beside the running program (a benchmark in
+/// `<target>/<profile>/`) or one level up (a test in `<target>/<profile>/deps/`); cargo
+/// builds it for space-cli's tests.
 pub fn space_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // <target>/<profile>/deps/<test> -> <target>/<profile>/space
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
+    let dir = exe.parent().expect("exe directory");
+    let found = [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
         .map(|d| d.join("space"))
-        .expect("target directory");
-    assert!(
-        bin.exists(),
-        "no space binary at {} — build it: cargo build -p space-cli",
-        bin.display()
-    );
-    bin
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!(
+            "no space binary beside {} — build it: cargo build -p space-cli",
+            exe.display()
+        )
+    })
 }
 
 /// A running node manager; killed (SIGTERM, then SIGKILL) when dropped. Its VMMs stay.

@@ -225,6 +225,8 @@ fn status_field(pid: u32, field: &str) -> String {
 async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
     let mut manager = None;
     let s = TestServer::start_with(|c| {
+        // This test's own, to restart it (the harness's would otherwise serve the node).
+        test_support::node_manager::stop_for_data_dir(&c.node.data_dir);
         let nm = NodeManagerProcess::start(&c.node.data_dir, 0);
         c.node.node_manager = Some(nm.socket.clone());
         manager = Some(nm);

@@ -141,7 +141,11 @@ async fn main() {
     }
     // Not in the default set: it runs two nodes side by side.
     if parts.iter().any(|a| a == "jail") {
-        jail_overhead().await;
+        side_by_side(Comparison::Jail).await;
+    }
+    if parts.iter().any(|a| a == "node-manager") {
+        node_manager_round_trip();
+        side_by_side(Comparison::NodeManager).await;
     }
 }
 
@@ -186,13 +190,42 @@ async fn timed_create(ts: &TestServer) -> f64 {
     took
 }
 
-/// An unjailed and a jailed node (in that order) with `pool` warm members per shape, each
-/// with its memory image built.
-async fn jail_pair(pool: usize) -> (Vec<TestServer>, Vec<Node>) {
+/// Two nodes set up alike but for one thing, measured side by side.
+#[derive(Clone, Copy)]
+enum Comparison {
+    /// VMMs unjailed vs jailed (privileged work in the node's process, for both).
+    Jail,
+    /// Privileged work in the node's process vs through a `space node-manager` process
+    /// (VMMs jailed, for both).
+    NodeManager,
+}
+
+impl Comparison {
+    fn labels(self) -> [&'static str; 2] {
+        match self {
+            Comparison::Jail => ["unjailed", "jailed"],
+            Comparison::NodeManager => ["in-process", "node manager"],
+        }
+    }
+
+    /// Side `i`'s configuration.
+    fn adjust(self, i: usize, c: &mut space_control::ServerConfig) {
+        let via_node_manager = matches!(self, Comparison::NodeManager) && i == 1;
+        if !via_node_manager {
+            test_support::node_manager::stop_for_data_dir(&c.node.data_dir);
+            c.node.node_manager = None;
+        }
+        c.node.vmm_jail = !matches!(self, Comparison::Jail) || i == 1;
+    }
+}
+
+/// Two nodes of `cmp` (in the order of its labels) with `pool` warm members per shape,
+/// each with its memory image built.
+async fn jail_pair(pool: usize, cmp: Comparison) -> (Vec<TestServer>, Vec<Node>) {
     let mut sides = Vec::new();
-    for jailed in [false, true] {
+    for i in 0..2 {
         let ts = server(|c| {
-            c.node.vmm_jail = jailed;
+            cmp.adjust(i, c);
             c.node.pool_size = pool;
         })
         .await;
@@ -207,10 +240,11 @@ async fn jail_pair(pool: usize) -> (Vec<TestServer>, Vec<Node>) {
     (sides, nodes)
 }
 
-/// What the VMM jail costs: the same operations on a jailed and an unjailed node, run at the
-/// same time and alternated operation by operation, so drift of the host hits both alike.
-async fn jail_overhead() {
-    let (sides, nodes) = jail_pair(JAIL_POOL).await;
+/// What the VMM jail (or the node manager's process boundary) costs: the same operations on
+/// the two nodes of `cmp`, run at the same time and alternated operation by operation, so
+/// drift of the host hits both alike.
+async fn side_by_side(cmp: Comparison) {
+    let (sides, nodes) = jail_pair(JAIL_POOL, cmp).await;
     let mut figures: Vec<(&str, [Vec<f64>; 2])> = Vec::new();
 
     // Creates from a full pool: wait for both pools, then alternate creates.
@@ -230,7 +264,7 @@ async fn jail_overhead() {
         ts.stop().await;
     }
     // Creates that miss the pool restore from the memory image: nodes without a pool.
-    let (sides, nodes) = jail_pair(0).await;
+    let (sides, nodes) = jail_pair(0, cmp).await;
     let mut image = [Vec::new(), Vec::new()];
     for _ in 0..JAIL_SAMPLES {
         for (i, ts) in sides.iter().enumerate() {
@@ -284,12 +318,13 @@ async fn jail_overhead() {
     }
     figures.push(("fork into 10", fork));
 
-    println!("VMM jail: unjailed vs jailed, alternated in one run (ms)");
+    let [a, b] = cmp.labels();
+    println!("{a} vs {b}, alternated in one run (ms)");
     for (name, [mut off, mut on]) in figures {
         let (off50, off90) = (pct(&mut off, 0.5), pct(&mut off, 0.9));
         let (on50, on90) = (pct(&mut on, 0.5), pct(&mut on, 0.9));
         println!(
-            "{name:<38} n={:<3} unjailed p50={off50:>7.1} p90={off90:>7.1}   jailed p50={on50:>7.1} p90={on90:>7.1}   p50 {:+.1} %  p90 {:+.1} %   target <= +10 %",
+            "{name:<38} n={:<3} {a} p50={off50:>7.1} p90={off90:>7.1}   {b} p50={on50:>7.1} p90={on90:>7.1}   p50 {:+.1} %  p90 {:+.1} %   target <= +10 %",
             on.len(),
             (on50 / off50 - 1.0) * 100.0,
             (on90 / off90 - 1.0) * 100.0,
@@ -630,4 +665,41 @@ async fn memory_of_idle_sandboxes() {
         "memory restored / booted",
         results[0] / results[1]
     );
+}
+
+/// One request to `space node-manager` and its answer, on a pooled connection, against the
+/// same operation done in-process (listing the node's network namespaces, a readdir).
+fn node_manager_round_trip() {
+    use space_node_manager::{LocalNodeManager, NodeManager, RemoteNodeManager};
+    const ROUND_TRIPS: usize = 2000;
+    let data_dir = test_support::new_data_dir();
+    let socket = test_support::node_manager::for_data_dir(&data_dir);
+    let remote = RemoteNodeManager::connect(&socket, &data_dir).expect("connect");
+    let local = LocalNodeManager::qemu(&data_dir.join("run"), true);
+    let prefix = space_node::network::netns_prefix(&data_dir.join("run"));
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..ROUND_TRIPS {
+        for (i, nm) in [&local as &dyn NodeManager, &remote]
+            .into_iter()
+            .enumerate()
+        {
+            let t = Instant::now();
+            std::hint::black_box(nm.vm_networks(&prefix));
+            times[i].push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let [mut local_us, mut remote_us] = times;
+    report(
+        "node manager: vm_networks in-process",
+        &mut local_us,
+        "us",
+        "-",
+    );
+    report(
+        "node manager: vm_networks round trip",
+        &mut remote_us,
+        "us",
+        "-",
+    );
+    test_support::cleanup_data_dir(&data_dir);
 }
