@@ -338,11 +338,8 @@ pub enum Request {
         /// The VM.
         name: String,
     },
-    /// Names of the live VMMs whose runtime files are under `dir`.
-    VmNamesUnder {
-        /// The directory.
-        dir: NodePath,
-    },
+    /// Names of the node's live VMMs (their runtime files are in its run directory).
+    VmNames,
     /// Removes the cgroups VMMs that died unwatched left.
     RemoveStaleVmConfinement,
     /// Makes network namespace `netns` (TAP, gateway address, firewall) unless it exists.
@@ -379,7 +376,7 @@ impl Request {
             Request::LaunchVm { .. } => "launch_vm",
             Request::KillVm { .. } => "kill_vm",
             Request::KillStrayVms { .. } => "kill_stray_vms",
-            Request::VmNamesUnder { .. } => "vm_names_under",
+            Request::VmNames => "vm_names",
             Request::RemoveStaleVmConfinement => "remove_stale_vm_confinement",
             Request::EnsureVmNetwork { .. } => "ensure_vm_network",
             Request::RemoveVmNetwork { .. } => "remove_vm_network",

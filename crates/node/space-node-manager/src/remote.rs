@@ -433,9 +433,15 @@ impl NodeManager for RemoteNodeManager {
     }
 
     fn vm_names_under(&self, run_root: &Path) -> Vec<String> {
-        let names = self
-            .name(run_root)
-            .and_then(|dir| self.inner.call_names(&Request::VmNamesUnder { dir }));
+        // The node manager knows its node's run directory; it lists nothing else.
+        let names = if run_root == self.inner.areas.root(crate::protocol::Area::Run) {
+            self.inner.call_names(&Request::VmNames)
+        } else {
+            Err(NodeManagerError::Refused(crate::protocol::Refusal::new(
+                crate::protocol::RefusalCode::Confinement,
+                format!("{} is not this node's run directory", run_root.display()),
+            )))
+        };
         names.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot list the node's VMMs");
             Vec::new()

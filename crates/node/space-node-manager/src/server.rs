@@ -22,8 +22,8 @@ use space_vmm::{GuestMemory, ReleasedVm, RestoreFrom, VmConfig};
 
 use crate::confine::{Access, Areas};
 use crate::protocol::{
-    check_name, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response, VmSpec,
-    MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    check_name, Area, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response,
+    VmSpec, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::wire::{self, WireError};
 use crate::{LocalNodeManager, NodeManager, NodeManagerError};
@@ -435,12 +435,9 @@ impl Host {
                     .map_err(refusal)?;
                 answer(Response::Count { value: n as u64 })
             }
-            Request::VmNamesUnder { dir } => {
-                let dir = self.areas.resolve(&dir, read)?;
-                answer(Response::Names {
-                    names: self.local.vm_names_under(&dir),
-                })
-            }
+            Request::VmNames => answer(Response::Names {
+                names: self.local.vm_names_under(self.areas.root(Area::Run)),
+            }),
             Request::RemoveStaleVmConfinement => answer(Response::Count {
                 value: self.local.remove_stale_vm_confinement() as u64,
             }),
