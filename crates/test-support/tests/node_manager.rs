@@ -101,6 +101,7 @@ fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests(
     std::fs::create_dir_all(sandboxes.join("sbx-evil")).unwrap();
     std::os::unix::fs::symlink("/etc", sandboxes.join("sbx-evil/etc")).unwrap();
 
+    let data_dir_run = std::path::absolute(data_dir.join("run")).unwrap();
     as_uid(CLIENT_UID, move || {
         // An oversized frame ends its connection with a refusal.
         let s = UnixStream::connect(&socket).unwrap();
@@ -171,6 +172,14 @@ fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests(
             netns: "spt-internet".into(),
         };
         assert_eq!(refused(ask(&s, &foreign)), RefusalCode::Confinement);
+        // A UDP flow socket is only ever the sandbox guest's, to a real destination.
+        let prefix = space_node::network::netns_prefix(&data_dir_run);
+        let spoofed = Request::OpenUdpFlow {
+            netns: format!("{prefix}sbx-1"),
+            dst: "1.1.1.1:53".parse().unwrap(),
+            guest: "10.0.0.9:4000".parse().unwrap(),
+        };
+        assert_eq!(refused(ask(&s, &spoofed)), RefusalCode::BadRequest);
         let bad_name = Request::KillVm {
             name: "../sbx".into(),
         };

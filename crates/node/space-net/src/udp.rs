@@ -29,7 +29,6 @@ use space_core::egress::{
 use space_core::SandboxId;
 use tokio::net::UdpSocket;
 
-use crate::datapath::netns;
 use crate::dns::PolicyHandle;
 use crate::proxy::Uplink;
 
@@ -85,10 +84,28 @@ pub fn decide(policy: &EgressPolicy, dst: SocketAddr) -> Result<(), String> {
 /// One guest flow: the guest's port and where it wrote to.
 type FlowKey = (u16, SocketAddrV4);
 
+/// Opens the guest side of a flow: a transparent UDP socket inside the sandbox's namespace,
+/// bound to the address the guest wrote to and connected to the guest's port
+/// ([`flow_socket`], run in that namespace). Entering a namespace and `IP_TRANSPARENT`
+/// need privilege, so the relay asks whoever has it: the node manager.
+pub trait FlowSockets: Send + Sync {
+    /// The socket of a flow from `guest` to `dst`.
+    fn open(&self, dst: SocketAddrV4, guest: SocketAddrV4) -> std::io::Result<std::net::UdpSocket>;
+}
+
+/// The guest side of a flow (see [`FlowSockets`]), in the calling thread's namespace: call
+/// it inside [`crate::datapath::netns::run_in`].
+pub fn flow_socket(dst: SocketAddrV4, guest: SocketAddrV4) -> std::io::Result<std::net::UdpSocket> {
+    let fd = transparent_socket()?;
+    socket::bind(fd.as_raw_fd(), &SockaddrIn::from(dst))?;
+    socket::connect(fd.as_raw_fd(), &SockaddrIn::from(guest))?;
+    Ok(std::net::UdpSocket::from(fd))
+}
+
 /// A sandbox's UDP relay.
 pub struct UdpRelay {
     sandbox: SandboxId,
-    netns: String,
+    sockets: Arc<dyn FlowSockets>,
     policy: PolicyHandle,
     uplink: Arc<dyn Uplink>,
     limits: UdpLimits,
@@ -97,7 +114,7 @@ pub struct UdpRelay {
 }
 
 /// The relay's transparent socket on `addr` (the address the firewall's TPROXY rule
-/// names), in the calling thread's namespace: call it inside [`netns::run_in`].
+/// names), in the calling thread's namespace: call it inside [`crate::datapath::netns::run_in`].
 pub fn listener(addr: SocketAddrV4) -> std::io::Result<OwnedFd> {
     let fd = transparent_socket()?;
     socket::setsockopt(&fd, sockopt::Ipv4OrigDstAddr, &true)?;
@@ -121,17 +138,17 @@ fn transparent_socket() -> std::io::Result<OwnedFd> {
 }
 
 impl UdpRelay {
-    /// A relay for `sandbox`, whose namespace is `netns`.
+    /// A relay for `sandbox`, whose flows' sockets `sockets` opens in its namespace.
     pub fn new(
         sandbox: SandboxId,
-        netns: String,
+        sockets: Arc<dyn FlowSockets>,
         policy: PolicyHandle,
         uplink: Arc<dyn Uplink>,
         limits: UdpLimits,
     ) -> Self {
         UdpRelay {
             sandbox,
-            netns,
+            sockets,
             policy,
             uplink,
             limits,
@@ -215,18 +232,10 @@ impl UdpRelay {
         dst: SocketAddrV4,
     ) -> std::io::Result<(UdpSocket, UdpSocket)> {
         let upstream = self.uplink.udp(SocketAddr::V4(dst)).await?;
-        let netns = self.netns.clone();
-        let guest_side = tokio::task::spawn_blocking(move || {
-            netns::run_in(&netns, move || {
-                let fd = transparent_socket()?;
-                socket::bind(fd.as_raw_fd(), &SockaddrIn::from(dst))?;
-                socket::connect(fd.as_raw_fd(), &SockaddrIn::from(guest))?;
-                Ok(std::net::UdpSocket::from(fd))
-            })
-        })
-        .await
-        .map_err(std::io::Error::other)?
-        .map_err(std::io::Error::other)?;
+        let sockets = self.sockets.clone();
+        let guest_side = tokio::task::spawn_blocking(move || sockets.open(dst, guest))
+            .await
+            .map_err(std::io::Error::other)??;
         Ok((UdpSocket::from_std(guest_side)?, upstream))
     }
 

@@ -170,6 +170,14 @@ pub trait NodeManager: Send + Sync + 'static {
         netns: &str,
         link: &GuestLink,
     ) -> Result<GatewaySockets, NodeManagerError>;
+    /// The guest side of a UDP flow from `guest` to `dst` inside `netns` (see
+    /// [`space_net::udp::FlowSockets`]).
+    fn open_udp_flow(
+        &self,
+        netns: &str,
+        dst: std::net::SocketAddrV4,
+        guest: std::net::SocketAddrV4,
+    ) -> Result<std::net::UdpSocket, NodeManagerError>;
 }
 
 /// The listening sockets of one sandbox's egress gateway, non-blocking.

@@ -218,6 +218,17 @@ impl NodeManager for LocalNodeManager {
         netns::names_with_prefix(prefix)
     }
 
+    fn open_udp_flow(
+        &self,
+        name: &str,
+        dst: std::net::SocketAddrV4,
+        guest: std::net::SocketAddrV4,
+    ) -> Result<std::net::UdpSocket, NodeManagerError> {
+        Ok(netns::run_in(name, move || {
+            space_net::udp::flow_socket(dst, guest)
+        })?)
+    }
+
     fn open_gateway_sockets(
         &self,
         name: &str,

@@ -359,6 +359,16 @@ pub enum Request {
         /// The namespace.
         netns: String,
     },
+    /// Opens the guest side of a UDP flow inside `netns`: a transparent socket bound to
+    /// `dst` (where the guest wrote) and connected to `guest` (its address and port).
+    OpenUdpFlow {
+        /// The namespace.
+        netns: String,
+        /// The destination the guest wrote to.
+        dst: std::net::SocketAddrV4,
+        /// The guest's address and port.
+        guest: std::net::SocketAddrV4,
+    },
 }
 
 impl Request {
@@ -382,6 +392,7 @@ impl Request {
             Request::RemoveVmNetwork { .. } => "remove_vm_network",
             Request::VmNetworks => "vm_networks",
             Request::OpenGatewaySockets { .. } => "open_gateway_sockets",
+            Request::OpenUdpFlow { .. } => "open_udp_flow",
         }
     }
 }
@@ -427,6 +438,8 @@ pub enum Response {
     /// The gateway's sockets, passed as descriptors with this frame, in this order: DNS
     /// over UDP, DNS over TCP, the transparent proxy, the UDP relay.
     GatewaySockets,
+    /// A UDP flow's socket, passed as the one descriptor with this frame.
+    UdpFlowSocket,
     /// The request was refused or failed; nothing else happened.
     Refused(Refusal),
 }

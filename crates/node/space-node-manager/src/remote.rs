@@ -490,6 +490,31 @@ impl NodeManager for RemoteNodeManager {
         }
     }
 
+    fn open_udp_flow(
+        &self,
+        name: &str,
+        dst: std::net::SocketAddrV4,
+        guest: std::net::SocketAddrV4,
+    ) -> Result<std::net::UdpSocket, NodeManagerError> {
+        let request = Request::OpenUdpFlow {
+            netns: name.to_owned(),
+            dst,
+            guest,
+        };
+        match self.inner.call(&request)? {
+            (Response::UdpFlowSocket, fds) => {
+                let [fd]: [OwnedFd; 1] = fds.try_into().map_err(|fds: Vec<OwnedFd>| {
+                    NodeManagerError::Connection(format!(
+                        "UDP flow: {} descriptors instead of 1",
+                        fds.len()
+                    ))
+                })?;
+                Ok(fd.into())
+            }
+            (other, _) => Err(unexpected(request.op(), &other)),
+        }
+    }
+
     fn open_gateway_sockets(
         &self,
         name: &str,

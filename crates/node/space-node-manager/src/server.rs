@@ -457,6 +457,28 @@ impl Host {
             Request::VmNetworks => answer(Response::Names {
                 names: self.local.vm_networks(&self.netns_prefix),
             }),
+            Request::OpenUdpFlow { netns, dst, guest } => {
+                self.check_netns(&netns)?;
+                // The one guest of a sandbox namespace; a destination a datagram can go to.
+                let link = GuestLink::default();
+                let dst_ip = *dst.ip();
+                if *guest.ip() != link.guest
+                    || dst_ip.is_unspecified()
+                    || dst_ip.is_broadcast()
+                    || dst_ip.is_multicast()
+                    || dst.port() == 0
+                {
+                    return Err(Refusal::new(
+                        RefusalCode::BadRequest,
+                        format!("no UDP flow from {guest} to {dst} in a sandbox"),
+                    ));
+                }
+                let socket = self
+                    .local
+                    .open_udp_flow(&netns, dst, guest)
+                    .map_err(refusal)?;
+                Ok((Response::UdpFlowSocket, vec![OwnedFd::from(socket)]))
+            }
             Request::OpenGatewaySockets { netns } => {
                 self.check_netns(&netns)?;
                 let s = self

@@ -116,7 +116,10 @@ impl Inner {
         ));
         let relay = Arc::new(UdpRelay::new(
             id.clone(),
-            ns.clone(),
+            Arc::new(FlowsThroughNodeManager {
+                nm: self.nm.clone(),
+                netns: ns.clone(),
+            }),
             policy.clone(),
             shared.uplink.clone(),
             UdpLimits::default(),
@@ -132,6 +135,24 @@ impl Inner {
             policy,
             tasks,
         })
+    }
+}
+
+/// The UDP relay's flow sockets, opened by the node manager in the sandbox's namespace.
+struct FlowsThroughNodeManager {
+    nm: Arc<dyn space_node_manager::NodeManager>,
+    netns: String,
+}
+
+impl space_net::udp::FlowSockets for FlowsThroughNodeManager {
+    fn open(
+        &self,
+        dst: std::net::SocketAddrV4,
+        guest: std::net::SocketAddrV4,
+    ) -> std::io::Result<std::net::UdpSocket> {
+        self.nm
+            .open_udp_flow(&self.netns, dst, guest)
+            .map_err(std::io::Error::other)
     }
 }
 

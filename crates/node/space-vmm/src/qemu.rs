@@ -599,20 +599,35 @@ async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, Vmm
         ))
         .abort_handle(),
     );
-    let Adoption::Whole { cgroup } = adoption else {
-        tracing::debug!(vm = %name, pid, "attached to a released VM");
-        return Ok(Vm::new(
-            name.to_owned(),
-            paths,
-            proc,
-            qmp,
-            qmp_state,
-            ExitSource::Pidfd,
-            tasks,
-        ));
-    };
+    match adoption {
+        Adoption::ControlOnly => tracing::debug!(vm = %name, pid, "attached to a released VM"),
+        Adoption::Whole { cgroup } => {
+            take_over(name, &paths, &proc, cgroup, &mut tasks).await;
+            tracing::info!(vm = %name, pid, "adopted running VM");
+        }
+    }
+    Ok(Vm::new(
+        name.to_owned(),
+        paths,
+        proc,
+        qmp,
+        qmp_state,
+        ExitSource::Pidfd,
+        tasks,
+    ))
+}
+
+/// What an adoption takes over from a launcher that died: the console, and (jailed)
+/// removing the VMM's cgroup when it ends.
+async fn take_over(
+    name: &str,
+    paths: &VmPaths,
+    proc: &Arc<ProcHandle>,
+    cgroup: Option<VmCgroup>,
+    tasks: &mut Tasks,
+) {
     // Output the guest wrote while nobody was connected is lost; from now on it is kept.
-    match attach_console(name, &paths).await {
+    match attach_console(name, paths).await {
         Ok(copier) => tasks.push_console(copier),
         Err(e) => {
             tracing::warn!(vm = %name, error = %e, "cannot reattach console; console.log will not grow")
@@ -635,16 +650,6 @@ async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, Vmm
             .await;
         });
     }
-    tracing::info!(vm = %name, pid, "adopted running VM");
-    Ok(Vm::new(
-        name.to_owned(),
-        paths,
-        proc,
-        qmp,
-        qmp_state,
-        ExitSource::Pidfd,
-        tasks,
-    ))
 }
 
 /// QMP up, console attached, guest running. On error the caller kills QEMU.
