@@ -10,6 +10,7 @@ SPACED_TARGET=x86_64-unknown-linux-gnu
 SPACED_BIN="$TARGET_DIR/$SPACED_TARGET/release/spaced"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf '\033[1;31merror: %s\033[0m\n' "$*" >&2; exit 1; }
 
 # Debian packages SPACE needs on a node. Kept in one list so install and docs agree.
 APT_PACKAGES=(

@@ -282,22 +282,27 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
         .expect("rollback");
     assert_eq!(shell(c, &id, "cat /root/mark", true).await.trim(), "one");
 
-    // Fork into two.
+    // Fork into three (from three on, through a fork image on tmpfs).
     let forks = c
         .fork(
             &id,
             &ForkRequest {
-                count: Some(2),
+                count: Some(3),
                 ..Default::default()
             },
         )
         .await
         .expect("fork");
-    assert_eq!(forks.sandboxes.len(), 2);
+    assert_eq!(forks.sandboxes.len(), 3);
     for f in &forks.sandboxes {
         assert_eq!(shell(c, &f.id, "cat /root/mark", true).await.trim(), "one");
         c.delete_sandbox(&f.id).await.expect("delete fork");
     }
+
+    // A healthy life asks nothing the node manager refuses.
+    let log = std::fs::read_to_string(&nm.log).unwrap_or_default();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("refused")).collect();
+    assert!(refusals.is_empty(), "refused: {refusals:#?}");
 
     // The sandbox manager restarts: it re-attaches to the VM the node manager runs.
     let (dir, config) = s.stop_keep_vms().await;

@@ -21,11 +21,14 @@ use crate::protocol::{Area, NodePath, Refusal, RefusalCode, RelPath};
 /// built; they are published by a rename the node manager does not take part in).
 const WRITABLE_IN_STORE: [&str; 3] = ["sandboxes", "pool", "images/.staging"];
 
-/// The two areas of a node.
+/// The areas of a node.
 #[derive(Debug, Clone)]
 pub struct Areas {
     store: PathBuf,
     run: PathBuf,
+    fork_images: PathBuf,
+    /// What the first component of a path among the fork images starts with.
+    fork_prefix: String,
 }
 
 /// Whether a path is only read or also changed.
@@ -38,11 +41,14 @@ pub enum Access {
 }
 
 impl Areas {
-    /// The areas rooted at `store` (the store's root) and `run` (the run directory).
-    pub fn new(store: &Path, run: &Path) -> Self {
+    /// The areas rooted at `store` (the store's root) and `run` (the node's run directory),
+    /// with its fork images (named after `run`) in `fork_images`.
+    pub fn new(store: &Path, run: &Path, fork_images: &Path) -> Self {
         Areas {
             store: store.to_owned(),
             run: run.to_owned(),
+            fork_images: fork_images.to_owned(),
+            fork_prefix: crate::fork_image_prefix(run),
         }
     }
 
@@ -51,6 +57,7 @@ impl Areas {
         match area {
             Area::Store => &self.store,
             Area::Run => &self.run,
+            Area::ForkImages => &self.fork_images,
         }
     }
 
@@ -67,6 +74,15 @@ impl Areas {
             if WRITABLE_IN_STORE.iter().any(|w| p.rel.as_str() == *w) {
                 return Err(refuse(p, "is a whole area"));
             }
+        }
+        if p.area == Area::ForkImages
+            && !p
+                .rel
+                .components()
+                .next()
+                .is_some_and(|c| c.starts_with(&self.fork_prefix))
+        {
+            return Err(refuse(p, "is not one of this node's fork images"));
         }
         let root = self.root(p.area);
         let mut at = root.to_owned();
@@ -92,7 +108,7 @@ impl Areas {
 
     /// The [`NodePath`] naming absolute path `abs`, if it lies in an area.
     pub fn name(&self, abs: &Path) -> Result<NodePath, Refusal> {
-        for area in [Area::Store, Area::Run] {
+        for area in [Area::Store, Area::Run, Area::ForkImages] {
             if let Ok(rest) = abs.strip_prefix(self.root(area)) {
                 let parts: Option<Vec<&str>> = rest
                     .components()
@@ -137,7 +153,11 @@ mod tests {
     #[test]
     fn writes_reach_sandboxes_pool_and_image_builds_only() {
         let dir = tempfile::tempdir().unwrap();
-        let areas = Areas::new(&dir.path().join("store"), &dir.path().join("run"));
+        let areas = Areas::new(
+            &dir.path().join("store"),
+            &dir.path().join("run"),
+            &dir.path().join("shm"),
+        );
         for ok in [
             "sandboxes/sbx-1/rootfs.ext4",
             "pool/pool-1/disk",
@@ -172,7 +192,7 @@ mod tests {
         let store = dir.path().join("store");
         std::fs::create_dir_all(store.join("sandboxes/sbx-1")).unwrap();
         std::os::unix::fs::symlink("/etc", store.join("sandboxes/sbx-2")).unwrap();
-        let areas = Areas::new(&store, &dir.path().join("run"));
+        let areas = Areas::new(&store, &dir.path().join("run"), &dir.path().join("shm"));
         assert!(areas
             .resolve(&path(Area::Store, "sandboxes/sbx-1/x"), Access::Write)
             .is_ok());
@@ -182,7 +202,11 @@ mod tests {
 
     #[test]
     fn absolute_paths_are_named_only_inside_an_area() {
-        let areas = Areas::new(Path::new("/d/store"), Path::new("/d/run"));
+        let areas = Areas::new(
+            Path::new("/d/store"),
+            Path::new("/d/run"),
+            Path::new("/dev/shm"),
+        );
         let p = areas
             .name(Path::new("/d/store/sandboxes/sbx-1/rootfs.ext4"))
             .unwrap();
@@ -194,5 +218,22 @@ mod tests {
         for bad in ["/etc/passwd", "/d/store", "/d/store/../x", "/d/storeX/a"] {
             assert!(areas.name(Path::new(bad)).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn fork_images_are_only_this_nodes() {
+        let run = Path::new("/d/run");
+        let areas = Areas::new(Path::new("/d/store"), run, Path::new("/dev/shm"));
+        let ours = format!("/dev/shm/{}abc/memory", crate::fork_image_prefix(run));
+        let p = areas.name(Path::new(&ours)).unwrap();
+        assert_eq!(p.area, Area::ForkImages);
+        assert!(areas.resolve(&p, Access::Write).is_ok());
+        let theirs = path(Area::ForkImages, "space-fork-000000000000-abc/memory");
+        assert_eq!(
+            areas.resolve(&theirs, Access::Read).unwrap_err().code,
+            RefusalCode::Confinement
+        );
+        let other = path(Area::ForkImages, "some-other-file");
+        assert!(areas.resolve(&other, Access::Read).is_err());
     }
 }

@@ -193,6 +193,18 @@ pub struct GatewaySockets {
     pub udp_relay: std::os::fd::OwnedFd,
 }
 
+/// Where fork images (a checkpoint's RAM as a file every child maps) live: tmpfs, so loading
+/// RAM into one is a memory copy.
+pub const FORK_IMAGE_ROOT: &str = "/dev/shm";
+
+/// Prefix of the fork image directories of the node whose run directory is `run_root`
+/// (so a restart removes only its own, and its node manager reaches only those).
+pub fn fork_image_prefix(run_root: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
+    format!("space-fork-{}-", &hex::encode(digest)[..12])
+}
+
 /// Prefix of every network namespace the node whose run directory is `run_root`
 /// (`<data_dir>/run`, absolute) makes: `spc` and 8 hex digits of a hash of the path, so
 /// that nodes sharing a machine never touch each other's.

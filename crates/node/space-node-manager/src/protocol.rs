@@ -45,6 +45,9 @@ pub enum Area {
     Store,
     /// The node's run directory (`<data_dir>/run`): VM sockets, logs, jail roots.
     Run,
+    /// Its fork images on tmpfs ([`crate::FORK_IMAGE_ROOT`]): only directories named with
+    /// the node's [`crate::fork_image_prefix`].
+    ForkImages,
 }
 
 /// A file or directory inside one of the node's areas.
@@ -61,6 +64,7 @@ impl fmt::Display for NodePath {
         let area = match self.area {
             Area::Store => "store",
             Area::Run => "run",
+            Area::ForkImages => "fork_images",
         };
         write!(f, "{area}:{}", self.rel.0)
     }

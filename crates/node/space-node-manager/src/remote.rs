@@ -59,9 +59,19 @@ impl RemoteNodeManager {
             path: data_dir.to_owned(),
             source: e,
         })?;
+        // The store's paths are canonical (see `Store::open`); the run directory's are not.
+        let canonical = data_dir.canonicalize().map_err(|e| NodeManagerError::Io {
+            what: "cannot resolve data directory",
+            path: data_dir.clone(),
+            source: e,
+        })?;
         let client = Client {
             socket: socket.to_owned(),
-            areas: Areas::new(&data_dir.join("store"), &data_dir.join("run")),
+            areas: Areas::new(
+                &canonical.join("store"),
+                &data_dir.join("run"),
+                Path::new(crate::FORK_IMAGE_ROOT),
+            ),
             idle: Mutex::new(Vec::new()),
         };
         let first = client.open()?;

@@ -103,10 +103,16 @@ pub fn start(
     };
     let data_dir = std::path::absolute(&cfg.data_dir).map_err(io("resolve", &cfg.data_dir))?;
     let store = Store::open(&data_dir, cfg.loop_size)?;
-    let run_root = store.data_dir().join("run");
+    // As the sandbox manager names it (absolute, not canonical): namespace and fork image
+    // names are derived from this path on both sides.
+    let run_root = data_dir.join("run");
     std::fs::create_dir_all(&run_root).map_err(io("create", &run_root))?;
     let host = Arc::new(Host {
-        areas: Areas::new(store.root(), &run_root),
+        areas: Areas::new(
+            store.root(),
+            &run_root,
+            std::path::Path::new(crate::FORK_IMAGE_ROOT),
+        ),
         netns_prefix: crate::netns_prefix(&run_root),
         local: LocalNodeManager::qemu(&run_root, cfg.jail),
         store,

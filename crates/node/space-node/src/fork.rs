@@ -22,8 +22,7 @@ const PARALLEL_RESTORES: usize = 4;
 /// a file on tmpfs): each child then maps it copy-on-write and loads ~60 KB of device
 /// state instead of the whole RAM, and the children share their unmodified pages.
 const IMAGE_FORK_MIN_CHILDREN: usize = 3;
-/// Where fork images live: tmpfs, so loading RAM into one is a memory copy.
-const FORK_IMAGE_ROOT: &str = "/dev/shm";
+use space_node_manager::FORK_IMAGE_ROOT;
 
 /// A checkpoint turned into a memory image for one fork; removed when the children run
 /// (their mappings keep the memory alive).
@@ -39,14 +38,7 @@ impl Drop for ForkImage {
     }
 }
 
-/// Prefix of this node's fork image directories (so a restart removes only its own).
-pub(crate) fn fork_image_prefix(run_root: &std::path::Path) -> String {
-    use sha2::Digest;
-    let h = hex::encode(sha2::Sha256::digest(
-        run_root.as_os_str().as_encoded_bytes(),
-    ));
-    format!("space-fork-{}-", &h[..12])
-}
+pub(crate) use space_node_manager::fork_image_prefix;
 
 impl Node {
     /// Forks `parent` into one new sandbox per id in `children`, from the parent as it is now

@@ -602,11 +602,10 @@ impl Node {
         }
         // Fork images a crash left behind (tmpfs: they hold memory).
         let prefix = crate::fork::fork_image_prefix(&inner.run_root);
-        for entry in read_dir_names(std::path::Path::new("/dev/shm")) {
+        let fork_images = std::path::Path::new(space_node_manager::FORK_IMAGE_ROOT);
+        for entry in read_dir_names(fork_images) {
             if entry.starts_with(&prefix) {
-                let _ = inner
-                    .nm
-                    .remove_run_dir(&std::path::Path::new("/dev/shm").join(entry));
+                let _ = inner.nm.remove_run_dir(&fork_images.join(entry));
             }
         }
         // Pool disks of members (they never survive a restart), but not those of VMs that
