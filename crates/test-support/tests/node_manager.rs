@@ -294,6 +294,32 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
         .await
         .expect("fork");
     assert_eq!(forks.sandboxes.len(), 3);
+    // A VMM killed from outside (as the OOM killer would): the sandbox's crash (it is then
+    // restored) is told with the exit status, which only the node manager, its parent, saw.
+    let victim = &forks.sandboxes[0].id;
+    let victim_pid = vmm_of(&data_dir, victim.as_str()).expect("the fork's QEMU");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the fork's VMM");
+    test_support::wait_until(
+        Duration::from_secs(30),
+        "the crash in the events",
+        || async {
+            let events = c.events(victim).await.ok()?;
+            events
+                .events
+                .iter()
+                .filter_map(|e| e.detail.as_deref())
+                .any(|d| d.contains("QEMU exited with signal 9"))
+                .then_some(())
+        },
+    )
+    .await;
+    // And it runs again, restored from its latest checkpoint (through the node manager too).
+    s.wait_state(victim, SandboxState::Running, Duration::from_secs(60))
+        .await;
     for f in &forks.sandboxes {
         assert_eq!(shell(c, &f.id, "cat /root/mark", true).await.trim(), "one");
         c.delete_sandbox(&f.id).await.expect("delete fork");

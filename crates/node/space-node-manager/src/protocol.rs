@@ -337,6 +337,12 @@ pub enum Request {
         /// The VM.
         name: String,
     },
+    /// How the VMM of VM `name` ended (once it has): its parent is the node manager, so only
+    /// it knows the status.
+    VmExit {
+        /// The VM.
+        name: String,
+    },
     /// Kills VMMs started for `name` that no handle covers.
     KillStrayVms {
         /// The VM.
@@ -389,6 +395,7 @@ impl Request {
             Request::RemoveSandboxFiles { .. } => "remove_sandbox_files",
             Request::LaunchVm { .. } => "launch_vm",
             Request::KillVm { .. } => "kill_vm",
+            Request::VmExit { .. } => "vm_exit",
             Request::KillStrayVms { .. } => "kill_stray_vms",
             Request::VmNames => "vm_names",
             Request::RemoveStaleVmConfinement => "remove_stale_vm_confinement",
@@ -432,6 +439,11 @@ pub enum Response {
         /// Its pid.
         pid: u32,
     },
+    /// How a VMM ended.
+    VmEnded {
+        /// Its end.
+        end: VmEnd,
+    },
     /// A network namespace is ready for a VM.
     VmNetwork {
         /// The TAP device in it.
@@ -446,6 +458,24 @@ pub enum Response {
     UdpFlowSocket,
     /// The request was refused or failed; nothing else happened.
     Refused(Refusal),
+}
+
+/// How a VMM process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum VmEnd {
+    /// It exited with `code`.
+    Code {
+        /// The exit status.
+        code: i32,
+    },
+    /// Signal `signal` ended it.
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+    /// Not known (not launched by this node manager, or not ended yet).
+    Unknown,
 }
 
 /// A refused or failed request: a machine-readable code and a message for people.

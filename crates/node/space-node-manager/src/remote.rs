@@ -21,12 +21,12 @@ use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::{netns, GuestLink};
 use space_storage::{ExistingDisk, PendingSnapshot, Store, SANDBOX_DISK_FILE};
-use space_vmm::{GuestMemory, Vm, VmConfig, VmNetwork};
+use space_vmm::{GuestMemory, ProcessEnd, Vm, VmConfig, VmNetwork};
 
 use crate::confine::Areas;
 use crate::protocol::{
-    Existing, MemorySpec, NodePath, Request, Response, RestoreSpec, VmSpec, MAX_RESPONSE_BYTES,
-    PROTOCOL_VERSION,
+    Existing, MemorySpec, NodePath, Request, Response, RestoreSpec, VmEnd, VmSpec,
+    MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
 use crate::wire;
 use crate::{GatewaySockets, NodeManager, NodeManagerError};
@@ -90,6 +90,25 @@ impl RemoteNodeManager {
         tokio::task::spawn_blocking(move || client.call(&request))
             .await
             .map_err(|e| NodeManagerError::Connection(format!("request task: {e}")))?
+    }
+
+    /// How VM `name`'s VMM ended, asked of the node manager (its parent) once it has.
+    fn exit_status(&self, name: &str) -> space_vmm::ExitStatus {
+        let client = self.inner.clone();
+        let request = Request::VmExit {
+            name: name.to_owned(),
+        };
+        Box::pin(async move {
+            let answer = tokio::task::spawn_blocking(move || client.call(&request)).await;
+            match answer {
+                Ok(Ok((Response::VmEnded { end }, _))) => match end {
+                    VmEnd::Code { code } => ProcessEnd::Code(code),
+                    VmEnd::Signal { signal } => ProcessEnd::Signal(signal),
+                    VmEnd::Unknown => ProcessEnd::Unknown,
+                },
+                _ => ProcessEnd::Unknown,
+            }
+        })
     }
 
     fn name(&self, abs: &Path) -> Result<NodePath, NodeManagerError> {
@@ -398,7 +417,7 @@ impl NodeManager for RemoteNodeManager {
             (Response::Launched { .. }, _) => {}
             (other, _) => return Err(unexpected("launch_vm", &other)),
         }
-        match space_vmm::attach(&cfg.name, &cfg.run_dir).await {
+        match space_vmm::attach(&cfg.name, &cfg.run_dir, self.exit_status(&cfg.name)).await {
             Ok(vm) => Ok(vm),
             Err(e) => {
                 // Nobody could control it: it must not run on.
@@ -414,7 +433,7 @@ impl NodeManager for RemoteNodeManager {
     }
 
     async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError> {
-        Ok(space_vmm::attach(name, run_dir).await?)
+        Ok(space_vmm::attach(name, run_dir, self.exit_status(name)).await?)
     }
 
     async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError> {

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use space_net::datapath::GuestLink;
 use space_storage::{ExistingDisk, Store};
-use space_vmm::{GuestMemory, ReleasedVm, RestoreFrom, VmConfig};
+use space_vmm::{GuestMemory, ProcessEnd, ReleasedVm, RestoreFrom, VmConfig};
 
 use crate::confine::{Access, Areas};
 use crate::protocol::{
     check_name, Area, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response,
-    VmSpec, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    VmEnd, VmSpec, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::wire::{self, WireError};
 use crate::{LocalNodeManager, NodeManager, NodeManagerError};
@@ -118,6 +118,7 @@ pub fn start(
         store,
         loop_size: cfg.loop_size,
         released: Mutex::new(HashMap::new()),
+        ended: Mutex::new(HashMap::new()),
         runtime,
     });
     let listener = bind(&cfg.socket, cfg.client_uid)?;
@@ -327,8 +328,14 @@ struct Host {
     areas: Areas,
     netns_prefix: String,
     released: Mutex<HashMap<String, ReleasedVm>>,
+    /// How killed VMMs ended (their entries left `released`), for [`Request::VmExit`].
+    ended: Mutex<HashMap<String, ProcessEnd>>,
     runtime: tokio::runtime::Handle,
 }
+
+/// Ends of killed VMMs remembered; past this the memory starts over (the sandbox manager
+/// asks right after the kill, so only a storm of kills loses one, to `unknown`).
+const MAX_REMEMBERED_ENDS: usize = 1024;
 
 type Handled = Result<(Response, Vec<OwnedFd>), Refusal>;
 
@@ -416,14 +423,17 @@ impl Host {
                 check_name("VM name", &name)?;
                 let released = self.released_vms().remove(&name);
                 match released {
-                    Some(vm) => self
-                        .runtime
-                        .block_on(async {
-                            vm.kill().await?;
-                            vm.wait_reaped().await;
-                            Ok::<_, space_vmm::VmmError>(())
-                        })
-                        .map_err(|e| refusal(e.into()))?,
+                    Some(vm) => {
+                        self.runtime
+                            .block_on(async {
+                                vm.kill().await?;
+                                vm.wait_reaped().await;
+                                Ok::<_, space_vmm::VmmError>(())
+                            })
+                            .map_err(|e| refusal(e.into()))?;
+                        // Asked for next, by the sandbox manager's exit monitor.
+                        self.remember_end(&name, vm.end());
+                    }
                     // Launched before this node manager started: found by its command line.
                     None => {
                         self.runtime
@@ -432,6 +442,12 @@ impl Host {
                     }
                 }
                 done()
+            }
+            Request::VmExit { name } => {
+                check_name("VM name", &name)?;
+                answer(Response::VmEnded {
+                    end: self.vm_end(&name),
+                })
             }
             Request::KillStrayVms { name } => {
                 check_name("VM name", &name)?;
@@ -508,6 +524,45 @@ impl Host {
         self.released.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn remember_end(&self, name: &str, end: Option<ProcessEnd>) {
+        if let Some(end) = end {
+            let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            if ended.len() >= MAX_REMEMBERED_ENDS {
+                ended.clear();
+            }
+            ended.insert(name.to_owned(), end);
+        }
+    }
+
+    /// How VM `name`'s VMM ended, waiting a little for its reaping.
+    fn vm_end(&self, name: &str) -> VmEnd {
+        let launched = self.released_vms().get(name).map(|vm| vm.end());
+        let end = match launched {
+            Some(Some(end)) => Some(end),
+            // Ended a moment ago (the caller saw it go): the reaper is about to report.
+            Some(None) => {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let end = self.released_vms().get(name).and_then(|vm| vm.end());
+                    if end.is_some() || Instant::now() >= deadline {
+                        break end;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            None => self
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name),
+        };
+        match end {
+            Some(ProcessEnd::Code(code)) => VmEnd::Code { code },
+            Some(ProcessEnd::Signal(signal)) => VmEnd::Signal { signal },
+            Some(ProcessEnd::Unknown) | None => VmEnd::Unknown,
+        }
+    }
+
     /// Only this node's namespaces, by name.
     fn check_netns(&self, netns: &str) -> Result<(), Refusal> {
         check_name("network namespace", netns)?;
@@ -549,8 +604,17 @@ impl Host {
         let pid = vm.pid();
         let mut released = self.released_vms();
         // Entries of VMMs that ended by themselves (the client saw them go by pidfd), once
-        // nothing of theirs is left to undo.
-        released.retain(|_, vm| !vm.is_reaped());
+        // nothing of theirs is left to undo; how they ended is kept for `vm_exit`.
+        let reaped: Vec<String> = released
+            .iter()
+            .filter(|(_, vm)| vm.is_reaped())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in reaped {
+            if let Some(vm) = released.remove(&name) {
+                self.remember_end(&name, vm.end());
+            }
+        }
         released.insert(spec.name.clone(), vm.release());
         answer(Response::Launched { pid })
     }

@@ -17,8 +17,10 @@ pub struct VmExit {
 
 /// How the process itself ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProcessEnd {
+pub enum ProcessEnd {
+    /// It exited with this status.
     Code(i32),
+    /// A signal ended it.
     Signal(i32),
     /// Not our child (adopted after a restart): the exit status went to another parent.
     Unknown,
@@ -68,7 +70,9 @@ pub(crate) fn exit_reason(
         (Some(e), None) => e,
         (None, Some(s)) => s,
         (None, None) if end == ProcessEnd::Code(0) => "QEMU exited with status 0".to_owned(),
-        (None, None) => "QEMU exited (exit status unknown: the VM was adopted)".to_owned(),
+        (None, None) => {
+            "QEMU exited (exit status unknown: its parent was not this node's)".to_owned()
+        }
     }
 }
 

@@ -30,11 +30,12 @@ pub use config::{
 };
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
 pub use error::VmmError;
-pub use exit::VmExit;
+pub use exit::{ProcessEnd, VmExit};
 pub use jail::{CgroupLayout, DiskLimits, JailConfig, UidRange};
 pub use qemu::{attach, JailedProcess, QemuVmm};
 pub use qemu_args::AGENT_PORT_NAME;
 pub use state::{SaveOptions, SaveReport};
+pub use vm::ExitStatus;
 pub use vm::{ReleasedVm, Vm, VmStatus};
 
 /// A VMM backend (QEMU today; Firecracker could be another).

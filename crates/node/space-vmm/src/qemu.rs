@@ -21,7 +21,7 @@ use crate::process::ProcHandle;
 use crate::procfs;
 use crate::qemu_args::{self, CONSOLE_CHARDEV};
 use crate::qmp::{self as qmp_conn, Qmp, QmpState};
-use crate::vm::{ConsoleCopier, ExitSource, Tasks, Vm};
+use crate::vm::{ConsoleCopier, ExitSource, ExitStatus, Tasks, Vm};
 use crate::{Accel, Vmm};
 
 /// From spawn to a QMP greeting; QEMU needs ~50 ms, but the host may be very busy.
@@ -543,9 +543,10 @@ impl Vmm for QemuVmm {
 }
 
 /// Connects to a VM another process launched and [released](Vm::release) to this one: its
-/// QMP socket, and its exit by pidfd. The launcher keeps its console and its reaping.
-pub async fn attach(name: &str, run_dir: &Path) -> Result<Vm, VmmError> {
-    adopt(name, run_dir, Adoption::ControlOnly).await
+/// QMP socket, and its exit by pidfd, with `status` saying how it ended. The launcher keeps
+/// its console and its reaping.
+pub async fn attach(name: &str, run_dir: &Path, status: ExitStatus) -> Result<Vm, VmmError> {
+    adopt(name, run_dir, Adoption::ControlOnly(status)).await
 }
 
 /// How much of a running VM a process takes over.
@@ -553,8 +554,8 @@ enum Adoption {
     /// Everything its dead launcher had: control, console, and (jailed) removing its cgroup
     /// when it ends.
     Whole { cgroup: Option<VmCgroup> },
-    /// Control only ([`attach`]).
-    ControlOnly,
+    /// Control only ([`attach`]), the exit status from the launcher.
+    ControlOnly(ExitStatus),
 }
 
 async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, VmmError> {
@@ -599,20 +600,24 @@ async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, Vmm
         ))
         .abort_handle(),
     );
-    match adoption {
-        Adoption::ControlOnly => tracing::debug!(vm = %name, pid, "attached to a released VM"),
+    let source = match adoption {
+        Adoption::ControlOnly(status) => {
+            tracing::debug!(vm = %name, pid, "attached to a released VM");
+            ExitSource::Reported(status)
+        }
         Adoption::Whole { cgroup } => {
             take_over(name, &paths, &proc, cgroup, &mut tasks).await;
             tracing::info!(vm = %name, pid, "adopted running VM");
+            ExitSource::Pidfd
         }
-    }
+    };
     Ok(Vm::new(
         name.to_owned(),
         paths,
         proc,
         qmp,
         qmp_state,
-        ExitSource::Pidfd,
+        source,
         tasks,
     ))
 }

@@ -35,12 +35,21 @@ pub enum VmStatus {
     Other(String),
 }
 
+/// How a process that is not this one's child learns, once it has ended, how it ended: from
+/// its parent (the node manager).
+pub type ExitStatus = std::pin::Pin<Box<dyn Future<Output = ProcessEnd> + Send>>;
+
+/// How long the exit status is waited for once the process has ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
+
 /// Where the exit of the process is learned from.
 pub(crate) enum ExitSource {
     /// We spawned it: the reaper task reports the real exit status.
     Child(watch::Receiver<Option<ProcessEnd>>),
     /// Adopted: only the pidfd (or /proc) says it ended.
     Pidfd,
+    /// Attached: the pidfd says it ended, its parent says how.
+    Reported(ExitStatus),
 }
 
 /// The task copying the serial console into console.log.
@@ -137,6 +146,11 @@ impl ReleasedVm {
             })
     }
 
+    /// How it ended, once reaped.
+    pub fn end(&self) -> Option<ProcessEnd> {
+        self.reaped.as_ref().and_then(|rx| *rx.borrow())
+    }
+
     /// Resolves once the process has exited and been reaped, and what its start lent it
     /// (its disk, its memory file) is given back: before then, a new VMM of the same
     /// sandbox must not be lent the same files.
@@ -203,7 +217,7 @@ impl Vm {
         let sigkilled = Arc::new(AtomicBool::new(false));
         let reaped = match &source {
             ExitSource::Child(rx) => Some(rx.clone()),
-            ExitSource::Pidfd => None,
+            ExitSource::Pidfd | ExitSource::Reported(_) => None,
         };
         let monitor = tokio::spawn(monitor(
             name.clone(),
@@ -506,6 +520,12 @@ async fn monitor(
         ExitSource::Pidfd => {
             proc.wait_exit().await;
             ProcessEnd::Unknown
+        }
+        ExitSource::Reported(status) => {
+            proc.wait_exit().await;
+            tokio::time::timeout(EXIT_STATUS_WAIT, status)
+                .await
+                .unwrap_or(ProcessEnd::Unknown)
         }
     };
     // QEMU writes SHUTDOWN before exiting, but our reader may not have processed it yet; the
