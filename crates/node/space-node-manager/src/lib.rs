@@ -28,7 +28,7 @@ pub use remote::RemoteNodeManager;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
-use space_net::datapath::{GuestLink, NetError};
+use space_net::datapath::NetError;
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
 use space_vmm::{Vm, VmConfig, VmNetwork};
 use std::path::{Path, PathBuf};
@@ -163,13 +163,10 @@ pub trait NodeManager: Send + Sync + 'static {
     /// Network namespaces whose names start with `prefix`.
     fn vm_networks(&self, prefix: &str) -> Vec<String>;
     /// The egress gateway's listening sockets, opened inside network namespace `netns` on
-    /// the gateway address of `link` (a socket belongs for good to the namespace it was
-    /// made in, so the gateway can serve them from anywhere).
-    fn open_gateway_sockets(
-        &self,
-        netns: &str,
-        link: &GuestLink,
-    ) -> Result<GatewaySockets, NodeManagerError>;
+    /// the gateway address of the sandbox link (`GuestLink::default()`, the same in every
+    /// sandbox). A socket belongs for good to the namespace it was made in, so the gateway
+    /// can serve them from anywhere.
+    fn open_gateway_sockets(&self, netns: &str) -> Result<GatewaySockets, NodeManagerError>;
     /// The guest side of a UDP flow from `guest` to `dst` inside `netns` (see
     /// [`space_net::udp::FlowSockets`]).
     fn open_udp_flow(
@@ -200,16 +197,21 @@ pub const FORK_IMAGE_ROOT: &str = "/dev/shm";
 /// Prefix of the fork image directories of the node whose run directory is `run_root`
 /// (so a restart removes only its own, and its node manager reaches only those).
 pub fn fork_image_prefix(run_root: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
-    format!("space-fork-{}-", &hex::encode(digest)[..12])
+    format!("space-fork-{}-", run_root_hash(run_root, 12))
 }
 
 /// Prefix of every network namespace the node whose run directory is `run_root`
 /// (`<data_dir>/run`, absolute) makes: `spc` and 8 hex digits of a hash of the path, so
 /// that nodes sharing a machine never touch each other's.
 pub fn netns_prefix(run_root: &Path) -> String {
+    format!("spc{}-", run_root_hash(run_root, 8))
+}
+
+/// The first `digits` hex digits of the SHA-256 of the run directory's path: what tells a
+/// node's namespaces and fork images from those of other nodes on the machine.
+fn run_root_hash(run_root: &Path, digits: usize) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(run_root.as_os_str().as_encoded_bytes());
-    format!("spc{}-", &hex::encode(digest)[..8])
+    let mut hex = hex::encode(Sha256::digest(run_root.as_os_str().as_encoded_bytes()));
+    hex.truncate(digits);
+    hex
 }

@@ -229,11 +229,8 @@ impl NodeManager for LocalNodeManager {
         })?)
     }
 
-    fn open_gateway_sockets(
-        &self,
-        name: &str,
-        link: &GuestLink,
-    ) -> Result<GatewaySockets, NodeManagerError> {
+    fn open_gateway_sockets(&self, name: &str) -> Result<GatewaySockets, NodeManagerError> {
+        let link = GuestLink::default();
         let gw = link.gateway;
         let proxy_port = link.proxy_port;
         let relay_addr = std::net::SocketAddrV4::new(gw, link.udp_relay_port);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
-use space_net::datapath::{netns, GuestLink};
+use space_net::datapath::netns;
 use space_storage::{ExistingDisk, PendingSnapshot, Store, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, ProcessEnd, Vm, VmConfig, VmNetwork};
 
@@ -544,11 +544,7 @@ impl NodeManager for RemoteNodeManager {
         }
     }
 
-    fn open_gateway_sockets(
-        &self,
-        name: &str,
-        _link: &GuestLink,
-    ) -> Result<GatewaySockets, NodeManagerError> {
+    fn open_gateway_sockets(&self, name: &str) -> Result<GatewaySockets, NodeManagerError> {
         let request = Request::OpenGatewaySockets {
             netns: name.to_owned(),
         };

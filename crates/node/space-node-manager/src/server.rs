@@ -30,6 +30,8 @@ use crate::{LocalNodeManager, NodeManager, NodeManagerError};
 
 /// Most connections served at once; more wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 64;
+/// How long `vm_exit` waits for the reaper of a VMM that has just ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 /// How long a launch waits for the previous VMM of the same VM to be reaped.
 const REAP_WAIT: Duration = Duration::from_secs(30);
 /// How long a connection may sit between requests, or stall inside one, before it is closed.
@@ -427,7 +429,7 @@ impl Host {
                         self.runtime
                             .block_on(async {
                                 vm.kill().await?;
-                                vm.wait_reaped().await;
+                                vm.reaped().await;
                                 Ok::<_, space_vmm::VmmError>(())
                             })
                             .map_err(|e| refusal(e.into()))?;
@@ -503,10 +505,7 @@ impl Host {
             }
             Request::OpenGatewaySockets { netns } => {
                 self.check_netns(&netns)?;
-                let s = self
-                    .local
-                    .open_gateway_sockets(&netns, &GuestLink::default())
-                    .map_err(refusal)?;
+                let s = self.local.open_gateway_sockets(&netns).map_err(refusal)?;
                 Ok((
                     Response::GatewaySockets,
                     vec![
@@ -536,20 +535,14 @@ impl Host {
 
     /// How VM `name`'s VMM ended, waiting a little for its reaping.
     fn vm_end(&self, name: &str) -> VmEnd {
-        let launched = self.released_vms().get(name).map(|vm| vm.end());
-        let end = match launched {
-            Some(Some(end)) => Some(end),
+        let reaping = self.released_vms().get(name).map(|vm| vm.reaped());
+        let end = match reaping {
             // Ended a moment ago (the caller saw it go): the reaper is about to report.
-            Some(None) => {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    let end = self.released_vms().get(name).and_then(|vm| vm.end());
-                    if end.is_some() || Instant::now() >= deadline {
-                        break end;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
+            Some(reaped) => self
+                .runtime
+                .block_on(async { tokio::time::timeout(EXIT_STATUS_WAIT, reaped).await })
+                .ok()
+                .flatten(),
             None => self
                 .ended
                 .lock()
@@ -584,7 +577,7 @@ impl Host {
         if let Some(old) = previous {
             let waited = self
                 .runtime
-                .block_on(tokio::time::timeout(REAP_WAIT, old.wait_reaped()));
+                .block_on(async { tokio::time::timeout(REAP_WAIT, old.reaped()).await });
             if waited.is_err() {
                 return Err(Refusal::new(
                     RefusalCode::Vmm,

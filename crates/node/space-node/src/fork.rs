@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotTrigger};
+use space_node_manager::{fork_image_prefix, FORK_IMAGE_ROOT};
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 
 use crate::sandbox_manager::now_ms;
@@ -22,7 +23,6 @@ const PARALLEL_RESTORES: usize = 4;
 /// a file on tmpfs): each child then maps it copy-on-write and loads ~60 KB of device
 /// state instead of the whole RAM, and the children share their unmodified pages.
 const IMAGE_FORK_MIN_CHILDREN: usize = 3;
-use space_node_manager::FORK_IMAGE_ROOT;
 
 /// A checkpoint turned into a memory image for one fork; removed when the children run
 /// (their mappings keep the memory alive).
@@ -37,8 +37,6 @@ impl Drop for ForkImage {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
-
-pub(crate) use space_node_manager::fork_image_prefix;
 
 impl Node {
     /// Forks `parent` into one new sandbox per id in `children`, from the parent as it is now

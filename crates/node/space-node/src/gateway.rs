@@ -16,7 +16,6 @@ use arc_swap::ArcSwap;
 use space_core::egress::EgressPolicy;
 use space_core::SandboxId;
 use space_net::ca::LeafCache;
-use space_net::datapath::GuestLink;
 use space_net::dns::{PinLimits, PinTable, PolicyHandle, SandboxResolver};
 use space_net::proxy::{upstream_tls_config, ProxyContext, ProxyLimits, SandboxProxy};
 use space_net::udp::{UdpLimits, UdpRelay};
@@ -75,9 +74,8 @@ impl Inner {
         vm_name: &str,
     ) -> Result<Gateway, NodeError> {
         let id = &record.id;
-        let link = GuestLink::default();
         let ns = self.netns_name(vm_name);
-        let sockets = self.nm.open_gateway_sockets(&ns, &link)?;
+        let sockets = self.nm.open_gateway_sockets(&ns)?;
         let io = |e: std::io::Error| NodeError::Internal(format!("gateway socket: {e}"));
         let udp = tokio::net::UdpSocket::from_std(sockets.dns_udp).map_err(io)?;
         let dns_tcp = tokio::net::TcpListener::from_std(sockets.dns_tcp).map_err(io)?;

@@ -601,7 +601,7 @@ impl Node {
             tracing::warn!(error = %e, "cannot remove half-deleted persistent snapshots");
         }
         // Fork images a crash left behind (tmpfs: they hold memory).
-        let prefix = crate::fork::fork_image_prefix(&inner.run_root);
+        let prefix = space_node_manager::fork_image_prefix(&inner.run_root);
         let fork_images = std::path::Path::new(space_node_manager::FORK_IMAGE_ROOT);
         for entry in read_dir_names(fork_images) {
             if entry.starts_with(&prefix) {

@@ -119,7 +119,7 @@ impl ReleasedVm {
     }
 
     /// Whether it has ended and been reaped, its lent files given back (see
-    /// [`ReleasedVm::wait_reaped`]).
+    /// [`ReleasedVm::reaped`]).
     pub fn is_reaped(&self) -> bool {
         match &self.reaped {
             Some(rx) => rx.borrow().is_some(),
@@ -133,17 +133,10 @@ impl ReleasedVm {
             return Ok(());
         }
         tracing::warn!(vm = %self.name, pid = self.pid(), "killing a VMM that did not quit");
-        self.proc
-            .signal(libc::SIGKILL)
-            .map_err(|e| VmmError::io(format!("SIGKILL pid {}", self.pid()), e))?;
+        sigkill(&self.proc)?;
         tokio::time::timeout(KILL_WAIT, self.proc.wait_exit())
             .await
-            .map_err(|_| {
-                VmmError::KillFailed(format!(
-                    "pid {} still there {KILL_WAIT:?} after SIGKILL",
-                    self.pid()
-                ))
-            })
+            .map_err(|_| survived_sigkill(self.pid()))
     }
 
     /// How it ended, once reaped.
@@ -152,17 +145,19 @@ impl ReleasedVm {
     }
 
     /// Resolves once the process has exited and been reaped, and what its start lent it
-    /// (its disk, its memory file) is given back: before then, a new VMM of the same
-    /// sandbox must not be lent the same files.
-    pub async fn wait_reaped(&self) {
-        match &self.reaped {
-            Some(rx) => {
-                let mut rx = rx.clone();
-                if rx.wait_for(Option::is_some).await.is_err() {
-                    self.proc.wait_exit().await;
+    /// (its disk, its memory file) is given back, with how it ended (`None` if the reaper
+    /// is gone): before then, a new VMM of the same sandbox must not be lent the same
+    /// files. Borrows nothing, so it can be awaited without holding whatever holds `self`.
+    pub fn reaped(&self) -> impl Future<Output = Option<ProcessEnd>> + Send + 'static {
+        let (rx, proc) = (self.reaped.clone(), self.proc.clone());
+        async move {
+            if let Some(mut rx) = rx {
+                if let Ok(end) = rx.wait_for(Option::is_some).await {
+                    return *end;
                 }
             }
-            None => self.proc.wait_exit().await,
+            proc.wait_exit().await;
+            None
         }
     }
 }
@@ -401,13 +396,8 @@ impl Vm {
     /// wait. Idempotent; returns once the process is gone (and reaped, if it is our child).
     pub async fn kill(&self, grace: Duration) -> Result<(), VmmError> {
         let proc = self.proc.clone();
-        self.kill_with(grace, || async move {
-            let pid = proc.pid();
-            proc.signal(libc::SIGKILL)
-                .map(drop)
-                .map_err(|e| VmmError::io(format!("SIGKILL pid {pid}"), e))
-        })
-        .await
+        self.kill_with(grace, || async move { sigkill(&proc) })
+            .await
     }
 
     /// [`Vm::kill`] with `force` in place of this process's SIGKILL: for a VMM another,
@@ -439,12 +429,7 @@ impl Vm {
         force().await?;
         tokio::time::timeout(KILL_WAIT, self.wait_exited())
             .await
-            .map_err(|_| {
-                VmmError::KillFailed(format!(
-                    "pid {} still there {KILL_WAIT:?} after SIGKILL",
-                    self.pid()
-                ))
-            })
+            .map_err(|_| survived_sigkill(self.pid()))
     }
 
     /// Resident set size of the QEMU process (VmRSS), while it runs.
@@ -477,6 +462,18 @@ impl Vm {
             None => e,
         }
     }
+}
+
+/// SIGKILL to the VMM.
+fn sigkill(proc: &ProcHandle) -> Result<(), VmmError> {
+    proc.signal(libc::SIGKILL)
+        .map(drop)
+        .map_err(|e| VmmError::io(format!("SIGKILL pid {}", proc.pid()), e))
+}
+
+/// A VMM still there [`KILL_WAIT`] after its SIGKILL (stuck in the kernel).
+fn survived_sigkill(pid: u32) -> VmmError {
+    VmmError::KillFailed(format!("pid {pid} still there {KILL_WAIT:?} after SIGKILL"))
 }
 
 /// What a VM's output readers leave behind when QEMU exits, to be drained before the exit
