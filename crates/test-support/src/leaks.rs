@@ -1,10 +1,11 @@
 //! Leak checks: after the suite, nothing of SPACE may be left on the machine — no QEMU
-//! process, no mount or loop device under the test root, no sandbox disk.
+//! process, no node manager of a test node, no mount or loop device under the test root, no
+//! sandbox disk.
 
 use std::path::Path;
 
-/// QEMU processes that run a SPACE sandbox (their `-name` starts with `sbx-`).
-pub fn sandbox_vmm_processes() -> Vec<(u32, String)> {
+/// Every process of the machine with its arguments.
+pub fn processes() -> Vec<(u32, Vec<String>)> {
     let mut out = Vec::new();
     let Ok(proc_dir) = std::fs::read_dir("/proc") else {
         return out;
@@ -20,19 +21,66 @@ pub fn sandbox_vmm_processes() -> Vec<(u32, String)> {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        let args: Vec<String> = cmdline
+        let mut args: Vec<String> = cmdline
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let is_qemu = args.first().is_some_and(|a| a.contains("qemu-system"));
-        let is_sandbox = args
-            .windows(2)
-            .any(|w| w[0] == "-name" && w[1].starts_with("sbx-"));
-        if is_qemu && is_sandbox {
-            out.push((pid, args.join(" ")));
+        if args.last().is_some_and(String::is_empty) {
+            args.pop();
         }
+        out.push((pid, args));
     }
     out
+}
+
+/// QEMU processes that run a SPACE sandbox (their `-name` starts with `sbx-`).
+pub fn sandbox_vmm_processes() -> Vec<(u32, String)> {
+    processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            let is_qemu = args.first().is_some_and(|a| a.contains("qemu-system"));
+            let is_sandbox = args
+                .windows(2)
+                .any(|w| w[0] == "-name" && w[1].starts_with("sbx-"));
+            is_qemu && is_sandbox
+        })
+        .map(|(pid, args)| (pid, args.join(" ")))
+        .collect()
+}
+
+/// `space node-manager` processes serving a data directory under `root`.
+pub fn node_managers_under(root: &Path) -> Vec<(u32, String)> {
+    let root = root.to_string_lossy();
+    processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            args.iter().any(|a| a == "node-manager")
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == "--data-dir" && w[1].starts_with(&*root))
+        })
+        .map(|(pid, args)| (pid, args.join(" ")))
+        .collect()
+}
+
+/// SIGKILLs `pids` and waits (up to 10 s) until they are gone, so that what they held open
+/// (a store) can be unmounted next.
+pub fn kill_and_wait(pids: impl IntoIterator<Item = u32>) {
+    let pids: Vec<u32> = pids.into_iter().collect();
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline
+        && pids
+            .iter()
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Mount points at or below `root`.

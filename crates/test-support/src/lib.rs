@@ -8,9 +8,11 @@
 //! - [`TestServer`]: control plane + node on a private data directory and a free port.
 //! - [`wait_until`] and the leak checks the suite ends with.
 
+mod child;
 pub mod e2b;
 pub mod leaks;
 pub mod node_manager;
+pub mod sandbox_manager;
 mod wait;
 
 use std::path::{Path, PathBuf};
@@ -326,7 +328,16 @@ pub fn cleanup_data_dir(data_dir: &Path) {
     if data_dir.as_os_str().is_empty() {
         return;
     }
+    // The node manager first: a sandbox manager still running (a test that panicked) would
+    // otherwise restore the VMs killed below. Their cgroups are then left empty, for the
+    // leak check to remove. Also one this process did not start (a child server's, killed
+    // with SIGKILL before it could stop its own).
     node_manager::stop_for_data_dir(data_dir);
+    leaks::kill_and_wait(
+        leaks::node_managers_under(data_dir)
+            .into_iter()
+            .map(|(pid, _)| pid),
+    );
     for run in std::fs::read_dir(data_dir.join("run"))
         .into_iter()
         .flatten()

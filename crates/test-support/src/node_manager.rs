@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use crate::child::StoppedOnDrop;
 
 /// Whether test nodes get a node manager process of their own (`SPACE_TEST_NODE_MANAGER`,
 /// on unless `0`): the split every node will run. Off, the test process does the
@@ -17,7 +19,21 @@ pub fn enabled() -> bool {
 /// The node managers this test process started, by data directory.
 fn registry() -> &'static Mutex<HashMap<PathBuf, NodeManagerProcess>> {
     static R: OnceLock<Mutex<HashMap<PathBuf, NodeManagerProcess>>> = OnceLock::new();
-    R.get_or_init(Default::default)
+    R.get_or_init(|| {
+        // Statics are never dropped: stop what is left when the test process exits (a test
+        // that never cleaned up its data directory would leave its node manager running).
+        // SAFETY: registers a plain `extern "C" fn` with no arguments.
+        unsafe { libc::atexit(stop_all_at_exit) };
+        Default::default()
+    })
+}
+
+extern "C" fn stop_all_at_exit() {
+    let left: Vec<NodeManagerProcess> = match registry().try_lock() {
+        Ok(mut r) => r.drain().map(|(_, nm)| nm).collect(),
+        Err(_) => return,
+    };
+    drop(left);
 }
 
 /// The socket of the node manager of `data_dir`, started (serving root, the sandbox
@@ -62,7 +78,7 @@ pub fn space_binary() -> PathBuf {
 
 /// A running node manager; killed (SIGTERM, then SIGKILL) when dropped. Its VMMs stay.
 pub struct NodeManagerProcess {
-    child: Child,
+    process: StoppedOnDrop,
     /// Its socket.
     pub socket: PathBuf,
     /// Its log.
@@ -93,10 +109,14 @@ impl NodeManagerProcess {
             .stderr(out)
             .spawn()
             .expect("spawn space node-manager");
-        let mut nm = NodeManagerProcess { child, socket, log };
+        let mut nm = NodeManagerProcess {
+            process: StoppedOnDrop::new(child, Duration::from_secs(10)),
+            socket,
+            log,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !nm.socket.exists() {
-            if let Ok(Some(status)) = nm.child.try_wait() {
+            if let Some(status) = nm.process.exited() {
                 panic!(
                     "space node-manager exited ({status}): {}",
                     std::fs::read_to_string(&nm.log).unwrap_or_default()
@@ -113,31 +133,11 @@ impl NodeManagerProcess {
 
     /// Its pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Stops it (SIGTERM), as a restart or crash of the node manager would.
     pub fn stop(mut self) {
-        self.terminate();
-    }
-
-    fn terminate(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for NodeManagerProcess {
-    fn drop(&mut self) {
-        self.terminate();
+        self.process.stop();
     }
 }

@@ -1,6 +1,7 @@
-//! The node manager as its own process (`space node-manager`): it serves only its client's
-//! uid, refuses bad requests and keeps serving, and a sandbox lives its whole life with every
-//! privileged operation going through it (its VMMs are its children, jailed).
+//! The node as two processes: `space node-manager` (root) serves only its client's uid,
+//! refuses bad requests and keeps serving; `space server` runs as an unprivileged uid with no
+//! capabilities, and a sandbox lives its whole life with every privileged operation going
+//! through the node manager (its VMMs are its children, jailed, each a uid of its own).
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -15,7 +16,8 @@ use space_node_manager::protocol::{
 };
 use space_node_manager::wire;
 use test_support::node_manager::NodeManagerProcess;
-use test_support::{new_data_dir, shell, test_sandbox, TestServer};
+use test_support::sandbox_manager::SandboxManagerProcess;
+use test_support::{new_data_dir, shell, test_sandbox};
 
 /// A uid no account uses: the client of the node manager in the refusal test.
 const CLIENT_UID: u32 = 4242;
@@ -82,6 +84,8 @@ fn store(rel: &str) -> NodePath {
 fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests() {
     test_support::init_logging();
     let data_dir = new_data_dir();
+    // The node manager serves only a data directory its client owns.
+    std::os::unix::fs::chown(&data_dir, Some(CLIENT_UID), Some(CLIENT_UID)).unwrap();
     let nm = NodeManagerProcess::start(&data_dir, CLIENT_UID);
     let socket = nm.socket.clone();
 
@@ -221,41 +225,165 @@ fn vmm_of(data_dir: &Path, name: &str) -> Option<u32> {
         .map(|(pid, _)| pid)
 }
 
+/// The first word of a line of `/proc/<pid>/status` (`Uid` is then the real uid).
 fn status_field(pid: u32, field: &str) -> String {
+    status_line(pid, field)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn status_line(pid: u32, field: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_owned))
         .unwrap_or_default()
 }
 
+fn namespace(pid: u32, kind: &str) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).expect("namespace link")
+}
+
+/// Every process of this node (its data directory in the command line) and its real uid.
+fn node_processes(data_dir: &Path) -> Vec<(u32, u32, String)> {
+    let needle = data_dir.to_string_lossy().into_owned();
+    test_support::leaks::processes()
+        .into_iter()
+        .map(|(pid, args)| (pid, args.join(" ")))
+        .filter(|(_, cmd)| cmd.contains(&needle))
+        .filter_map(|(pid, cmd)| Some((pid, status_field(pid, "Uid").parse().ok()?, cmd)))
+        .collect()
+}
+
+/// What `ps` must show of a node: the node manager its only root process; the sandbox
+/// manager as `sandbox_manager_uid`, with no capabilities; every QEMU the node manager's
+/// child as a uid of its own (neither root nor the sandbox manager's), under both seccomp
+/// filters, in pid and mount namespaces of its own and in a cgroup that limits it.
+fn assert_least_privilege(
+    data_dir: &Path,
+    nm: &NodeManagerProcess,
+    sm: &SandboxManagerProcess,
+    sandbox_manager_uid: u32,
+    vms: usize,
+) {
+    let processes = node_processes(data_dir);
+    for (pid, uid, cmd) in &processes {
+        assert!(
+            *uid != 0 || *pid == nm.pid(),
+            "pid {pid} runs as root but is not the node manager: {cmd}"
+        );
+    }
+    assert_eq!(
+        status_field(nm.pid(), "Uid"),
+        "0",
+        "the node manager is root"
+    );
+    let sm_uid = format!("{0}\t{0}\t{0}\t{0}", sandbox_manager_uid);
+    assert_eq!(
+        status_line(sm.pid(), "Uid").trim(),
+        sm_uid,
+        "the sandbox manager's uids"
+    );
+    for caps in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+        assert_eq!(
+            status_field(sm.pid(), caps),
+            "0000000000000000",
+            "sandbox manager {caps}"
+        );
+    }
+    let vmms: Vec<u32> = processes
+        .iter()
+        .filter(|(_, _, cmd)| cmd.contains("qemu-system"))
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    assert_eq!(vmms.len(), vms, "one QEMU per VM: {processes:#?}");
+    let mut uids = std::collections::HashSet::new();
+    for pid in vmms {
+        let uid: u32 = status_field(pid, "Uid").parse().expect("uid");
+        assert!(
+            uid != 0 && uid != sandbox_manager_uid,
+            "QEMU {pid} runs as uid {uid}"
+        );
+        assert!(uids.insert(uid), "two QEMUs share uid {uid}");
+        assert_eq!(
+            status_field(pid, "PPid"),
+            nm.pid().to_string(),
+            "the node manager launched {pid}"
+        );
+        assert_eq!(
+            status_field(pid, "Seccomp"),
+            "2",
+            "QEMU {pid} under seccomp"
+        );
+        assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+        assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+        for ns in ["pid", "mnt", "ipc", "uts"] {
+            assert_ne!(
+                namespace(pid, ns),
+                namespace(nm.pid(), ns),
+                "QEMU {pid} has its own {ns} namespace"
+            );
+        }
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+        let memory = cgroups
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()))
+            .or_else(|| {
+                cgroups
+                    .lines()
+                    .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+            })
+            .expect("a memory cgroup");
+        assert!(
+            memory.contains("/space/"),
+            "QEMU {pid} in its node's cgroup: {memory}"
+        );
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes"
+        ))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup{memory}/memory.max")))
+        .expect("memory limit");
+        let limit: u64 = limit.trim().parse().expect("a finite memory limit");
+        assert!(limit < 8 << 30, "QEMU {pid} memory limit {limit}");
+    }
+}
+
+/// The uid of the sandbox manager in the whole-life test: no account has it (nothing in
+/// the sandbox manager needs a passwd entry), outside the VMM uid range.
+const SANDBOX_MANAGER_UID: u32 = 1_400_000_000;
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
-    let mut manager = None;
-    let s = TestServer::start_with(|c| {
-        // This test's own, to restart it (the harness's would otherwise serve the node).
-        test_support::node_manager::stop_for_data_dir(&c.node.data_dir);
-        let nm = NodeManagerProcess::start(&c.node.data_dir, 0);
-        c.node.node_manager = Some(nm.socket.clone());
-        manager = Some(nm);
-    })
-    .await;
-    let nm = manager.expect("node manager started");
-    let c = &s.client;
-    let data_dir = s.data_dir.clone();
+async fn a_sandbox_lives_its_whole_life_under_an_unprivileged_sandbox_manager() {
+    test_support::init_logging();
+    let uid = SANDBOX_MANAGER_UID;
+    let data_dir = new_data_dir();
+    std::os::unix::fs::chown(&data_dir, Some(uid), Some(uid)).unwrap();
+    let nm = NodeManagerProcess::start(&data_dir, uid);
+    // The template as `space template build` (an administrator's command) leaves one.
+    let store = space_storage::Store::attach(&data_dir).expect("the node manager's store");
+    test_support::import_template(&store, test_support::TEST_TEMPLATE).expect("import");
+    let sm = SandboxManagerProcess::start(&data_dir, uid, &nm.socket).await;
+    let c = &sm.client();
 
     // Create (from the template's memory image, itself built through the node manager).
     let id = test_sandbox(c).await;
     assert_eq!(shell(c, &id, "echo hello", false).await.trim(), "hello");
-    let pid = vmm_of(&data_dir, id.as_str()).expect("the sandbox's QEMU");
-    assert_eq!(
-        status_field(pid, "PPid"),
-        nm.pid().to_string(),
-        "the node manager launched the VMM"
+    // The gateway the sandbox manager serves on descriptors it was handed answers the
+    // guest's DNS (with a refusal: the default policy is mode none).
+    let out = c
+        .run(
+            &id,
+            &space_core::process::ProcessSpec::shell("timeout 8 nslookup example.com; true"),
+        )
+        .await
+        .expect("run nslookup");
+    let answer = format!("{}{}", out.stdout_str(), out.stderr_str());
+    assert!(
+        answer.contains("can't find example.com"),
+        "the gateway's resolver answers: {answer}"
     );
-    assert_ne!(status_field(pid, "Uid"), "0", "the VMM runs as its own uid");
-    assert_eq!(status_field(pid, "Seccomp"), "2");
 
     // Pause and resume.
     c.pause_sandbox(&id).await.expect("pause");
@@ -294,6 +422,8 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
         .await
         .expect("fork");
     assert_eq!(forks.sandboxes.len(), 3);
+    assert_least_privilege(&data_dir, &nm, &sm, uid, 4);
+
     // A VMM killed from outside (as the OOM killer would): the sandbox's crash (it is then
     // restored) is told with the exit status, which only the node manager, its parent, saw.
     let victim = &forks.sandboxes[0].id;
@@ -303,6 +433,14 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the fork's VMM");
+    let wait_state = |id: space_core::SandboxId, state: SandboxState| async move {
+        test_support::wait_until(
+            Duration::from_secs(60),
+            &format!("{id} {state}"),
+            || async { c.sandbox(&id).await.ok().filter(|s| s.state == state) },
+        )
+        .await
+    };
     test_support::wait_until(
         Duration::from_secs(30),
         "the crash in the events",
@@ -318,8 +456,7 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
     )
     .await;
     // And it runs again, restored from its latest checkpoint (through the node manager too).
-    s.wait_state(victim, SandboxState::Running, Duration::from_secs(60))
-        .await;
+    wait_state(victim.clone(), SandboxState::Running).await;
     for f in &forks.sandboxes {
         assert_eq!(shell(c, &f.id, "cat /root/mark", true).await.trim(), "one");
         c.delete_sandbox(&f.id).await.expect("delete fork");
@@ -331,21 +468,47 @@ async fn a_sandbox_lives_its_whole_life_through_the_node_manager() {
     assert!(refusals.is_empty(), "refused: {refusals:#?}");
 
     // The sandbox manager restarts: it re-attaches to the VM the node manager runs.
-    let (dir, config) = s.stop_keep_vms().await;
-    let s = TestServer::start_on(dir, config).await;
-    let c = &s.client;
-    s.wait_state(&id, SandboxState::Running, Duration::from_secs(60))
-        .await;
+    sm.stop();
+    let sm = SandboxManagerProcess::start(&data_dir, uid, &nm.socket).await;
+    let c = &sm.client();
+    test_support::wait_until(Duration::from_secs(60), "re-adopted", || async {
+        c.sandbox(&id)
+            .await
+            .ok()
+            .filter(|s| s.state == SandboxState::Running)
+    })
+    .await;
     assert_eq!(shell(c, &id, "echo again", false).await.trim(), "again");
+    assert_least_privilege(&data_dir, &nm, &sm, uid, 1);
 
     // The node manager restarts: the VMM (no longer its child) is still killed on delete.
     nm.stop();
-    let nm = NodeManagerProcess::start(&data_dir, 0);
+    let nm = NodeManagerProcess::start(&data_dir, uid);
+    // It copies the console of the VMM it finds running again.
+    let log = std::fs::read_to_string(&nm.log).unwrap_or_default();
+    assert!(
+        log.contains("took over the console of a running VMM"),
+        "the console is taken over: {log}"
+    );
     c.delete_sandbox(&id).await.expect("delete");
     test_support::wait_until(Duration::from_secs(30), "the VMM to be gone", || async {
         vmm_of(&data_dir, id.as_str()).is_none().then_some(())
     })
     .await;
-    s.stop().await;
+    let log = std::fs::read_to_string(&sm.log).unwrap_or_default();
+    for line in log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+    {
+        eprintln!("sandbox manager: {line}");
+    }
+    for denied in ["Permission denied", "Operation not permitted"] {
+        assert!(
+            !log.contains(denied),
+            "the sandbox manager lacked a right: {log}"
+        );
+    }
+    sm.stop();
     drop(nm);
+    test_support::cleanup_data_dir(&data_dir);
 }

@@ -125,8 +125,13 @@ fn privileged_calls_stay_in_the_node_manager() {
 /// The host's privileged primitives (mounts, namespaces, `pivot_root`, new processes in new
 /// namespaces, network configuration, VMMs) appear only in the code that runs as the node
 /// manager: the VMM driver and its jail, the store's mount, the network datapath, and
-/// `space_node_manager::LocalNodeManager`. The guest daemon is another machine's root and may mount
-/// there; tests and benchmarks set up what they test.
+/// `space_node_manager::LocalNodeManager`. One exception runs in the sandbox manager: the
+/// uplink's `setns` (`space-net/src/uplink.rs`), made only when it is told to reach the
+/// outside from a namespace not its own (the tests' stand-in internet); in production the
+/// uplink is its own namespace and it needs no privilege at all, which
+/// `node_manager.rs`'s whole-life test shows by running `space server` as an unprivileged
+/// uid. The guest daemon is another machine's root and may mount there; tests and
+/// benchmarks set up what they test.
 #[test]
 fn privileged_primitives_live_only_in_the_node_manager() {
     let root = workspace_root().join("crates");

@@ -18,6 +18,7 @@
 
 pub mod confine;
 mod local;
+mod ownership;
 pub mod protocol;
 mod remote;
 pub mod server;
@@ -25,6 +26,7 @@ pub mod wire;
 
 pub use local::LocalNodeManager;
 pub use remote::RemoteNodeManager;
+pub use space_vmm::FileOwner;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};

@@ -8,35 +8,60 @@ use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::{netns, GuestLink, SandboxNetwork};
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
-use space_vmm::{QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
+use space_vmm::{FileOwner, QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
 
 use crate::{GatewaySockets, NodeManager, NodeManagerError};
 
 /// The in-process node manager (this process must run as root).
 pub struct LocalNodeManager {
     vmm: Arc<dyn Vmm>,
+    /// The same VMM driver, when it is QEMU's (for what only it can do).
+    qemu: Option<Arc<QemuVmm>>,
 }
 
 impl LocalNodeManager {
     /// A node manager that starts VMs with `vmm`.
     pub fn new(vmm: Arc<dyn Vmm>) -> Self {
-        Self { vmm }
+        Self { vmm, qemu: None }
+    }
+
+    /// Takes over the console and cgroup of each VMM of `names` under `run_root` that an
+    /// earlier node manager launched and released (see [`QemuVmm::take_over_orphan`]).
+    pub async fn take_over_orphans(&self, run_root: &Path, names: &[String]) -> usize {
+        let Some(qemu) = &self.qemu else { return 0 };
+        let mut taken = 0;
+        for name in names {
+            match qemu.take_over_orphan(name, &run_root.join(name)).await {
+                Ok(pid) => {
+                    tracing::info!(vm = %name, pid, "took over the console of a running VMM");
+                    taken += 1;
+                }
+                Err(e) => tracing::debug!(vm = %name, error = %e, "no VMM to take over"),
+            }
+        }
+        taken
     }
 
     /// The node manager of the node whose run directory is `run_root`: QEMU VMMs, each in a
-    /// jail of its own unless `jail` is false (only to measure what the jail costs).
-    pub fn qemu(run_root: &Path, jail: bool) -> Self {
+    /// jail of its own unless `jail` is false (only to measure what the jail costs), their
+    /// sockets and the files lent to them handed to `sandbox_manager`.
+    pub fn qemu(run_root: &Path, jail: bool, sandbox_manager: FileOwner) -> Self {
         let vmm = if jail {
             // The node's VMM cgroups are named like its network namespaces, after its run
             // directory, so nodes sharing a machine never touch each other's.
             let node = crate::netns_prefix(run_root);
-            let config = space_vmm::JailConfig::new(node.trim_end_matches('-'));
+            let mut config = space_vmm::JailConfig::new(node.trim_end_matches('-'));
+            config.files_owner = sandbox_manager;
             QemuVmm::jailed("qemu-system-x86_64", config)
         } else {
             tracing::warn!("VMMs run unjailed, as root: for measuring the jail only");
             QemuVmm::unjailed("qemu-system-x86_64")
         };
-        Self::new(Arc::new(vmm))
+        let qemu = Arc::new(vmm);
+        Self {
+            vmm: qemu.clone(),
+            qemu: Some(qemu),
+        }
     }
 }
 

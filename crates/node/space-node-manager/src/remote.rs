@@ -168,6 +168,15 @@ fn netns_name(path: &Path) -> Result<String, NodeManagerError> {
         })
 }
 
+/// Whether an idle connection is still open. The node manager never speaks unasked, so an
+/// idle connection that is readable is one it has closed (the end of file is what is ready).
+fn still_open(stream: &UnixStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+}
+
 impl Client {
     /// A new connection, greeted.
     fn open(&self) -> Result<UnixStream, NodeManagerError> {
@@ -216,26 +225,23 @@ impl Client {
         }
     }
 
-    /// One request on a pooled connection. A pooled connection the server has since closed
-    /// fails before the request reached it; the request is then sent once more on a fresh one.
+    /// One request, on a pooled connection if one is still open, else on a fresh one. A
+    /// request is never sent twice: one whose connection broke after it was written may
+    /// have been carried out (a launch, a clone), so that failure is the caller's to see.
     fn call(&self, request: &Request) -> Result<(Response, Vec<OwnedFd>), NodeManagerError> {
-        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        if let Some(stream) = pooled {
-            match self.exchange(&stream, request) {
-                Ok(r) => {
-                    self.put_back(stream);
-                    return Ok(r);
-                }
-                Err(NodeManagerError::Connection(e)) => {
-                    tracing::debug!(error = %e, "pooled node manager connection broken; reconnecting");
-                }
-                Err(e) => {
-                    self.put_back(stream);
-                    return Err(e);
-                }
+        let pooled = loop {
+            let next = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match next {
+                Some(stream) if still_open(&stream) => break Some(stream),
+                // Closed by the node manager while idle (its timeout, or a restart).
+                Some(_) => continue,
+                None => break None,
             }
-        }
-        let stream = self.open()?;
+        };
+        let stream = match pooled {
+            Some(stream) => stream,
+            None => self.open()?,
+        };
         let r = self.exchange(&stream, request);
         if !matches!(r, Err(NodeManagerError::Connection(_))) {
             self.put_back(stream);
@@ -566,5 +572,18 @@ impl NodeManager for RemoteNodeManager {
             }
             (other, _) => Err(unexpected(request.op(), &other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_connection_the_server_closed_is_not_reused() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        assert!(still_open(&ours));
+        drop(theirs);
+        assert!(!still_open(&ours));
     }
 }

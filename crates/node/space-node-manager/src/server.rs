@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use space_net::datapath::GuestLink;
 use space_storage::{ExistingDisk, Store};
-use space_vmm::{GuestMemory, ProcessEnd, ReleasedVm, RestoreFrom, VmConfig};
+use space_vmm::{FileOwner, GuestMemory, ProcessEnd, ReleasedVm, RestoreFrom, VmConfig};
 
 use crate::confine::{Access, Areas};
+use crate::ownership;
 use crate::protocol::{
     check_name, Area, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response,
     VmEnd, VmSpec, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
@@ -46,8 +47,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Size of the store's btrfs image when the data directory is not on btrfs.
     pub loop_size: u64,
-    /// The only uid served: the sandbox manager's.
-    pub client_uid: u32,
+    /// The only uid served, the sandbox manager's, and the uid and gid that the files made
+    /// for it are handed to.
+    pub client: FileOwner,
     /// Jail every VMM (false only to measure what the jail costs).
     pub jail: bool,
 }
@@ -68,6 +70,14 @@ pub enum ServerError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// The data directory is laid out so that serving it would let the client steer root.
+    #[error("refusing to serve {path}: {reason}")]
+    Unsafe {
+        /// The offending path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
     },
 }
 
@@ -104,11 +114,13 @@ pub fn start(
         move |source| ServerError::Io { what, path, source }
     };
     let data_dir = std::path::absolute(&cfg.data_dir).map_err(io("resolve", &cfg.data_dir))?;
+    ownership::prepare_data_dir(&data_dir, cfg.client)?;
     let store = Store::open(&data_dir, cfg.loop_size)?;
+    ownership::hand_over_store(&store, cfg.client)?;
     // As the sandbox manager names it (absolute, not canonical): namespace and fork image
     // names are derived from this path on both sides.
     let run_root = data_dir.join("run");
-    std::fs::create_dir_all(&run_root).map_err(io("create", &run_root))?;
+    ownership::secure_run_root(&run_root)?;
     let host = Arc::new(Host {
         areas: Areas::new(
             store.root(),
@@ -116,17 +128,26 @@ pub fn start(
             std::path::Path::new(crate::FORK_IMAGE_ROOT),
         ),
         netns_prefix: crate::netns_prefix(&run_root),
-        local: LocalNodeManager::qemu(&run_root, cfg.jail),
+        local: LocalNodeManager::qemu(&run_root, cfg.jail, cfg.client),
+        client: cfg.client,
         store,
         loop_size: cfg.loop_size,
         released: Mutex::new(HashMap::new()),
         ended: Mutex::new(HashMap::new()),
         runtime,
     });
-    let listener = bind(&cfg.socket, cfg.client_uid)?;
+    // VMMs an earlier node manager launched run on; their consoles are copied again.
+    let running = host.local.vm_names_under(&run_root);
+    let taken = host
+        .runtime
+        .block_on(host.local.take_over_orphans(&run_root, &running));
+    if taken > 0 {
+        tracing::info!(vms = taken, "took over running VMMs");
+    }
+    let listener = bind(&cfg.socket, cfg.client)?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = stop.clone();
-    let client_uid = cfg.client_uid;
+    let client_uid = cfg.client.uid;
     std::thread::Builder::new()
         .name("node-manager-accept".into())
         .spawn(move || accept_loop(listener, host, client_uid, &stopping))
@@ -139,7 +160,7 @@ pub fn start(
 }
 
 /// Binds `socket`, replacing a stale socket file (never another kind of file).
-fn bind(socket: &Path, client_uid: u32) -> Result<UnixListener, ServerError> {
+fn bind(socket: &Path, client: FileOwner) -> Result<UnixListener, ServerError> {
     let io = |what, source| ServerError::Io {
         what,
         path: socket.to_owned(),
@@ -147,6 +168,24 @@ fn bind(socket: &Path, client_uid: u32) -> Result<UnixListener, ServerError> {
     };
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
+        // The client must be able to reach the socket (which is its alone, 0600); a
+        // directory it cannot search is the operator's to open, not the node manager's.
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir).map_err(|e| io("inspect the directory of", e))?;
+        let searchable = client.uid == 0
+            || (meta.uid() == client.uid && meta.mode() & 0o100 != 0)
+            || (meta.gid() == client.gid && meta.mode() & 0o010 != 0)
+            || meta.mode() & 0o001 != 0;
+        if !searchable {
+            return Err(ServerError::Unsafe {
+                path: dir.to_owned(),
+                reason: format!(
+                    "uid {} cannot reach a socket in it (mode {:o}): allow it to search the directory (chmod 0755) or choose another --socket",
+                    client.uid,
+                    meta.mode() & 0o7777
+                ),
+            });
+        }
     }
     match std::fs::symlink_metadata(socket) {
         Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
@@ -161,10 +200,7 @@ fn bind(socket: &Path, client_uid: u32) -> Result<UnixListener, ServerError> {
         Err(_) => {}
     }
     let listener = UnixListener::bind(socket).map_err(|e| io("bind", e))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| io("chmod", e))?;
-    std::os::unix::fs::chown(socket, Some(client_uid), None).map_err(|e| io("chown", e))?;
+    client.give(socket, 0o600).map_err(|e| io("hand over", e))?;
     Ok(listener)
 }
 
@@ -325,6 +361,8 @@ fn serve_connection(stream: &UnixStream, host: &Host, client_uid: u32) {
 /// The node manager's state: its store, areas, and the VMMs it launched and released.
 struct Host {
     local: LocalNodeManager,
+    /// The sandbox manager, to whom the files made for it are handed.
+    client: FileOwner,
     store: Store,
     loop_size: u64,
     areas: Areas,
@@ -368,9 +406,11 @@ impl Host {
                 disk_mib,
             } => {
                 let image = self.areas.resolve(&image, read)?;
-                self.local
+                let disk = self
+                    .local
                     .create_sandbox_disk(&self.store, &sandbox, &image, disk_mib)
                     .map_err(refusal)?;
+                self.hand_over(&disk)?;
                 done()
             }
             Request::CloneDisk {
@@ -388,6 +428,7 @@ impl Host {
                 self.local
                     .clone_disk(&self.store, &src, &dst, disk_mib, existing)
                     .map_err(refusal)?;
+                self.hand_over(&dst)?;
                 done()
             }
             Request::SnapshotDisk {
@@ -396,9 +437,11 @@ impl Host {
                 disk,
             } => {
                 let disk = self.areas.resolve(&disk, read)?;
-                self.store
+                let copy = self
+                    .store
                     .reflink_pending_snapshot_disk(&sandbox, &snapshot, &disk)
                     .map_err(|e| refusal(e.into()))?;
+                self.hand_over(&copy)?;
                 done()
             }
             Request::LinkDisk { src, dst } => {
@@ -406,6 +449,7 @@ impl Host {
                 let src = self.areas.resolve(&src, write)?;
                 let dst = self.areas.resolve(&dst, write)?;
                 self.local.link_disk(&src, &dst).map_err(refusal)?;
+                self.hand_over(&dst)?;
                 done()
             }
             Request::RemoveDir { dir } => {
@@ -517,6 +561,16 @@ impl Host {
                 ))
             }
         }
+    }
+
+    /// Hands a file made for the sandbox manager (and its new directory) to it.
+    fn hand_over(&self, file: &Path) -> Result<(), Refusal> {
+        ownership::hand_over(file, self.client).map_err(|e| {
+            Refusal::new(
+                RefusalCode::Io,
+                format!("cannot hand {} to the sandbox manager: {e}", file.display()),
+            )
+        })
     }
 
     fn released_vms(&self) -> std::sync::MutexGuard<'_, HashMap<String, ReleasedVm>> {

@@ -123,7 +123,11 @@ impl Node {
         let run_root = data_dir.join("run");
         let nm: Arc<dyn NodeManager> = match &cfg.node_manager {
             Some(socket) => Arc::new(RemoteNodeManager::connect(socket, &data_dir)?),
-            None => Arc::new(LocalNodeManager::qemu(&run_root, cfg.vmm_jail)),
+            None => Arc::new(LocalNodeManager::qemu(
+                &run_root,
+                cfg.vmm_jail,
+                space_vmm::FileOwner::current(),
+            )),
         };
         let store = {
             let nm = nm.clone();

@@ -477,7 +477,7 @@ impl Store {
         sandbox: &SandboxId,
         id: &SnapshotId,
         src: &Path,
-    ) -> Result<(), StorageError> {
+    ) -> Result<PathBuf, StorageError> {
         let dir = self
             .snapshots_dir(sandbox)
             .join(format!("{PENDING_PREFIX}{id}"));
@@ -488,7 +488,9 @@ impl Store {
                 dir: self.snapshots_dir(sandbox),
             });
         }
-        reflink_synced(src, &dir.join(SNAPSHOT_DISK_FILE))
+        let copy = dir.join(SNAPSHOT_DISK_FILE);
+        reflink_synced(src, &copy)?;
+        Ok(copy)
     }
 
     /// The sandbox's committed snapshots, oldest first. Pending and half-deleted ones are not

@@ -31,7 +31,7 @@ pub use config::{
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
 pub use error::VmmError;
 pub use exit::{ProcessEnd, VmExit};
-pub use jail::{CgroupLayout, DiskLimits, JailConfig, UidRange};
+pub use jail::{CgroupLayout, DiskLimits, FileOwner, JailConfig, UidRange};
 pub use qemu::{attach, JailedProcess, QemuVmm};
 pub use qemu_args::AGENT_PORT_NAME;
 pub use state::{SaveOptions, SaveReport};

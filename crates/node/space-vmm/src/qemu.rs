@@ -143,6 +143,10 @@ impl QemuVmm {
         let (files, confined) = match &self.jail {
             None => (JailedFiles::host(cfg), None),
             Some(j) => {
+                for socket in [&paths.qmp, &paths.console, &paths.channel] {
+                    jail::prepare::hand_socket(socket, j.config.files_owner)
+                        .map_err(jail_err("handing the VM's sockets to the sandbox manager"))?;
+                }
                 let lease = jail::lease_uid(j.config.uids, &j.config.uid_lock_dir)
                     .map_err(jail_err("taking a VMM uid"))?;
                 let device = j.devices.of(&cfg.root_disk);
@@ -208,11 +212,20 @@ impl QemuVmm {
                     ExitCleanup {
                         cgroup: Some(cgroup.clone()),
                         lent: plan.lend,
+                        owner: self.jail.as_ref().map(|j| j.config.files_owner),
+                        runtime: Some(paths.clone()),
                     },
                     Some((cgroup, oom)),
                 )
             }
-            None => (None, ExitCleanup::default(), None),
+            None => (
+                None,
+                ExitCleanup {
+                    runtime: Some(paths.clone()),
+                    ..ExitCleanup::default()
+                },
+                None,
+            ),
         };
         let conf = jail::spawn::Confinement {
             jail: steps,
@@ -354,11 +367,15 @@ impl JailedProcess {
     }
 }
 
-/// What to undo once a VMM has exited: its cgroup, and the files lent to its uid.
+/// What to undo once a VMM has exited: its cgroup, the files lent to its uid (given back
+/// to `owner`), and its sockets and pidfile (by its launcher: a sandbox manager attached to
+/// a released VM may not write the run directory).
 #[derive(Debug, Default)]
 struct ExitCleanup {
     cgroup: Option<VmCgroup>,
     lent: Vec<PathBuf>,
+    owner: Option<jail::FileOwner>,
+    runtime: Option<VmPaths>,
 }
 
 impl ExitCleanup {
@@ -368,8 +385,13 @@ impl ExitCleanup {
                 tracing::warn!(vm = %vm, error = %e, "cannot remove the VMM's cgroup");
             }
         }
-        for file in &self.lent {
-            jail::prepare::give_back(file);
+        if let Some(owner) = self.owner {
+            for file in &self.lent {
+                jail::prepare::give_back(file, owner);
+            }
+        }
+        if let Some(paths) = &self.runtime {
+            paths.remove_runtime_files();
         }
     }
 }
@@ -542,6 +564,36 @@ impl Vmm for QemuVmm {
     }
 }
 
+impl QemuVmm {
+    /// Takes over what the launcher of a running VMM did besides controlling it, after that
+    /// launcher died: copying its console into `console.log` and removing its cgroup when
+    /// it ends. For a node manager restarted under VMMs it had released (the sandbox manager
+    /// keeps their QMP, so this does not connect to it). The work runs on until the VMM
+    /// exits; the files lent to it go to the next VMM of its sandbox.
+    pub async fn take_over_orphan(&self, name: &str, run_dir: &Path) -> Result<u32, VmmError> {
+        config::validate_name(name)?;
+        let paths = VmPaths::new(run_dir);
+        let pid = procfs::read_pidfile(&paths.pidfile).map_err(|e| {
+            VmmError::NotRunning(format!("pidfile {}: {e}", paths.pidfile.display()))
+        })?;
+        check_ours(pid, name)?;
+        let proc = Arc::new(
+            ProcHandle::open(pid)
+                .map_err(|e| VmmError::io(format!("open pidfd for pid {pid}"), e))?,
+        );
+        // The pidfd pins the process: checked again, its identity is certain.
+        check_ours(pid, name)?;
+        let cgroup = self
+            .jail
+            .as_ref()
+            .map(|j| VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name));
+        let mut tasks = Tasks::default();
+        take_over(name, &paths, &proc, cgroup, &mut tasks).await;
+        tasks.detach();
+        Ok(pid)
+    }
+}
+
 /// Connects to a VM another process launched and [released](Vm::release) to this one: its
 /// QMP socket, and its exit by pidfd, with `status` saying how it ended. The launcher keeps
 /// its console and its reaping.
@@ -648,7 +700,7 @@ async fn take_over(
             let _ = tokio::task::spawn_blocking(move || {
                 ExitCleanup {
                     cgroup: Some(cgroup),
-                    lent: Vec::new(),
+                    ..ExitCleanup::default()
                 }
                 .run(&vm)
             })

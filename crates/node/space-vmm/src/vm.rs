@@ -77,6 +77,12 @@ impl Tasks {
         self.console = Some(copier.task);
         self.console_drained = Some(copier.drained);
     }
+
+    /// Lets the tasks run on by themselves (each ends with its VMM).
+    pub(crate) fn detach(mut self) {
+        self.handles.clear();
+        self.console = None;
+    }
 }
 
 impl Drop for Tasks {
@@ -497,6 +503,7 @@ async fn monitor(
         qmp: qmp_state,
         console_drained,
     } = outputs;
+    let attached = matches!(source, ExitSource::Reported(_));
     let end = match source {
         ExitSource::Child(mut rx) => {
             let reported = rx
@@ -543,7 +550,11 @@ async fn monitor(
         end,
         sigkilled.load(Ordering::SeqCst),
     );
-    paths.remove_runtime_files();
+    if !attached {
+        // An attached VM's launcher (the node manager) removes them; its run directory is
+        // not this process's to write.
+        paths.remove_runtime_files();
+    }
     tracing::info!(vm = %name, pid = proc.pid(), %reason, "VM exited");
     exit_tx.send_replace(Some(VmExit {
         reason,

@@ -1,6 +1,6 @@
 //! Runs after the whole test suite: unmounts the shared test store and fails if any QEMU
-//! process, mount, loop device, network namespace, busy VMM cgroup or sandbox disk of SPACE is
-//! left on the machine.
+//! process, node manager, mount, loop device, network namespace, busy VMM cgroup or sandbox
+//! disk of SPACE is left on the machine.
 
 use std::process::ExitCode;
 
@@ -10,6 +10,12 @@ fn main() -> ExitCode {
     for (pid, cmd) in test_support::leaks::sandbox_vmm_processes() {
         problems.push(format!("stray QEMU process {pid}: {cmd}"));
     }
+    let node_managers = test_support::leaks::node_managers_under(&root);
+    for (pid, cmd) in &node_managers {
+        problems.push(format!("stray node manager {pid}: {cmd}"));
+    }
+    // Stopped, so that the store can be unmounted below.
+    test_support::leaks::kill_and_wait(node_managers.into_iter().map(|(pid, _)| pid));
     let leftovers = test_support::leftover_sandbox_dirs();
     for d in &leftovers {
         problems.push(format!("stray sandbox directory {}", d.display()));
@@ -34,7 +40,7 @@ fn main() -> ExitCode {
         println!("leak check: removed {removed} empty VMM cgroups of VMMs that ended unwatched");
     }
     if problems.is_empty() {
-        println!("leak check: no stray QEMU process, mount, loop device, network namespace or sandbox disk");
+        println!("leak check: no stray QEMU process, node manager, mount, loop device, network namespace or sandbox disk");
         ExitCode::SUCCESS
     } else {
         for p in &problems {

@@ -675,7 +675,8 @@ fn node_manager_round_trip() {
     let data_dir = test_support::new_data_dir();
     let socket = test_support::node_manager::for_data_dir(&data_dir);
     let remote = RemoteNodeManager::connect(&socket, &data_dir).expect("connect");
-    let local = LocalNodeManager::qemu(&data_dir.join("run"), true);
+    let local =
+        LocalNodeManager::qemu(&data_dir.join("run"), true, space_vmm::FileOwner::current());
     let prefix = space_node::network::netns_prefix(&data_dir.join("run"));
     let mut times = [Vec::new(), Vec::new()];
     for _ in 0..ROUND_TRIPS {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use space_node_manager::server::{self, ServerConfig};
+use space_node_manager::FileOwner;
 
 use crate::Global;
 
@@ -35,19 +36,12 @@ pub async fn run(g: &Global, a: NodeManagerArgs) -> anyhow::Result<u8> {
         nix::unistd::geteuid().is_root(),
         "space node-manager must run as root: it mounts the store, makes network namespaces and jails VMMs"
     );
-    let client_uid = match a.client.parse::<u32>() {
-        Ok(uid) => uid,
-        Err(_) => nix::unistd::User::from_name(&a.client)
-            .context("look up the client user")?
-            .with_context(|| format!("no user {:?}", a.client))?
-            .uid
-            .as_raw(),
-    };
+    let client = client(&a.client)?;
     let cfg = ServerConfig {
         socket: a.socket,
         data_dir: g.data_dir.clone(),
         loop_size: a.store_size,
-        client_uid,
+        client,
         jail: !a.no_vmm_jail,
     };
     let runtime = tokio::runtime::Handle::current();
@@ -59,4 +53,27 @@ pub async fn run(g: &Global, a: NodeManagerArgs) -> anyhow::Result<u8> {
     tracing::info!("node manager stopping (VMMs keep running)");
     drop(server);
     Ok(0)
+}
+
+/// The sandbox manager's uid and primary gid, from a user name or uid (a uid without a
+/// passwd entry gets the gid of the same number).
+fn client(user: &str) -> anyhow::Result<FileOwner> {
+    let by_uid = user.parse::<u32>().ok();
+    let entry = match by_uid {
+        Some(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .context("look up the client user")?,
+        None => Some(
+            nix::unistd::User::from_name(user)
+                .context("look up the client user")?
+                .with_context(|| format!("no user {user:?}"))?,
+        ),
+    };
+    Ok(match (entry, by_uid) {
+        (Some(u), _) => FileOwner {
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+        },
+        (None, Some(uid)) => FileOwner { uid, gid: uid },
+        (None, None) => anyhow::bail!("no user {user:?}"),
+    })
 }

@@ -75,6 +75,13 @@ pub struct ServerArgs {
 
 /// Runs the server.
 pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
+    anyhow::ensure!(
+        a.node_manager.is_some() || nix::unistd::geteuid().is_root(),
+        "without --node-manager, space server does the node's privileged work itself (the \
+         store's mount, network namespaces, VMM jails) and must run as root: start \
+         `space node-manager --client {}` as root and pass its socket with --node-manager",
+        nix::unistd::getuid()
+    );
     let mut cfg = ServerConfig::new(&g.data_dir);
     cfg.listen = a.listen;
     cfg.database_url = a.database_url;

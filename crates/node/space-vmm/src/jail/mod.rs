@@ -26,7 +26,7 @@ mod seccomp;
 pub(crate) mod spawn;
 mod uids;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub(crate) use block_device::BlockDevices;
 pub use cgroup::CgroupLayout;
@@ -61,6 +61,48 @@ pub struct JailConfig {
     /// Disk I/O each VMM may do per vCPU, enforced by QEMU on its disk and by the cgroup on
     /// the block device under the disk's file system (when it has one).
     pub disk_per_vcpu: DiskLimits,
+    /// Who a VM's files belong to while no VMM holds them: its three sockets (mode 0600, so
+    /// only that uid may connect), and the disk and RAM file lent to a VMM, given back when
+    /// it exits. The sandbox manager's uid, which may be another process's.
+    pub files_owner: FileOwner,
+}
+
+/// A uid and gid that files are handed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileOwner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl FileOwner {
+    /// This process's effective uid and gid.
+    pub fn current() -> FileOwner {
+        FileOwner {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        }
+    }
+
+    /// Gives `path` to this owner with `mode`, through a descriptor opened without following
+    /// a symlink: a name in a directory the sandbox manager may write can be swapped for a
+    /// link at any moment, and root's `chown` must never follow it. A symlink is refused.
+    pub fn give(&self, path: &Path, mode: u32) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        if f.metadata()?.file_type().is_symlink() {
+            return Err(std::io::Error::other(format!(
+                "{} is a symlink",
+                path.display()
+            )));
+        }
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        std::os::unix::fs::chown(&by_fd, Some(self.uid), Some(self.gid))?;
+        std::fs::set_permissions(&by_fd, std::fs::Permissions::from_mode(mode))
+    }
 }
 
 /// Disk I/O bounds.
@@ -86,6 +128,7 @@ impl JailConfig {
                 bytes_per_sec: 256 << 20,
                 iops: 20_000,
             },
+            files_owner: FileOwner::current(),
         }
     }
 }

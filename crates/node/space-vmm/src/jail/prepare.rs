@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::plan::{Bind, JailPlan};
 use super::spawn::{c_path, JailMount, JailSteps};
+use super::FileOwner;
 
 /// Hostname every VMM sees in its uts namespace.
 const VMM_HOSTNAME: &str = "space-vmm";
@@ -79,21 +80,43 @@ pub(crate) fn steps(plan: &JailPlan, uid: u32) -> io::Result<JailSteps> {
     })
 }
 
-/// Gives a file back to root once the VMM it was lent to has exited.
-pub(crate) fn give_back(file: &Path) {
-    if let Err(e) = std::os::unix::fs::chown(file, Some(0), Some(0)) {
+/// Gives a file back to `owner` once the VMM it was lent to has exited.
+pub(crate) fn give_back(file: &Path, owner: FileOwner) {
+    // Not following a symlink: the file's directory is the sandbox manager's, which could
+    // have replaced the file by a link to anything while the VMM ran.
+    if let Err(e) = std::os::unix::fs::lchown(file, Some(owner.uid), Some(owner.gid)) {
         if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(file = %file.display(), error = %e, "cannot give a VMM's file back to root");
+            tracing::warn!(file = %file.display(), uid = owner.uid, error = %e, "cannot give a VMM's file back");
         }
     }
+}
+
+/// Hands a socket QEMU will listen on to `owner`, mode 0600: only the sandbox manager may
+/// connect to a VM's QMP, console and channel, never another VMM's uid.
+pub(crate) fn hand_socket(socket: &Path, owner: FileOwner) -> io::Result<()> {
+    owner.give(socket, 0o600)
+}
+
+/// `path` opened without following a symlink in its last component.
+fn open_no_follow(path: &Path, flags: i32) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// The VMM opens its disk (and an image build its RAM file) by path, read-write: the file
 /// must be its uid's. Mode 0600: no other VMM uid may read it even if it could see it.
 fn lend(file: &Path, uid: u32) -> io::Result<()> {
-    std::os::unix::fs::chown(file, Some(uid), Some(uid))
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot lend {}: {e}", file.display())))?;
-    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+    let cannot =
+        |e: io::Error| io::Error::new(e.kind(), format!("cannot lend {}: {e}", file.display()));
+    // By descriptor, never through a symlink: only a regular file is lent.
+    let f = open_no_follow(file, 0).map_err(cannot)?;
+    if !f.metadata().map_err(cannot)?.is_file() {
+        return Err(cannot(io::Error::other("not a regular file")));
+    }
+    std::os::unix::fs::fchown(&f, Some(uid), Some(uid)).map_err(cannot)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
 }
 
 fn bind_mount(root: &Path, bind: &Bind) -> io::Result<JailMount> {
@@ -104,6 +127,7 @@ fn bind_mount(root: &Path, bind: &Bind) -> io::Result<JailMount> {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&bind.host)?;
     }
     let meta = std::fs::metadata(&bind.host)

@@ -54,10 +54,18 @@ pub(crate) fn lease(range: UidRange, lock_dir: &Path) -> io::Result<UidLease> {
             format!("unusable VMM uid range {range:?}"),
         ));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(lock_dir)?;
+    // Its parent (/run/space) also holds the node manager's socket, which the sandbox
+    // manager must reach: searchable by all; the lock directory itself is root's alone.
+    if let Some(parent) = lock_dir.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(lock_dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
     let start = NEXT.fetch_add(1, Ordering::Relaxed) % range.count;
     for i in 0..range.count {
         let uid = range.first + (start + i) % range.count;
