@@ -22,14 +22,20 @@ use test_support::{new_data_dir, shell, test_sandbox};
 /// A uid no account uses: the client of the node manager in the refusal test.
 const CLIENT_UID: u32 = 4242;
 
-/// Runs `f` on a thread whose uid (real, effective, saved) is `uid`. Credentials are per
-/// thread in the kernel; the raw system call changes only this one (glibc's wrapper would
-/// change every thread of the test process).
+/// Runs `f` on a thread whose uid and gid (real, effective, saved) are `uid`, with no
+/// supplementary groups. Credentials are per thread in the kernel; the raw system calls
+/// change only this one (glibc's wrappers would change every thread of the test process).
 fn as_uid<T: Send + 'static>(uid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
-        // SAFETY: setresuid on the calling thread only; the thread ends with `f`.
-        let r = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
-        assert_eq!(r, 0, "setresuid: {}", std::io::Error::last_os_error());
+        // SAFETY: credential changes of the calling thread only; the thread ends with `f`.
+        unsafe {
+            let groups = libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+            assert_eq!(groups, 0, "setgroups: {}", std::io::Error::last_os_error());
+            let gid = libc::syscall(libc::SYS_setresgid, uid, uid, uid);
+            assert_eq!(gid, 0, "setresgid: {}", std::io::Error::last_os_error());
+            let r = libc::syscall(libc::SYS_setresuid, uid, uid, uid);
+            assert_eq!(r, 0, "setresuid: {}", std::io::Error::last_os_error());
+        }
         f()
     })
     .join()
@@ -84,7 +90,7 @@ fn store(rel: &str) -> NodePath {
 fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests() {
     test_support::init_logging();
     let data_dir = new_data_dir();
-    // The node manager serves only a data directory its client owns.
+    // A data directory its client owns (as an earlier version left one) is taken over.
     std::os::unix::fs::chown(&data_dir, Some(CLIENT_UID), Some(CLIENT_UID)).unwrap();
     let nm = NodeManagerProcess::start(&data_dir, CLIENT_UID);
     let socket = nm.socket.clone();
@@ -104,6 +110,11 @@ fn the_node_manager_serves_only_its_client_and_keeps_serving_after_bad_requests(
     let sandboxes = data_dir.join("store/sandboxes");
     std::fs::create_dir_all(sandboxes.join("sbx-evil")).unwrap();
     std::os::unix::fs::symlink("/etc", sandboxes.join("sbx-evil/etc")).unwrap();
+    // Made by the client, as its sandbox manager would.
+    for made in ["sbx-evil", "sbx-evil/etc"] {
+        std::os::unix::fs::lchown(sandboxes.join(made), Some(CLIENT_UID), Some(CLIENT_UID))
+            .unwrap();
+    }
 
     let data_dir_run = std::path::absolute(data_dir.join("run")).unwrap();
     as_uid(CLIENT_UID, move || {
@@ -359,7 +370,6 @@ async fn a_sandbox_lives_its_whole_life_under_an_unprivileged_sandbox_manager() 
     test_support::init_logging();
     let uid = SANDBOX_MANAGER_UID;
     let data_dir = new_data_dir();
-    std::os::unix::fs::chown(&data_dir, Some(uid), Some(uid)).unwrap();
     let nm = NodeManagerProcess::start(&data_dir, uid);
     // The template as `space template build` (an administrator's command) leaves one.
     let store = space_storage::Store::attach(&data_dir).expect("the node manager's store");

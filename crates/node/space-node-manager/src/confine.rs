@@ -9,9 +9,12 @@
 //! published memory image or the records.
 //!
 //! The check is made on the path as it is when the request arrives; a caller that owns a
-//! directory on the way could swap in a symlink between the check and the use. While the
-//! sandbox manager runs as root it could do worse anyway; once it does not, the directories
-//! on the way are the node manager's (the store's top levels) and the race is closed.
+//! directory on the way could swap in a symlink between the check and the use. So what
+//! the node manager does in the directories the sandbox manager owns, it does acting as the
+//! sandbox manager (`FileOwner::act_as`, `server.rs`): a symlink swapped in there leads
+//! only where the sandbox manager itself may go. The directories above them (the data
+//! directory, the store's root, templates, kernels, the run directory) are root's
+//! (`ownership.rs`).
 
 use std::path::{Component, Path, PathBuf};
 

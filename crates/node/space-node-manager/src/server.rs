@@ -116,11 +116,10 @@ pub fn start(
     let data_dir = std::path::absolute(&cfg.data_dir).map_err(io("resolve", &cfg.data_dir))?;
     ownership::prepare_data_dir(&data_dir, cfg.client)?;
     let store = Store::open(&data_dir, cfg.loop_size)?;
-    ownership::hand_over_store(&store, cfg.client)?;
+    ownership::prepare_store(&store, cfg.client)?;
     // As the sandbox manager names it (absolute, not canonical): namespace and fork image
     // names are derived from this path on both sides.
     let run_root = data_dir.join("run");
-    ownership::secure_run_root(&run_root)?;
     let host = Arc::new(Host {
         areas: Areas::new(
             store.root(),
@@ -406,11 +405,10 @@ impl Host {
                 disk_mib,
             } => {
                 let image = self.areas.resolve(&image, read)?;
-                let disk = self
-                    .local
-                    .create_sandbox_disk(&self.store, &sandbox, &image, disk_mib)
-                    .map_err(refusal)?;
-                self.hand_over(&disk)?;
+                self.as_client(|| {
+                    self.local
+                        .create_sandbox_disk(&self.store, &sandbox, &image, disk_mib)
+                })?;
                 done()
             }
             Request::CloneDisk {
@@ -425,10 +423,10 @@ impl Host {
                     Existing::Refuse => ExistingDisk::Refuse,
                     Existing::Replace => ExistingDisk::Replace,
                 };
-                self.local
-                    .clone_disk(&self.store, &src, &dst, disk_mib, existing)
-                    .map_err(refusal)?;
-                self.hand_over(&dst)?;
+                self.as_client(|| {
+                    self.local
+                        .clone_disk(&self.store, &src, &dst, disk_mib, existing)
+                })?;
                 done()
             }
             Request::SnapshotDisk {
@@ -437,31 +435,46 @@ impl Host {
                 disk,
             } => {
                 let disk = self.areas.resolve(&disk, read)?;
-                let copy = self
-                    .store
-                    .reflink_pending_snapshot_disk(&sandbox, &snapshot, &disk)
-                    .map_err(|e| refusal(e.into()))?;
-                self.hand_over(&copy)?;
+                self.as_client(|| {
+                    self.store
+                        .reflink_pending_snapshot_disk(&sandbox, &snapshot, &disk)
+                        .map(drop)
+                        .map_err(NodeManagerError::from)
+                })?;
                 done()
             }
             Request::LinkDisk { src, dst } => {
                 // A second name for a template would let a VM write it: both ends writable.
                 let src = self.areas.resolve(&src, write)?;
                 let dst = self.areas.resolve(&dst, write)?;
-                self.local.link_disk(&src, &dst).map_err(refusal)?;
-                self.hand_over(&dst)?;
+                self.as_client(|| self.local.link_disk(&src, &dst))?;
                 done()
             }
             Request::RemoveDir { dir } => {
+                let in_run = dir.area == Area::Run;
                 let dir = self.areas.resolve(&dir, write)?;
-                self.local.remove_run_dir(&dir).map_err(refusal)?;
+                if in_run {
+                    // Root's own directory, where the client can plant nothing.
+                    self.local.remove_run_dir(&dir).map_err(refusal)?;
+                } else {
+                    self.as_client(|| self.local.remove_run_dir(&dir))?;
+                }
                 done()
             }
             Request::RemoveSandboxFiles { sandbox, run_dir } => {
+                if run_dir.area != Area::Run {
+                    return Err(Refusal::new(
+                        RefusalCode::Confinement,
+                        format!("{run_dir} is not a run directory"),
+                    ));
+                }
                 let run_dir = self.areas.resolve(&run_dir, write)?;
-                self.local
-                    .remove_sandbox_files(&self.store, &sandbox, &run_dir)
-                    .map_err(refusal)?;
+                self.as_client(|| {
+                    self.store
+                        .remove_sandbox_dir(&sandbox)
+                        .map_err(NodeManagerError::from)
+                })?;
+                self.local.remove_run_dir(&run_dir).map_err(refusal)?;
                 done()
             }
             Request::LaunchVm { spec } => self.launch(&spec),
@@ -563,14 +576,19 @@ impl Host {
         }
     }
 
-    /// Hands a file made for the sandbox manager (and its new directory) to it.
-    fn hand_over(&self, file: &Path) -> Result<(), Refusal> {
-        ownership::hand_over(file, self.client).map_err(|e| {
-            Refusal::new(
-                RefusalCode::Io,
-                format!("cannot hand {} to the sandbox manager: {e}", file.display()),
-            )
-        })
+    /// Runs `f` acting as the sandbox manager ([`FileOwner::act_as`]): for work in the
+    /// directories it may write, where a symlink of its making must lead nowhere it could
+    /// not go itself. What `f` makes is the sandbox manager's.
+    fn as_client<T>(&self, f: impl FnOnce() -> Result<T, NodeManagerError>) -> Result<T, Refusal> {
+        self.client
+            .act_as(f)
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalCode::Io,
+                    format!("cannot act as the sandbox manager: {e}"),
+                )
+            })?
+            .map_err(refusal)
     }
 
     fn released_vms(&self) -> std::sync::MutexGuard<'_, HashMap<String, ReleasedVm>> {

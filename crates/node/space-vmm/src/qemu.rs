@@ -86,6 +86,14 @@ impl QemuVmm {
         &self.binary
     }
 
+    /// Who the files a VM is started from belong to: the jail's files owner, or this
+    /// process unjailed.
+    fn files_owner(&self) -> jail::FileOwner {
+        self.jail
+            .as_ref()
+            .map_or_else(jail::FileOwner::current, |j| j.config.files_owner)
+    }
+
     /// The exact command line `launch` would run for `cfg` (for logs and reports).
     pub async fn command_line(&self, cfg: &VmConfig) -> String {
         let tsc = match cfg.accel {
@@ -157,14 +165,14 @@ impl QemuVmm {
                 if let Some(image) = &plan.memory_image {
                     let memfd = j
                         .images
-                        .get(image)
+                        .get(image, j.config.files_owner)
                         .map_err(jail_err("loading the memory image"))?;
                     let dup = memfd
                         .try_clone()
                         .map_err(jail_err("passing the memory image"))?;
                     fds.push((dup, jail::fds::MEMORY));
                 }
-                let steps = jail::prepare::steps(&plan, lease.uid)
+                let (steps, lent) = jail::prepare::steps(&plan, lease.uid, j.config.files_owner)
                     .map_err(jail_err("preparing the jail"))?;
                 let cgroup = VmCgroup::create(
                     &j.config.cgroups,
@@ -175,7 +183,7 @@ impl QemuVmm {
                 .map_err(jail_err("creating the VMM's cgroup"))?;
                 let files = plan.files.clone();
                 let disk = plan.disk;
-                confinement = Some((steps, lease, cgroup, plan, j.config.oom_score_adj));
+                confinement = Some((steps, lease, cgroup, lent, j.config.oom_score_adj));
                 (files, Some(disk))
             }
         };
@@ -205,14 +213,14 @@ impl QemuVmm {
         };
         let uid = confinement.as_ref().map(|c| c.1.uid);
         let (steps, cleanup, confined_by) = match confinement {
-            Some((steps, lease, cgroup, plan, oom)) => {
+            Some((steps, lease, cgroup, lent, oom)) => {
                 fds.push((lease.lock, jail::fds::UID_LOCK));
                 (
                     Some(steps),
                     ExitCleanup {
                         cgroup: Some(cgroup.clone()),
-                        lent: plan.lend,
-                        owner: self.jail.as_ref().map(|j| j.config.files_owner),
+                        lent,
+                        owner: Some(self.files_owner()),
                         runtime: Some(paths.clone()),
                     },
                     Some((cgroup, oom)),
@@ -373,7 +381,7 @@ impl JailedProcess {
 #[derive(Debug, Default)]
 struct ExitCleanup {
     cgroup: Option<VmCgroup>,
-    lent: Vec<PathBuf>,
+    lent: Vec<std::fs::File>,
     owner: Option<jail::FileOwner>,
     runtime: Option<VmPaths>,
 }
@@ -473,7 +481,7 @@ impl Vmm for QemuVmm {
         // paused QEMU; the guard kills it (the reaper task still reaps it).
         let mut cancel_guard = KillOnCancel(Some(proc.clone()));
 
-        let started = start(cfg, &paths, &proc, &status_rx).await;
+        let started = start(cfg, &paths, &proc, &status_rx, self.files_owner()).await;
         cancel_guard.0 = None;
         match started {
             Ok((qmp, qmp_state, tasks)) => {
@@ -715,6 +723,7 @@ async fn start(
     paths: &VmPaths,
     proc: &Arc<ProcHandle>,
     status_rx: &watch::Receiver<Option<ProcessEnd>>,
+    owner: jail::FileOwner,
 ) -> Result<(Qmp, Arc<QmpState>, Tasks), VmmError> {
     let deadline = Instant::now() + START_TIMEOUT;
     let alive = || status_rx.borrow().is_none();
@@ -738,7 +747,12 @@ async fn start(
         ));
     }
     if let Some(from) = &cfg.restore {
-        crate::state::restore(&qmp, &from.state, from.ignore_shared, deadline).await?;
+        // Opened as the owner of the directory it lies in (see `FileOwner::act_as`).
+        let state = owner
+            .act_as(|| std::fs::File::open(&from.state))
+            .and_then(|opened| opened)
+            .map_err(|e| VmmError::io(format!("open {}", from.state.display()), e))?;
+        crate::state::restore(&qmp, state, from.ignore_shared, deadline).await?;
         if from.paused {
             tracing::debug!(vm = %cfg.name, pid = proc.pid(), "state loaded; VM left paused");
             return Ok((qmp, qmp_state, tasks));

@@ -196,12 +196,10 @@ pub(crate) async fn cancel(qmp: &Qmp) -> Result<(), VmmError> {
 /// Feeds a saved state into a QEMU started with `-incoming defer`. Leaves the VM paused.
 pub(crate) async fn restore(
     qmp: &Qmp,
-    state: &Path,
+    file: std::fs::File,
     ignore_shared: bool,
     deadline: Instant,
 ) -> Result<(), VmmError> {
-    let file = std::fs::File::open(state)
-        .map_err(|e| VmmError::io(format!("open {}", state.display()), e))?;
     set_capabilities(qmp, ignore_shared).await?;
     qmp.pass_fd(RESTORE_FD, file.as_fd()).await?;
     drop(file);

@@ -17,6 +17,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::FileOwner;
+
 /// Identity of an image file: a rewritten image (new inode or mtime) gets a new memfd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct ImageKey {
@@ -36,9 +38,10 @@ pub(crate) struct MemoryImages {
 const MAX_IMAGE_BYTES: u64 = 64 << 30;
 
 impl MemoryImages {
-    /// The sealed memfd holding `path`'s contents, made on first use.
-    pub(crate) fn get(&self, path: &Path) -> io::Result<Arc<OwnedFd>> {
-        let file = File::open(path)?;
+    /// The sealed memfd holding `path`'s contents, made on first use; the file is opened as
+    /// `owner` (the owner of the directory it lies in: see [`FileOwner::act_as`]).
+    pub(crate) fn get(&self, path: &Path, owner: FileOwner) -> io::Result<Arc<OwnedFd>> {
+        let file = owner.act_as(|| File::open(path))??;
         let meta = file.metadata()?;
         if meta.len() > MAX_IMAGE_BYTES {
             return Err(io::Error::new(
@@ -143,8 +146,8 @@ mod tests {
         f.write_all(b"guest page").unwrap();
         drop(f);
         let images = MemoryImages::default();
-        let fd = images.get(&path).unwrap();
-        let again = images.get(&path).unwrap();
+        let fd = images.get(&path, FileOwner::current()).unwrap();
+        let again = images.get(&path, FileOwner::current()).unwrap();
         assert!(Arc::ptr_eq(&fd, &again), "one memfd per image");
         let mut copy = File::from(fd.try_clone().unwrap());
         assert_eq!(copy.metadata().unwrap().len(), 8 << 20);

@@ -83,6 +83,22 @@ impl FileOwner {
         }
     }
 
+    /// Runs `f` on this thread with this owner's file-system identity: its uid and gid for
+    /// every permission check and every file `f` creates, and no supplementary groups. The
+    /// node manager opens and makes files in directories the sandbox manager may write
+    /// this way, so that a symlink swapped in there can lead it only where the sandbox
+    /// manager itself may go. File-system identity is per thread (`setfsuid`), and `f` is
+    /// synchronous: nothing else runs on the thread meanwhile. When this process already is
+    /// this owner, `f` just runs.
+    pub fn act_as<T>(&self, f: impl FnOnce() -> T) -> std::io::Result<T> {
+        let us = FileOwner::current();
+        if *self == us {
+            return Ok(f());
+        }
+        let _identity = FsIdentity::enter(*self, us)?;
+        Ok(f())
+    }
+
     /// Gives `path` to this owner with `mode`, through a descriptor opened without following
     /// a symlink: a name in a directory the sandbox manager may write can be swapped for a
     /// link at any moment, and root's `chown` must never follow it. A symlink is refused.
@@ -129,6 +145,50 @@ impl JailConfig {
                 iops: 20_000,
             },
             files_owner: FileOwner::current(),
+        }
+    }
+}
+
+/// A thread's file-system identity switched to another owner, switched back when dropped.
+struct FsIdentity {
+    back: FileOwner,
+    groups: Vec<libc::gid_t>,
+}
+
+impl FsIdentity {
+    fn enter(to: FileOwner, back: FileOwner) -> std::io::Result<FsIdentity> {
+        let groups = nix::unistd::getgroups()
+            .map_err(std::io::Error::from)?
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let identity = FsIdentity { back, groups };
+        // The raw system calls: glibc's setgroups changes every thread of the process.
+        // SAFETY: setgroups with an empty list; setfsgid/setfsuid take plain integers.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setfsgid(to.gid);
+            libc::setfsuid(to.uid);
+        }
+        // setfsuid reports nothing but the previous value: ask again to know it took.
+        // SAFETY: as above.
+        let (uid, gid) = unsafe { (libc::setfsuid(to.uid), libc::setfsgid(to.gid)) };
+        if uid as u32 != to.uid || gid as u32 != to.gid {
+            return Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        }
+        Ok(identity)
+    }
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        // SAFETY: restores this thread's identity and groups as they were.
+        unsafe {
+            libc::setfsuid(self.back.uid);
+            libc::setfsgid(self.back.gid);
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
         }
     }
 }

@@ -13,9 +13,20 @@ use super::FileOwner;
 /// Hostname every VMM sees in its uts namespace.
 const VMM_HOSTNAME: &str = "space-vmm";
 
-/// Prepares the jail root and the child's steps for a VMM running as `uid`.
-pub(crate) fn steps(plan: &JailPlan, uid: u32) -> io::Result<JailSteps> {
+/// Prepares the jail root and the child's steps for a VMM running as `uid`, lending it its
+/// files (opened as `owner`, their owner while no VMM holds them); returns them too, to be
+/// given back by descriptor when the VMM exits.
+pub(crate) fn steps(
+    plan: &JailPlan,
+    uid: u32,
+    owner: FileOwner,
+) -> io::Result<(JailSteps, Vec<std::fs::File>)> {
     make_dir(&plan.root)?;
+    let mut lent = Vec::new();
+    for file in &plan.lend {
+        let create = plan.binds.iter().any(|b| b.create && b.host == *file);
+        lent.push(lend(file, uid, owner, create)?);
+    }
     let mut mounts = Vec::new();
     for host in &plan.system {
         let meta = match std::fs::symlink_metadata(host) {
@@ -65,10 +76,7 @@ pub(crate) fn steps(plan: &JailPlan, uid: u32) -> io::Result<JailSteps> {
         data: Some(c"subset=pid".to_owned()),
         remount: None,
     });
-    for file in &plan.lend {
-        lend(file, uid)?;
-    }
-    Ok(JailSteps {
+    let steps = JailSteps {
         root: c_path(&plan.root)?,
         mounts,
         uid,
@@ -77,17 +85,17 @@ pub(crate) fn steps(plan: &JailPlan, uid: u32) -> io::Result<JailSteps> {
         rlimits: plan.rlimits.clone(),
         seccomp: super::seccomp::filters()?,
         empty_network: true,
-    })
+    };
+    Ok((steps, lent))
 }
 
-/// Gives a file back to `owner` once the VMM it was lent to has exited.
-pub(crate) fn give_back(file: &Path, owner: FileOwner) {
-    // Not following a symlink: the file's directory is the sandbox manager's, which could
-    // have replaced the file by a link to anything while the VMM ran.
-    if let Err(e) = std::os::unix::fs::lchown(file, Some(owner.uid), Some(owner.gid)) {
-        if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(file = %file.display(), uid = owner.uid, error = %e, "cannot give a VMM's file back");
-        }
+/// Gives a lent file back to `owner` once the VMM it was lent to has exited, by the
+/// descriptor it was lent through (its name may lead elsewhere by now).
+pub(crate) fn give_back(file: &std::fs::File, owner: FileOwner) {
+    let given = std::os::unix::fs::fchown(file, Some(owner.uid), Some(owner.gid))
+        .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o600)));
+    if let Err(e) = given {
+        tracing::warn!(uid = owner.uid, error = %e, "cannot give a VMM's file back");
     }
 }
 
@@ -97,39 +105,38 @@ pub(crate) fn hand_socket(socket: &Path, owner: FileOwner) -> io::Result<()> {
     owner.give(socket, 0o600)
 }
 
-/// `path` opened without following a symlink in its last component.
-fn open_no_follow(path: &Path, flags: i32) -> io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-}
-
 /// The VMM opens its disk (and an image build its RAM file) by path, read-write: the file
-/// must be its uid's. Mode 0600: no other VMM uid may read it even if it could see it.
-fn lend(file: &Path, uid: u32) -> io::Result<()> {
+/// must be its uid's. It is opened as `owner` (the sandbox manager, in whose directories it
+/// lies), read-write and not through a symlink, so only a file that `owner` may write can
+/// be lent; then it is changed by descriptor. Mode 0660, group `owner`'s: no other VMM uid
+/// may read it, and the sandbox manager may still snapshot it and move it (a pool member's).
+fn lend(file: &Path, uid: u32, owner: FileOwner, create: bool) -> io::Result<std::fs::File> {
     let cannot =
         |e: io::Error| io::Error::new(e.kind(), format!("cannot lend {}: {e}", file.display()));
-    // By descriptor, never through a symlink: only a regular file is lent.
-    let f = open_no_follow(file, 0).map_err(cannot)?;
+    let f = owner
+        .act_as(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .mode(0o660)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(file)
+        })
+        .and_then(|opened| opened)
+        .map_err(cannot)?;
     if !f.metadata().map_err(cannot)?.is_file() {
         return Err(cannot(io::Error::other("not a regular file")));
     }
-    std::os::unix::fs::fchown(&f, Some(uid), Some(uid)).map_err(cannot)?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+    std::os::unix::fs::fchown(&f, Some(uid), Some(owner.gid)).map_err(cannot)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o660))
+        .map_err(cannot)?;
+    Ok(f)
 }
 
 fn bind_mount(root: &Path, bind: &Bind) -> io::Result<JailMount> {
     let target = inside(root, &bind.jail);
-    if bind.create {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&bind.host)?;
-    }
+    // A file to create was made when it was lent.
     let meta = std::fs::metadata(&bind.host)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", bind.host.display())))?;
     make_parent(&target)?;
@@ -175,4 +182,47 @@ fn make_dir(dir: &Path) -> io::Result<()> {
         .recursive(true)
         .mode(0o755)
         .create(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    const CLIENT: FileOwner = FileOwner {
+        uid: 4545,
+        gid: 4545,
+    };
+
+    #[test]
+    fn only_a_file_the_owner_may_write_is_lent() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown needs root
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A template: root's, readable by all.
+        let template = dir.path().join("rootfs.ext4");
+        std::fs::write(&template, b"ext4").unwrap();
+        std::fs::set_permissions(&template, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(lend(&template, 1_500_000_099, CLIENT, false).is_err());
+        assert_eq!(std::fs::metadata(&template).unwrap().uid(), 0, "untouched");
+        // A link to it, in a directory of the owner's.
+        let link = dir.path().join("disk.raw");
+        std::os::unix::fs::symlink(&template, &link).unwrap();
+        assert!(lend(&link, 1_500_000_099, CLIENT, false).is_err());
+        // The owner's own disk is lent, and given back by descriptor.
+        let disk = dir.path().join("own.raw");
+        std::fs::write(&disk, b"disk").unwrap();
+        std::os::unix::fs::chown(&disk, Some(CLIENT.uid), Some(CLIENT.gid)).unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(CLIENT.uid), Some(CLIENT.gid)).unwrap();
+        let lent = lend(&disk, 1_500_000_099, CLIENT, false).unwrap();
+        let meta = std::fs::metadata(&disk).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o777),
+            (1_500_000_099, CLIENT.gid, 0o660)
+        );
+        give_back(&lent, CLIENT);
+        assert_eq!(std::fs::metadata(&disk).unwrap().uid(), CLIENT.uid);
+    }
 }
