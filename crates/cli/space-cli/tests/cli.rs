@@ -165,6 +165,21 @@ async fn key_create_makes_a_working_key_for_another_tenant() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let err = acme.list_sandboxes(&[]).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::Unauthenticated));
+
+    // A database the server's user owns is not opened by another (SQLite's side files
+    // would lock the server out of it).
+    if nix::unistd::geteuid().is_root() {
+        let db = dir.0.join("control.db");
+        std::os::unix::fs::chown(&db, Some(4343), None).unwrap();
+        let out = space(&server, &dir.0, &["key", "list"]).await;
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("belongs to 4343"),
+            "{}",
+            text(&out.stderr)
+        );
+        std::os::unix::fs::chown(&db, Some(0), None).unwrap();
+    }
     server.shutdown().await;
 }
 

@@ -40,11 +40,28 @@ async fn open(g: &Global, url: Option<String>) -> anyhow::Result<Db> {
         database_url: url,
         ..space_control::ServerConfig::new(&g.data_dir)
     };
-    if cfg.database_url.is_none() && !g.data_dir.join("control.db").exists() {
-        anyhow::bail!(
-            "no database in {} (start `space server` once, or pass --database-url / --data-dir)",
-            g.data_dir.display()
-        );
+    let local = g.data_dir.join("control.db");
+    if cfg.database_url.is_none() {
+        let meta = match std::fs::metadata(&local) {
+            Ok(m) => m,
+            Err(_) => anyhow::bail!(
+                "no database in {} (start `space server` once, or pass --database-url / --data-dir)",
+                g.data_dir.display()
+            ),
+        };
+        // SQLite adds files beside the database as whoever opens it: as root they would
+        // lock the server (user `space`) out of its own database.
+        let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+        if owner != nix::unistd::geteuid().as_raw() {
+            let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner))
+                .ok()
+                .flatten()
+                .map_or_else(|| owner.to_string(), |u| u.name);
+            anyhow::bail!(
+                "{} belongs to {name}, the server's user: run this as it (sudo -u {name} space key …)",
+                local.display()
+            );
+        }
     }
     Ok(Db::connect(&cfg.database_url()).await?)
 }
