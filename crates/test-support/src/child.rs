@@ -20,9 +20,15 @@ impl StoppedOnDrop {
         self.child.id()
     }
 
-    /// Its exit status, if it has exited.
-    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+    /// Panics, with `log`'s contents, if `what` has exited (while the test waits for it
+    /// to be ready).
+    pub(crate) fn assert_running(&mut self, what: &str, log: &std::path::Path) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{what} exited ({status}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
     }
 
     /// SIGTERM, up to the grace period, then SIGKILL; returns once it is reaped.
@@ -45,4 +51,15 @@ impl Drop for StoppedOnDrop {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A log file for a child's stdout and stderr, appended to.
+pub(crate) fn log_to(path: &std::path::Path) -> (std::process::Stdio, std::process::Stdio) {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("child log");
+    let err = out.try_clone().expect("child log fd");
+    (out.into(), err.into())
 }

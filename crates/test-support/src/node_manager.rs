@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::child::StoppedOnDrop;
+use crate::child::{log_to, StoppedOnDrop};
 
 /// Whether test nodes get a node manager process of their own (`SPACE_TEST_NODE_MANAGER`,
 /// on unless `0`): the split every node will run. Off, the test process does the
@@ -91,11 +91,7 @@ impl NodeManagerProcess {
     pub fn start(data_dir: &Path, client_uid: u32) -> NodeManagerProcess {
         let socket = data_dir.join("node-manager.sock");
         let log = data_dir.join("node-manager.log");
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("node manager log");
+        let (stdout, stderr) = log_to(&log);
         let child = Command::new(space_binary())
             .arg("--data-dir")
             .arg(data_dir)
@@ -105,8 +101,8 @@ impl NodeManagerProcess {
             .args(["--store-size", &(1u64 << 30).to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log fd"))
-            .stderr(out)
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .expect("spawn space node-manager");
         let mut nm = NodeManagerProcess {
@@ -116,12 +112,7 @@ impl NodeManagerProcess {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !nm.socket.exists() {
-            if let Some(status) = nm.process.exited() {
-                panic!(
-                    "space node-manager exited ({status}): {}",
-                    std::fs::read_to_string(&nm.log).unwrap_or_default()
-                );
-            }
+            nm.process.assert_running("space node-manager", &nm.log);
             assert!(
                 Instant::now() < deadline,
                 "node manager socket never appeared"

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use space_cli::client::SpaceClient;
 
-use crate::child::StoppedOnDrop;
+use crate::child::{log_to, StoppedOnDrop};
 use crate::node_manager::space_binary;
 
 /// A running `space server`; stopped (SIGTERM, then SIGKILL) when dropped. Its VMs stay.
@@ -31,11 +31,7 @@ impl SandboxManagerProcess {
         use std::os::unix::process::CommandExt;
         let port = free_port();
         let log = data_dir.join("server.log");
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("server log");
+        let (stdout, stderr) = log_to(&log);
         let child = Command::new(space_binary())
             .arg("--data-dir")
             .arg(data_dir)
@@ -52,8 +48,8 @@ impl SandboxManagerProcess {
             .gid(uid)
             .current_dir("/")
             .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log fd"))
-            .stderr(out)
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .expect("spawn space server");
         let mut sm = SandboxManagerProcess {
@@ -65,12 +61,7 @@ impl SandboxManagerProcess {
         let key_file = data_dir.join("api-key");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(status) = sm.process.exited() {
-                panic!(
-                    "space server exited ({status}): {}",
-                    std::fs::read_to_string(&sm.log).unwrap_or_default()
-                );
-            }
+            sm.process.assert_running("space server", &sm.log);
             assert!(
                 Instant::now() < deadline,
                 "space server never answered: {}",

@@ -72,14 +72,7 @@ pub(crate) fn prepare_data_dir(data_dir: &Path, client: FileOwner) -> Result<(),
     .give(data_dir, 0o1770)
     .map_err(io_err("take", data_dir))?;
     for dir in ["store", "run"] {
-        let path = data_dir.join(dir);
-        match std::fs::DirBuilder::new().mode(0o755).create(&path) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                return Err(io_err("create", &path)(e))
-            }
-            _ => {}
-        }
-        take_dir(&path, ROOT)?;
+        make_and_take_dir(&data_dir.join(dir), ROOT)?;
     }
     for file in ["store.btrfs", "store.lock"] {
         let path = data_dir.join(file);
@@ -101,17 +94,18 @@ pub(crate) fn prepare_store(store: &Store, client: FileOwner) -> Result<(), Serv
     take_dir(store.root(), ROOT)?;
     for (names, owner) in [(&CLIENT_DIRS[..], client), (&ROOT_DIRS[..], ROOT)] {
         for name in names {
-            let dir = store.root().join(name);
-            match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                    return Err(io_err("create", &dir)(e))
-                }
-                _ => {}
-            }
-            take_dir(&dir, owner)?;
+            make_and_take_dir(&store.root().join(name), owner)?;
         }
     }
     Ok(())
+}
+
+/// `dir`, made if missing, given to `owner` ([`take_dir`]).
+fn make_and_take_dir(dir: &Path, owner: FileOwner) -> Result<(), ServerError> {
+    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(io_err("create", dir)(e)),
+        _ => take_dir(dir, owner),
+    }
 }
 
 /// `dir` given to `owner`, mode 0755, by descriptor: a symlink or another kind of file is

@@ -168,20 +168,17 @@ fn bind(socket: &Path, client: FileOwner) -> Result<UnixListener, ServerError> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
         // The client must be able to reach the socket (which is its alone, 0600); a
-        // directory it cannot search is the operator's to open, not the node manager's.
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(dir).map_err(|e| io("inspect the directory of", e))?;
-        let searchable = client.uid == 0
-            || (meta.uid() == client.uid && meta.mode() & 0o100 != 0)
-            || (meta.gid() == client.gid && meta.mode() & 0o010 != 0)
-            || meta.mode() & 0o001 != 0;
-        if !searchable {
+        // directory it cannot search (or one above it) is the operator's to open, not the
+        // node manager's. Asked of the kernel, acting as the client.
+        let reachable = client
+            .act_as(|| std::fs::metadata(dir.join(".")))
+            .map_err(|e| io("inspect the directory of", e))?;
+        if let Err(e) = reachable {
             return Err(ServerError::Unsafe {
                 path: dir.to_owned(),
                 reason: format!(
-                    "uid {} cannot reach a socket in it (mode {:o}): allow it to search the directory (chmod 0755) or choose another --socket",
-                    client.uid,
-                    meta.mode() & 0o7777
+                    "uid {} cannot reach a socket in it ({e}): allow it to search the directory (chmod 0755) or choose another --socket",
+                    client.uid
                 ),
             });
         }

@@ -86,6 +86,13 @@ impl QemuVmm {
         &self.binary
     }
 
+    /// The cgroup VM `name`'s VMM runs in, when jailed.
+    fn vm_cgroup(&self, name: &str) -> Option<VmCgroup> {
+        self.jail
+            .as_ref()
+            .map(|j| VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name))
+    }
+
     /// Who the files a VM is started from belong to: the jail's files owner, or this
     /// process unjailed.
     fn files_owner(&self) -> jail::FileOwner {
@@ -564,11 +571,8 @@ impl Vmm for QemuVmm {
     }
 
     async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError> {
-        let cleanup = self
-            .jail
-            .as_ref()
-            .map(|j| VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name));
-        adopt(name, run_dir, Adoption::Whole { cgroup: cleanup }).await
+        let cgroup = self.vm_cgroup(name);
+        adopt(name, run_dir, Adoption::Whole { cgroup }).await
     }
 }
 
@@ -579,24 +583,10 @@ impl QemuVmm {
     /// keeps their QMP, so this does not connect to it). The work runs on until the VMM
     /// exits; the files lent to it go to the next VMM of its sandbox.
     pub async fn take_over_orphan(&self, name: &str, run_dir: &Path) -> Result<u32, VmmError> {
-        config::validate_name(name)?;
         let paths = VmPaths::new(run_dir);
-        let pid = procfs::read_pidfile(&paths.pidfile).map_err(|e| {
-            VmmError::NotRunning(format!("pidfile {}: {e}", paths.pidfile.display()))
-        })?;
-        check_ours(pid, name)?;
-        let proc = Arc::new(
-            ProcHandle::open(pid)
-                .map_err(|e| VmmError::io(format!("open pidfd for pid {pid}"), e))?,
-        );
-        // The pidfd pins the process: checked again, its identity is certain.
-        check_ours(pid, name)?;
-        let cgroup = self
-            .jail
-            .as_ref()
-            .map(|j| VmCgroup::of(&j.config.cgroups, &j.config.cgroup_parent, name));
+        let (pid, proc) = find_running(name, &paths)?;
         let mut tasks = Tasks::default();
-        take_over(name, &paths, &proc, cgroup, &mut tasks).await;
+        take_over(name, &paths, &proc, self.vm_cgroup(name), &mut tasks).await;
         tasks.detach();
         Ok(pid)
     }
@@ -619,34 +609,8 @@ enum Adoption {
 }
 
 async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, VmmError> {
-    config::validate_name(name)?;
     let paths = VmPaths::new(run_dir);
-    let pid = match procfs::read_pidfile(&paths.pidfile) {
-        Ok(pid) => pid,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(VmmError::NotRunning(format!(
-                "no pidfile at {}",
-                paths.pidfile.display()
-            )))
-        }
-        Err(e) => {
-            return Err(VmmError::NotRunning(format!(
-                "unusable pidfile {}: {e}",
-                paths.pidfile.display()
-            )))
-        }
-    };
-    check_ours(pid, name)?;
-    let proc = match ProcHandle::open(pid) {
-        Ok(p) => Arc::new(p),
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-            return Err(VmmError::NotRunning(format!("pid {pid} has exited")))
-        }
-        Err(e) => return Err(VmmError::io(format!("open pidfd for pid {pid}"), e)),
-    };
-    // The pid could have been recycled between the check and pidfd_open; the pidfd pins
-    // the process, so checking again makes the identity certain.
-    check_ours(pid, name)?;
+    let (pid, proc) = find_running(name, &paths)?;
 
     let deadline = Instant::now() + ADOPT_TIMEOUT;
     let (qmp, events) = Qmp::connect(name, &paths.qmp, deadline, || procfs::is_alive(pid)).await?;
@@ -680,6 +644,39 @@ async fn adopt(name: &str, run_dir: &Path, adoption: Adoption) -> Result<Vm, Vmm
         source,
         tasks,
     ))
+}
+
+/// The running QEMU of VM `name` recorded in `paths`' pidfile, pinned by a pidfd: its pid
+/// and handle, or `NotRunning`.
+fn find_running(name: &str, paths: &VmPaths) -> Result<(u32, Arc<ProcHandle>), VmmError> {
+    config::validate_name(name)?;
+    let pid = match procfs::read_pidfile(&paths.pidfile) {
+        Ok(pid) => pid,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(VmmError::NotRunning(format!(
+                "no pidfile at {}",
+                paths.pidfile.display()
+            )))
+        }
+        Err(e) => {
+            return Err(VmmError::NotRunning(format!(
+                "unusable pidfile {}: {e}",
+                paths.pidfile.display()
+            )))
+        }
+    };
+    check_ours(pid, name)?;
+    let proc = match ProcHandle::open(pid) {
+        Ok(p) => Arc::new(p),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            return Err(VmmError::NotRunning(format!("pid {pid} has exited")))
+        }
+        Err(e) => return Err(VmmError::io(format!("open pidfd for pid {pid}"), e)),
+    };
+    // The pid could have been recycled between the check and pidfd_open; the pidfd pins
+    // the process, so checking again makes the identity certain.
+    check_ours(pid, name)?;
+    Ok((pid, proc))
 }
 
 /// What an adoption takes over from a launcher that died: the console, and (jailed)
