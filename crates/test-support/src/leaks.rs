@@ -83,6 +83,22 @@ pub fn kill_and_wait(pids: impl IntoIterator<Item = u32>) {
     }
 }
 
+/// How many of process `pid`'s descriptors are in-memory images (a fork's RAM, held by
+/// whoever runs the VMMs: the node manager, or a node without one).
+pub fn in_memory_images_held(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| {
+            target
+                .to_string_lossy()
+                .starts_with("/memfd:space-in-memory-image")
+        })
+        .count()
+}
+
 /// Mount points at or below `root`.
 pub fn mounts_under(root: &Path) -> Vec<String> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {

@@ -49,6 +49,14 @@ fn status_field(pid: u32, field: &str) -> String {
 
 /// The v1 (or v2) cgroup file `file` of `pid`'s cgroup for `controller`.
 fn cgroup_value(pid: u32, controller: &str, file: &str) -> Option<String> {
+    let dir = cgroup_dir(pid, controller)?;
+    std::fs::read_to_string(dir.join(file))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// Process `pid`'s v1 cgroup directory of `controller`.
+fn cgroup_dir(pid: u32, controller: &str) -> Option<PathBuf> {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let path = cgroups.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
@@ -58,9 +66,7 @@ fn cgroup_value(pid: u32, controller: &str, file: &str) -> Option<String> {
             .any(|c| c == controller)
             .then(|| path.to_owned())
     })?;
-    std::fs::read_to_string(format!("/sys/fs/cgroup/{controller}{path}/{file}"))
-        .ok()
-        .map(|s| s.trim().to_owned())
+    Some(PathBuf::from(format!("/sys/fs/cgroup/{controller}{path}")))
 }
 
 fn run_root(ts: &TestServer) -> PathBuf {
@@ -146,6 +152,18 @@ async fn every_vmm_runs_as_its_own_uid_under_seccomp_in_its_namespaces_and_cgrou
             cgroup_value(*pid, "pids", "pids.max"),
             Some((128 + res.vcpus).to_string())
         );
+        // Under contention it weighs its vCPUs' threads, and all the node's VMMs together
+        // (the node's and `space`'s cgroups) one thread per host CPU.
+        assert_eq!(
+            cgroup_value(*pid, "cpu", "cpu.shares"),
+            Some((u64::from(res.vcpus) * 1024).to_string())
+        );
+        let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+        let vmm = cgroup_dir(*pid, "cpu").expect("cpu cgroup");
+        for parent in [vmm.parent().unwrap(), vmm.parent().unwrap().parent().unwrap()] {
+            let shares = std::fs::read_to_string(parent.join("cpu.shares")).unwrap();
+            assert_eq!(shares.trim(), (cpus * 1024).to_string(), "{}", parent.display());
+        }
     }
     uids.sort_unstable();
     let before = uids.len();

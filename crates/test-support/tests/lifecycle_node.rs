@@ -212,7 +212,7 @@ async fn fork_into_four_through_a_memory_image() {
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 4, "forks produced the same random bytes");
-    // The parent runs on, and the image is gone from tmpfs.
+    // The parent runs on, and the image's device state is gone from tmpfs.
     assert_eq!(sh(&ts, &id, "cat /home/user/who").await.trim(), "parent");
     let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
         .expect("/dev/shm")
@@ -220,6 +220,11 @@ async fn fork_into_four_through_a_memory_image() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("space-fork-"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    // So is its RAM, an in-memory image held by this process (the node runs its VMMs).
+    assert_eq!(
+        test_support::leaks::in_memory_images_held(std::process::id()),
+        0
+    );
     for c in &children {
         n.delete_sandbox(c).await.expect("delete child");
     }

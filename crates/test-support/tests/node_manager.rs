@@ -420,7 +420,8 @@ async fn a_sandbox_lives_its_whole_life_under_an_unprivileged_sandbox_manager() 
         .expect("rollback");
     assert_eq!(shell(c, &id, "cat /root/mark", true).await.trim(), "one");
 
-    // Fork into three (from three on, through a fork image on tmpfs).
+    // Fork into three (from three on, through a fork image: its RAM in the node manager's
+    // memory, dropped once the children run).
     let forks = c
         .fork(
             &id,
@@ -433,6 +434,7 @@ async fn a_sandbox_lives_its_whole_life_under_an_unprivileged_sandbox_manager() 
         .expect("fork");
     assert_eq!(forks.sandboxes.len(), 3);
     assert_least_privilege(&data_dir, &nm, &sm, uid, 4);
+    assert_eq!(test_support::leaks::in_memory_images_held(nm.pid()), 0);
 
     // A VMM killed from outside (as the OOM killer would): the sandbox's crash (it is then
     // restored) is told with the exit status, which only the node manager, its parent, saw.

@@ -137,6 +137,8 @@ pub trait NodeManager: Send + Sync + 'static {
     /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
     /// directory). Idempotent.
     fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;
+    /// Drops an in-memory image ([`space_vmm::GuestMemory::InMemory`]). Idempotent.
+    fn forget_memory_image(&self, image: &str) -> Result<(), NodeManagerError>;
     /// Removes a sandbox's disk directory and run directory. Idempotent.
     fn remove_sandbox_files(
         &self,
@@ -192,8 +194,8 @@ pub struct GatewaySockets {
     pub udp_relay: std::os::fd::OwnedFd,
 }
 
-/// Where fork images (a checkpoint's RAM as a file every child maps) live: tmpfs, so loading
-/// RAM into one is a memory copy.
+/// Where fork images' directories (the device state of a checkpoint whose RAM became an
+/// in-memory image every child maps) live: tmpfs, as they last only one fork.
 pub const FORK_IMAGE_ROOT: &str = "/dev/shm";
 
 /// Prefix of the fork image directories of the node whose run directory is `run_root`

@@ -214,6 +214,11 @@ impl NodeManager for LocalNodeManager {
         Ok(self.vmm.kill_strays(name).await?)
     }
 
+    fn forget_memory_image(&self, image: &str) -> Result<(), NodeManagerError> {
+        self.vmm.forget_memory_image(image);
+        Ok(())
+    }
+
     fn vm_names_under(&self, run_root: &Path) -> Vec<String> {
         self.vmm.names_under(run_root)
     }

@@ -198,6 +198,14 @@ pub enum MemorySpec {
         /// Whether guest writes reach it.
         shared: bool,
     },
+    /// A memory image held in the node manager's memory only (a fork's): `shared` fills a
+    /// new one, else a filled one is sealed and mapped copy-on-write.
+    InMemory {
+        /// Its name (plain, like a VM's).
+        image: String,
+        /// Whether this VM fills it.
+        shared: bool,
+    },
 }
 
 /// Saved state a VM starts from.
@@ -248,6 +256,9 @@ impl VmSpec {
         check_name("VM name", &self.name)?;
         if let Some(ns) = &self.netns {
             check_name("network namespace", ns)?;
+        }
+        if let MemorySpec::InMemory { image, .. } = &self.memory {
+            check_name("in-memory image", image)?;
         }
         if self.vcpus == 0 || self.vcpus > 64 || self.memory_mib < 16 || self.memory_mib > 1 << 20 {
             return Err(Refusal::new(
@@ -319,6 +330,12 @@ pub enum Request {
     RemoveDir {
         /// The directory.
         dir: NodePath,
+    },
+    /// Drops an in-memory image ([`MemorySpec::InMemory`]); VMs that map it keep their pages.
+    /// Idempotent.
+    ForgetMemoryImage {
+        /// Its name.
+        image: String,
     },
     /// Removes a sandbox's disk directory and run directory. Idempotent.
     RemoveSandboxFiles {
@@ -392,6 +409,7 @@ impl Request {
             Request::SnapshotDisk { .. } => "snapshot_disk",
             Request::LinkDisk { .. } => "link_disk",
             Request::RemoveDir { .. } => "remove_dir",
+            Request::ForgetMemoryImage { .. } => "forget_memory_image",
             Request::RemoveSandboxFiles { .. } => "remove_sandbox_files",
             Request::LaunchVm { .. } => "launch_vm",
             Request::KillVm { .. } => "kill_vm",
@@ -641,6 +659,12 @@ mod tests {
         assert!(spec.check().is_err());
         spec.vcpus = 1;
         spec.name = "../x".into();
+        assert!(spec.check().is_err());
+        spec.name = "sbx-1".into();
+        spec.memory = MemorySpec::InMemory {
+            image: "fork/../../x".into(),
+            shared: false,
+        };
         assert!(spec.check().is_err());
     }
 }

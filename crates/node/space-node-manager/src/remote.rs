@@ -123,6 +123,10 @@ impl RemoteNodeManager {
                 path: self.name(path)?,
                 shared: *shared,
             },
+            GuestMemory::InMemory { image, shared } => MemorySpec::InMemory {
+                image: image.clone(),
+                shared: *shared,
+            },
         };
         let restore = match &cfg.restore {
             Some(r) => Some(RestoreSpec {
@@ -397,6 +401,12 @@ impl NodeManager for RemoteNodeManager {
     fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError> {
         self.inner.call_done(&Request::RemoveDir {
             dir: self.name(dir)?,
+        })
+    }
+
+    fn forget_memory_image(&self, image: &str) -> Result<(), NodeManagerError> {
+        self.inner.call_done(&Request::ForgetMemoryImage {
+            image: image.to_owned(),
         })
     }
 

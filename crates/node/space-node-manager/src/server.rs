@@ -458,6 +458,11 @@ impl Host {
                 }
                 done()
             }
+            Request::ForgetMemoryImage { image } => {
+                check_name("in-memory image", &image)?;
+                self.local.forget_memory_image(&image).map_err(refusal)?;
+                done()
+            }
             Request::RemoveSandboxFiles { sandbox, run_dir } => {
                 if run_dir.area != Area::Run {
                     return Err(Refusal::new(
@@ -691,6 +696,10 @@ impl Host {
                 path: resolve(path, if *shared { write } else { read })?,
                 shared: *shared,
             },
+            MemorySpec::InMemory { image, shared } => GuestMemory::InMemory {
+                image: image.clone(),
+                shared: *shared,
+            },
         };
         let restore = match &spec.restore {
             Some(r) => Some(RestoreFrom {
@@ -737,6 +746,14 @@ fn refusal(e: NodeManagerError) -> Refusal {
         }
         NodeManagerError::Storage(_) => RefusalCode::Storage,
         NodeManagerError::Vmm(space_vmm::VmmError::InvalidConfig(_)) => RefusalCode::BadRequest,
+        NodeManagerError::Vmm(space_vmm::VmmError::InMemoryImage(
+            space_vmm::InMemoryImageError::Missing(_),
+        )) => RefusalCode::NotFound,
+        NodeManagerError::Vmm(space_vmm::VmmError::InMemoryImage(
+            space_vmm::InMemoryImageError::Exists(_)
+            | space_vmm::InMemoryImageError::StillFilling(_)
+            | space_vmm::InMemoryImageError::TooMany,
+        )) => RefusalCode::BadRequest,
         NodeManagerError::Vmm(_) => RefusalCode::Vmm,
         NodeManagerError::Network(_) => RefusalCode::Network,
         NodeManagerError::Io { .. } => RefusalCode::Io,

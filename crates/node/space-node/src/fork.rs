@@ -19,21 +19,40 @@ use crate::{Node, NodeError, SandboxRecord, VmOrigin};
 pub const MAX_FORK_CHILDREN: usize = 16;
 /// Children restored at once (each restore is CPU-bound under TCG).
 const PARALLEL_RESTORES: usize = 4;
-/// From this many children on, the checkpoint is first turned into a memory image (RAM as
-/// a file on tmpfs): each child then maps it copy-on-write and loads ~60 KB of device
-/// state instead of the whole RAM, and the children share their unmodified pages.
+/// From this many children on, the checkpoint is first turned into a memory image (RAM in
+/// memory only, held by the node manager): each child then maps it copy-on-write and loads
+/// ~60 KB of device state instead of the whole RAM, and the children share their
+/// unmodified pages.
 const IMAGE_FORK_MIN_CHILDREN: usize = 3;
+/// Prefix of the in-memory image (and of the VM filling it) of the fork whose image
+/// directory is named `<fork_image_prefix><suffix>`: `fork-<suffix>`.
+const FORK_MEMORY_PREFIX: &str = "fork-";
 
-/// A checkpoint turned into a memory image for one fork; removed when the children run
-/// (their mappings keep the memory alive).
+/// A checkpoint turned into a memory image for one fork: its RAM an in-memory image
+/// ([`GuestMemory::InMemory`](space_vmm::GuestMemory::InMemory)), its device state a file
+/// in `dir`. Both go when the children run (their mappings keep the memory alive).
 pub(crate) struct ForkImage {
     dir: std::path::PathBuf,
-    memory: std::path::PathBuf,
+    memory: String,
     state: std::path::PathBuf,
+    nm: Arc<dyn space_node_manager::NodeManager>,
+}
+
+impl ForkImage {
+    /// The in-memory image of the fork whose image directory is named `dir_name`, if it is
+    /// a fork image directory of the node whose prefix is `prefix`.
+    pub(crate) fn memory_of(dir_name: &str, prefix: &str) -> Option<String> {
+        dir_name
+            .strip_prefix(prefix)
+            .map(|suffix| format!("{FORK_MEMORY_PREFIX}{suffix}"))
+    }
 }
 
 impl Drop for ForkImage {
     fn drop(&mut self) {
+        if let Err(e) = self.nm.forget_memory_image(&self.memory) {
+            tracing::warn!(image = %self.memory, error = %e, "cannot drop a fork's memory image");
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -234,8 +253,8 @@ impl Node {
                     ignore_shared: true,
                     paused: false,
                 };
-                let memory = space_vmm::GuestMemory::File {
-                    path: img.memory.clone(),
+                let memory = space_vmm::GuestMemory::InMemory {
+                    image: img.memory.clone(),
                     shared: false,
                 };
                 self.launch_restored(child.as_str(), &rec, restore, memory, &disk)
@@ -271,7 +290,7 @@ impl Node {
         })
     }
 
-    /// Loads the checkpoint once into a VM whose RAM is a shared file on tmpfs, and saves
+    /// Loads the checkpoint once into a VM whose RAM is a new in-memory image, and saves
     /// that VM's device state without its RAM: a memory image of the checkpoint.
     async fn fork_image(
         &self,
@@ -283,25 +302,25 @@ impl Node {
             .as_str()
             .trim_start_matches(SandboxId::PREFIX)
             .to_owned();
-        let dir = std::path::Path::new(FORK_IMAGE_ROOT).join(format!(
-            "{}{suffix}",
-            fork_image_prefix(&self.inner.run_root)
-        ));
+        let dir_name = format!("{}{suffix}", fork_image_prefix(&self.inner.run_root));
+        let dir = std::path::Path::new(FORK_IMAGE_ROOT).join(&dir_name);
         std::fs::create_dir(&dir)
             .map_err(|e| NodeError::Internal(format!("cannot create {}: {e}", dir.display())))?;
+        // The VM that fills the image and the image itself: one name (see `memory_of`).
+        let name = format!("{FORK_MEMORY_PREFIX}{suffix}");
         let image = ForkImage {
-            memory: dir.join(crate::image::MEMORY_FILE),
+            memory: name.clone(),
             state: dir.join(crate::image::STATE_FILE),
             dir,
+            nm: self.inner.nm.clone(),
         };
-        let name = format!("fork-{suffix}");
         let restore = space_vmm::RestoreFrom {
             state: state.to_owned(),
             ignore_shared: false,
             paused: true,
         };
-        let memory = space_vmm::GuestMemory::File {
-            path: image.memory.clone(),
+        let memory = space_vmm::GuestMemory::InMemory {
+            image: image.memory.clone(),
             shared: true,
         };
         let vm = self

@@ -604,11 +604,13 @@ impl Node {
         if let Err(e) = inner.nm.remove_pending_persistent_snapshots(&inner.store) {
             tracing::warn!(error = %e, "cannot remove half-deleted persistent snapshots");
         }
-        // Fork images a crash left behind (tmpfs: they hold memory).
+        // Fork images a crash left behind, and their RAM, which a node manager that
+        // outlived us may still hold.
         let prefix = space_node_manager::fork_image_prefix(&inner.run_root);
         let fork_images = std::path::Path::new(space_node_manager::FORK_IMAGE_ROOT);
         for entry in read_dir_names(fork_images) {
-            if entry.starts_with(&prefix) {
+            if let Some(memory) = crate::fork::ForkImage::memory_of(&entry, &prefix) {
+                let _ = inner.nm.forget_memory_image(&memory);
                 let _ = inner.nm.remove_run_dir(&fork_images.join(entry));
             }
         }

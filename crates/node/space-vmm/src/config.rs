@@ -73,6 +73,11 @@ pub enum GuestMemory {
     /// the file (a VM whose memory becomes a memory image); without, the file is mapped
     /// copy-on-write, so every VM started from one image shares its unmodified pages.
     File { path: PathBuf, shared: bool },
+    /// A memory image that exists in memory only (a fork's), held by the VMM driver under
+    /// `image` until [`crate::Vmm::forget_memory_image`]. With `shared`, this VM fills a new
+    /// one (guest writes reach it); without, it maps a filled one copy-on-write, which first
+    /// seals it: that needs the VM that filled it to be gone.
+    InMemory { image: String, shared: bool },
 }
 
 /// Saved VM state to start from (QEMU's `-incoming`).
@@ -80,8 +85,8 @@ pub enum GuestMemory {
 pub struct RestoreFrom {
     /// The device (and, unless `ignore_shared`, memory) state written by [`crate::Vm::save_state`].
     pub state: PathBuf,
-    /// The state was saved with `x-ignore-shared`: guest RAM comes from the memory file of
-    /// [`GuestMemory::File`], not from the state file.
+    /// The state was saved with `x-ignore-shared`: guest RAM comes from the memory image of
+    /// [`GuestMemory::File`] or [`GuestMemory::InMemory`], not from the state file.
     pub ignore_shared: bool,
     /// Leave the VM paused once the state is loaded (to save it again, e.g. into a memory
     /// image) instead of letting the guest run.
@@ -199,8 +204,11 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
             )));
         }
     }
-    if let GuestMemory::File { path, .. } = &cfg.memory {
-        check_plain_path("memory file", path)?;
+    match &cfg.memory {
+        GuestMemory::File { path, .. } => check_plain_path("memory file", path)?,
+        // Named like a VM (it is a fork's), so the same rule keeps it plain.
+        GuestMemory::InMemory { image, .. } => validate_name(image)?,
+        GuestMemory::Anonymous => {}
     }
     if let Some(net) = &cfg.network {
         // IFNAMSIZ is 16 with the NUL; the name goes into a QEMU option string.
@@ -244,8 +252,9 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
                 },
                 true,
             ) if path.is_file() => {}
+            (GuestMemory::InMemory { shared: false, .. }, true) => {}
             (_, true) => return Err(VmmError::InvalidConfig(
-                "state saved without its memory needs an existing memory file mapped copy-on-write"
+                "state saved without its memory needs an existing memory image mapped copy-on-write"
                     .into(),
             )),
             _ => {}

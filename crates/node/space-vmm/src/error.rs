@@ -39,6 +39,10 @@ pub enum VmmError {
     #[error("QEMU exited during start: {detail}")]
     StartFailed { detail: String },
 
+    /// An in-memory image cannot be used as asked.
+    #[error(transparent)]
+    InMemoryImage(#[from] crate::jail::InMemoryImageError),
+
     /// A step did not finish in time.
     #[error("timed out: {0}")]
     Timeout(String),

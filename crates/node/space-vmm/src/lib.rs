@@ -31,7 +31,7 @@ pub use config::{
 pub use console::{console_tail, CONSOLE_LOG_MAX_BYTES};
 pub use error::VmmError;
 pub use exit::{ProcessEnd, VmExit};
-pub use jail::{CgroupLayout, DiskLimits, FileOwner, JailConfig, UidRange};
+pub use jail::{CgroupLayout, DiskLimits, FileOwner, InMemoryImageError, JailConfig, UidRange};
 pub use qemu::{attach, JailedProcess, QemuVmm};
 pub use qemu_args::AGENT_PORT_NAME;
 pub use state::{SaveOptions, SaveReport};
@@ -63,4 +63,8 @@ pub trait Vmm: Send + Sync + 'static {
     /// Removes what VMMs that ended unwatched (their node crashed) left behind, such as empty
     /// cgroups; returns how many were removed.
     fn remove_stale_confinement(&self) -> usize;
+
+    /// Drops the in-memory image `image` ([`GuestMemory::InMemory`]); VMs that map it keep
+    /// their pages. Returns whether it existed.
+    fn forget_memory_image(&self, image: &str) -> bool;
 }

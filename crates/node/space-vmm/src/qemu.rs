@@ -16,7 +16,9 @@ use crate::config::{self, VmConfig, VmPaths};
 use crate::console::{self, RotatingLog, CONSOLE_LOG_MAX_BYTES};
 use crate::error::VmmError;
 use crate::exit::ProcessEnd;
-use crate::jail::{self, BlockDevices, JailConfig, JailedFiles, MemoryImages, VmCgroup};
+use crate::jail::{
+    self, BlockDevices, JailConfig, JailedFiles, MemoryImages, PassedMemory, VmCgroup,
+};
 use crate::process::ProcHandle;
 use crate::procfs;
 use crate::qemu_args::{self, CONSOLE_CHARDEV};
@@ -39,13 +41,14 @@ const LOG_TAIL_BYTES: usize = 2048;
 pub struct QemuVmm {
     binary: PathBuf,
     jail: Option<Arc<Jailer>>,
+    /// Memory images passed to VMMs as memfds.
+    images: Arc<MemoryImages>,
 }
 
 /// What jailing needs across launches.
 #[derive(Debug)]
 struct Jailer {
     config: JailConfig,
-    images: MemoryImages,
     devices: BlockDevices,
 }
 
@@ -67,9 +70,9 @@ impl QemuVmm {
             binary: binary.into(),
             jail: Some(Arc::new(Jailer {
                 config,
-                images: MemoryImages::default(),
                 devices: BlockDevices::default(),
             })),
+            images: Arc::default(),
         }
     }
 
@@ -79,6 +82,7 @@ impl QemuVmm {
         QemuVmm {
             binary: binary.into(),
             jail: None,
+            images: Arc::default(),
         }
     }
 
@@ -99,6 +103,23 @@ impl QemuVmm {
         self.jail
             .as_ref()
             .map_or_else(jail::FileOwner::current, |j| j.config.files_owner)
+    }
+
+    /// The descriptor of guest RAM passed to a VMM of `memory_mib` MiB.
+    fn memory_fd(&self, memory: &PassedMemory, memory_mib: u32) -> Result<OwnedFd, VmmError> {
+        let image = match memory {
+            PassedMemory::ImageFile(path) => self
+                .images
+                .get(path, self.files_owner())
+                .map_err(|e| VmmError::io(format!("load memory image {}", path.display()), e))?,
+            PassedMemory::FillInMemory(name) => {
+                return Ok(self.images.fill(name, u64::from(memory_mib) << 20)?)
+            }
+            PassedMemory::MapInMemory(name) => self.images.sealed(name)?,
+        };
+        image
+            .try_clone()
+            .map_err(|e| VmmError::io("pass the memory image", e))
     }
 
     /// The exact command line `launch` would run for `cfg` (for logs and reports).
@@ -135,6 +156,7 @@ impl QemuVmm {
         ),
         VmmError,
     > {
+        let begun = std::time::Instant::now();
         let binary = resolve_binary(&self.binary)?;
         let jail_err = |step: &str| {
             let step = step.to_owned();
@@ -154,6 +176,9 @@ impl QemuVmm {
             )?)),
             None => None,
         };
+        if let Some(memory) = jail::passed_memory(&cfg.memory, self.jail.is_some()) {
+            fds.push((self.memory_fd(&memory, cfg.memory_mib)?, jail::fds::MEMORY));
+        }
         let mut confinement = None;
         let (files, confined) = match &self.jail {
             None => (JailedFiles::host(cfg), None),
@@ -168,16 +193,6 @@ impl QemuVmm {
                 let mut plan = jail::plan(cfg, &j.config, &binary, device);
                 if let Program::Other { host, .. } = program {
                     plan.binds.push(jail::Bind::program(host, OTHER_PROGRAM));
-                }
-                if let Some(image) = &plan.memory_image {
-                    let memfd = j
-                        .images
-                        .get(image, j.config.files_owner)
-                        .map_err(jail_err("loading the memory image"))?;
-                    let dup = memfd
-                        .try_clone()
-                        .map_err(jail_err("passing the memory image"))?;
-                    fds.push((dup, jail::fds::MEMORY));
                 }
                 let (steps, lent) = jail::prepare::steps(&plan, lease.uid, j.config.files_owner)
                     .map_err(jail_err("preparing the jail"))?;
@@ -251,6 +266,7 @@ impl QemuVmm {
                 .map(|n| (n.tap.clone(), jail::fds::TAP)),
             fds,
         };
+        let prepared = begun.elapsed();
         let spawned = jail::spawn::spawn(&exe, &argv, conf).map_err(|source| {
             cleanup.run(&cfg.name);
             VmmError::Spawn {
@@ -302,6 +318,13 @@ impl QemuVmm {
                 source: failure.error,
             });
         }
+        tracing::debug!(
+            vm = %cfg.name,
+            pid,
+            prepare_us = prepared.as_micros() as u64,
+            exec_us = (begun.elapsed() - prepared).as_micros() as u64,
+            "VMM executed"
+        );
         Ok((proc, status_rx, uid))
     }
 
@@ -482,8 +505,10 @@ impl Vmm for QemuVmm {
             Accel::Kvm => None,
         };
 
+        let begun = Instant::now();
         let (proc, mut status_rx, _) = self.spawn(cfg, &paths, tsc, Program::Vmm).await?;
         let pid = proc.pid();
+        let spawned = begun.elapsed();
         // If the caller drops this future mid-start, nobody would ever `cont` or kill the
         // paused QEMU; the guard kills it (the reaper task still reaps it).
         let mut cancel_guard = KillOnCancel(Some(proc.clone()));
@@ -492,7 +517,13 @@ impl Vmm for QemuVmm {
         cancel_guard.0 = None;
         match started {
             Ok((qmp, qmp_state, tasks)) => {
-                tracing::info!(vm = %cfg.name, pid, "VM running");
+                tracing::info!(
+                    vm = %cfg.name,
+                    pid,
+                    spawn_ms = spawned.as_millis() as u64,
+                    start_ms = (begun.elapsed() - spawned).as_millis() as u64,
+                    "VM running"
+                );
                 Ok(Vm::new(
                     cfg.name.clone(),
                     paths,
@@ -543,6 +574,10 @@ impl Vmm for QemuVmm {
             Some(j) => jail::remove_empty_cgroups(&j.config.cgroups, &j.config.cgroup_parent),
             None => 0,
         }
+    }
+
+    fn forget_memory_image(&self, image: &str) -> bool {
+        self.images.forget(image)
     }
 
     async fn kill_strays(&self, name: &str) -> Result<usize, VmmError> {

@@ -150,10 +150,10 @@ async fn main() {
 }
 
 const JAIL_POOL: usize = 6;
-const JAIL_ROUNDS: usize = 4;
-const JAIL_SAMPLES: usize = 20;
+const JAIL_ROUNDS: usize = 8;
+const JAIL_SAMPLES: usize = 40;
 const JAIL_CHECKPOINTS: usize = 10;
-const JAIL_FORKS: usize = 3;
+const JAIL_FORKS: usize = 6;
 
 /// A 512 MiB sandbox with 64 MiB of its memory in use (for checkpoints, resumes, forks).
 async fn busy_sandbox(ts: &TestServer) -> SandboxId {

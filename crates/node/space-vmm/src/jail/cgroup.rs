@@ -2,8 +2,16 @@
 //! pids and disk I/O, on cgroup v2 where the host has it and on the v1 controllers where it
 //! does not (these machines: `cpu`, `memory`, `pids`, `blkio` under `/sys/fs/cgroup`).
 //!
-//! The files each version wants are computed by pure functions ([`v1_files`], [`v2_files`]),
-//! so both are unit-tested even on a host that has only one of them.
+//! The files each version wants are computed by pure functions ([`v1_files`], [`v2_files`],
+//! [`parent_files`]), so both are unit-tested even on a host that has only one of them.
+//!
+//! CPU under contention: unjailed, every VMM thread competed with the host's threads on its
+//! own. In one cgroup tree, the kernel shares CPU between siblings by weight, so with
+//! default weights all the node's VMMs together would weigh as much as one host thread, and a
+//! busy host (a pool refill, the gateways) would starve them. The tree's parents therefore
+//! weigh as much as one thread per host CPU, and each VMM as much as its vCPUs: among
+//! themselves VMMs share by size, and as a whole they weigh what their threads did. Measured
+//! in BENCHMARKS.md ("VMM jail").
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -21,6 +29,11 @@ pub enum CgroupLayout {
 const V1_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "blkio"];
 /// CFS period; the quota is a multiple of it.
 pub(crate) const CPU_PERIOD_US: u64 = 100_000;
+/// The weight of one thread (one vCPU, one host CPU): v1's default `cpu.shares`.
+const V1_SHARES_PER_CPU: u64 = 1024;
+/// The same in v2's `cpu.weight` (default 100, at most 10 000).
+const V2_WEIGHT_PER_CPU: u64 = 100;
+const V2_MAX_WEIGHT: u64 = 10_000;
 
 impl CgroupLayout {
     /// The host's layout under `/sys/fs/cgroup`: v2 when the unified hierarchy is mounted
@@ -40,6 +53,8 @@ impl CgroupLayout {
 pub(crate) struct Limits {
     /// CPU time per [`CPU_PERIOD_US`], in microseconds (100 000 = one core).
     pub(crate) cpu_quota_us: u64,
+    /// Its weight under contention, in threads (its vCPUs).
+    pub(crate) cpu_weight: u32,
     pub(crate) memory_bytes: u64,
     pub(crate) pids: u32,
     /// Disk I/O bounds on one block device, when it is known.
@@ -60,6 +75,7 @@ pub(crate) fn v1_files(limits: &Limits) -> Vec<(&'static str, &'static str, Stri
     let mut files = vec![
         ("cpu", "cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
         ("cpu", "cpu.cfs_quota_us", limits.cpu_quota_us.to_string()),
+        ("cpu", "cpu.shares", v1_shares(limits.cpu_weight)),
         (
             "memory",
             "memory.limit_in_bytes",
@@ -88,6 +104,7 @@ pub(crate) fn v2_files(limits: &Limits) -> Vec<(&'static str, String)> {
             "cpu.max",
             format!("{} {CPU_PERIOD_US}", limits.cpu_quota_us),
         ),
+        ("cpu.weight", v2_weight(limits.cpu_weight)),
         ("memory.max", limits.memory_bytes.to_string()),
         // Guest memory must not escape the limit into swap.
         ("memory.swap.max", "0".to_owned()),
@@ -106,6 +123,50 @@ pub(crate) fn v2_files(limits: &Limits) -> Vec<(&'static str, String)> {
         ));
     }
     files
+}
+
+/// What every parent of the VMMs' cgroups (`space`, `space/<node>`) is given on a host of
+/// `host_cpus` CPUs, per layout: (controller, file, value) for v1, controller `""` for v2.
+pub(crate) fn parent_files(
+    layout: &CgroupLayout,
+    host_cpus: u32,
+) -> Vec<(&'static str, &'static str, String)> {
+    match layout {
+        CgroupLayout::V1 { .. } => vec![("cpu", "cpu.shares", v1_shares(host_cpus))],
+        CgroupLayout::V2 { .. } => vec![("", "cpu.weight", v2_weight(host_cpus))],
+    }
+}
+
+fn v1_shares(threads: u32) -> String {
+    (u64::from(threads.max(1)) * V1_SHARES_PER_CPU).to_string()
+}
+
+fn v2_weight(threads: u32) -> String {
+    (u64::from(threads.max(1)) * V2_WEIGHT_PER_CPU)
+        .min(V2_MAX_WEIGHT)
+        .to_string()
+}
+
+/// The host's CPUs this process may run on.
+fn host_cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// Gives every parent of the VMMs' cgroups under `parent` its weight ([`parent_files`]).
+fn weigh_parents(layout: &CgroupLayout, parent: &Path) -> io::Result<()> {
+    let root = match layout {
+        CgroupLayout::V1 { root } | CgroupLayout::V2 { root } => root,
+    };
+    let files = parent_files(layout, host_cpus());
+    let mut prefix = PathBuf::new();
+    for part in parent.components() {
+        prefix.push(part);
+        for (controller, file, value) in &files {
+            let path = root.join(controller).join(&prefix).join(file);
+            std::fs::write(&path, value).map_err(|e| context(e, "write", &path))?;
+        }
+    }
+    Ok(())
 }
 
 /// The cgroup (one directory per v1 controller, or one v2 directory) of one VMM.
@@ -136,6 +197,22 @@ impl VmCgroup {
     ) -> io::Result<VmCgroup> {
         let cg = VmCgroup::of(layout, parent, name);
         cg.remove()?;
+        let made = cg.make(layout, parent, name, limits);
+        // The parents exist now; weigh them on every creation, so a weight someone reset
+        // is put back.
+        made.and_then(|()| weigh_parents(layout, parent))?;
+        Ok(cg)
+    }
+
+    /// Makes the directories and writes the limits.
+    fn make(
+        &self,
+        layout: &CgroupLayout,
+        parent: &Path,
+        name: &str,
+        limits: &Limits,
+    ) -> io::Result<()> {
+        let cg = self;
         match layout {
             CgroupLayout::V2 { root } => {
                 enable_v2_controllers(root, parent)?;
@@ -176,7 +253,7 @@ impl VmCgroup {
                 }
             }
         }
-        Ok(cg)
+        Ok(())
     }
 
     /// Moves process `pid` (all its threads) into the cgroup.
@@ -268,6 +345,7 @@ mod tests {
     fn limits(io: Option<IoLimit>) -> Limits {
         Limits {
             cpu_quota_us: 200_000,
+            cpu_weight: 2,
             memory_bytes: 768 << 20,
             pids: 128,
             io,
@@ -278,6 +356,7 @@ mod tests {
     fn v1_limits() {
         let files = v1_files(&limits(None));
         assert!(files.contains(&("cpu", "cpu.cfs_quota_us", "200000".into())));
+        assert!(files.contains(&("cpu", "cpu.shares", "2048".into())));
         assert!(files.contains(&("memory", "memory.limit_in_bytes", "805306368".into())));
         assert!(files.contains(&("pids", "pids.max", "128".into())));
         assert!(!files.iter().any(|f| f.0 == "blkio"));
@@ -304,9 +383,25 @@ mod tests {
             iops: 6,
         })));
         assert!(files.contains(&("cpu.max", "200000 100000".into())));
+        assert!(files.contains(&("cpu.weight", "200".into())));
         assert!(files.contains(&("memory.max", "805306368".into())));
         assert!(files.contains(&("pids.max", "128".into())));
         assert!(files.contains(&("io.max", "259:0 rbps=5 wbps=5 riops=6 wiops=6".into())));
+    }
+
+    #[test]
+    fn parents_weigh_one_thread_per_host_cpu() {
+        let v1 = CgroupLayout::V1 {
+            root: "/sys/fs/cgroup".into(),
+        };
+        let v2 = CgroupLayout::V2 {
+            root: "/sys/fs/cgroup".into(),
+        };
+        assert_eq!(parent_files(&v1, 8), [("cpu", "cpu.shares", "8192".into())]);
+        assert_eq!(parent_files(&v2, 8), [("", "cpu.weight", "800".into())]);
+        // v2 weights stop at 10 000; nothing weighs less than one thread.
+        assert_eq!(parent_files(&v2, 256)[0].2, "10000");
+        assert_eq!(parent_files(&v1, 0)[0].2, "1024");
     }
 
     #[test]

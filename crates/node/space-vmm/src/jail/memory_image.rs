@@ -8,6 +8,12 @@
 //! the VMM reopens it through `/proc/self/fd/N`, can map it privately (copy-on-write), and
 //! gets `EPERM` for any write. All VMs of one image share its pages, as they shared the
 //! file's page cache before.
+//!
+//! A fork's memory image never becomes a file: it lives in a memfd from the start
+//! ([`GuestMemory::InMemory`](crate::GuestMemory::InMemory)). The one VM that fills it maps it
+//! shared; it is sealed on first use by a VM that maps it copy-on-write, which the kernel
+//! refuses while the filling VM still maps it, so no VM ever maps an image another can write.
+//! Unlike a file image it needs no copy, and it exists once, not twice.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -28,14 +34,47 @@ struct ImageKey {
     mtime_ns: i128,
 }
 
-/// The sealed memfds of the images in use, shared by every launch of one node.
+/// The memfds of the images in use, shared by every launch of one node.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryImages {
+    /// Copies of image files, sealed.
     images: Mutex<HashMap<ImageKey, Arc<OwnedFd>>>,
+    /// In-memory images by name.
+    in_memory: Mutex<HashMap<String, InMemory>>,
 }
 
-/// Longest memory image we copy (guest RAM is bounded by `space_core`'s 64 GiB).
+/// One in-memory image.
+#[derive(Debug)]
+struct InMemory {
+    fd: Arc<OwnedFd>,
+    sealed: bool,
+}
+
+/// Longest memory image we copy or make (guest RAM is bounded by `space_core`'s 64 GiB).
 const MAX_IMAGE_BYTES: u64 = 64 << 30;
+/// In-memory images held at once (one per fork in flight); each holds up to a guest's RAM
+/// until it is forgotten.
+pub(crate) const MAX_IN_MEMORY_IMAGES: usize = 16;
+
+/// Why an in-memory image cannot be used as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum InMemoryImageError {
+    #[error("in-memory image {0:?} exists already")]
+    Exists(String),
+    #[error("no in-memory image {0:?}")]
+    Missing(String),
+    /// The VM that fills it still maps it shared (it must be gone before others map it).
+    #[error("in-memory image {0:?} is still mapped by the VM that fills it")]
+    StillFilling(String),
+    #[error("{MAX_IN_MEMORY_IMAGES} in-memory images are held already")]
+    TooMany,
+    #[error("in-memory image {image:?}: {source}")]
+    Io {
+        image: String,
+        #[source]
+        source: io::Error,
+    },
+}
 
 impl MemoryImages {
     /// The sealed memfd holding `path`'s contents, made on first use; the file is opened as
@@ -75,23 +114,92 @@ impl MemoryImages {
     }
 }
 
-/// Copies the data extents of `file` into a new memfd and seals it.
-fn sealed_copy(file: &File, len: u64) -> io::Result<OwnedFd> {
-    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"space-memory-image".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
+impl MemoryImages {
+    /// A new in-memory image `name` of `len` bytes (all zero), for the one VM that fills it.
+    pub(crate) fn fill(&self, name: &str, len: u64) -> Result<OwnedFd, InMemoryImageError> {
+        let io = |source| InMemoryImageError::Io {
+            image: name.to_owned(),
+            source,
+        };
+        if len > MAX_IMAGE_BYTES {
+            return Err(io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes is more than a guest's RAM may be"),
+            )));
+        }
+        let mut images = self.in_memory.lock().unwrap_or_else(|p| p.into_inner());
+        if images.contains_key(name) {
+            return Err(InMemoryImageError::Exists(name.to_owned()));
+        }
+        if images.len() >= MAX_IN_MEMORY_IMAGES {
+            return Err(InMemoryImageError::TooMany);
+        }
+        let memfd = File::from(new_memfd(c"space-in-memory-image").map_err(io)?);
+        memfd.set_len(len).map_err(io)?;
+        let fd = Arc::new(OwnedFd::from(memfd));
+        let handed = fd.try_clone().map_err(io)?;
+        images.insert(name.to_owned(), InMemory { fd, sealed: false });
+        Ok(handed)
+    }
+
+    /// In-memory image `name`, sealed against every write from now on (see the module doc).
+    pub(crate) fn sealed(&self, name: &str) -> Result<Arc<OwnedFd>, InMemoryImageError> {
+        let mut images = self.in_memory.lock().unwrap_or_else(|p| p.into_inner());
+        let image = images
+            .get_mut(name)
+            .ok_or_else(|| InMemoryImageError::Missing(name.to_owned()))?;
+        if !image.sealed {
+            match seal(&image.fd) {
+                Ok(()) => image.sealed = true,
+                // F_SEAL_WRITE with a writable shared mapping in place.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    return Err(InMemoryImageError::StillFilling(name.to_owned()))
+                }
+                Err(source) => {
+                    return Err(InMemoryImageError::Io {
+                        image: name.to_owned(),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(image.fd.clone())
+    }
+
+    /// Drops in-memory image `name` (VMs that map it keep their pages); whether it existed.
+    pub(crate) fn forget(&self, name: &str) -> bool {
+        let mut images = self.in_memory.lock().unwrap_or_else(|p| p.into_inner());
+        images.remove(name).is_some()
+    }
+}
+
+/// A new memfd that can be sealed.
+fn new_memfd(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned by nobody else.
-    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let out = File::from(memfd);
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Seals a memfd against writes, growth, shrinking and further seals.
+fn seal(fd: &OwnedFd) -> io::Result<()> {
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on a memfd we own.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Copies the data extents of `file` into a new memfd and seals it.
+fn sealed_copy(file: &File, len: u64) -> io::Result<OwnedFd> {
+    let out = File::from(new_memfd(c"space-memory-image")?);
     out.set_len(len)?;
-    let (src, dst) = (file.as_raw_fd(), out.as_raw_fd());
+    let src = file.as_raw_fd();
     let mut buf = vec![0u8; 1 << 20];
     let mut pos: i64 = 0;
     let end = len as i64;
@@ -123,12 +231,9 @@ fn sealed_copy(file: &File, len: u64) -> io::Result<OwnedFd> {
         }
         pos = hole;
     }
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on a memfd we own.
-    if unsafe { libc::fcntl(dst, libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(OwnedFd::from(out))
+    let out = OwnedFd::from(out);
+    seal(&out)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -164,5 +269,80 @@ mod tests {
         let err = (&reopened).write_all(b"poison").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
         assert!(reopened.set_len(1).is_err());
+    }
+
+    #[test]
+    fn an_in_memory_image_is_sealed_only_once_its_filler_is_gone() {
+        let images = MemoryImages::default();
+        let len = 1 << 20;
+        let filler = images.fill("fork-a", len).unwrap();
+        assert!(matches!(
+            images.fill("fork-a", len),
+            Err(InMemoryImageError::Exists(_))
+        ));
+        // The filling VM maps it shared and writes guest RAM into it.
+        // SAFETY: a fresh shared mapping of a memfd of `len` bytes, unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                filler.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        // SAFETY: within the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(b"guest page".as_ptr(), map.cast(), 10) };
+        assert!(matches!(
+            images.sealed("fork-a"),
+            Err(InMemoryImageError::StillFilling(_))
+        ));
+        // SAFETY: the mapping made above.
+        assert_eq!(unsafe { libc::munmap(map, len as usize) }, 0);
+        drop(filler);
+        let sealed = images.sealed("fork-a").unwrap();
+        let again = images.sealed("fork-a").unwrap();
+        assert!(Arc::ptr_eq(&sealed, &again));
+        let mut buf = [0u8; 10];
+        File::from(sealed.try_clone().unwrap())
+            .read_exact_at(&mut buf, 0)
+            .unwrap();
+        assert_eq!(&buf, b"guest page");
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", sealed.as_raw_fd()))
+            .unwrap();
+        assert_eq!(
+            (&reopened).write_all(b"poison").unwrap_err().raw_os_error(),
+            Some(libc::EPERM)
+        );
+        assert!(images.forget("fork-a"));
+        assert!(!images.forget("fork-a"));
+        assert!(matches!(
+            images.sealed("fork-a"),
+            Err(InMemoryImageError::Missing(_))
+        ));
+        // What was handed out stays readable after the image is forgotten.
+        File::from(sealed.try_clone().unwrap())
+            .read_exact_at(&mut buf, 0)
+            .unwrap();
+    }
+
+    #[test]
+    fn in_memory_images_are_bounded() {
+        let images = MemoryImages::default();
+        for i in 0..MAX_IN_MEMORY_IMAGES {
+            images.fill(&format!("fork-{i}"), 4096).unwrap();
+        }
+        assert!(matches!(
+            images.fill("one-more", 4096),
+            Err(InMemoryImageError::TooMany)
+        ));
+        assert!(images.fill("big", MAX_IMAGE_BYTES + 1).is_err());
+        images.forget("fork-0");
+        images.fill("one-more", 4096).unwrap();
     }
 }

@@ -31,8 +31,9 @@ use std::path::{Path, PathBuf};
 pub(crate) use block_device::BlockDevices;
 pub use cgroup::CgroupLayout;
 pub(crate) use cgroup::{remove_empty as remove_empty_cgroups, VmCgroup};
+pub use memory_image::InMemoryImageError;
 pub(crate) use memory_image::MemoryImages;
-pub(crate) use plan::{fds, plan, Bind, JailedFiles};
+pub(crate) use plan::{fds, passed_memory, plan, Bind, JailedFiles, PassedMemory};
 pub(crate) use uids::lease as lease_uid;
 pub use uids::UidRange;
 

@@ -16,7 +16,7 @@ pub(crate) mod fds {
     pub(crate) const CONSOLE: RawFd = 4;
     pub(crate) const CHANNEL: RawFd = 5;
     pub(crate) const TAP: RawFd = 6;
-    /// The sealed memfd of a memory image.
+    /// The memfd of a memory image ([`super::PassedMemory`]).
     pub(crate) const MEMORY: RawFd = 7;
     /// The locked lease of the VMM's uid ([`super::super::UidLease`]).
     pub(crate) const UID_LOCK: RawFd = 8;
@@ -47,9 +47,47 @@ impl JailedFiles {
             memory: match &cfg.memory {
                 GuestMemory::Anonymous => None,
                 GuestMemory::File { path, .. } => Some(path.clone()),
+                GuestMemory::InMemory { .. } => Some(passed_memory_path()),
             },
         }
     }
+}
+
+/// Guest RAM that reaches the VMM as a memfd ([`fds::MEMORY`]), never by a path of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PassedMemory {
+    /// A memory image file, mapped copy-on-write: loaded into a sealed memfd, because a
+    /// jailed VMM must not hold the file itself (see [`super::memory_image`]).
+    ImageFile(PathBuf),
+    /// A new in-memory image this VM fills.
+    FillInMemory(String),
+    /// A filled in-memory image, sealed, mapped copy-on-write.
+    MapInMemory(String),
+}
+
+/// What of `memory` is passed as a memfd: in-memory images always; image files only to a
+/// jailed VMM (an unjailed one opens the file, as it did before jails).
+pub(crate) fn passed_memory(memory: &GuestMemory, jailed: bool) -> Option<PassedMemory> {
+    match memory {
+        GuestMemory::InMemory {
+            image,
+            shared: true,
+        } => Some(PassedMemory::FillInMemory(image.clone())),
+        GuestMemory::InMemory {
+            image,
+            shared: false,
+        } => Some(PassedMemory::MapInMemory(image.clone())),
+        GuestMemory::File {
+            path,
+            shared: false,
+        } if jailed => Some(PassedMemory::ImageFile(path.clone())),
+        GuestMemory::File { .. } | GuestMemory::Anonymous => None,
+    }
+}
+
+/// `mem-path` of RAM passed as [`fds::MEMORY`] (QEMU reopens it there).
+fn passed_memory_path() -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fds::MEMORY))
 }
 
 /// A bind mount of a host file or directory into the jail.
@@ -93,8 +131,6 @@ pub(crate) struct JailPlan {
     /// Files that must belong to the VMM's uid while it runs (QEMU opens them read-write by
     /// path): its disk, and the RAM file of a VM whose memory becomes an image.
     pub(crate) lend: Vec<PathBuf>,
-    /// Guest RAM comes from a memory image, passed as a sealed memfd ([`fds::MEMORY`]).
-    pub(crate) memory_image: Option<PathBuf>,
     pub(crate) files: JailedFiles,
     pub(crate) limits: Limits,
     /// Limits of QEMU's own throttling of the disk.
@@ -139,8 +175,8 @@ pub(crate) fn plan(
         },
     ];
     let mut lend = vec![cfg.root_disk.clone()];
-    let (memory, memory_image) = match &cfg.memory {
-        GuestMemory::Anonymous => (None, None),
+    let memory = match &cfg.memory {
+        GuestMemory::Anonymous => None,
         GuestMemory::File { path, shared: true } => {
             binds.push(Bind {
                 host: path.clone(),
@@ -151,15 +187,11 @@ pub(crate) fn plan(
                 create: true,
             });
             lend.push(path.clone());
-            (Some(PathBuf::from("/memory")), None)
+            Some(PathBuf::from("/memory"))
         }
-        GuestMemory::File {
-            path,
-            shared: false,
-        } => (
-            Some(PathBuf::from(format!("/proc/self/fd/{}", fds::MEMORY))),
-            Some(path.clone()),
-        ),
+        GuestMemory::File { shared: false, .. } | GuestMemory::InMemory { .. } => {
+            Some(passed_memory_path())
+        }
     };
     if cfg.accel == Accel::Kvm {
         binds.push(Bind {
@@ -183,6 +215,7 @@ pub(crate) fn plan(
     };
     let limits = Limits {
         cpu_quota_us: vcpus * CPU_PERIOD_US,
+        cpu_weight: cfg.vcpus,
         memory_bytes: memory_mib << 20,
         pids: jail.max_pids + cfg.vcpus,
         io: block_device.map(|(major, minor)| IoLimit {
@@ -197,7 +230,6 @@ pub(crate) fn plan(
         system,
         binds,
         lend,
-        memory_image,
         files: JailedFiles {
             kernel: PathBuf::from("/kernel/vmlinuz"),
             initrd: PathBuf::from("/kernel/initrd"),
@@ -298,8 +330,54 @@ mod tests {
         );
         assert!(p.binds.iter().all(|b| b.host != Path::new(image)));
         assert!(!p.lend.contains(&PathBuf::from(image)));
-        assert_eq!(p.memory_image, Some(PathBuf::from(image)));
+        assert_eq!(
+            passed_memory(
+                &cfg(GuestMemory::File {
+                    path: image.into(),
+                    shared: false
+                })
+                .memory,
+                true
+            ),
+            Some(PassedMemory::ImageFile(image.into()))
+        );
         assert_eq!(p.files.memory, Some(PathBuf::from("/proc/self/fd/7")));
+    }
+
+    #[test]
+    fn an_in_memory_image_is_passed_jailed_or_not() {
+        for shared in [true, false] {
+            let memory = GuestMemory::InMemory {
+                image: "fork-1".into(),
+                shared,
+            };
+            let p = plan(
+                &cfg(memory.clone()),
+                &jail(),
+                Path::new("/usr/bin/qemu-system-x86_64"),
+                None,
+            );
+            assert_eq!(p.lend, [PathBuf::from("/store/sandboxes/sbx-1/disk.raw")]);
+            assert_eq!(p.files.memory, Some(PathBuf::from("/proc/self/fd/7")));
+            assert_eq!(
+                JailedFiles::host(&cfg(memory.clone())).memory,
+                p.files.memory
+            );
+            let expected = if shared {
+                PassedMemory::FillInMemory("fork-1".into())
+            } else {
+                PassedMemory::MapInMemory("fork-1".into())
+            };
+            for jailed in [true, false] {
+                assert_eq!(passed_memory(&memory, jailed).as_ref(), Some(&expected));
+            }
+        }
+        // An unjailed VMM opens an image file itself.
+        let file = GuestMemory::File {
+            path: "/store/images/d/memory".into(),
+            shared: false,
+        };
+        assert_eq!(passed_memory(&file, false), None);
     }
 
     #[test]
@@ -317,7 +395,17 @@ mod tests {
             .lend
             .contains(&PathBuf::from("/store/images/.staging/memory")));
         assert_eq!(p.files.memory, Some(PathBuf::from("/memory")));
-        assert_eq!(p.memory_image, None);
+        assert_eq!(
+            passed_memory(
+                &cfg(GuestMemory::File {
+                    path: "/m".into(),
+                    shared: true
+                })
+                .memory,
+                true
+            ),
+            None
+        );
     }
 
     #[test]
@@ -329,6 +417,7 @@ mod tests {
             None,
         );
         assert_eq!(p.limits.cpu_quota_us, 200_000);
+        assert_eq!(p.limits.cpu_weight, 2);
         assert_eq!(p.limits.memory_bytes, (512 + 64 + 256) << 20);
         assert_eq!(p.limits.pids, 130);
         assert_eq!(p.limits.io, None);
