@@ -2,7 +2,10 @@
 credentials, malformed Connect requests, oversized uploads and bad API keys. After each
 malformed request the server must still serve the sandbox."""
 
+import socket
 import struct
+import time
+import urllib.parse
 
 import pytest
 from conftest import (
@@ -97,6 +100,30 @@ def test_a_wrong_access_token_answers_401(sandbox, http, env):
         assert stream_error_code(r) == "unauthenticated"
     else:
         assert r.status_code == 401
+
+
+def test_an_upload_without_the_token_reads_401_not_a_reset_connection(sandbox, env):
+    # Refused before its body is read, the server must still read the body before it
+    # answers: a server that answers and closes while the client is still sending resets
+    # the connection, and the client loses the answer. Sent by hand, with a pause in the
+    # middle of the body, so a server that does not wait is caught every time.
+    url = urllib.parse.urlsplit(env.url)
+    body_len = 2 << 20
+    for token in (None, "wrong"):
+        headers = envd_headers(sandbox.sandbox_id, token, **{"Content-Type": "application/octet-stream"})
+        head = f"POST /files?path=/tmp/refused HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Length: {body_len}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        with socket.create_connection((url.hostname, url.port or 80), timeout=30) as conn:
+            conn.sendall(head.encode() + b"x" * (body_len // 2))
+            time.sleep(0.5)
+            conn.sendall(b"x" * (body_len // 2))
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = conn.recv(65536)
+                assert chunk, f"connection closed before an answer: {answer!r}"
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert not sandbox.files.exists("/tmp/refused")
 
 
 def test_the_sdk_raises_authentication_exception_without_the_token(sandbox):

@@ -102,37 +102,55 @@ pub async fn files(st: &E2bState, target: Option<EnvdTarget>, req: Request) -> R
         user: &user,
         op,
     });
-    let now = now_ms() / 1000;
-    let target = match target {
-        Some(t) => t,
-        None => match &presented {
-            Some(p) => match signed_sandbox(st, p, now).await {
-                Some(t) => t,
-                None => return http_error(401, "invalid or expired signature"),
-            },
-            None => return http_error(401, "missing access token: send X-Access-Token"),
-        },
-    };
-    let check = |token: &str| presented.as_ref().is_some_and(|p| p.verify(token, now));
-    let caller = match access::caller(st, &target, req.headers(), Proof::TokenOr(&check)).await {
-        Ok(mut c) => match access::user_name(&user) {
-            Ok(u) => {
-                c.user = u.or(c.user);
-                c
+    let (guest, caller) = match authorize(st, target, req.headers(), presented, &user).await {
+        Ok(found) => found,
+        Err(refused) => {
+            // An upload refused before its body was read: read it (bounded) first, or the
+            // client, still sending, sees the connection reset instead of the answer.
+            if op == Operation::Write {
+                drain(req.into_body()).await;
             }
-            Err(e) => return http_access_error(e),
-        },
-        Err(e) => return http_access_error(e),
-    };
-    let guest = match st.app.guest(&caller.tenant, &caller.id).await {
-        Ok(g) => g,
-        Err(e) => return HttpError::from(e).into_response(),
+            return refused;
+        }
     };
     let result = match op {
         Operation::Read => read(&guest, &caller, query.path.as_deref()).await,
         Operation::Write => write(st, &guest, &caller, query.path.as_deref(), req).await,
     };
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The guest and caller of a `/files` request, proved by its access token or signature.
+async fn authorize(
+    st: &E2bState,
+    target: Option<EnvdTarget>,
+    headers: &HeaderMap,
+    presented: Option<Presented<'_>>,
+    user: &str,
+) -> Result<(GuestClient, EnvdCaller), Response> {
+    let now = now_ms() / 1000;
+    let target = match target {
+        Some(t) => t,
+        None => match &presented {
+            Some(p) => signed_sandbox(st, p, now)
+                .await
+                .ok_or_else(|| http_error(401, "invalid or expired signature"))?,
+            None => return Err(http_error(401, "missing access token: send X-Access-Token")),
+        },
+    };
+    let check = |token: &str| presented.as_ref().is_some_and(|p| p.verify(token, now));
+    let mut caller = access::caller(st, &target, headers, Proof::TokenOr(&check))
+        .await
+        .map_err(http_access_error)?;
+    caller.user = access::user_name(user)
+        .map_err(http_access_error)?
+        .or(caller.user);
+    let guest = st
+        .app
+        .guest(&caller.tenant, &caller.id)
+        .await
+        .map_err(|e| HttpError::from(e).into_response())?;
+    Ok((guest, caller))
 }
 
 /// The live sandbox a header-less signed URL was made for, if any.
