@@ -397,6 +397,35 @@ pub async fn shell(c: &SpaceClient, id: &space_core::SandboxId, line: &str, root
     out.stdout_str()
 }
 
+/// Starts a process (tagged `counter`) that counts up ten times a second, its count in the
+/// shell's memory and shown in `file`; returns once the file shows a count. The file is
+/// written beside and renamed into place: `echo $i > file` truncates first, and a read
+/// between the truncation and the write would see no number at all.
+pub async fn start_counter(
+    c: &SpaceClient,
+    id: &space_core::SandboxId,
+    file: &str,
+) -> space_core::process::ProcessId {
+    let mut spec = space_core::process::ProcessSpec::shell(format!(
+        "i=0; while true; do i=$((i+1)); echo $i > {file}.new; mv {file}.new {file}; sleep 0.1; done"
+    ));
+    spec.tag = Some("counter".into());
+    let p = c.start_process(id, &spec).await.expect("counter");
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "the counter to start",
+        || async { (counter(c, id, file).await > 0).then_some(()) },
+    )
+    .await;
+    p.id
+}
+
+/// The count a [`start_counter`] process last showed in `file` (0 if none).
+pub async fn counter(c: &SpaceClient, id: &space_core::SandboxId, file: &str) -> u64 {
+    let bytes = c.read_file_bytes(id, file, None).await.unwrap_or_default();
+    String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0)
+}
+
 /// Status, code and message of an API error; panics on success or another failure.
 pub fn api_error<T: std::fmt::Debug>(
     r: Result<T, space_cli::client::ClientError>,

@@ -160,9 +160,17 @@ async fn every_vmm_runs_as_its_own_uid_under_seccomp_in_its_namespaces_and_cgrou
         );
         let cpus = std::thread::available_parallelism().unwrap().get() as u64;
         let vmm = cgroup_dir(*pid, "cpu").expect("cpu cgroup");
-        for parent in [vmm.parent().unwrap(), vmm.parent().unwrap().parent().unwrap()] {
+        for parent in [
+            vmm.parent().unwrap(),
+            vmm.parent().unwrap().parent().unwrap(),
+        ] {
             let shares = std::fs::read_to_string(parent.join("cpu.shares")).unwrap();
-            assert_eq!(shares.trim(), (cpus * 1024).to_string(), "{}", parent.display());
+            assert_eq!(
+                shares.trim(),
+                (cpus * 1024).to_string(),
+                "{}",
+                parent.display()
+            );
         }
     }
     uids.sort_unstable();

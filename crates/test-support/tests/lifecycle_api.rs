@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use space_cli::client::{ClientError, SpaceClient};
-use space_core::process::{ProcessId, ProcessSpec};
+use space_core::process::ProcessSpec;
 use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, ForkRequest, PausedBy, SandboxOrigin,
 };
@@ -35,35 +35,16 @@ async fn sh(c: &SpaceClient, id: &SandboxId, line: &str) -> String {
 }
 
 /// A background counter: `/home/user/counter` goes up ten times a second.
-async fn start_counter(c: &SpaceClient, id: &SandboxId) -> ProcessId {
-    let mut spec = ProcessSpec::shell(
-        "i=0; while true; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.1; done",
-    );
-    spec.tag = Some("counter".into());
-    let p = c.start_process(id, &spec).await.expect("counter");
-    wait_until(Duration::from_secs(30), "the counter to start", || async {
-        (counter(c, id).await > 0).then_some(())
-    })
-    .await;
-    p.id
-}
-
-async fn counter(c: &SpaceClient, id: &SandboxId) -> u64 {
-    let bytes = c
-        .read_file_bytes(id, "/home/user/counter", None)
-        .await
-        .unwrap_or_default();
-    String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0)
-}
+const COUNTER: &str = "/home/user/counter";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pause_and_resume_keep_processes_running() {
     let ts = TestServer::start().await;
     let c = &ts.client;
     let id = create(c).await;
-    let pid = start_counter(c, &id).await;
+    let pid = test_support::start_counter(c, &id, COUNTER).await;
 
-    let before_pause = counter(c, &id).await;
+    let before_pause = test_support::counter(c, &id, COUNTER).await;
     let paused = c.pause_sandbox(&id).await.expect("pause");
     assert_eq!(paused.state, SandboxState::Paused);
     assert_eq!(paused.paused_by, Some(PausedBy::User));
@@ -97,7 +78,7 @@ async fn pause_and_resume_keep_processes_running() {
         (resumed.state, resumed.paused_by),
         (SandboxState::Running, None)
     );
-    let right_after = counter(c, &id).await;
+    let right_after = test_support::counter(c, &id, COUNTER).await;
     assert!(
         right_after < before_pause + 30,
         "the counter ran while paused: {before_pause} -> {right_after}"
@@ -111,7 +92,7 @@ async fn pause_and_resume_keep_processes_running() {
     wait_until(
         Duration::from_secs(20),
         "the counter to advance after resume",
-        || async { (counter(c, &id).await > right_after).then_some(()) },
+        || async { (test_support::counter(c, &id, COUNTER).await > right_after).then_some(()) },
     )
     .await;
     let (status, _, msg) = api_error(c.resume_sandbox(&id).await);

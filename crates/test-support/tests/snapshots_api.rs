@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use space_cli::client::SpaceClient;
-use space_core::process::ProcessSpec;
+
 use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, ForkRequest, SandboxOrigin, SnapshotTaken,
 };
@@ -15,7 +15,9 @@ use space_core::{
     ErrorCode, FileChangeKind, SandboxId, SandboxState, SnapshotKind, SnapshotSchedule,
     SnapshotTrigger,
 };
-use test_support::{api_error, shell, wait_until, TestServer, TEST_TEMPLATE};
+use test_support::{
+    api_error, counter, shell, start_counter, wait_until, TestServer, TEST_TEMPLATE,
+};
 
 /// A sandbox without scheduled snapshots (so listings hold only what the test took).
 fn request() -> CreateSandboxRequest {
@@ -50,25 +52,6 @@ async fn snapshot(
     )
     .await
     .unwrap_or_else(|e| panic!("{kind} snapshot: {e}"))
-}
-
-/// Starts `i=0; while …; echo $i > FILE; sleep 0.1` in the background, tagged `counter`,
-/// and waits for it to write.
-async fn start_counter(c: &SpaceClient, id: &SandboxId, file: &str) {
-    let mut spec = ProcessSpec::shell(format!(
-        "i=0; while true; do i=$((i+1)); echo $i > {file}; sleep 0.1; done"
-    ));
-    spec.tag = Some("counter".into());
-    c.start_process(id, &spec).await.expect("counter");
-    wait_until(Duration::from_secs(30), "the counter to start", || async {
-        (counter(c, id, file).await > 0).then_some(())
-    })
-    .await;
-}
-
-async fn counter(c: &SpaceClient, id: &SandboxId, file: &str) -> u64 {
-    let bytes = c.read_file_bytes(id, file, None).await.unwrap_or_default();
-    String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0)
 }
 
 fn now_ms() -> i64 {

@@ -185,3 +185,43 @@ fn privileged_primitives_live_only_in_the_node_manager() {
         "privileged primitives outside the node manager: {offenders:#?}"
     );
 }
+
+/// The shipped systemd units load as systemd would load them (`systemd-analyze verify`,
+/// with `/usr/local/bin/space` pointing at this build's binary): no unknown key, no bad
+/// value, no missing dependency. systemd is not PID 1 on these machines, so the units are
+/// not started here; `scripts/start` runs the same processes the same way (same users, same
+/// arguments) and is what the suite's processes follow.
+#[test]
+fn the_systemd_units_load() {
+    let units = workspace_root().join("packaging/systemd");
+    let space = test_support::node_manager::space_binary();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(&units)
+        .expect("packaging/systemd")
+        .flatten()
+    {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "service") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("unit");
+        assert!(text.contains("/usr/local/bin/space "), "{}", path.display());
+        let copy = dir.path().join(entry.file_name());
+        let text = text.replace("/usr/local/bin/space ", &format!("{} ", space.display()));
+        std::fs::write(&copy, text).expect("write unit");
+        paths.push(copy);
+    }
+    assert_eq!(paths.len(), 2, "the node manager's unit and the server's");
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&paths)
+        .output()
+        .expect("systemd-analyze (package systemd) runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify: {}\n{stderr}",
+        out.status
+    );
+}
