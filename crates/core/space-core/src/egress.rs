@@ -95,6 +95,7 @@
 //! and no trailing dot (RFC 6066 forbids it), then the same checks.
 
 mod address;
+mod ceiling;
 mod decision;
 mod hostname;
 mod names;
@@ -106,6 +107,7 @@ mod rule;
 mod tests;
 
 pub use address::{address_class, embedded_ipv4, AddressClass};
+pub use ceiling::{BeyondCeiling, CeilingGrantError, EgressCeiling, Forbidden, MAX_CEILING_GRANTS};
 pub use decision::{ConnectionFacts, Decision, DecisionReason};
 pub use hostname::{
     Hostname, HostnameError, MAX_HOSTNAME_BYTES, MAX_HOSTNAME_INPUT_BYTES, MAX_LABEL_BYTES,

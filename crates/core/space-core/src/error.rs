@@ -24,6 +24,9 @@ pub enum ErrorCode {
     InvalidPath,
     /// The user a process or file request names does not exist in the sandbox.
     UnknownUser,
+    /// An egress policy reaches what the operator's egress ceiling forbids (loopback,
+    /// private and metadata addresses, the node's own addresses, unless granted).
+    EgressBeyondCeiling,
     /// No API key, or an unknown one.
     Unauthenticated,
     /// The key is valid but may not do this.
@@ -61,7 +64,7 @@ impl ErrorCode {
     pub fn http_status(self) -> u16 {
         use ErrorCode::*;
         match self {
-            InvalidRequest | InvalidPath | UnknownUser => 400,
+            InvalidRequest | InvalidPath | UnknownUser | EgressBeyondCeiling => 400,
             Unauthenticated => 401,
             Forbidden | PermissionDenied => 403,
             NotFound => 404,
@@ -83,6 +86,7 @@ impl ErrorCode {
             InvalidRequest => "invalid_request",
             InvalidPath => "invalid_path",
             UnknownUser => "unknown_user",
+            EgressBeyondCeiling => "egress_beyond_ceiling",
             Unauthenticated => "unauthenticated",
             Forbidden => "forbidden",
             NotFound => "not_found",

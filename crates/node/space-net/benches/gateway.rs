@@ -480,8 +480,12 @@ fn start_gateway(
     })
     .expect("gateway sockets in the sandbox namespace");
     let uplink = Arc::new(
-        NetnsUplink::start(Some(&topology.inet), &[SocketAddr::from((AUTHORITY, 53))])
-            .expect("start the uplink"),
+        NetnsUplink::start(
+            Some(&topology.inet),
+            &[SocketAddr::from((AUTHORITY, 53))],
+            Default::default(),
+        )
+        .expect("start the uplink"),
     );
     let domain = |s: &str| DomainPattern::parse(s).expect("domain pattern");
     let policy = EgressPolicy {

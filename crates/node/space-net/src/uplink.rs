@@ -2,6 +2,11 @@
 //! uplink network namespace (the host's by default; a test's isolated "internet" in tests),
 //! never from a sandbox's.
 //!
+//! Every connection and flow it opens must lie within the node's egress ceiling
+//! ([`EgressCeiling`]): whatever a sandbox's policy decided, the uplink itself refuses
+//! loopback, private, link-local and metadata addresses and the node's own addresses
+//! (unless the operator granted them), so a bug in a decision is not enough to reach them.
+//!
 //! A socket belongs for good to the namespace of the thread that created it. So the uplink
 //! runs one thread that entered the uplink namespace and drives a small runtime of its own:
 //! connections and lookups are started on it and their results handed back. A connected
@@ -13,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
-use space_core::egress::Hostname;
+use space_core::egress::{EgressCeiling, Hostname};
 use tokio::net::TcpStream;
 
 use crate::datapath::{netns, NetError};
@@ -28,14 +33,21 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct NetnsUplink {
     handle: tokio::runtime::Handle,
     resolver: Arc<HickoryUpstream>,
+    /// What no connection may reach.
+    ceiling: Arc<EgressCeiling>,
     /// Dropping the last clone stops the uplink thread.
     _stop: Arc<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl NetnsUplink {
     /// Starts the uplink in namespace `netns` (`None`: the namespace of this process), with
-    /// upstream DNS servers `name_servers` (empty: those of `/etc/resolv.conf`).
-    pub fn start(netns: Option<&str>, name_servers: &[SocketAddr]) -> Result<Self, NetError> {
+    /// upstream DNS servers `name_servers` (empty: those of `/etc/resolv.conf`), connecting
+    /// nowhere `ceiling` forbids.
+    pub fn start(
+        netns: Option<&str>,
+        name_servers: &[SocketAddr],
+        ceiling: Arc<EgressCeiling>,
+    ) -> Result<Self, NetError> {
         let ns_file = match netns {
             Some(name) => {
                 Some(
@@ -109,8 +121,23 @@ impl NetnsUplink {
         Ok(NetnsUplink {
             handle,
             resolver: Arc::new(resolver),
+            ceiling,
             _stop: Arc::new(stop_tx),
         })
+    }
+
+    /// Refuses `addr` if it lies beyond the ceiling.
+    fn within_ceiling(&self, addr: SocketAddr) -> std::io::Result<()> {
+        match self.ceiling.forbids(addr.ip()) {
+            None => Ok(()),
+            Some(forbidden) => {
+                tracing::warn!(%addr, %forbidden, "egress: the uplink refused a destination beyond the egress ceiling");
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{addr} is beyond the egress ceiling: {forbidden}"),
+                ))
+            }
+        }
     }
 
     fn run<T, F>(&self, f: F) -> impl Future<Output = Result<T, String>> + Send + 'static
@@ -125,6 +152,9 @@ impl NetnsUplink {
 
 impl Uplink for NetnsUplink {
     fn connect(&self, addr: SocketAddr) -> ConnectFuture<'_> {
+        if let Err(e) = self.within_ceiling(addr) {
+            return Box::pin(async move { Err(e) });
+        }
         let fut = self.run(async move {
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
                 .await
@@ -141,6 +171,9 @@ impl Uplink for NetnsUplink {
     }
 
     fn udp(&self, addr: SocketAddr) -> crate::proxy::UdpFuture<'_> {
+        if let Err(e) = self.within_ceiling(addr) {
+            return Box::pin(async move { Err(e) });
+        }
         let fut = self.run(async move {
             let local: SocketAddr = if addr.is_ipv4() {
                 (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
@@ -170,4 +203,24 @@ impl Upstream for NetnsUplink {
         let fut = self.run(async move { resolver.lookup(&name, record_type).await });
         async move { fut.await.map_err(UpstreamError::Failed)? }
     }
+}
+
+/// Every address of the interfaces of this thread's network namespace (empty if they
+/// cannot be listed). Of the host's namespace: the node's own addresses.
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(ifaces) = nix::ifaddrs::getifaddrs() else {
+        tracing::warn!("cannot list the interfaces' addresses");
+        return Vec::new();
+    };
+    let mut out: Vec<std::net::IpAddr> = ifaces
+        .filter_map(|i| i.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

@@ -20,11 +20,11 @@ impl Drop for Namespace {
 
 const WEB: Ipv4Addr = Ipv4Addr::new(11, 0, 0, 1);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connects_from_the_uplink_namespace() {
-    let name = format!("spt-uplink-{}", std::process::id());
+/// A namespace of its own (named `prefix-<pid>`) whose loopback is up and holds [`WEB`].
+fn stand_in_internet(prefix: &str) -> Namespace {
+    let name = format!("{prefix}-{}", std::process::id());
     netns::create(&name).expect("create namespace");
-    let _ns = Namespace(name.clone());
+    let ns = Namespace(name.clone());
     for args in [
         vec!["-n", &name, "link", "set", "lo", "up"],
         vec!["-n", &name, "addr", "add", "11.0.0.1/32", "dev", "lo"],
@@ -35,6 +35,13 @@ async fn connects_from_the_uplink_namespace() {
             .is_ok_and(|s| s.success());
         assert!(ok, "ip {args:?}");
     }
+    ns
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_from_the_uplink_namespace() {
+    let ns = stand_in_internet("spt-uplink");
+    let name = ns.0.clone();
     let listener = netns::run_in(&name, || {
         let l = std::net::TcpListener::bind((WEB, 7))?;
         l.set_nonblocking(true)?;
@@ -51,7 +58,7 @@ async fn connects_from_the_uplink_namespace() {
         }
     });
 
-    let uplink = NetnsUplink::start(Some(&name), &[]).expect("start uplink");
+    let uplink = NetnsUplink::start(Some(&name), &[], Default::default()).expect("start uplink");
     let mut s = uplink
         .connect(SocketAddr::from((WEB, 7)))
         .await
@@ -61,4 +68,50 @@ async fn connects_from_the_uplink_namespace() {
     // The connection came from inside the uplink namespace (its only address is 11.0.0.1),
     // not from the host's.
     assert_eq!(seen, "11.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_what_the_egress_ceiling_forbids() {
+    use space_core::egress::EgressCeiling;
+    use std::sync::Arc;
+    let ns = stand_in_internet("spt-ceiling");
+    let name = ns.0.clone();
+    let listener = netns::run_in(&name, || {
+        let l = std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 7))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .expect("bind");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    tokio::spawn(async move { while listener.accept().await.is_ok() {} });
+
+    // 11.0.0.1 stands for the node's own (public) address here.
+    let node = vec![std::net::IpAddr::V4(WEB)];
+    let ceiling = Arc::new(EgressCeiling::new(vec![], node.clone()).expect("ceiling"));
+    let uplink = NetnsUplink::start(Some(&name), &[], ceiling).expect("start uplink");
+    for addr in [
+        SocketAddr::from((WEB, 7)),
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 7)),
+        "[::ffff:11.0.0.1]:7".parse().unwrap(),
+    ] {
+        let err = uplink.connect(addr).await.expect_err("refused");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{addr}: {err}"
+        );
+        let err = uplink.udp(addr).await.expect_err("refused");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{addr}: {err}"
+        );
+    }
+    // What the operator grants, it reaches.
+    let granted = EgressCeiling::new(vec!["127.0.0.0/8".parse().unwrap()], node).expect("ceiling");
+    let uplink = NetnsUplink::start(Some(&name), &[], Arc::new(granted)).expect("start uplink");
+    uplink
+        .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 7)))
+        .await
+        .expect("a granted network is reached");
 }

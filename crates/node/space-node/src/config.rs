@@ -32,6 +32,10 @@ pub struct NodeConfig {
     pub sandbox_network: bool,
     /// Egress policy of a sandbox whose create request (and tenant) names none.
     pub egress: space_core::egress::EgressPolicy,
+    /// Non-public networks the operator opens to sandboxes' egress policies (`--egress-grant`);
+    /// everything else non-public, and the node's own addresses, stay beyond every policy
+    /// ([`space_core::egress::EgressCeiling`]).
+    pub egress_grants: Vec<ipnet::IpNet>,
     /// Where credential values live (metadata and values, encrypted, or an external helper).
     pub credentials: CredentialBackend,
     /// Network namespace the gateways connect out from; `None`: this process's (the host's).
@@ -86,6 +90,7 @@ impl NodeConfig {
             pool_size: DEFAULT_POOL_SIZE,
             sandbox_network: true,
             egress: Default::default(),
+            egress_grants: Vec::new(),
             credentials: CredentialBackend::Store,
             uplink_netns: None,
             upstream_dns: Vec::new(),

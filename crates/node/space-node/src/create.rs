@@ -69,7 +69,8 @@ impl Node {
             egress: self.inner.cfg.egress.clone(),
             ..Inherited::default()
         };
-        req.settings.apply(inherited, &mut record)?;
+        req.settings
+            .apply(inherited, &self.inner.egress_ceiling, &mut record)?;
         let op = self.inner.admit(record)?;
         let _guard = op.lock().await;
         match self.materialise(&req, &tpl, &resources).await {

@@ -17,6 +17,9 @@ pub enum NodeError {
     /// The request is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// An egress policy reaches beyond the operator's ceiling.
+    #[error(transparent)]
+    BeyondCeiling(#[from] space_core::egress::BeyondCeiling),
     /// The guest cannot serve requests in this state (e.g. paused by a client, stopped).
     #[error("the sandbox is {0}; its processes and files are reachable only while it runs")]
     NotServing(space_core::SandboxState),
@@ -75,6 +78,7 @@ impl NodeError {
         match self {
             NodeError::SandboxNotFound(_) | NodeError::TemplateNotFound(_) => ErrorCode::NotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
+            NodeError::BeyondCeiling(_) => ErrorCode::EgressBeyondCeiling,
             NodeError::Lifecycle(_)
             | NodeError::NotServing(_)
             | NodeError::WrongState { .. }

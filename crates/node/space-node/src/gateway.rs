@@ -56,8 +56,12 @@ impl Inner {
         if let Some(s) = self.gateway_shared.get() {
             return Ok(s);
         }
-        let uplink = NetnsUplink::start(self.cfg.uplink_netns.as_deref(), &self.cfg.upstream_dns)
-            .map_err(|e| NodeError::Internal(format!("cannot start the uplink: {e}")))?;
+        let uplink = NetnsUplink::start(
+            self.cfg.uplink_netns.as_deref(),
+            &self.cfg.upstream_dns,
+            self.egress_ceiling.clone(),
+        )
+        .map_err(|e| NodeError::Internal(format!("cannot start the uplink: {e}")))?;
         let upstream_tls = upstream_tls_config(&self.cfg.upstream_extra_roots()?)
             .map_err(|e| NodeError::Internal(format!("upstream TLS: {e}")))?;
         // Two first users may race: one wins, the other's uplink is dropped (its thread ends).
@@ -202,6 +206,7 @@ impl crate::Node {
         policy
             .validate()
             .map_err(|e| NodeError::Invalid(format!("bad egress policy: {e}")))?;
+        self.inner.egress_ceiling.check(&policy)?;
         let mut map = self.inner.lock();
         let entry = map
             .get_mut(id)

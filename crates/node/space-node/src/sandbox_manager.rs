@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) sandbox_cas: crate::sandbox_ca::CaStore,
     /// The credential manager and its audit log.
     pub(crate) credentials: crate::credentials::Credentials,
+    /// What no egress policy may reach (the operator's grants, the node's addresses).
+    pub(crate) egress_ceiling: Arc<space_core::egress::EgressCeiling>,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -144,6 +146,7 @@ impl Node {
             .unwrap_or_else(|| default_capacity(fs_size(store.root())));
         std::fs::create_dir_all(&run_root)
             .map_err(|e| internal("cannot create run directory", e))?;
+        let egress_ceiling = egress_ceiling(&cfg)?;
         let cfg_pool_size = cfg.pool_size;
         let sandbox_cas = crate::sandbox_ca::CaStore::open(&data_dir.join("sandbox-ca"))?;
         let credentials = crate::credentials::open(&data_dir, &cfg.credentials).await?;
@@ -164,12 +167,19 @@ impl Node {
                 gateway_shared: Default::default(),
                 sandbox_cas,
                 credentials,
+                egress_ceiling,
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };
         node.recover().await?;
         node.start_background();
         Ok(node)
+    }
+
+    /// What no egress policy may reach: every policy set on this node is checked against it,
+    /// and its gateways refuse connections beyond it.
+    pub fn egress_ceiling(&self) -> &space_core::egress::EgressCeiling {
+        &self.inner.egress_ceiling
     }
 
     /// Node name.
@@ -895,4 +905,14 @@ fn fs_size(path: &Path) -> u64 {
     nix::sys::statvfs::statvfs(path)
         .map(|s| s.blocks() * s.fragment_size())
         .unwrap_or(0)
+}
+
+/// The node's egress ceiling: the operator's grants, and the addresses of this host (the
+/// network the gateways connect out from). The node's default policy must lie within it.
+fn egress_ceiling(cfg: &NodeConfig) -> Result<Arc<space_core::egress::EgressCeiling>, NodeError> {
+    let addresses = space_net::uplink::interface_addresses();
+    let ceiling = space_core::egress::EgressCeiling::new(cfg.egress_grants.clone(), addresses)
+        .map_err(|e| NodeError::Invalid(format!("bad egress grant: {e}")))?;
+    ceiling.check(&cfg.egress)?;
+    Ok(Arc::new(ceiling))
 }

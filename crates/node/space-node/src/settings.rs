@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use space_core::egress::EgressPolicy;
+use space_core::egress::{EgressCeiling, EgressPolicy};
 use space_core::sandbox::CrashPolicy;
 use space_core::{SnapshotSchedule, TenantId};
 use space_secrets::ProjectId;
@@ -43,17 +43,21 @@ pub(crate) struct Inherited {
 }
 
 impl SandboxSettings {
-    /// Validates the settings over what the sandbox inherits and writes them into its
-    /// `record`; on an error the record is left as it was.
+    /// Validates the settings over what the sandbox inherits (its egress policy within the
+    /// operator's `ceiling`) and writes them into its `record`; on an error the record is
+    /// left as it was.
     pub(crate) fn apply(
         &self,
         inherited: Inherited,
+        ceiling: &EgressCeiling,
         record: &mut SandboxRecord,
     ) -> Result<(), NodeError> {
         let mut env = inherited.env;
         env.extend(self.env.clone());
         space_core::process::validate_env(&env)
             .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
+        let egress = self.egress.clone().unwrap_or(inherited.egress);
+        ceiling.check(&egress)?;
         let schedule = self.snapshots.clone().unwrap_or_default();
         schedule
             .validate()
@@ -64,7 +68,7 @@ impl SandboxSettings {
         record.snapshots = schedule;
         record.tenant = Some(self.tenant.clone());
         record.project = self.project.clone().or(inherited.project);
-        record.egress = self.egress.clone().unwrap_or(inherited.egress);
+        record.egress = egress;
         Ok(())
     }
 }
@@ -106,7 +110,8 @@ mod tests {
         };
         let s = settings();
         let mut rec = record();
-        s.apply(inherited.clone(), &mut rec).expect("valid");
+        s.apply(inherited.clone(), &EgressCeiling::default(), &mut rec)
+            .expect("valid");
         assert_eq!(rec.env["A"], "mine");
         assert_eq!(rec.env["B"], "kept");
         assert_eq!(rec.project, inherited.project);
@@ -120,7 +125,8 @@ mod tests {
             egress: Some(EgressPolicy::default()),
             ..settings()
         };
-        own.apply(inherited, &mut rec).expect("valid");
+        own.apply(inherited, &EgressCeiling::default(), &mut rec)
+            .expect("valid");
         assert_eq!(rec.project, own.project);
         assert_eq!(Some(rec.egress), own.egress);
     }
@@ -133,14 +139,19 @@ mod tests {
             env: BTreeMap::from([("NOT=OK".into(), "x".into())]),
             ..settings()
         };
-        let err = bad_env.apply(Inherited::default(), &mut rec).unwrap_err();
+        let ceiling = EgressCeiling::default();
+        let err = bad_env
+            .apply(Inherited::default(), &ceiling, &mut rec)
+            .unwrap_err();
         assert!(matches!(err, NodeError::Invalid(m) if m.contains("NOT=OK")));
         // An inherited variable is checked too: the merged environment is what runs.
         let inherited = Inherited {
             env: BTreeMap::from([("".into(), "x".into())]),
             ..Inherited::default()
         };
-        assert!(settings().apply(inherited, &mut rec).is_err());
+        assert!(settings()
+            .apply(inherited, &EgressCeiling::default(), &mut rec)
+            .is_err());
         let bad_schedule = SandboxSettings {
             snapshots: Some(SnapshotSchedule {
                 disk_every_secs: Some(1),
@@ -149,9 +160,24 @@ mod tests {
             ..settings()
         };
         let err = bad_schedule
-            .apply(Inherited::default(), &mut rec)
+            .apply(Inherited::default(), &ceiling, &mut rec)
             .unwrap_err();
         assert!(matches!(err, NodeError::Invalid(m) if m.contains("schedule")));
+        // A policy beyond the operator's ceiling (loopback, unless granted).
+        let beyond = SandboxSettings {
+            egress: Some(EgressPolicy {
+                mode: space_core::egress::EgressMode::Allowlist,
+                rules: vec![space_core::egress::EgressRule::allow(
+                    "127.0.0.1/32".parse::<ipnet::IpNet>().expect("cidr"),
+                )],
+            }),
+            ..settings()
+        };
+        let err = beyond
+            .apply(Inherited::default(), &ceiling, &mut rec)
+            .unwrap_err();
+        assert!(matches!(err, NodeError::BeyondCeiling(_)), "{err}");
+        assert_eq!(err.code(), space_core::ErrorCode::EgressBeyondCeiling);
         assert_eq!(rec, before);
     }
 }

@@ -37,6 +37,11 @@ pub struct ServerArgs {
     /// default: mode none, no network).
     #[arg(long, value_name = "FILE")]
     egress_default: Option<std::path::PathBuf>,
+    /// A non-public network sandboxes' egress policies may open (repeatable), e.g. an
+    /// internal package mirror's. Without one, no policy reaches loopback, private, CGNAT,
+    /// link-local or metadata addresses, or this node's own addresses: the egress ceiling.
+    #[arg(long, value_name = "CIDR")]
+    egress_grant: Vec<ipnet::IpNet>,
     /// Upstream DNS server of the gateways (repeatable; default: /etc/resolv.conf's).
     #[arg(long, value_name = "IP:PORT")]
     upstream_dns: Vec<SocketAddr>,
@@ -103,6 +108,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         cfg.node.egress = serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
     }
+    cfg.node.egress_grants = a.egress_grant;
     cfg.node.upstream_dns = a.upstream_dns;
     cfg.node.node_manager = a.node_manager;
     if let Some(program) = a.credential_helper {

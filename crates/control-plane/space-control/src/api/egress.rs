@@ -52,7 +52,7 @@ pub async fn get_sandbox_egress(
     request_body = EgressPolicy,
     responses(
         (status = 200, description = "The policy now enforced", body = EgressPolicy),
-        (status = 400, description = "Invalid policy (the message names the rule)", body = ErrorBody),
+        (status = 400, description = "Invalid policy, or one reaching beyond the operator's egress ceiling (`egress_beyond_ceiling`); the message names the rule", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
     ),
@@ -103,7 +103,7 @@ pub async fn get_tenant_egress(
     request_body = EgressPolicy,
     responses(
         (status = 200, description = "The new default", body = EgressPolicy),
-        (status = 400, description = "Invalid policy", body = ErrorBody),
+        (status = 400, description = "Invalid policy, or one reaching beyond the operator's egress ceiling (`egress_beyond_ceiling`)", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
     ),
     security(("api_key" = []))
@@ -113,6 +113,10 @@ pub async fn set_tenant_egress(
     tenant: AuthTenant,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
+    st.node
+        .egress_ceiling()
+        .check(&policy)
+        .map_err(space_node::NodeError::from)?;
     st.db
         .set_tenant_egress_policy(&tenant.id, Some(&policy))
         .await?;

@@ -18,9 +18,10 @@ pub fn code_of(code: ErrorCode) -> Code {
     match code {
         ErrorCode::NotFound => Code::NotFound,
         ErrorCode::AlreadyExists => Code::AlreadyExists,
-        ErrorCode::InvalidRequest | ErrorCode::InvalidPath | ErrorCode::ExecFailed => {
-            Code::InvalidArgument
-        }
+        ErrorCode::InvalidRequest
+        | ErrorCode::InvalidPath
+        | ErrorCode::ExecFailed
+        | ErrorCode::EgressBeyondCeiling => Code::InvalidArgument,
         ErrorCode::PermissionDenied | ErrorCode::Forbidden => Code::PermissionDenied,
         ErrorCode::Conflict => Code::FailedPrecondition,
         ErrorCode::PayloadTooLarge
