@@ -114,26 +114,18 @@ impl EgressCeiling {
         })
     }
 
-    /// The networks the operator granted.
-    pub fn granted(&self) -> &[IpNet] {
-        &self.granted
-    }
-
     /// Why the gateway must not connect to `addr`, if it must not. An IPv6 address embedding
     /// an IPv4 one is judged as that IPv4 address.
     pub fn forbids(&self, addr: IpAddr) -> Option<Forbidden> {
         if self.granted.iter().any(|net| cidr_contains(net, addr)) {
             return None;
         }
-        let canonical = addr.to_canonical();
-        let embedded = match canonical {
-            IpAddr::V6(v6) => super::address::embedded_ipv4(v6).map(IpAddr::V4),
-            IpAddr::V4(_) => None,
-        };
+        // A node address is matched as a single-address network, as CIDR rules match: the
+        // IPv6 forms embedding it included.
         if self
             .node_addresses
             .iter()
-            .any(|a| *a == canonical || Some(*a) == embedded)
+            .any(|a| cidr_contains(&IpNet::from(*a), addr))
         {
             return Some(Forbidden::NodeAddress);
         }

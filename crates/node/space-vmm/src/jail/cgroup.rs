@@ -212,11 +212,10 @@ impl VmCgroup {
         name: &str,
         limits: &Limits,
     ) -> io::Result<()> {
-        let cg = self;
         match layout {
             CgroupLayout::V2 { root } => {
                 enable_v2_controllers(root, parent)?;
-                let dir = &cg.dirs[0];
+                let dir = &self.dirs[0];
                 std::fs::create_dir_all(dir).map_err(|e| context(e, "create", dir))?;
                 for (file, value) in v2_files(limits) {
                     let path = dir.join(file);
@@ -228,7 +227,7 @@ impl VmCgroup {
                 }
             }
             CgroupLayout::V1 { root } => {
-                for dir in &cg.dirs {
+                for dir in &self.dirs {
                     std::fs::create_dir_all(dir).map_err(|e| context(e, "create", dir))?;
                 }
                 for (controller, file, value) in v1_files(limits) {
