@@ -28,7 +28,11 @@ use test_support::{TestServer, TEST_TEMPLATE};
 const ALLOWED: &str = "allowed.example";
 /// An allowed name whose TLS the gateway terminates (an `inspect` rule).
 const INSPECTED: &str = "inspected.example";
-/// Where each guest keeps the internet's CA (for `curl --cacert`, `openssl -CAfile`).
+/// An allowed name whose rule asks for TLS pass-through (checked by SNI only).
+const PASS_THROUGH: &str = "pinned.example";
+/// Where each guest keeps the internet's CA and its sandbox CA (for `curl --cacert`,
+/// `openssl -CAfile`): TLS to [`ALLOWED`] is terminated by the gateway (the default for a
+/// domain rule), TLS to [`PASS_THROUGH`] is the internet's own.
 const CA: &str = "/tmp/internet-ca.pem";
 
 /// The node's egress policy: a few names, on the web ports only.
@@ -42,6 +46,7 @@ fn policy() -> EgressPolicy {
         rules: vec![
             allow(ALLOWED),
             allow(INSPECTED).inspected(),
+            allow(PASS_THROUGH).passed_through(),
             // Names whose upstream answers are private or metadata addresses (or have an
             // AAAA): allowed, so that it is the answer filter that is tested, not the name.
             allow(internet::REBIND_NAME),
@@ -104,6 +109,10 @@ async fn sandbox() -> Env {
     let env = Env { inet, ts, id };
     let ca_pem = env.inet.ca_pem().as_bytes().to_vec();
     env.put(CA, ca_pem).await;
+    env.ok(&format!(
+        "cat /usr/local/share/ca-certificates/space-sandbox.crt >> {CA}"
+    ))
+    .await;
     env
 }
 
@@ -198,8 +207,8 @@ impl Env {
         self.inet.requests().len()
     }
 
-    /// Requests the internet's web servers saw whose Host (or `:authority`) is neither
-    /// [`ALLOWED`] nor [`INSPECTED`].
+    /// Requests the internet's web servers saw whose Host (or `:authority`) is none of
+    /// [`ALLOWED`], [`INSPECTED`] and [`PASS_THROUGH`].
     fn requests_for_other_hosts(&self) -> Vec<internet::SeenRequest> {
         self.inet
             .requests()
@@ -207,7 +216,7 @@ impl Env {
             .filter(|r| {
                 let host = r.host.as_deref().unwrap_or("").to_ascii_lowercase();
                 let host = host.trim_end_matches('.');
-                host != ALLOWED && host != INSPECTED
+                ![ALLOWED, INSPECTED, PASS_THROUGH].contains(&host)
             })
             .collect()
     }
@@ -367,15 +376,54 @@ async fn forged_dns_answers_in_etc_hosts_are_refused() {
 // A name in the handshake, another in the request
 // ---------------------------------------------------------------------------------------
 
-/// In pass-through (no inspection, no credential), the proxy sees only the SNI; the HTTP
-/// request inside TLS is the guest's and the origin server's business. What the design
-/// guarantees is where it goes: to the allowed name's pinned address, nowhere else. (The
-/// `Host` is checked only when the gateway terminates TLS: the next two tests.)
+/// A shared front: every name of the internet is served on one address with one
+/// certificate-issuing server, so TLS checked by its SNI alone would let a request for
+/// `denied.example` ride on `allowed.example`'s handshake. A plain domain rule terminates
+/// TLS by default and checks the `Host` of every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn allowed_sni_with_another_host_is_misdirected_by_default() {
+    let env = sandbox().await;
+    // A plain domain rule, and one with `inspect`: both terminated. The guest trusts its
+    // sandbox CA (the gateway's leaf), the gateway the internet's (`upstream_extra_ca_pem`).
+    for name in [ALLOWED, INSPECTED] {
+        let ok = env.curl(&format!("--http1.1 https://{name}/echo")).await;
+        assert!(ok.ok(), "{ok:?}");
+        assert!(ok.body.contains("served-by 11.0.0.1:443"), "{ok:?}");
+        let seen = env.upstream_requests();
+        // curl sends a custom Host as HTTP/2's :authority.
+        for (extra, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+            let r = env
+                .curl(&format!(
+                    "{extra} https://{name}/echo -H 'Host: denied.example'"
+                ))
+                .await;
+            assert_eq!(
+                (r.status, r.version.as_str()),
+                (421, version),
+                "{name}: {r:?}"
+            );
+            assert!(!r.body.contains("served-by"), "{r:?}");
+        }
+        assert_eq!(
+            env.upstream_requests(),
+            seen,
+            "nothing went past the gateway: {:?}",
+            env.inet.requests()
+        );
+    }
+    assert!(env.requests_for_other_hosts().is_empty());
+    env.finish().await;
+}
+
+/// In pass-through (a rule that asks for it, no credential), the proxy sees only the SNI;
+/// the HTTP request inside TLS is the guest's and the origin server's business. What the
+/// design guarantees is where it goes: to the allowed name's pinned address, nowhere else.
+/// This is the weaker mode the docs name as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allowed_sni_with_another_host_reaches_only_the_allowed_address_in_pass_through() {
     let env = sandbox().await;
     let r = env
-        .curl("https://allowed.example/echo -H 'Host: denied.example'")
+        .curl("https://pinned.example/echo -H 'Host: denied.example'")
         .await;
     assert!(r.ok(), "{r:?}");
     // The allowed name's server got the request, Host (`:authority` over h2) as the guest
@@ -397,57 +445,6 @@ async fn allowed_sni_with_another_host_reaches_only_the_allowed_address_in_pass_
         .requests_for_other_hosts()
         .iter()
         .all(|r| r.listener == Listener::Https));
-    env.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn allowed_sni_with_another_host_is_misdirected_when_tls_is_terminated() {
-    let env = sandbox().await;
-    // Terminated (an `inspect` rule): the guest talks TLS with the gateway's leaf (-k: this
-    // guest is only given the internet's CA), the gateway with the internet (verified
-    // against the internet's CA, `upstream_extra_ca_pem`).
-    let ok = env
-        .curl("-k --http1.1 https://inspected.example/echo")
-        .await;
-    assert!(ok.ok(), "{ok:?}");
-    assert!(ok.body.contains("served-by 11.0.0.1:443"), "{ok:?}");
-
-    let seen = env.upstream_requests();
-    let r = env
-        .curl("-k --http1.1 https://inspected.example/echo -H 'Host: denied.example'")
-        .await;
-    assert_eq!(r.status, 421, "{r:?}");
-    assert!(!r.body.contains("served-by"), "{r:?}");
-    assert_eq!(
-        env.upstream_requests(),
-        seen,
-        "nothing went past the gateway: {:?}",
-        env.inet.requests()
-    );
-    env.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn http2_authority_mismatch_is_misdirected_when_tls_is_terminated() {
-    let env = sandbox().await;
-    let ok = env.curl("-k --http2 https://inspected.example/echo").await;
-    assert!(ok.ok() && ok.version == "2", "{ok:?}");
-    assert!(ok.body.contains("served-by 11.0.0.1:443"), "{ok:?}");
-
-    // curl sends a custom Host as HTTP/2's :authority.
-    let seen = env.upstream_requests();
-    let r = env
-        .curl("-k --http2 https://inspected.example/echo -H 'Host: denied.example'")
-        .await;
-    assert_eq!(r.version, "2", "{r:?}");
-    assert_eq!(r.status, 421, "{r:?}");
-    assert!(!r.body.contains("served-by"), "{r:?}");
-    assert_eq!(
-        env.upstream_requests(),
-        seen,
-        "nothing went past the gateway: {:?}",
-        env.inet.requests()
-    );
     env.finish().await;
 }
 
@@ -1062,6 +1059,9 @@ async fn idn_look_alike_names_are_refused() {
 async fn fragmented_client_hellos_are_reassembled_and_judged() {
     let env = sandbox().await;
     env.allowed_works().await;
+    // The pass-through name resolves through the gateway, which pins its address.
+    let pinned = env.curl("https://pinned.example/").await;
+    assert!(pinned.ok() && pinned.body == PAGE, "{pinned:?}");
     let https = env.hits(Listener::Https);
     // Long ALPN ids make OpenSSL's hello outgrow one 512-byte record (the smallest
     // `-max_send_frag`); the server picks http/1.1.
@@ -1077,8 +1077,9 @@ async fn fragmented_client_hellos_are_reassembled_and_judged() {
         )
     };
 
-    // The allowed name, split by a real client: reassembled, judged, passed through whole.
-    let ok = env.run(&s_client(ALLOWED)).await;
+    // An allowed name whose rule asks for pass-through, split by a real client:
+    // reassembled, judged, passed through whole.
+    let ok = env.run(&s_client(PASS_THROUGH)).await;
     assert_eq!(ok.status.exit_code, Some(0), "{}", ok.stdout_str());
     assert!(
         ok.stdout_str().contains("Verify return code: 0"),
@@ -1086,7 +1087,7 @@ async fn fragmented_client_hellos_are_reassembled_and_judged() {
         ok.stdout_str()
     );
     // And cut into 16-byte records: the server's hello comes back.
-    env.put("/tmp/hello", client_hello(ALLOWED.as_bytes(), 16))
+    env.put("/tmp/hello", client_hello(PASS_THROUGH.as_bytes(), 16))
         .await;
     let tiny = env.raw_hex("11.0.0.1 443", "/tmp/hello", 3).await;
     assert!(tiny.starts_with(TLS_SERVER_HELLO_HEX), "{tiny}");

@@ -20,20 +20,13 @@ async fn server(inet: &Internet) -> TestServer {
     TestServer::start_with(|c| inet.uplink_of(&mut c.node)).await
 }
 
-/// Allows exactly `names` (TLS to them intercepted when `inspect`).
-fn allow(names: &[&str], inspect: bool) -> EgressPolicy {
+/// Allows exactly `names` (their TLS terminated by the gateway: the default for domain rules).
+fn allow(names: &[&str]) -> EgressPolicy {
     EgressPolicy {
         mode: EgressMode::Allowlist,
         rules: names
             .iter()
-            .map(|n| {
-                let rule = EgressRule::allow(DomainPattern::parse(n).expect("pattern"));
-                if inspect {
-                    rule.inspected()
-                } else {
-                    rule
-                }
-            })
+            .map(|n| EgressRule::allow(DomainPattern::parse(n).expect("pattern")))
             .collect(),
     }
 }
@@ -107,10 +100,7 @@ async fn sandbox_with_api_credential(c: &SpaceClient) -> (CredentialInfo, Sandbo
         .create_credential(&bearer("api", "allowed.example", SECRET))
         .await
         .expect("credential");
-    (
-        cred,
-        sandbox(c, Some(allow(&["allowed.example"], false))).await,
-    )
+    (cred, sandbox(c, Some(allow(&["allowed.example"]))).await)
 }
 
 /// The `Authorization` headers the internet's web servers received, in order.
@@ -128,13 +118,13 @@ async fn sandbox_policies_come_from_the_api_and_change_while_it_runs() {
     let c = &ts.client;
 
     // The tenant's default applies to a sandbox whose request names no policy.
-    c.set_default_egress_policy(Some(&allow(&["tenant.example"], false)))
+    c.set_default_egress_policy(Some(&allow(&["tenant.example"])))
         .await
         .expect("set default");
     let by_default = sandbox(c, None).await;
     assert_eq!(
         c.egress_policy(&by_default).await.expect("get"),
-        allow(&["tenant.example"], false)
+        allow(&["tenant.example"])
     );
     assert_eq!(
         curl(c, &by_default, "", "http://tenant.example/").await,
@@ -146,13 +136,13 @@ async fn sandbox_policies_come_from_the_api_and_change_while_it_runs() {
     );
 
     // The request's own policy wins over the default; an update applies at once.
-    let own = sandbox(c, Some(allow(&["allowed.example"], false))).await;
+    let own = sandbox(c, Some(allow(&["allowed.example"]))).await;
     assert_eq!(
         curl(c, &own, "", "http://allowed.example/").await,
         (0, PAGE.into())
     );
     assert_eq!(curl(c, &own, "", "http://other.example/").await.0, 6);
-    c.set_egress_policy(&own, &allow(&["other.example"], false))
+    c.set_egress_policy(&own, &allow(&["other.example"]))
         .await
         .expect("update");
     assert_eq!(
@@ -189,7 +179,7 @@ async fn the_guest_trusts_its_sandbox_ca_for_intercepted_tls() {
     let inet = Internet::start();
     let ts = server(&inet).await;
     let c = &ts.client;
-    let id = sandbox(c, Some(allow(&["allowed.example"], true))).await;
+    let id = sandbox(c, Some(allow(&["allowed.example"]))).await;
 
     // No --cacert: the guest's own trust store has the sandbox CA, which signed the leaf.
     assert_eq!(
@@ -408,10 +398,11 @@ async fn expiry_rate_limit_and_scope_are_enforced_from_the_guest() {
     let c = &ts.client;
     let id = sandbox(
         c,
-        Some(allow(
-            &["allowed.example", "limited.example", "expired.example"],
-            false,
-        )),
+        Some(allow(&[
+            "allowed.example",
+            "limited.example",
+            "expired.example",
+        ])),
     )
     .await;
     // Scope: a sandbox-scoped credential wins over the tenant's of the same name.
@@ -481,7 +472,7 @@ async fn expiry_rate_limit_and_scope_are_enforced_from_the_guest() {
 async fn gateways_come_back_with_their_policy_and_ca_after_a_node_restart() {
     let inet = Internet::start();
     let ts = server(&inet).await;
-    let id = sandbox(&ts.client, Some(allow(&["allowed.example"], true))).await;
+    let id = sandbox(&ts.client, Some(allow(&["allowed.example"]))).await;
     let before = issuer(&ts.client, &id).await;
 
     // The VMs keep running while the node is down; the new node re-adopts them and opens
@@ -495,7 +486,7 @@ async fn gateways_come_back_with_their_policy_and_ca_after_a_node_restart() {
     );
     assert_eq!(issuer(c, &id).await, before);
     assert_eq!(curl(c, &id, "", "http://other.example/").await.0, 6);
-    c.set_egress_policy(&id, &allow(&["other.example"], false))
+    c.set_egress_policy(&id, &allow(&["other.example"]))
         .await
         .expect("update after restart");
     assert_eq!(
@@ -519,7 +510,7 @@ async fn a_placeholder_in_the_guest_env_becomes_the_value_only_towards_its_host(
     }))
     .expect("rule");
     c.create_credential(&cred).await.expect("credential");
-    let id = sandbox(c, Some(allow(&["allowed.example", "other.example"], false))).await;
+    let id = sandbox(c, Some(allow(&["allowed.example", "other.example"]))).await;
 
     // SDKs that insist on a key in their environment find one; it is not the value.
     let env = shell(c, &id, "echo $API_TOKEN", false).await;
@@ -554,9 +545,11 @@ async fn allowed_names_work_over_http_https_passed_through_or_terminated_and_htt
     let inet = Internet::start();
     let ts = server(&inet).await;
     let c = &ts.client;
-    let mut policy = allow(&["allowed.example"], false);
+    // allowed.example asks for pass-through; inspected.example is terminated (the default).
+    let mut policy = allow(&["inspected.example"]);
     policy.rules.push(
-        EgressRule::allow(DomainPattern::parse("inspected.example").expect("pattern")).inspected(),
+        EgressRule::allow(DomainPattern::parse("allowed.example").expect("pattern"))
+            .passed_through(),
     );
     let id = sandbox(c, Some(policy)).await;
     // Pass-through TLS ends at the internet's server: the guest verifies it with that CA.
@@ -615,7 +608,7 @@ async fn udp_leaves_only_to_addresses_a_cidr_rule_allows() {
     // echoes the request, which is no TFTP answer). What left is counted by the internet,
     // what came back by the guest's kernel.
     // A name allows no UDP, not even to its own address.
-    let id = sandbox(c, Some(allow(&["allowed.example"], false))).await;
+    let id = sandbox(c, Some(allow(&["allowed.example"]))).await;
     let before = udp_datagrams_in(c, &id).await;
     assert_eq!(
         curl(c, &id, "-m 3", "tftp://11.0.0.1:443/probe").await.0,
@@ -625,7 +618,7 @@ async fn udp_leaves_only_to_addresses_a_cidr_rule_allows() {
     assert_eq!(udp_datagrams_in(c, &id).await, before);
 
     // A CIDR rule for UDP 443 opens exactly that, live: out, and the echo back in.
-    let mut policy = allow(&["allowed.example"], false);
+    let mut policy = allow(&["allowed.example"]);
     policy.rules.push(
         EgressRule::allow(Destination::Cidr("11.0.0.1/32".parse().expect("cidr")))
             .with_protocols([Protocol::Udp])

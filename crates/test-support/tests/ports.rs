@@ -1,7 +1,7 @@
 //! Connections to a server the agent runs in the sandbox, on a real VM, through the node
 //! (`Node::guest_waking(..).connect_port(..)`): busybox `httpd` answers an HTTP request sent
-//! over the connection (the half-close ends the request), and a port nothing listens on is
-//! `port_closed`.
+//! over the connection (the half-close ends the request), while one bound to the guest's
+//! loopback is private, and a port nothing listens on is `port_closed`.
 
 use std::time::Duration;
 
@@ -45,6 +45,31 @@ async fn http_server_in_the_sandbox() {
     conn.read_to_string(&mut answer).await.expect("answer");
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(answer.ends_with("hello from the sandbox\n"), "{answer}");
+
+    // A server the agent bound to the guest's loopback is private: never connected to.
+    c.start_process(
+        &id,
+        &ProcessSpec::shell("exec httpd -f -p 127.0.0.1:8002 -h www"),
+    )
+    .await
+    .expect("start httpd on loopback");
+    shell(
+        c,
+        &id,
+        "for i in $(seq 50); do wget -q -O - http://127.0.0.1:8002/index.html && exit 0; sleep 0.2; done; exit 1",
+        true,
+    )
+    .await;
+    let guest = node.guest_waking(&id).await.expect("guest");
+    let err = guest
+        .connect_port(8002)
+        .await
+        .expect_err("loopback is private");
+    assert!(
+        matches!(&err, GuestError::Remote { status: 502, body }
+            if body.code == ErrorCode::PortClosed && body.message.contains("loopback only are private")),
+        "{err:?}"
+    );
 
     let guest = node.guest_waking(&id).await.expect("guest");
     let err = guest.connect_port(8001).await.expect_err("nothing on 8001");

@@ -97,7 +97,7 @@ def test_get_host_reaches_a_server_in_the_sandbox_over_https(sandbox, https):
     url = f"https://{sandbox.get_host(8000)}/index.html"
     deadline = time.monotonic() + 30
     while True:
-        r = https.get(url)
+        r = https.get(url, headers={"e2b-traffic-access-token": sandbox.traffic_access_token})
         if r.status_code == 200 or time.monotonic() > deadline:
             break
         time.sleep(0.2)

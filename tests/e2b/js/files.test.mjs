@@ -126,12 +126,16 @@ describe('host routes and signed URLs', () => {
     try {
       const host = sbx.getHost(8000)
       assert.equal(host, `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN}`)
+      const traffic = { 'e2b-traffic-access-token': sbx.trafficAccessToken }
       const r = await waitUntil('httpd through the host route', async () => {
-        const res = await rawRequest('GET', '/index.html', { Host: host })
+        const res = await rawRequest('GET', '/index.html', { Host: host, ...traffic })
         return res.status === 200 ? res : null
       })
       assert.equal(r.text, 'hello from httpd\n')
-      const closed = await rawRequest('GET', '/', { Host: sbx.getHost(8001) })
+      // Ports are private: without the traffic token, 403.
+      const refused = await rawRequest('GET', '/index.html', { Host: host })
+      assert.equal(refused.status, 403)
+      const closed = await rawRequest('GET', '/', { Host: sbx.getHost(8001), ...traffic })
       assert.equal(closed.status, 502)
       assert.match(JSON.parse(closed.text).message, /port is not open/)
     } finally {

@@ -1,14 +1,17 @@
 """Host routing (`{port}-{sandboxID}.{domain}`): `get_host` to a server in the sandbox, a
-closed port, and signed `/files` URLs (`download_url`/`upload_url`), which only name their
-sandbox in host mode. Requests go to the server's address with the `Host` header
-`get_host` names, as a client resolving `*.space.test` to it would send them."""
+closed port, private ports (SPACE's default: the traffic token or an API key), and signed
+`/files` URLs (`download_url`/`upload_url`), which only name their sandbox in host mode.
+Requests go to the server's address with the `Host` header `get_host` names, as a client
+resolving `*.space.test` to it would send them."""
 
 import time
 
 import pytest
+from e2b import SandboxState
 from conftest import ENVD_PORT, signature, wait_until
 
 PAGE = "hello from httpd\n"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,14 @@ def httpd(sandbox):
 
 
 def get(http, env, host: str, path: str = "/", **kwargs):
+    """A plain request to a host route (no credential unless `headers` has one)."""
     return http.get(f"{env.url}{path}", headers={"Host": host, **kwargs.pop("headers", {})}, **kwargs)
+
+
+def get_port(http, env, sandbox, port: int, path: str = "/", **kwargs):
+    """A request to port `port` of `sandbox` with its traffic token, as a client must send it."""
+    headers = {TRAFFIC_TOKEN_HEADER: sandbox.traffic_access_token, **kwargs.pop("headers", {})}
+    return get(http, env, sandbox.get_host(port), path, headers=headers, **kwargs)
 
 
 def test_get_host_names_the_port_sandbox_and_domain(sandbox, env):
@@ -29,24 +39,92 @@ def test_get_host_names_the_port_sandbox_and_domain(sandbox, env):
 
 
 def test_get_host_reaches_a_server_in_the_sandbox(sandbox, httpd, http, env):
-    host = sandbox.get_host(8000)
     r = wait_until("httpd to answer through the host route",
-                   lambda: (lambda r: r if r.status_code == 200 else None)(get(http, env, host, "/index.html")))
+                   lambda: (lambda r: r if r.status_code == 200 else None)(
+                       get_port(http, env, sandbox, 8000, "/index.html")))
     assert r.text == PAGE
-    missing = get(http, env, host, "/missing.html")
+    missing = get_port(http, env, sandbox, 8000, "/missing.html")
     assert missing.status_code == 404
 
 
 def test_host_route_keeps_the_connection_for_several_requests(sandbox, httpd, http, env):
-    host = sandbox.get_host(8000)
-    wait_until("httpd", lambda: get(http, env, host, "/index.html").status_code == 200)
+    wait_until("httpd", lambda: get_port(http, env, sandbox, 8000, "/index.html").status_code == 200)
     for _ in range(5):
-        r = get(http, env, host, "/index.html")
+        r = get_port(http, env, sandbox, 8000, "/index.html")
         assert (r.status_code, r.text) == (200, PAGE)
 
 
+def test_ports_are_private_without_the_traffic_token_or_an_api_key(sandbox, httpd, http, env):
+    wait_until("httpd", lambda: get_port(http, env, sandbox, 8000, "/index.html").status_code == 200)
+    host = sandbox.get_host(8000)
+    for headers in [{}, {TRAFFIC_TOKEN_HEADER: "wrong"}, {TRAFFIC_TOKEN_HEADER: sandbox._envd_access_token},
+                    {"X-API-Key": env.other_api_key}]:
+        r = get(http, env, host, "/index.html", headers=headers)
+        assert r.status_code == 403, (headers.keys(), r.text)
+        assert "private" in r.json()["message"]
+    # An API key of the sandbox's own tenant is a credential too.
+    r = get(http, env, host, "/index.html", headers={"X-API-Key": env.api_key})
+    assert (r.status_code, r.text) == (200, PAGE)
+
+
+def test_a_server_on_the_guests_loopback_stays_private(sandbox, http, env):
+    handle = sandbox.commands.run("busybox httpd -f -p 127.0.0.1:8003 -h /home/user/www", background=True,
+                                  timeout=0)
+    try:
+        wait_until("httpd on loopback", lambda: sandbox.commands.run(
+            "busybox wget -q -O - http://127.0.0.1:8003/index.html", timeout=10).stdout == PAGE)
+        r = get_port(http, env, sandbox, 8003, "/index.html")
+        assert r.status_code == 502, r.text
+        assert "port is not open" in r.json()["message"]
+    finally:
+        handle.kill()
+
+
+def test_the_platforms_credentials_never_reach_the_guest(sandbox, http, env):
+    # A one-shot server that records the request it gets and answers it.
+    sandbox.commands.run(
+        "(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok'; sleep 2)"
+        " | busybox nc -l -p 8004 > /tmp/seen-request", background=True, timeout=0)
+    time.sleep(0.5)
+    r = wait_until("nc to listen", lambda: (lambda r: r if r.status_code == 200 else None)(get_port(
+        http, env, sandbox, 8004, "/", headers={"X-API-Key": env.api_key, "Authorization": f"Bearer {env.api_key}",
+                                               "X-Access-Token": sandbox._envd_access_token,
+                                               "X-Agent-Header": "kept"})))
+    assert r.text == "ok"
+    seen = wait_until("the request to be recorded", lambda: sandbox.files.read("/tmp/seen-request") or None)
+    lowered = seen.lower()
+    assert "x-agent-header: kept" in lowered, seen
+    for secret in [env.api_key, sandbox.traffic_access_token, sandbox._envd_access_token]:
+        assert secret not in seen, seen
+    for header in ["x-api-key", "authorization", "x-access-token", TRAFFIC_TOKEN_HEADER]:
+        assert f"{header}:" not in lowered, seen
+
+
+def test_an_unauthenticated_request_does_not_wake_a_paused_sandbox(make_sandbox, http, env):
+    sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    sbx.set_timeout(2)
+    wait_until("the timeout to pause the sandbox",
+               lambda: sbx.get_info().state == SandboxState.PAUSED, timeout=30, interval=0.5)
+    r = get(http, env, sbx.get_host(8000), "/")
+    assert r.status_code == 403, r.text
+    assert sbx.get_info().state == SandboxState.PAUSED
+    # With the token it wakes (nothing listens on the port: 502 from the running guest).
+    r = get_port(http, env, sbx, 8000, "/")
+    assert r.status_code == 502, r.text
+    assert sbx.get_info().state == SandboxState.RUNNING
+
+
+def test_allow_public_traffic_makes_the_ports_public(make_sandbox, http, env):
+    sbx = make_sandbox(network={"allow_public_traffic": True})
+    sbx.files.write("/home/user/www/index.html", PAGE)
+    sbx.commands.run("busybox httpd -f -p 8000 -h /home/user/www", background=True, timeout=0)
+    r = wait_until("httpd to answer without a credential", lambda: (lambda r: r if r.status_code == 200 else None)(
+        get(http, env, sbx.get_host(8000), "/index.html")))
+    assert r.text == PAGE
+
+
 def test_a_closed_port_answers_502_port_is_not_open(sandbox, http, env):
-    r = get(http, env, sandbox.get_host(8001))
+    r = get_port(http, env, sandbox, 8001)
     assert r.status_code == 502
     body = r.json()
     assert body["code"] == 502

@@ -328,6 +328,7 @@ mod tests {
                 env_keys: vec![],
                 forked_from: None,
                 from_snapshot: None,
+                public_ports: Default::default(),
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,

@@ -96,6 +96,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
             env_keys: vec![],
             forked_from: None,
             from_snapshot: None,
+            public_ports: Default::default(),
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,

@@ -23,6 +23,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
             env_keys: vec!["TOKEN".into()],
             forked_from: None,
             from_snapshot: None,
+            public_ports: Default::default(),
         },
         labels: labels
             .iter()
@@ -262,6 +263,7 @@ async fn sandbox_lifecycle_updates() {
             env_keys: vec!["A".into()],
             forked_from: None,
             from_snapshot: None,
+            public_ports: space_core::sandbox::PublicPorts::Only(vec![8000]),
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await

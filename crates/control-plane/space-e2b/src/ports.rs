@@ -6,21 +6,31 @@
 //! is spoken over that connection whatever the client spoke, and upgrades (WebSocket)
 //! become a byte pipe both ways.
 //!
-//! Like E2B (`allowPublicTraffic` defaults to true), ports are public to whoever reaches the
-//! server; [`crate::E2bConfig::private_ports`] makes them require the sandbox's traffic
-//! token in `e2b-traffic-access-token`.
+//! Ports are **private** by default, unlike E2B's (`allowPublicTraffic` defaults to true
+//! there): a request needs the sandbox's traffic token in `e2b-traffic-access-token`, or an
+//! API key of the sandbox's tenant (`X-API-Key`, or `Authorization: Bearer`), unless the
+//! sandbox's `public_ports` names the port (E2B's `allowPublicTraffic: true`: all of them).
+//! The check comes before anything that could wake a paused sandbox, and the platform's own
+//! credentials (traffic and access tokens, API keys) are taken out of the request before it
+//! reaches the guest ([`strip_platform_credentials`]): a server in the sandbox never sees
+//! what would let it act on the sandbox, or on the tenant.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{CONNECTION, UPGRADE};
+use axum::http::header::{AUTHORIZATION, CONNECTION, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use space_core::{ErrorCode, SandboxId};
 
-use crate::envd::access::{live_sandbox, AccessError, EnvdTarget};
+use space_control::api::auth::bearer_token;
+use space_control::db::SandboxRow;
+use space_control::keys;
+
+use crate::envd::access::{live_sandbox_row, AccessError, EnvdTarget, ACCESS_TOKEN_HEADER};
 use crate::envd::errors::http_error;
+use crate::rest::auth::API_KEY_HEADER;
 use crate::state::E2bState;
 
 /// The sandbox port a request is for (put into the request by the dispatcher).
@@ -67,30 +77,32 @@ async fn forward(State(st): State<E2bState>, mut req: Request) -> Response {
     let Some(target) = req.extensions().get::<PortTarget>().cloned() else {
         return http_error(502, "the request names no sandbox port");
     };
-    let tenant = match live_sandbox(&st, &EnvdTarget(target.id.clone())).await {
-        Ok(t) => t,
+    let row = match live_sandbox_row(&st, &EnvdTarget(target.id.clone())).await {
+        Ok(row) => row,
         Err(AccessError::SandboxNotFound(id)) => {
             return http_error(502, format!("sandbox {id} was not found"))
         }
         Err(e) => return http_error(500, e.to_string()),
     };
-    if st.config.private_ports {
-        let ok = req
-            .headers()
-            .get(TRAFFIC_TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| st.tokens.verify_traffic(&target.id, t));
-        if !ok {
+    // Before anything that could wake the sandbox: an unauthenticated request costs nothing.
+    match may_reach(&st, &row, &target, req.headers()).await {
+        Ok(()) => {}
+        Err(PortRefusal::Private) => {
             return http_error(
                 403,
                 format!(
-                    "port {} of sandbox {} needs its traffic access token",
+                    "port {} of sandbox {} is private: send its traffic access token in \
+                     {TRAFFIC_TOKEN_HEADER}, or an API key of its tenant in X-API-Key",
                     target.port, target.id
                 ),
-            );
+            )
+        }
+        Err(PortRefusal::Database) => {
+            return http_error(500, "internal error (see the server log)")
         }
     }
-    let guest = match st.app.guest(&tenant, &target.id).await {
+    strip_platform_credentials(req.headers_mut());
+    let guest = match st.app.guest(&row.tenant_id, &target.id).await {
         Ok(g) => g,
         Err(e) => {
             return http_error(
@@ -155,6 +167,78 @@ async fn forward(State(st): State<E2bState>, mut req: Request) -> Response {
     Response::from_parts(parts, Body::new(body))
 }
 
+/// Why a port request may not reach the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PortRefusal {
+    /// The port is private and the request carries no credential for it.
+    Private,
+    /// Checking an API key failed.
+    Database,
+}
+
+/// Whether a request may reach `target`: the port is public, or the request carries the
+/// sandbox's traffic token, or an API key of the sandbox's tenant.
+async fn may_reach(
+    st: &E2bState,
+    row: &SandboxRow,
+    target: &PortTarget,
+    headers: &HeaderMap,
+) -> Result<(), PortRefusal> {
+    if row.spec.public_ports.allows(target.port) {
+        return Ok(());
+    }
+    let traffic_token = headers
+        .get(TRAFFIC_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| st.tokens.verify_traffic(&target.id, t));
+    if traffic_token {
+        return Ok(());
+    }
+    let Some(key) = api_key(headers) else {
+        return Err(PortRefusal::Private);
+    };
+    match st.app.db.authenticate(key).await {
+        Ok(Some(tenant)) if tenant.id == row.tenant_id => Ok(()),
+        Ok(_) => Err(PortRefusal::Private),
+        Err(e) => {
+            tracing::error!(error = %e, "checking the API key of a port request");
+            Err(PortRefusal::Database)
+        }
+    }
+}
+
+/// The API key a request carries, as the E2B control API reads it.
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .or_else(|| bearer_token(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())))
+}
+
+/// Takes the platform's credentials out of a request bound for the guest: the traffic and
+/// envd access tokens (headers only the platform defines), and an `X-API-Key` or
+/// `Authorization: Bearer` that holds an API key. Another `Authorization` (the agent's own
+/// server may want one) goes through.
+fn strip_platform_credentials(headers: &mut HeaderMap) {
+    headers.remove(TRAFFIC_TOKEN_HEADER);
+    headers.remove(ACCESS_TOKEN_HEADER);
+    let is_key =
+        |v: &axum::http::HeaderValue| v.to_str().is_ok_and(|v| keys::is_well_formed(v.trim()));
+    if headers.get(API_KEY_HEADER).is_some_and(is_key) {
+        headers.remove(API_KEY_HEADER);
+    }
+    let bearer_key = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| bearer_token(Some(v)))
+        .is_some_and(keys::is_well_formed);
+    if bearer_key {
+        headers.remove(AUTHORIZATION);
+    }
+}
+
 /// Removes the hop-by-hop headers (keeping `Connection: upgrade` and `Upgrade` for an
 /// upgrade).
 fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
@@ -182,6 +266,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn the_platforms_credentials_never_reach_the_guest() {
+        let key = format!("space_{}", "ab".repeat(32));
+        let mut h = HeaderMap::new();
+        h.insert(TRAFFIC_TOKEN_HEADER, HeaderValue::from_static("t"));
+        h.insert(ACCESS_TOKEN_HEADER, HeaderValue::from_static("a"));
+        h.insert(API_KEY_HEADER, HeaderValue::from_str(&key).unwrap());
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_platform_credentials(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        // The agent's own credentials go through.
+        let mut h = HeaderMap::new();
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_static("Basic dXNlcjpwdw=="),
+        );
+        h.insert(API_KEY_HEADER, HeaderValue::from_static("the-apps-own-key"));
+        strip_platform_credentials(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+    }
 
     #[test]
     fn hop_by_hop_headers_stay_behind() {

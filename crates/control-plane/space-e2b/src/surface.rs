@@ -32,16 +32,12 @@ pub struct E2bConfig {
     /// `get_host(port)`). Without a port of its own, the server's listening port is added
     /// (`localhost` → `localhost:7070`).
     pub domain: String,
-    /// Sandbox ports need the sandbox's traffic token (`e2b-traffic-access-token`, returned
-    /// as `trafficAccessToken` by create and connect); default: public, as on E2B.
-    pub private_ports: bool,
 }
 
 impl Default for E2bConfig {
     fn default() -> Self {
         Self {
             domain: DEFAULT_DOMAIN.to_owned(),
-            private_ports: false,
         }
     }
 }
@@ -92,7 +88,6 @@ impl ApiSurface for E2bApi {
         let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
         let config = E2bConfig {
             domain: self.config.advertised_domain(ctx.addr, ctx.tls_addr),
-            ..self.config.clone()
         };
         let st = E2bState::new(ctx.state, config, TokenKey::new(*key));
         let native = ctx.native;
@@ -176,7 +171,6 @@ mod tests {
     fn the_host_domain_drops_a_port() {
         let c = E2bConfig {
             domain: "space.test:7070".into(),
-            private_ports: false,
         };
         assert_eq!(c.host_domain(), "space.test");
         let (plain, tls): (SocketAddr, SocketAddr) = (

@@ -51,9 +51,22 @@
 //! alone; then CIDR rules and the non-public rule cannot apply, so the gateway must decide
 //! again with the address it is about to connect to.
 //!
-//! **Inspection.** An `allow` rule may set `inspect`: when an allowed TCP connection matches
-//! at least one such rule, the decision asks the gateway to terminate TLS and inspect the
-//! traffic. It is never set for UDP or for refused connections.
+//! **TLS termination** ([`Decision::inspect`]). A TLS connection checked by its SNI alone
+//! reaches whatever the server behind that name serves: a name on a shared CDN front (or
+//! ECH with an allowed outer name) reaches every other name on the front. So the gateway
+//! terminates TLS and checks the `Host` / `:authority` of every request, by default, for
+//! connections a domain rule allows:
+//! - a matching `allow` rule with `inspect` asks for termination, always;
+//! - otherwise, when `allow` domain rules match, TLS is terminated unless every one of them
+//!   sets `pass_through` (the weaker mode, SNI only, for certificate-pinning clients or
+//!   protocols other than HTTP over TLS);
+//! - when no `allow` domain rule matches (the `denylist` default, a CIDR rule), any name
+//!   on that address is allowed anyway, so TLS passes through; except in `denylist` mode
+//!   with `deny` domain rules, whose names a request could otherwise dodge behind an
+//!   allowed SNI.
+//!
+//! It is never set for UDP or for refused connections. (Credentials make the gateway
+//! terminate too, whatever the rule says: it injects them into requests.)
 //!
 //! **Names the resolver answers** ([`EgressPolicy::allows_name`]): a name is resolved iff some
 //! connection to it could be allowed by name: in `denylist` mode unless `deny` domain rules

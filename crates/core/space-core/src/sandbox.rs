@@ -99,6 +99,84 @@ pub struct CreateSandboxRequest {
     /// the project apply to the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// Which of the sandbox's ports host routes (`{port}-{id}.{domain}`) serve without a
+    /// credential: `"none"` (default: every request needs the sandbox's traffic token or an
+    /// API key of its tenant), `{"only": [8000, …]}` or `"all"`.
+    #[serde(default, skip_serializing_if = "PublicPorts::is_none")]
+    pub public_ports: PublicPorts,
+}
+
+/// Most ports one `public_ports` list names.
+pub const MAX_PUBLIC_PORTS: usize = 64;
+
+/// Which of a sandbox's ports are public: served by host routes to whoever reaches the
+/// server, with no credential. JSON: `"none"`, `"all"` or `{"only": [8000, 8080]}`
+/// (1..=65535, at most [`MAX_PUBLIC_PORTS`], no repeats).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case", try_from = "PublicPortsWire")]
+pub enum PublicPorts {
+    /// Every port needs a credential.
+    #[default]
+    None,
+    /// These ports are public; the others need a credential.
+    Only(Vec<u16>),
+    /// Every port is public.
+    All,
+}
+
+/// [`PublicPorts`] as sent, before validation.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PublicPortsWire {
+    None,
+    Only(Vec<u16>),
+    All,
+}
+
+impl TryFrom<PublicPortsWire> for PublicPorts {
+    type Error = String;
+
+    fn try_from(w: PublicPortsWire) -> Result<PublicPorts, String> {
+        Ok(match w {
+            PublicPortsWire::None => PublicPorts::None,
+            PublicPortsWire::All => PublicPorts::All,
+            PublicPortsWire::Only(ports) => {
+                if ports.len() > MAX_PUBLIC_PORTS {
+                    return Err(format!(
+                        "public_ports: at most {MAX_PUBLIC_PORTS} ports, got {}",
+                        ports.len()
+                    ));
+                }
+                if ports.contains(&0) {
+                    return Err("public_ports: a port is 1..=65535".into());
+                }
+                let mut sorted = ports.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != ports.len() {
+                    return Err("public_ports: a port is listed twice".into());
+                }
+                PublicPorts::Only(sorted)
+            }
+        })
+    }
+}
+
+impl PublicPorts {
+    /// Whether `port` is public.
+    pub fn allows(&self, port: u16) -> bool {
+        match self {
+            PublicPorts::None => false,
+            PublicPorts::Only(ports) => ports.contains(&port),
+            PublicPorts::All => true,
+        }
+    }
+
+    /// Whether no port is public (the default).
+    pub fn is_none(&self) -> bool {
+        matches!(self, PublicPorts::None)
+    }
 }
 
 /// What the node does when a sandbox's VMM dies unexpectedly.
@@ -222,6 +300,9 @@ pub struct SandboxInfo {
     /// paused (or stopped) it.
     #[serde(default)]
     pub auto_resume: bool,
+    /// Ports host routes serve without a credential.
+    #[serde(default, skip_serializing_if = "PublicPorts::is_none")]
+    pub public_ports: PublicPorts,
     /// When its timeout paused or stopped it (or found it paused or stopped), ms since the
     /// Unix epoch: until it runs again it has no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,6 +538,33 @@ pub struct PoolStatusList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_ports_default_to_none_and_are_validated() {
+        let req: CreateSandboxRequest = serde_json::from_str(r#"{"template": "base"}"#).unwrap();
+        assert_eq!(req.public_ports, PublicPorts::None);
+        assert!(!req.public_ports.allows(8000));
+        let parse = |json: &str| serde_json::from_str::<PublicPorts>(json);
+        assert_eq!(parse(r#""all""#).unwrap(), PublicPorts::All);
+        let only = parse(r#"{"only": [8080, 8000]}"#).unwrap();
+        assert_eq!(only, PublicPorts::Only(vec![8000, 8080]));
+        assert!(only.allows(8000) && only.allows(8080) && !only.allows(8001));
+        for bad in [
+            r#"{"only": [0]}"#,
+            r#"{"only": [8000, 8000]}"#,
+            r#"{"only": [70000]}"#,
+            r#""some""#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let too_many: Vec<u16> = (1..=65).collect();
+        let json = serde_json::json!({ "only": too_many }).to_string();
+        assert!(parse(&json).is_err());
+        assert_eq!(
+            serde_json::to_string(&PublicPorts::All).unwrap(),
+            r#""all""#
+        );
+    }
 
     #[test]
     fn timeout_actions_are_snake_case_and_default_to_delete() {

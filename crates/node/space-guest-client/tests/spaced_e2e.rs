@@ -725,9 +725,14 @@ async fn directory_watch() {
     .await;
 }
 
-/// A TCP server on 127.0.0.1 that echoes one connection and, at its end, sends `bye`.
+/// A TCP server on the wildcard address that echoes one connection and, at its end, sends
+/// `bye`.
 async fn echo_once() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    echo_once_on("0.0.0.0:0").await
+}
+
+async fn echo_once_on(bind: &str) -> u16 {
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
@@ -781,6 +786,15 @@ async fn port_connections() {
         );
         let err = c.connect_port(0).await.unwrap_err();
         assert!(matches!(err, GuestError::Local(_)), "{err:?}");
+
+        // A server on loopback only is private: the daemon never connects there.
+        let private = echo_once_on("127.0.0.1:0").await;
+        let err = c.connect_port(private).await.unwrap_err();
+        assert!(
+            matches!(&err, GuestError::Remote { status: 502, body }
+                if body.code == ErrorCode::PortClosed && body.message.contains("loopback")),
+            "{err:?}"
+        );
 
         // Dropping a connection closes it in the guest.
         let port = echo_once().await;

@@ -42,16 +42,17 @@
 //!    Each is logged at `info` with the sandbox, the host name if any and the destination,
 //!    never a header value.
 //! 3. **Serve.**
-//!    - *Pass-through* (TLS needing neither inspection nor credentials, and streams
-//!      without a name): connect through the uplink, replay the first bytes verbatim,
-//!      splice both ways.
+//!    - *Pass-through* (TLS the decision does not terminate — every matching domain rule
+//!      asks for `pass_through`, or no name rule is involved — and no credential applies
+//!      to, and streams without a name): connect through the uplink, replay the first
+//!      bytes verbatim, splice both ways.
 //!    - *Cleartext HTTP/1* is always parsed (hyper server towards the guest, hyper client
 //!      towards upstream) rather than spliced: a later request on a kept-alive connection
 //!      could name another `Host`, and parsing is what lets the credential manager judge
 //!      every cleartext request (it refuses credentials that require TLS, and injects those
 //!      that do not).
-//!    - *Termination*, when the policy's decision asks for inspection or a credential may
-//!      apply to the host: TLS is accepted with a leaf of the sandbox CA
+//!    - *Termination*, the default for TLS a domain rule allows, when the policy's
+//!      decision asks for it ([`Decision::inspect`]) or a credential may apply to the host: TLS is accepted with a leaf of the sandbox CA
 //!      ([`crate::ca::server_config`], offering `h2` and `http/1.1`), replaying the
 //!      ClientHello already read; the server name rustls saw must be the sniffed one. The
 //!      guest is served HTTP/2 or HTTP/1.1 by ALPN; requests go upstream over TLS verified
@@ -78,6 +79,7 @@
 //! [`PinTable::addresses_for`]: crate::dns::PinTable::addresses_for
 //! [`EgressPolicy::allows_name`]: space_core::egress::EgressPolicy::allows_name
 //! [`EgressPolicy::decide`]: space_core::egress::EgressPolicy::decide
+//! [`Decision::inspect`]: space_core::egress::Decision::inspect
 
 mod conn;
 mod first_bytes;

@@ -1,11 +1,11 @@
 //! Connections to TCP ports inside the guest against a real agent and TCP servers in the
 //! test: an echo round trip, the half-close, the server closing first, a large transfer
-//! both ways at once, a refused port, IPv6 loopback, bad ports and the bound.
+//! both ways at once, a refused port, servers on loopback only (private), a dual-stack
+//! wildcard server, bad ports and the bound.
 
 mod common;
 
 use std::io;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -96,7 +96,7 @@ fn connect_url(port: u16) -> String {
 async fn echo_round_trip_and_half_close() {
     let agent = Agent::start();
     let c = agent.connect().await;
-    let port = echo_server("127.0.0.1:0").await.unwrap();
+    let port = echo_server("0.0.0.0:0").await.unwrap();
     let (tx, body) = channel_body();
     let resp = c.request(Method::POST, &connect_url(port), body).await;
     assert_eq!(resp.status(), StatusCode::OK);
@@ -114,7 +114,7 @@ async fn echo_round_trip_and_half_close() {
 async fn the_server_closing_ends_the_response() {
     let agent = Agent::start();
     let c = agent.connect().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
@@ -132,7 +132,7 @@ async fn the_server_closing_ends_the_response() {
 async fn a_large_transfer_flows_both_ways_at_once() {
     let agent = Agent::start();
     let c = agent.connect().await;
-    let port = echo_server("127.0.0.1:0").await.unwrap();
+    let port = echo_server("0.0.0.0:0").await.unwrap();
     let data: Vec<u8> = (0..24u32 << 20)
         .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
         .collect();
@@ -163,16 +163,30 @@ async fn a_closed_port_is_port_closed() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let msg = c
-        .expect_error(
-            Method::POST,
-            &connect_url(port),
-            empty(),
-            502,
-            "port_closed",
-        )
-        .await;
-    assert!(msg.contains("port is not open"), "{msg}");
+    // Nothing listening, and servers bound to loopback only, which are private: the daemon
+    // connects to the guest's network address, never to loopback (IPv4 and IPv6 alike).
+    let private_v4 = echo_server("127.0.0.1:0").await;
+    let private_v6 = echo_server("[::1]:0").await;
+    for (port, why) in [
+        (Some(port), "port is not open"),
+        (private_v4, "loopback only are private"),
+        (private_v6, "loopback only are private"),
+    ] {
+        let Some(port) = port else {
+            eprintln!("SKIPPED: no IPv6 loopback here");
+            continue;
+        };
+        let msg = c
+            .expect_error(
+                Method::POST,
+                &connect_url(port),
+                empty(),
+                502,
+                "port_closed",
+            )
+            .await;
+        assert!(msg.contains(why), "{msg}");
+    }
     for bad in [
         "/v1/ports/0/connect",
         "/v1/ports/65536/connect",
@@ -191,18 +205,15 @@ async fn a_closed_port_is_port_closed() {
     .await;
 }
 
+/// A dual-stack server on `[::]` takes the connection to the IPv4 network address.
 #[tokio::test]
-async fn ipv6_loopback_is_tried_when_ipv4_refuses() {
+async fn a_dual_stack_wildcard_server_is_reached() {
     let agent = Agent::start();
     let c = agent.connect().await;
-    let Some(port) = echo_server("[::1]:0").await else {
-        eprintln!("SKIPPED: no IPv6 loopback here");
+    let Some(port) = echo_server("[::]:0").await else {
+        eprintln!("SKIPPED: no IPv6 here");
         return;
     };
-    if std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).is_err() {
-        eprintln!("SKIPPED: port {port} is taken on IPv4");
-        return;
-    }
     let (tx, body) = channel_body();
     let resp = c.request(Method::POST, &connect_url(port), body).await;
     assert_eq!(resp.status(), StatusCode::OK);
@@ -215,7 +226,7 @@ async fn ipv6_loopback_is_tried_when_ipv4_refuses() {
 async fn connections_are_bounded_and_freed() {
     let agent = Agent::start();
     let c = agent.connect().await;
-    let port = echo_server("127.0.0.1:0").await.unwrap();
+    let port = echo_server("0.0.0.0:0").await.unwrap();
     let mut open = Vec::new();
     for _ in 0..MAX_PORT_CONNECTIONS {
         let (tx, body) = channel_body();

@@ -62,7 +62,7 @@ describe('host mode over TLS', () => {
     const deadline = Date.now() + 30_000
     let r
     for (;;) {
-      r = await fetch(url)
+      r = await fetch(url, { headers: { 'e2b-traffic-access-token': sbx.trafficAccessToken } })
       if (r.status === 200 || Date.now() > deadline) break
       await new Promise((ok) => setTimeout(ok, 200))
     }

@@ -54,9 +54,9 @@ pub struct ServerArgs {
     /// a port. Point E2B_DOMAIN at it, and E2B_API_URL and E2B_SANDBOX_URL at this server.
     #[arg(long, value_name = "DOMAIN", default_value = space_e2b::surface::DEFAULT_DOMAIN)]
     e2b_domain: String,
-    /// Make sandbox ports reached through the E2B API's host routes require the sandbox's
-    /// traffic token (by default they are public, as on E2B).
-    #[arg(long)]
+    /// Accepted for old scripts, and ignored: sandbox ports are private by default now (a
+    /// create request's `public_ports`, or E2B's `allowPublicTraffic`, makes them public).
+    #[arg(long, hide = true)]
     e2b_private_ports: bool,
     /// Do not serve the E2B-compatible API (only SPACE's own `/v1`).
     #[arg(long)]
@@ -116,9 +116,11 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
             space_secrets::CommandConfig::new(program),
         );
     }
+    if a.e2b_private_ports {
+        tracing::warn!("--e2b-private-ports is obsolete: sandbox ports are private by default");
+    }
     let e2b = (!a.no_e2b).then(|| space_e2b::E2bConfig {
         domain: a.e2b_domain.clone(),
-        private_ports: a.e2b_private_ports,
     });
     if let Some(config) = &e2b {
         cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(config.clone())));

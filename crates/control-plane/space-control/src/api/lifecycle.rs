@@ -295,6 +295,7 @@ pub async fn fork(
                     env_keys: parent_row.spec.env_keys.clone(),
                     forked_from: Some(parent.clone()),
                     from_snapshot: None,
+                    public_ports: parent_row.spec.public_ports.clone(),
                 },
                 labels: labels.clone(),
                 timeout_secs: req.timeout_secs,

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use space_core::sandbox::TimeoutAction;
+use space_core::sandbox::{PublicPorts, TimeoutAction};
 use space_core::{Resources, SandboxId, SnapshotId, TenantId};
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -60,6 +60,9 @@ pub struct SandboxSpec {
     /// For a sandbox created from a snapshot: the snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<SnapshotId>,
+    /// Ports host routes serve without a credential (rows from before it: none).
+    #[serde(default, skip_serializing_if = "PublicPorts::is_none")]
+    pub public_ports: PublicPorts,
 }
 
 /// One row of `sandboxes`.

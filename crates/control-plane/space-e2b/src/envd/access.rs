@@ -11,7 +11,7 @@
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use base64::Engine as _;
-use space_control::db::DesiredState;
+use space_control::db::{DesiredState, SandboxRow};
 use space_core::process::validate_user_name;
 use space_core::{SandboxId, TenantId};
 
@@ -64,8 +64,15 @@ pub enum Proof<'a> {
 
 /// The live sandbox `target` names, with its owner.
 pub async fn live_sandbox(st: &E2bState, target: &EnvdTarget) -> Result<TenantId, AccessError> {
-    let row = st
-        .app
+    live_sandbox_row(st, target).await.map(|row| row.tenant_id)
+}
+
+/// The record of the live sandbox `target` names.
+pub async fn live_sandbox_row(
+    st: &E2bState,
+    target: &EnvdTarget,
+) -> Result<SandboxRow, AccessError> {
+    st.app
         .db
         .sandbox_any_tenant(&target.0)
         .await
@@ -74,8 +81,7 @@ pub async fn live_sandbox(st: &E2bState, target: &EnvdTarget) -> Result<TenantId
             AccessError::Internal
         })?
         .filter(|row| row.desired_state == DesiredState::Running)
-        .ok_or_else(|| AccessError::SandboxNotFound(target.0.to_string()))?;
-    Ok(row.tenant_id)
+        .ok_or_else(|| AccessError::SandboxNotFound(target.0.to_string()))
 }
 
 /// Checks the request and names who it acts for.

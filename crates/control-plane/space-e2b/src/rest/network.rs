@@ -16,6 +16,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 use space_core::egress::EgressPolicy;
+use space_core::sandbox::PublicPorts;
 
 /// The `network` object of a create request (other fields are refused by the caller).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -27,10 +28,19 @@ pub struct NetworkConfig {
     /// Destinations blocked (CIDR or address).
     #[serde(default)]
     pub deny_out: Vec<String>,
-    /// Whether sandbox ports need a traffic token (SPACE: ports are served to the tenant's
-    /// clients either way; accepted, not enforced).
+    /// `true`: every port of the sandbox is public (host routes need no credential).
+    /// Absent or `false`: SPACE's default, private ports (the traffic token or an API key of
+    /// the tenant), where E2B's default is public.
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
+}
+
+/// The public ports E2B's options ask for: all with `allowPublicTraffic: true`, else none.
+pub fn public_ports(network: Option<&NetworkConfig>) -> PublicPorts {
+    match network.and_then(|n| n.allow_public_traffic) {
+        Some(true) => PublicPorts::All,
+        _ => PublicPorts::None,
+    }
 }
 
 /// The CIDR that means "all IPv4 traffic" in E2B's SDKs (`ALL_TRAFFIC`).

@@ -46,10 +46,7 @@ pub fn sandbox(st: &E2bState, info: &SandboxInfo) -> Sandbox {
         envd_version: super::ENVD_VERSION.to_owned(),
         envd_access_token: Some(st.envd_token(&info.id)),
         domain: Some(st.config.domain.clone()),
-        traffic_access_token: st
-            .config
-            .private_ports
-            .then(|| st.tokens.traffic_token(&info.id)),
+        traffic_access_token: Some(st.tokens.traffic_token(&info.id)),
     }
 }
 
@@ -114,6 +111,7 @@ pub async fn create(
         on_timeout,
         auto_resume: auto_resume.enabled,
         egress,
+        public_ports: network::public_ports(network.as_ref()),
         ..CreateSandboxRequest::default()
     };
     let (_, Json(info)) =

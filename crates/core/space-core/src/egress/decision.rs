@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::address::{address_class, AddressClass};
 use super::hostname::Hostname;
 use super::policy::{EgressMode, EgressPolicy};
-use super::rule::{Protocol, RuleAction};
+use super::rule::{Destination, Protocol, RuleAction};
 
 /// What the gateway knows about a connection it is about to make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,8 @@ impl fmt::Display for DecisionReason {
 pub struct Decision {
     /// Whether the gateway may make the connection.
     pub allowed: bool,
-    /// Whether the gateway should terminate TLS and inspect it (only ever set when allowed,
-    /// for TCP).
+    /// Whether the gateway should terminate TLS and check every request (only ever set
+    /// when allowed, for TCP); see [`EgressPolicy::decide`].
     pub inspect: bool,
     /// Why.
     pub reason: DecisionReason,
@@ -98,6 +98,30 @@ impl Decision {
 }
 
 impl EgressPolicy {
+    /// Whether an allowed TCP connection's TLS is terminated (see the module docs'
+    /// *TLS termination*): a matching `inspect` rule says yes; otherwise the allow domain
+    /// rules that match decide (no, only when every one of them asks for `pass_through`);
+    /// when none matches, TLS is terminated only where a request's `Host` could name a
+    /// host the connection's name does not: in `denylist` mode with deny domain rules.
+    fn terminates(&self, conn: &ConnectionFacts<'_>) -> bool {
+        let matching = || {
+            self.rules
+                .iter()
+                .filter(|r| r.action == RuleAction::Allow && r.matches(conn))
+        };
+        if matching().any(|r| r.inspect) {
+            return true;
+        }
+        let mut by_name = matching().filter(|r| r.allows_by_name()).peekable();
+        if by_name.peek().is_some() {
+            return !by_name.all(|r| r.pass_through);
+        }
+        self.mode == EgressMode::Denylist
+            && self.rules.iter().any(|r| {
+                r.action == RuleAction::Deny && matches!(r.destination, Destination::Domain(_))
+            })
+    }
+
     /// Decides one connection (see the module docs for the contract). Checks, in order:
     /// mode `none`; neither host nor address; the first matching deny rule; for a non-public
     /// address, the first allow CIDR rule that unlocks it; the first matching allow rule;
@@ -134,11 +158,7 @@ impl EgressPolicy {
                 return Decision::deny(DecisionReason::DeniedByDefault)
             }
         };
-        let inspect = conn.protocol == Protocol::Tcp
-            && self
-                .rules
-                .iter()
-                .any(|r| r.action == RuleAction::Allow && r.inspect && r.matches(conn));
+        let inspect = conn.protocol == Protocol::Tcp && self.terminates(conn);
         Decision {
             allowed: true,
             inspect,

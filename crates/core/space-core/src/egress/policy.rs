@@ -76,6 +76,26 @@ pub enum EgressPolicyError {
         /// Index of the rule.
         rule: usize,
     },
+    /// `pass_through` and `inspect` on one rule.
+    #[error("rule {rule}: pass_through and inspect contradict each other; set one")]
+    PassThroughAndInspect {
+        /// Index of the rule.
+        rule: usize,
+    },
+    /// `pass_through` on a deny rule or a CIDR rule.
+    #[error("rule {rule}: pass_through applies to allow rules for a domain only (TLS is checked by its name)")]
+    PassThroughWithoutName {
+        /// Index of the rule.
+        rule: usize,
+    },
+    /// `pass_through` on a rule that cannot match TCP.
+    #[error(
+        "rule {rule}: pass_through applies to TCP (TLS) connections, but the rule matches only UDP"
+    )]
+    PassThroughWithoutTcp {
+        /// Index of the rule.
+        rule: usize,
+    },
     /// A CIDR whose address is not the network address.
     #[error("rule {rule}: {cidr} has host bits set; did you mean {network}?")]
     CidrHostBits {
@@ -146,7 +166,8 @@ impl EgressPolicy {
     }
 
     /// Checks the bounds: at most 512 rules; per rule, port lists of 1..=64 valid ranges,
-    /// protocol lists not empty, `inspect` only on allow rules that can match TCP, CIDRs
+    /// protocol lists not empty, `inspect` only on allow rules that can match TCP,
+    /// `pass_through` only on allow domain rules that can match TCP and not with `inspect`, CIDRs
     /// written as their network and not inside an IPv4-embedding IPv6 range. Rules are
     /// allowed (and ignored) in mode `none`.
     pub fn validate(&self) -> Result<(), EgressPolicyError> {

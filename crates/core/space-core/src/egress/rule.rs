@@ -130,10 +130,18 @@ pub struct EgressRule {
     /// Protocols; absent = any. Not an empty list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocols: Option<Vec<Protocol>>,
-    /// Allow rules only: ask the gateway to terminate TLS and inspect matching (TCP)
-    /// connections.
+    /// Allow rules only: make the gateway terminate TLS of matching (TCP) connections and
+    /// check every request, even where it would not by default (a connection allowed by a
+    /// CIDR rule, or by the `denylist` default). Not with `pass_through`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub inspect: bool,
+    /// Allow *domain* rules only: TLS to a matching name passes through, checked by its SNI
+    /// only, instead of being terminated and checked request by request. The weaker mode,
+    /// for clients that pin certificates (or speak something other than HTTP over TLS): a
+    /// name served by a shared front then reaches any name on that front. Not with
+    /// `inspect`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pass_through: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -149,6 +157,7 @@ impl EgressRule {
             ports: None,
             protocols: None,
             inspect: false,
+            pass_through: false,
         }
     }
 
@@ -176,6 +185,17 @@ impl EgressRule {
     pub fn inspected(mut self) -> EgressRule {
         self.inspect = true;
         self
+    }
+
+    /// The same rule, asking for TLS pass-through (checked by SNI only).
+    pub fn passed_through(mut self) -> EgressRule {
+        self.pass_through = true;
+        self
+    }
+
+    /// Whether this is an allow rule for a host name pattern.
+    pub(super) fn allows_by_name(&self) -> bool {
+        self.action == RuleAction::Allow && matches!(self.destination, Destination::Domain(_))
     }
 
     fn port_matches(&self, port: u16) -> bool {
@@ -239,6 +259,17 @@ impl EgressRule {
             }
             if !self.protocol_matches(Protocol::Tcp) {
                 return Err(EgressPolicyError::InspectWithoutTcp { rule });
+            }
+        }
+        if self.pass_through {
+            if self.inspect {
+                return Err(EgressPolicyError::PassThroughAndInspect { rule });
+            }
+            if !self.allows_by_name() {
+                return Err(EgressPolicyError::PassThroughWithoutName { rule });
+            }
+            if !self.protocol_matches(Protocol::Tcp) {
+                return Err(EgressPolicyError::PassThroughWithoutTcp { rule });
             }
         }
         if let Destination::Cidr(cidr) = &self.destination {

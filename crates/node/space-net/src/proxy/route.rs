@@ -80,9 +80,9 @@ pub enum Refusal {
 /// What to do with an admitted connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Plan {
-    /// Replay the first bytes to `addr` and copy bytes both ways: TLS that needs neither
-    /// inspection nor credentials, or a stream without a name to an address a CIDR rule
-    /// allows.
+    /// Replay the first bytes to `addr` and copy bytes both ways: TLS the decision passes
+    /// through (checked by its SNI only) and no credential applies to, or a stream without
+    /// a name to an address a CIDR rule allows.
     Splice {
         /// Where to connect.
         addr: SocketAddr,
@@ -104,7 +104,7 @@ pub(super) enum Plan {
 }
 
 /// Decides a connection. `needs_credentials` says whether a credential may apply to a host
-/// (then TLS to it is terminated even without an `inspect` rule).
+/// (then TLS to it is terminated even where the rule asks for `pass_through`).
 pub(super) fn plan(
     policy: &EgressPolicy,
     pins: &PinTable,
@@ -268,7 +268,7 @@ mod tests {
     fn a_pinned_allowed_name_is_spliced_to_its_pinned_address() {
         let p = policy(
             EgressMode::Allowlist,
-            vec![EgressRule::allow(domain("api.example.com"))],
+            vec![EgressRule::allow(domain("api.example.com")).passed_through()],
         );
         let t = pins(&[("api.example.com", "93.184.215.14")]);
         let plan = plan(
@@ -373,42 +373,42 @@ mod tests {
     }
 
     #[test]
-    fn inspection_or_credentials_terminate() {
-        let p = policy(
-            EgressMode::Allowlist,
-            vec![EgressRule::allow(domain("api.example.com")).inspected()],
-        );
+    fn domain_rules_terminate_unless_they_ask_for_pass_through() {
         let t = pins(&[("api.example.com", "93.184.215.14")]);
         let terminate = Ok(Plan::Terminate {
             host: name("api.example.com"),
             addr: dst("93.184.215.14:443"),
         });
-        let plan1 = plan(
-            &p,
-            &t,
-            &tls("api.example.com"),
-            dst("93.184.215.14:443"),
-            never,
-        );
-        assert_eq!(plan1, terminate);
-        let p = policy(
+        let splice = Ok(Plan::Splice {
+            addr: dst("93.184.215.14:443"),
+        });
+        let by_default = policy(
             EgressMode::Allowlist,
             vec![EgressRule::allow(domain("api.example.com"))],
         );
-        let plan2 = plan(
-            &p,
-            &t,
-            &tls("api.example.com"),
-            dst("93.184.215.14:443"),
-            |_| true,
+        let pass_through = policy(
+            EgressMode::Allowlist,
+            vec![EgressRule::allow(domain("api.example.com")).passed_through()],
         );
-        assert_eq!(plan2, terminate);
+        let hello = tls("api.example.com");
+        let to = dst("93.184.215.14:443");
+        assert_eq!(plan(&by_default, &t, &hello, to, never), terminate);
+        assert_eq!(plan(&pass_through, &t, &hello, to, never), splice);
+        // A credential makes the proxy terminate whatever the rule says.
+        assert_eq!(plan(&pass_through, &t, &hello, to, |_| true), terminate);
+        // Terminated TLS must be HTTP; passed through it need not.
         let other_alpn = FirstBytes::Tls {
             sni: name("api.example.com"),
             alpn: vec!["imap".into()],
         };
-        let plan3 = plan(&p, &t, &other_alpn, dst("93.184.215.14:443"), |_| true);
-        assert_eq!(plan3, Err(Refusal::UnsupportedAlpn));
+        assert_eq!(
+            plan(&by_default, &t, &other_alpn, to, never),
+            Err(Refusal::UnsupportedAlpn)
+        );
+        assert_eq!(plan(&pass_through, &t, &other_alpn, to, never), splice);
+        // The open denylist has no names to check: any name is allowed there.
+        let open = policy(EgressMode::Denylist, vec![]);
+        assert_eq!(plan(&open, &t, &hello, to, never), splice);
     }
 
     #[test]

@@ -118,7 +118,7 @@ async fn allowed_cleartext_http_is_forwarded_request_by_request() {
 }
 
 #[tokio::test]
-async fn https_without_inspection_passes_through() {
+async fn https_to_a_pass_through_rule_passes_through() {
     let (ca, upstream, sandbox) = tls_setup(policy(false), |_| {}).await;
     let (guest, done) = sandbox.connect(upstream.addr).await;
     let tls = tls_connect(client_tls(&ca.der(), &[b"http/1.1"]), API, guest)
@@ -137,7 +137,7 @@ async fn https_without_inspection_passes_through() {
 }
 
 #[tokio::test]
-async fn https_with_inspection_is_terminated() {
+async fn https_to_a_domain_rule_is_terminated_by_default() {
     let (_ca, upstream, sandbox) = tls_setup(policy(true), |_| {}).await;
     let (guest, done) = sandbox.connect(upstream.addr).await;
     let tls = tls_connect(
@@ -487,7 +487,7 @@ async fn credentials_are_injected_and_the_guests_own_are_stripped() {
     let credentials = credentials(true).await;
     let (_ca, upstream, sandbox) =
         tls_setup(policy(false), |options| credentials.grant(options)).await;
-    // No inspect rule: the credential alone makes the proxy terminate.
+    // A pass-through rule: the credential alone makes the proxy terminate.
     let mut guest = sandbox
         .terminated_guest(upstream.addr, &[b"http/1.1"])
         .await;
@@ -533,7 +533,7 @@ async fn credentials_are_injected_and_the_guests_own_are_stripped() {
 
 #[tokio::test]
 async fn an_expired_credential_still_terminates_and_refuses() {
-    // Expired long ago; the rule asks for no inspection.
+    // Expired long ago; the rule asks for pass-through.
     let credentials = credentials_with(|c| c.expires_at_ms = Some(2_000)).await;
     let (_ca, upstream, sandbox) =
         tls_setup(policy(false), |options| credentials.grant(options)).await;

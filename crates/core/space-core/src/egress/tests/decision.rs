@@ -12,7 +12,8 @@ struct Case {
     port: u16,
     protocol: Protocol,
     want: DecisionReason,
-    inspect: bool,
+    /// Whether TLS is terminated; `None`: not checked by this case.
+    inspect: Option<bool>,
 }
 
 fn tcp(
@@ -27,7 +28,7 @@ fn tcp(
         port,
         protocol: Protocol::Tcp,
         want,
-        inspect: false,
+        inspect: None,
     }
 }
 
@@ -43,12 +44,17 @@ fn udp(
         port,
         protocol: Protocol::Udp,
         want,
-        inspect: false,
+        inspect: Some(false),
     }
 }
 
 fn inspected(mut c: Case) -> Case {
-    c.inspect = true;
+    c.inspect = Some(true);
+    c
+}
+
+fn passed_through(mut c: Case) -> Case {
+    c.inspect = Some(false);
     c
 }
 
@@ -66,15 +72,9 @@ fn check(p: &EgressPolicy, cases: &[Case]) {
             c.want,
             DecisionReason::AllowedByRule { .. } | DecisionReason::AllowedByDefault
         );
-        assert_eq!(
-            got,
-            Decision {
-                allowed,
-                inspect: c.inspect,
-                reason: c.want
-            },
-            "{facts:?}"
-        );
+        assert_eq!((got.allowed, got.reason), (allowed, c.want), "{facts:?}");
+        let inspect = c.inspect.unwrap_or(got.inspect);
+        assert_eq!(got.inspect, inspect && allowed, "inspect: {facts:?}");
     }
 }
 
@@ -663,67 +663,154 @@ fn explicit_rules_unlock_and_deny_still_wins() {
 }
 
 #[test]
-fn inspection() {
+fn tls_termination() {
     use DecisionReason::*;
+    let public = Some("93.184.216.34");
     let p = policy(
         EgressMode::Allowlist,
         vec![
+            // 0
             EgressRule::allow(domain("*.example.com")),
+            // 1
             EgressRule::allow(domain("api.example.com"))
                 .with_ports([PortRange::single(443)])
                 .inspected(),
+            // 2
             EgressRule::allow(cidr("10.0.0.0/8")).inspected(),
+            // 3
+            EgressRule::allow(domain("pinned.example")).passed_through(),
+            // 4
+            EgressRule::allow(domain("*.both.example")).passed_through(),
+            // 5
+            EgressRule::allow(domain("mixed.both.example")),
+            // 6
+            EgressRule::allow(domain("forced.both.example")).passed_through(),
+            // 7
+            EgressRule::allow(cidr("93.184.216.0/24"))
+                .inspected()
+                .with_ports([PortRange::single(8443)]),
+            // 8
+            EgressRule::allow(cidr("1.1.1.0/24")),
         ],
     );
-    let public = Some("93.184.216.34");
     check(
         &p,
         &[
+            // A domain rule terminates by default, with or without `inspect`.
+            inspected(tcp(
+                Some("www.example.com"),
+                public,
+                443,
+                AllowedByRule { rule: 0 },
+            )),
             inspected(tcp(
                 Some("api.example.com"),
                 public,
                 443,
                 AllowedByRule { rule: 0 },
             )),
-            tcp(
+            inspected(tcp(
                 Some("api.example.com"),
                 public,
                 80,
                 AllowedByRule { rule: 0 },
-            ),
-            tcp(
-                Some("www.example.com"),
-                public,
-                443,
-                AllowedByRule { rule: 0 },
-            ),
+            )),
+            // UDP never.
             udp(
                 Some("api.example.com"),
                 public,
                 443,
                 AllowedByRule { rule: 0 },
             ),
+            // `pass_through` on every matching domain rule: SNI only.
+            passed_through(tcp(
+                Some("pinned.example"),
+                public,
+                443,
+                AllowedByRule { rule: 3 },
+            )),
+            passed_through(tcp(
+                Some("x.both.example"),
+                public,
+                443,
+                AllowedByRule { rule: 4 },
+            )),
+            passed_through(tcp(
+                Some("forced.both.example"),
+                public,
+                443,
+                AllowedByRule { rule: 4 },
+            )),
+            // One matching domain rule without it is enough to terminate.
+            inspected(tcp(
+                Some("mixed.both.example"),
+                public,
+                443,
+                AllowedByRule { rule: 4 },
+            )),
+            // `inspect` on a matching CIDR rule wins over `pass_through`.
+            inspected(tcp(
+                Some("pinned.example"),
+                public,
+                8443,
+                AllowedByRule { rule: 3 },
+            )),
             inspected(tcp(
                 Some("api.example.com"),
                 Some("10.1.1.1"),
                 443,
                 AllowedByRule { rule: 2 },
             )),
-            tcp(
+            inspected(tcp(
                 Some("other.example"),
                 Some("10.1.1.1"),
                 443,
                 AllowedByRule { rule: 2 },
-            )
-            .with_inspect(),
+            )),
+            // Allowed by a CIDR rule alone: any name there is allowed, nothing to check.
+            passed_through(tcp(
+                Some("other.example"),
+                Some("1.1.1.1"),
+                443,
+                AllowedByRule { rule: 8 },
+            )),
+            passed_through(tcp(None, Some("1.1.1.1"), 443, AllowedByRule { rule: 8 })),
         ],
     );
-}
 
-impl Case {
-    fn with_inspect(self) -> Case {
-        inspected(self)
-    }
+    // The denylist default: pass-through, unless deny domain rules could be dodged.
+    let open = policy(
+        EgressMode::Denylist,
+        vec![EgressRule::deny(cidr("1.2.3.0/24"))],
+    );
+    check(
+        &open,
+        &[passed_through(tcp(
+            Some("any.example"),
+            public,
+            443,
+            AllowedByDefault,
+        ))],
+    );
+    let with_denied_names = policy(
+        EgressMode::Denylist,
+        vec![
+            EgressRule::deny(domain("*.evil.example")),
+            EgressRule::allow(domain("pinned.example")).passed_through(),
+        ],
+    );
+    check(
+        &with_denied_names,
+        &[
+            inspected(tcp(Some("any.example"), public, 443, AllowedByDefault)),
+            passed_through(tcp(
+                Some("pinned.example"),
+                public,
+                443,
+                AllowedByRule { rule: 1 },
+            )),
+        ],
+    );
 }
 
 #[test]

@@ -46,6 +46,22 @@ fn validation_names_the_rule() {
             InspectWithoutTcp { rule: 2 },
         ),
         (
+            ok.clone().inspected().passed_through(),
+            PassThroughAndInspect { rule: 2 },
+        ),
+        (
+            EgressRule::deny(domain("example.com")).passed_through(),
+            PassThroughWithoutName { rule: 2 },
+        ),
+        (
+            EgressRule::allow(cidr("10.0.0.0/8")).passed_through(),
+            PassThroughWithoutName { rule: 2 },
+        ),
+        (
+            ok.clone().with_protocols([Protocol::Udp]).passed_through(),
+            PassThroughWithoutTcp { rule: 2 },
+        ),
+        (
             EgressRule::allow(cidr("10.0.0.1/8")),
             CidrHostBits {
                 rule: 2,

@@ -60,11 +60,16 @@ fn domain(s: &str) -> DomainPattern {
     DomainPattern::parse(s).unwrap()
 }
 
-/// Allowlist: `API` (inspected if asked), `PLAIN`, and `127.0.0.0/8` so that loopback
+/// Allowlist: `API` (its TLS terminated, or passed through), `PLAIN`, and `127.0.0.0/8` so that loopback
 /// addresses (upstreams here) are allowed at all.
-pub fn policy(inspect_api: bool) -> EgressPolicy {
+pub fn policy(terminate_api: bool) -> EgressPolicy {
     let api = EgressRule::allow(domain(API));
-    let api = if inspect_api { api.inspected() } else { api };
+    // Domain rules terminate TLS by default; `false` asks for pass-through.
+    let api = if terminate_api {
+        api
+    } else {
+        api.passed_through()
+    };
     let policy = EgressPolicy {
         mode: EgressMode::Allowlist,
         rules: vec![
