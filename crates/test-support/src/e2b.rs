@@ -29,6 +29,7 @@ async fn start(tls: Option<space_control::tls::TlsListen>) -> TestServer {
         cfg.tls = tls;
         cfg.surface = Some(Arc::new(E2bApi::new(E2bConfig {
             domain: TEST_DOMAIN.to_owned(),
+            ..E2bConfig::default()
         })));
     })
     .await

@@ -526,6 +526,24 @@ async fn a_placeholder_in_the_guest_env_becomes_the_value_only_towards_its_host(
     .await;
     assert_eq!((code, body.as_str()), (0, PAGE));
     assert_eq!(authorizations(&inet), vec![format!("Bearer {SECRET}")]);
+    // …but only where its rule injects it: in another header, or in the query, of a
+    // request to its own host's echo endpoint (which would hand the secret back), it is
+    // refused and nothing is forwarded.
+    let seen = inet.requests().len();
+    for args in [
+        "-H \"Authorization: Bearer $API_TOKEN\" -H \"X-Echo: $API_TOKEN\"",
+        "-H \"Authorization: Bearer $API_TOKEN\" -G --data-urlencode \"q=$API_TOKEN\"",
+    ] {
+        let (_, body) = curl(
+            c,
+            &id,
+            &format!("{args} -o /dev/null -w '%{{http_code}}'"),
+            "https://allowed.example/echo",
+        )
+        .await;
+        assert_eq!(body, "403", "{args}");
+    }
+    assert_eq!(inet.requests().len(), seen, "nothing went upstream");
     // …and towards any other host a request carrying it is refused, not forwarded.
     let (_, body) = curl(
         c,

@@ -43,6 +43,10 @@ async fn creates_take_unique_members_from_the_warm_pool() {
         Some(SandboxOrigin::TemplateImage { pooled: false })
     );
     wait_pool_ready(&ts, POOL).await;
+    // The pool is node-wide state: another tenant may not see it.
+    let other = ts.new_tenant_client("not-the-operator").await;
+    let err = other.pool().await.expect_err("only the operator's tenant");
+    assert_eq!(err.status(), Some(403), "{err:?}");
 
     let mut ids: Vec<SandboxId> = vec![first.id.clone()];
     for _ in 0..POOL {

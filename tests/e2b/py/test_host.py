@@ -7,7 +7,7 @@ resolving `*.space.test` to it would send them."""
 import time
 
 import pytest
-from e2b import SandboxState
+from e2b import AuthenticationException, Sandbox, SandboxState
 from conftest import ENVD_PORT, signature, wait_until
 
 PAGE = "hello from httpd\n"
@@ -81,11 +81,13 @@ def test_a_server_on_the_guests_loopback_stays_private(sandbox, http, env):
 
 
 def test_the_platforms_credentials_never_reach_the_guest(sandbox, http, env):
-    # A one-shot server that records the request it gets and answers it.
-    sandbox.commands.run(
-        "(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok'; sleep 2)"
-        " | busybox nc -l -p 8004 > /tmp/seen-request", background=True, timeout=0)
-    time.sleep(0.5)
+    # A one-shot server that records the request head it gets, then answers it.
+    sandbox.files.write("/tmp/respond.sh", "#!/bin/sh\n"
+                        "while IFS= read -r line; do echo \"$line\" >> /tmp/seen-request;"
+                        " [ \"$line\" = \"$(printf '\\r')\" ] && break; done\n"
+                        "printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok'\n")
+    sandbox.commands.run("chmod +x /tmp/respond.sh && busybox nc -l -p 8004 -e /tmp/respond.sh",
+                         background=True, timeout=0)
     r = wait_until("nc to listen", lambda: (lambda r: r if r.status_code == 200 else None)(get_port(
         http, env, sandbox, 8004, "/", headers={"X-API-Key": env.api_key, "Authorization": f"Bearer {env.api_key}",
                                                "X-Access-Token": sandbox._envd_access_token,
@@ -206,3 +208,28 @@ def test_envd_in_host_mode_with_the_access_token(sandbox, httpd, http, env):
                   headers={"Host": host, "Content-Type": "application/json", "Connect-Protocol-Version": "1"})
     assert r.status_code == 401
     assert r.json()["code"] == "unauthenticated"
+
+
+def test_revoking_the_tokens_kills_the_old_token_and_signed_urls_at_once(make_sandbox, http, env):
+    sbx = make_sandbox()
+    sbx.files.write("/home/user/revoked.txt", "before")
+    forever = sbx.download_url("/home/user/revoked.txt")  # no expiration: valid while the token is
+    host = {"Host": sbx.get_host(ENVD_PORT)}
+    assert http.get(forever, headers=host).status_code == 200
+    # SPACE's own API (the SDKs have no call for it): POST /v1/sandboxes/{id}/revoke-tokens.
+    r = http.post(f"{env.url}/v1/sandboxes/{sbx.sandbox_id}/revoke-tokens",
+                  headers={"Authorization": f"Bearer {env.api_key}"})
+    assert r.status_code == 204, r.text
+    assert http.get(forever, headers=host).status_code == 401
+    with pytest.raises(AuthenticationException):
+        sbx.files.read("/home/user/revoked.txt")
+    # Connecting hands out new tokens, and the sandbox is all there.
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again._envd_access_token != sbx._envd_access_token
+    assert again.files.read("/home/user/revoked.txt") == "before"
+    assert http.get(again.download_url("/home/user/revoked.txt"), headers=host).status_code == 200
+    # Another tenant's key cannot revoke them.
+    r = http.post(f"{env.url}/v1/sandboxes/{sbx.sandbox_id}/revoke-tokens",
+                  headers={"Authorization": f"Bearer {env.other_api_key}"})
+    assert r.status_code == 404
+    assert again.files.read("/home/user/revoked.txt") == "before"

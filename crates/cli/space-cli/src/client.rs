@@ -341,6 +341,11 @@ impl SpaceClient {
         .await
     }
 
+    /// `POST /v1/sandboxes/{id}/revoke-tokens`.
+    pub async fn revoke_tokens(&self, id: &(impl SandboxRef + ?Sized)) -> ClientResult<()> {
+        Self::empty(self.request(Method::POST, &format!("{}/revoke-tokens", Self::sbx(id)))).await
+    }
+
     /// `GET /v1/sandboxes/{id}/console?bytes=N`.
     pub async fn console(
         &self,

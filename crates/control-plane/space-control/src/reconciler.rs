@@ -340,6 +340,7 @@ mod tests {
             timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: None,
+            tokens: Default::default(),
         }
     }
 

@@ -68,6 +68,8 @@ pub struct ServerConfig {
     pub surface: Option<Arc<dyn ApiSurface>>,
     /// A second listener serving the same application over TLS; `None`: plaintext only.
     pub tls: Option<TlsListen>,
+    /// Serve plaintext HTTP on `listen`; `false` (TLS only) needs `tls`.
+    pub plaintext: bool,
 }
 
 impl ServerConfig {
@@ -85,6 +87,7 @@ impl ServerConfig {
             run_reconciler: true,
             surface: None,
             tls: None,
+            plaintext: true,
         }
     }
 
@@ -104,7 +107,7 @@ pub struct Server {
     api_key_file: PathBuf,
     state: AppState,
     stop: watch::Sender<bool>,
-    http: JoinHandle<std::io::Result<()>>,
+    http: Option<JoinHandle<std::io::Result<()>>>,
     https: Option<JoinHandle<std::io::Result<()>>>,
     reconciler: Option<JoinHandle<()>>,
 }
@@ -113,11 +116,14 @@ impl Server {
     /// Opens (and migrates) the database, starts the node, bootstraps the first key, starts
     /// the reconciler and the HTTP server. Returns once it is accepting connections.
     pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
-        create_private_dir(&config.data_dir)?;
+        secure_data_dir(&config.data_dir)?;
         let url = config.database_url();
         let db = Db::connect(&url)
             .await
             .with_context(|| format!("opening database {}", redact_url(&url)))?;
+        // SQLite made a new database file by the umask: private at once (its journal files
+        // take its mode).
+        secure_data_dir(&config.data_dir)?;
         let node = Node::start(config.node.clone())
             .await
             .context("starting the node")?;
@@ -128,21 +134,37 @@ impl Server {
     /// one node between servers this way); `config.node` and `config.database_url` are not
     /// used.
     pub async fn start_with(config: &ServerConfig, db: Db, node: Node) -> anyhow::Result<Server> {
-        create_private_dir(&config.data_dir)?;
+        secure_data_dir(&config.data_dir)?;
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
         let state = AppState::new(db, node, config.max_upload_bytes);
         let listen = config.listen;
-        let listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-        let addr = listener.local_addr()?;
+        let listener = if config.plaintext {
+            if !listen.ip().is_loopback() {
+                tracing::warn!(%listen, "plaintext HTTP on an address other hosts can reach: API keys and tokens cross the network in clear (use --tls-listen and --no-plaintext-listener)");
+            }
+            Some(
+                TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("listening on {listen}"))?,
+            )
+        } else {
+            None
+        };
         let tls = match &config.tls {
             Some(tls) => Some(TlsListener::bind(tls).await?),
             None => None,
         };
         let tls_addr = tls.as_ref().map(|l| l.local_addr()).transpose()?;
+        // The address clients are told: the plaintext listener's, else the TLS one's.
+        let addr = match (&listener, tls_addr) {
+            (Some(l), _) => l.local_addr()?,
+            (None, Some(a)) => a,
+            (None, None) => anyhow::bail!(
+                "no listener: the plaintext listener is off and there is no TLS listener (--tls-listen)"
+            ),
+        };
         let mut app = build_app(state.clone());
         if let Some(surface) = &config.surface {
             app = surface
@@ -162,7 +184,7 @@ impl Server {
             None
         };
         let https = tls.map(|l| spawn_http(l, app.clone(), stop_rx.clone()));
-        let http = spawn_http(listener, app, stop_rx);
+        let http = listener.map(|l| spawn_http(l, app, stop_rx));
         tracing::info!(%addr, ?tls_addr, "SPACE control plane listening");
         Ok(Server {
             addr,
@@ -182,9 +204,10 @@ impl Server {
         self.addr
     }
 
-    /// `http://ADDR`.
+    /// `http://ADDR`, or `https://ADDR` when only TLS is served.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.http.is_some() { "http" } else { "https" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The address of the TLS listener, if there is one.
@@ -213,7 +236,7 @@ impl Server {
         let _ = self.stop.send(true);
         // Both listeners drain at once, within one grace period.
         let grace = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-        for http in std::iter::once(self.http).chain(self.https) {
+        for http in self.http.into_iter().chain(self.https) {
             finish_http(http, grace).await;
         }
         if let Some(r) = self.reconciler {
@@ -287,8 +310,22 @@ pub async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+/// Files of the data directory only its owner may read: the SQLite database (API key
+/// hashes, tenants, sandboxes) with its journal files, and the first API key.
+pub const PRIVATE_FILES: &[&str] = &[
+    "control.db",
+    "control.db-wal",
+    "control.db-shm",
+    crate::bootstrap::API_KEY_FILE,
+];
+
+/// Makes the data directory private, whoever made it and its files: no access for others
+/// on the directory (created 0700 if missing; the node manager makes it root's, group the
+/// server's user's, 1770, and the group is meant), and [`PRIVATE_FILES`] that exist 0600.
+/// Key files are not fixed here: `space_secrets::keyfile` refuses one that group or others
+/// could read (it may be known). Fails when a mode cannot be set (a file another user owns).
+pub fn secure_data_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -296,5 +333,67 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
+    // `path` loses the `forbidden` permission bits, if it exists.
+    let restrict = |path: &Path, forbidden: u32| -> anyhow::Result<()> {
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & forbidden != 0 {
+            let private = mode & !forbidden;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(private)).with_context(
+                || {
+                    format!(
+                        "{} has mode {mode:04o}: making it {private:04o}",
+                        path.display()
+                    )
+                },
+            )?;
+            tracing::warn!(path = %path.display(), was = format!("{mode:04o}"), now = format!("{private:04o}"), "made it private");
+        }
+        Ok(())
+    };
+    restrict(dir, 0o007)?;
+    for name in PRIVATE_FILES {
+        restrict(&dir.join(name), 0o077)?;
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_data_directory_is_made_private_whoever_made_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        secure_data_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "created private");
+        // Made by someone else, loosely: others lose access, the group (the node manager's
+        // split) keeps it; the database and the key copy become the owner's only.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1775)).unwrap();
+        for name in ["control.db", "control.db-wal", "api-key", "unrelated"] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+            std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
+        secure_data_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o1770);
+        for name in ["control.db", "control.db-wal", "api-key"] {
+            assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
+        }
+        assert_eq!(
+            mode(&dir.join("unrelated")),
+            0o644,
+            "only the files it knows"
+        );
+    }
 }

@@ -26,6 +26,7 @@ const ROUTES: &[&str] = &[
     "POST /v1/sandboxes/{id}/resume",
     "POST /v1/sandboxes/{id}/stop",
     "POST /v1/sandboxes/{id}/start",
+    "POST /v1/sandboxes/{id}/revoke-tokens",
     "POST /v1/sandboxes/{id}/rollback",
     "POST /v1/sandboxes/{id}/fork",
     "GET /v1/sandboxes/{id}/events",
@@ -108,6 +109,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: Some(1),
+        tokens: Default::default(),
     };
     ts.db().insert_sandbox(&row).await.unwrap();
     id

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 
 use space_control::bootstrap::{api_key_path, bootstrap};
-use space_control::db::{DbError, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+use space_control::db::{
+    DbError, DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens,
+};
 use space_core::sandbox::TimeoutAction;
 use space_core::{Resources, SandboxId, TenantId};
 
@@ -38,6 +40,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
+        tokens: Default::default(),
     }
 }
 
@@ -47,7 +50,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -190,6 +193,54 @@ async fn api_keys() {
             "{}",
             t.label
         );
+    }
+}
+
+#[tokio::test]
+async fn sandbox_tokens_are_renewed_and_revoked() {
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("acme").await.unwrap();
+        let b = db.create_tenant("beta").await.unwrap();
+        let ka = db.create_api_key(&a.id).await.unwrap();
+        let (ra, rb) = (row(&a.id, 1, &[]), row(&b.id, 2, &[]));
+        db.insert_sandbox(&ra).await.unwrap();
+        db.insert_sandbox(&rb).await.unwrap();
+        // None handed out yet; renewing never shortens.
+        let fresh = db.sandbox_any_tenant(&ra.id).await.unwrap().unwrap().tokens;
+        assert_eq!(fresh, SandboxTokens::default(), "{}", t.label);
+        let renewed = db.renew_tokens(&ra.id, 5_000).await.unwrap().unwrap();
+        assert_eq!((renewed.epoch, renewed.valid_until_ms), (0, 5_000));
+        let kept = db.renew_tokens(&ra.id, 4_000).await.unwrap().unwrap();
+        assert_eq!(kept.valid_until_ms, 5_000);
+        // The sandbox's own revocation: a new epoch, none valid.
+        assert!(db.revoke_tokens(&ra.id).await.unwrap());
+        let revoked = db.sandbox_any_tenant(&ra.id).await.unwrap().unwrap().tokens;
+        assert_eq!((revoked.epoch, revoked.valid_until_ms), (1, 0));
+        assert!(!db.revoke_tokens(&SandboxId::generate()).await.unwrap());
+        // An API key's revocation moves every sandbox of its tenant on, no other.
+        db.revoke_api_key(&ka.info.id).await.unwrap();
+        assert_eq!(
+            db.sandbox_any_tenant(&ra.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .tokens
+                .epoch,
+            2
+        );
+        assert_eq!(
+            db.sandbox_any_tenant(&rb.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .tokens
+                .epoch,
+            0
+        );
+        // A deleted sandbox hands out nothing.
+        db.mark_deleted(&rb.id, 10).await.unwrap();
+        assert_eq!(db.renew_tokens(&rb.id, 9_000).await.unwrap(), None);
     }
 }
 

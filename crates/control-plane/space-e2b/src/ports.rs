@@ -190,7 +190,10 @@ async fn may_reach(
     let traffic_token = headers
         .get(TRAFFIC_TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| st.tokens.verify_traffic(&target.id, t));
+        .is_some_and(|t| {
+            let now = space_control::db::now_ms();
+            st.tokens.verify_traffic(&target.id, row.tokens, now, t)
+        });
     if traffic_token {
         return Ok(());
     }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use space_control::db::{DbError, SandboxTokens};
 use space_control::AppState;
 use space_core::SandboxId;
 
@@ -35,8 +36,34 @@ impl E2bState {
         }
     }
 
-    /// The envd access token of sandbox `id`.
-    pub fn envd_token(&self, id: &SandboxId) -> String {
-        self.tokens.token(id)
+    /// The envd access token of sandbox `id` in its current token epoch.
+    pub fn envd_token(&self, id: &SandboxId, tokens: SandboxTokens) -> String {
+        self.tokens.token(id, tokens.epoch)
     }
+
+    /// Hands the tokens of sandbox `id` to a client (create, connect, get): valid for the
+    /// configured time from now (the validity is renewed, the tokens stay the same until a
+    /// revocation). `None` if the sandbox is deleted.
+    pub async fn hand_out_tokens(&self, id: &SandboxId) -> Result<Option<HandedTokens>, DbError> {
+        let ttl_ms =
+            i64::try_from(self.config.token_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let until = space_control::db::now_ms().saturating_add(ttl_ms);
+        Ok(self
+            .app
+            .db
+            .renew_tokens(id, until)
+            .await?
+            .map(|tokens| HandedTokens {
+                envd: self.envd_token(id, tokens),
+                traffic: self.tokens.traffic_token(id, tokens.epoch),
+            }))
+    }
+}
+
+/// A sandbox's tokens as handed to a client.
+pub struct HandedTokens {
+    /// `envdAccessToken`.
+    pub envd: String,
+    /// `trafficAccessToken`.
+    pub traffic: String,
 }

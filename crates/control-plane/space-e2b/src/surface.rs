@@ -32,12 +32,19 @@ pub struct E2bConfig {
     /// `get_host(port)`). Without a port of its own, the server's listening port is added
     /// (`localhost` → `localhost:7070`).
     pub domain: String,
+    /// How long a sandbox's envd and traffic tokens stay valid after they were last handed
+    /// out (create, connect, get renew it), seconds.
+    pub token_ttl_secs: u64,
 }
+
+/// The default of [`E2bConfig::token_ttl_secs`]: a week.
+pub const DEFAULT_TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
 
 impl Default for E2bConfig {
     fn default() -> Self {
         Self {
             domain: DEFAULT_DOMAIN.to_owned(),
+            token_ttl_secs: DEFAULT_TOKEN_TTL_SECS,
         }
     }
 }
@@ -88,6 +95,7 @@ impl ApiSurface for E2bApi {
         let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
         let config = E2bConfig {
             domain: self.config.advertised_domain(ctx.addr, ctx.tls_addr),
+            ..self.config.clone()
         };
         let st = E2bState::new(ctx.state, config, TokenKey::new(*key));
         let native = ctx.native;
@@ -171,6 +179,7 @@ mod tests {
     fn the_host_domain_drops_a_port() {
         let c = E2bConfig {
             domain: "space.test:7070".into(),
+            ..E2bConfig::default()
         };
         assert_eq!(c.host_domain(), "space.test");
         let (plain, tls): (SocketAddr, SocketAddr) = (

@@ -1,19 +1,24 @@
 //! envd access tokens: what a sandbox's envd requests must carry in `X-Access-Token`. The
-//! Python SDK treats every sandbox as secured, and `connect` must return the same token as
-//! `create`, so a token is derived, not stored: HMAC-SHA256 under a node key of the
-//! sandbox id, hex. Checked in constant time. Traffic tokens (what private ports need) are
-//! derived the same way under another context.
+//! SDKs compute signed URLs from the token, and the server must check a signature without
+//! knowing which sandbox it is for, so a token is derived, not stored: HMAC-SHA256 under a
+//! node key of the sandbox id and the sandbox's token **epoch** (`SandboxTokens`, in the
+//! database), hex. Bumping the epoch (`POST /v1/sandboxes/{id}/revoke-tokens`, or revoking
+//! an API key of the tenant) makes every token handed out before it fail at once; and a
+//! token is only valid until the `valid_until_ms` of its epoch, renewed each time it is
+//! handed out (create, connect, get). Checked in constant time. Traffic tokens (what private
+//! ports need) are derived the same way under another context.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use space_control::db::SandboxTokens;
 use space_core::SandboxId;
 
 /// Bytes of the node key.
 pub const KEY_LEN: usize = 32;
 /// Domain separation, so the key can never produce another kind of MAC with the same input.
-const CONTEXT: &[u8] = b"space-e2b/envd-access-token/v1\0";
+const CONTEXT: &[u8] = b"space-e2b/envd-access-token/v2\0";
 /// Domain separation of traffic tokens (private ports) from access tokens.
-const TRAFFIC_CONTEXT: &[u8] = b"space-e2b/traffic-access-token/v1\0";
+const TRAFFIC_CONTEXT: &[u8] = b"space-e2b/traffic-access-token/v2\0";
 
 /// Derives sandboxes' tokens from a node key.
 #[derive(Clone)]
@@ -31,40 +36,66 @@ impl TokenKey {
         TokenKey(bytes)
     }
 
-    fn mac(&self, context: &[u8], id: &SandboxId) -> Hmac<Sha256> {
+    fn mac(&self, context: &[u8], id: &SandboxId, epoch: u64) -> Hmac<Sha256> {
         // HMAC takes keys of any length: this cannot fail.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
             .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
         mac.update(context);
+        // The id has a fixed length, so id and epoch cannot run into each other.
         mac.update(id.as_str().as_bytes());
+        mac.update(&epoch.to_be_bytes());
         mac
     }
 
-    fn check(&self, context: &[u8], id: &SandboxId, presented: &str) -> bool {
-        match hex::decode(presented.trim()) {
-            Ok(bytes) => self.mac(context, id).verify_slice(&bytes).is_ok(),
+    fn check(
+        &self,
+        context: &[u8],
+        id: &SandboxId,
+        tokens: SandboxTokens,
+        now_ms: i64,
+        presented: &str,
+    ) -> bool {
+        let genuine = match hex::decode(presented.trim()) {
+            Ok(bytes) => self
+                .mac(context, id, tokens.epoch)
+                .verify_slice(&bytes)
+                .is_ok(),
             Err(_) => false,
-        }
+        };
+        genuine && tokens.valid_at(now_ms)
     }
 
-    /// The envd access token of sandbox `id`.
-    pub fn token(&self, id: &SandboxId) -> String {
-        hex::encode(self.mac(CONTEXT, id).finalize().into_bytes())
+    /// The envd access token of sandbox `id` in `epoch`.
+    pub fn token(&self, id: &SandboxId, epoch: u64) -> String {
+        hex::encode(self.mac(CONTEXT, id, epoch).finalize().into_bytes())
     }
 
-    /// Whether `presented` is the access token of `id` (constant time in its content).
-    pub fn verify(&self, id: &SandboxId, presented: &str) -> bool {
-        self.check(CONTEXT, id, presented)
+    /// Whether `presented` is a valid access token of `id` at `now_ms` (constant time in
+    /// its content).
+    pub fn verify(
+        &self,
+        id: &SandboxId,
+        tokens: SandboxTokens,
+        now_ms: i64,
+        presented: &str,
+    ) -> bool {
+        self.check(CONTEXT, id, tokens, now_ms, presented)
     }
 
-    /// The traffic token of sandbox `id`: what its ports need when they are private.
-    pub fn traffic_token(&self, id: &SandboxId) -> String {
-        hex::encode(self.mac(TRAFFIC_CONTEXT, id).finalize().into_bytes())
+    /// The traffic token of sandbox `id` in `epoch`: what its private ports need.
+    pub fn traffic_token(&self, id: &SandboxId, epoch: u64) -> String {
+        hex::encode(self.mac(TRAFFIC_CONTEXT, id, epoch).finalize().into_bytes())
     }
 
-    /// Whether `presented` is the traffic token of `id`.
-    pub fn verify_traffic(&self, id: &SandboxId, presented: &str) -> bool {
-        self.check(TRAFFIC_CONTEXT, id, presented)
+    /// Whether `presented` is a valid traffic token of `id` at `now_ms`.
+    pub fn verify_traffic(
+        &self,
+        id: &SandboxId,
+        tokens: SandboxTokens,
+        now_ms: i64,
+        presented: &str,
+    ) -> bool {
+        self.check(TRAFFIC_CONTEXT, id, tokens, now_ms, presented)
     }
 }
 
@@ -72,26 +103,67 @@ impl TokenKey {
 mod tests {
     use super::*;
 
+    const NOW: i64 = 1_000_000;
+
+    fn valid(epoch: u64) -> SandboxTokens {
+        SandboxTokens {
+            epoch,
+            valid_until_ms: NOW + 1,
+        }
+    }
+
     #[test]
-    fn tokens_are_stable_per_sandbox_and_key() {
+    fn tokens_are_stable_per_sandbox_epoch_and_key() {
         let key = TokenKey::new([7; KEY_LEN]);
         let a: SandboxId = "sbx-abcdefghij0123456789".parse().unwrap();
         let b = SandboxId::generate();
-        let t = key.token(&a);
+        let t = key.token(&a, 0);
         assert_eq!(t.len(), 64);
-        assert_eq!(key.token(&a), t, "create and connect give the same token");
-        assert!(key.verify(&a, &t));
-        assert!(!key.verify(&b, &t), "another sandbox's token");
+        assert_eq!(
+            key.token(&a, 0),
+            t,
+            "create and connect give the same token"
+        );
+        assert!(key.verify(&a, valid(0), NOW, &t));
         assert!(
-            !TokenKey::new([8; KEY_LEN]).verify(&a, &t),
+            !key.verify(&b, valid(0), NOW, &t),
+            "another sandbox's token"
+        );
+        assert!(
+            !TokenKey::new([8; KEY_LEN]).verify(&a, valid(0), NOW, &t),
             "another node key"
         );
         for bad in ["", "zz", &t[..62], "x".repeat(64).as_str()] {
-            assert!(!key.verify(&a, bad), "{bad:?}");
+            assert!(!key.verify(&a, valid(0), NOW, bad), "{bad:?}");
         }
         assert_eq!(format!("{key:?}"), "TokenKey(***)");
-        let traffic = key.traffic_token(&a);
+        let traffic = key.traffic_token(&a, 0);
         assert_ne!(traffic, t, "the two tokens are not interchangeable");
-        assert!(key.verify_traffic(&a, &traffic) && !key.verify(&a, &traffic));
+        assert!(
+            key.verify_traffic(&a, valid(0), NOW, &traffic)
+                && !key.verify(&a, valid(0), NOW, &traffic)
+        );
+    }
+
+    #[test]
+    fn a_new_epoch_or_the_end_of_validity_refuses_a_token() {
+        let key = TokenKey::new([7; KEY_LEN]);
+        let a = SandboxId::generate();
+        let t = key.token(&a, 3);
+        assert!(key.verify(&a, valid(3), NOW, &t));
+        assert!(
+            !key.verify(&a, valid(4), NOW, &t),
+            "revoked: the epoch moved on"
+        );
+        assert_ne!(key.token(&a, 4), t);
+        let expired = SandboxTokens {
+            epoch: 3,
+            valid_until_ms: NOW,
+        };
+        assert!(!key.verify(&a, expired, NOW, &t), "expired");
+        assert!(!key.verify(&a, SandboxTokens::default(), NOW, &key.token(&a, 0)));
+        let traffic = key.traffic_token(&a, 3);
+        assert!(!key.verify_traffic(&a, valid(4), NOW, &traffic));
+        assert!(!key.verify_traffic(&a, expired, NOW, &traffic));
     }
 }

@@ -6,13 +6,15 @@
 //! In order:
 //! 1. **Placeholders are checked** on the request as the guest sent it: header values, the
 //!    query string and the path are scanned for `space-placeholder-`. Every placeholder found
-//!    must belong to a credential granted for *this* request; otherwise the request is denied
-//!    — a placeholder of a credential not allowed here, one this sandbox has no credential
-//!    for, or a mangled one. Denying (and auditing) rather than forwarding the placeholder
-//!    turns a confusing upstream 401 into a clear error and records the attempt. A placeholder
-//!    in the path is denied too: only header values and the query are substituted (the path is
-//!    what rules match on, and values do not belong in paths, which servers log). Bodies are
-//!    not inspected: a placeholder there goes upstream as is.
+//!    must belong to a credential granted for *this* request, and sit **where that
+//!    credential is injected**: in the header its rule writes (`Authorization` for basic
+//!    auth), or as the value of the query parameter its rule writes. Anywhere else — another
+//!    header, another parameter, a parameter name, the path — the request is denied (and
+//!    audited), never forwarded with the stand-in or the secret: an endpoint that echoes,
+//!    logs-and-shows or stores request data would otherwise hand the secret to the guest, at
+//!    a place of its choosing. So are a placeholder of a credential not allowed here, one
+//!    this sandbox has no credential for, and a mangled one. Bodies are not inspected: a
+//!    placeholder there goes upstream as is (as the stand-in, never the secret).
 //! 2. **The guest's own credentials are stripped**, when at least one credential is granted:
 //!    `Authorization`, `Proxy-Authorization`, every header a granted credential writes, and
 //!    every query parameter a granted credential writes (compared after percent-decoding, so
@@ -20,9 +22,9 @@
 //!    is *not* stripped (unless a credential writes it): cookies are session state the guest
 //!    obtained from that host itself, and removing them would break ordinary logins while
 //!    protecting nothing we inject. A request with no granted credential is left untouched.
-//! 3. **Placeholders are substituted** in the remaining header values (the value must then be
-//!    header-safe) and in the query string (percent-encoded).
-//! 4. **Values are injected**: a header from the template, `Authorization: Basic …`, or a
+//!    Every placeholder the first step let through is in what this removes: nothing is
+//!    substituted, the value goes in only as the rule's own template.
+//! 3. **Values are injected**: a header from the template, `Authorization: Basic …`, or a
 //!    query parameter appended. Injected header values are marked sensitive (HTTP/2 HPACK
 //!    never indexes them).
 //!
@@ -32,7 +34,7 @@ use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use zeroize::Zeroizing;
@@ -90,16 +92,31 @@ pub fn mentions_placeholder(parts: &Parts) -> bool {
 /// Rewrites `parts` per the module doc. On success returns the credentials injected; on
 /// denial `parts` may be partly rewritten and must be discarded.
 pub fn apply(parts: &mut Parts, plan: &InjectionPlan) -> Result<Vec<CredentialRef>, Denial> {
-    // 1. Check every placeholder.
-    let mut any_placeholder = false;
-    for value in parts.headers.values() {
-        any_placeholder |= check_tokens(value.as_bytes(), plan)?;
+    // 1. Check every placeholder, and where it is.
+    for (name, value) in &parts.headers {
+        let found_in = || format!("header {name}");
+        check_tokens(
+            value.as_bytes(),
+            plan,
+            |inj| inj.writes_header(name),
+            found_in,
+        )?;
     }
     if let Some(query) = parts.uri.query() {
-        any_placeholder |= check_tokens(query.as_bytes(), plan)?;
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = percent_decode(key);
+            let found_in = || format!("query parameter {}", decoded.as_deref().unwrap_or(key));
+            check_tokens(key.as_bytes(), plan, |_| false, found_in)?;
+            let writes = |inj: &CompiledInjection| {
+                matches!(inj, CompiledInjection::QueryParam { name }
+                    if decoded.as_deref() == Some(name.as_str()) || key == name)
+            };
+            check_tokens(value.as_bytes(), plan, writes, found_in)?;
+        }
     }
     if placeholder::mentions_placeholder(parts.uri.path().as_bytes()) {
-        check_tokens(parts.uri.path().as_bytes(), plan)?;
+        check_tokens(parts.uri.path().as_bytes(), plan, |_| true, String::new)?;
         let credential = first_known(parts.uri.path().as_bytes(), plan);
         return Err(Denial {
             credential,
@@ -110,7 +127,7 @@ pub fn apply(parts: &mut Parts, plan: &InjectionPlan) -> Result<Vec<CredentialRe
         return Ok(Vec::new());
     }
 
-    // 2. Strip the guest's own credentials.
+    // 2. Strip the guest's own credentials (and with them every placeholder step 1 let by).
     let headers = &mut parts.headers;
     headers.remove(header::AUTHORIZATION);
     headers.remove(header::PROXY_AUTHORIZATION);
@@ -125,39 +142,17 @@ pub fn apply(parts: &mut Parts, plan: &InjectionPlan) -> Result<Vec<CredentialRe
         }
     }
 
-    // 3. Substitute placeholders left in header values.
-    if any_placeholder {
-        let names: Vec<HeaderName> = headers.keys().cloned().collect();
-        for name in names {
-            let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-            if !values
-                .iter()
-                .any(|v| placeholder::mentions_placeholder(v.as_bytes()))
-            {
-                continue;
-            }
-            headers.remove(&name);
-            for v in values {
-                let new = substitute(v.as_bytes(), plan, Encoding::Header)?;
-                let mut hv = HeaderValue::from_bytes(&new)
-                    .map_err(|_| Denial::bare(DenyReason::ValueNotHeaderSafe))?;
-                hv.set_sensitive(v.is_sensitive() || new.as_slice() != v.as_bytes());
-                headers.append(name.clone(), hv);
-            }
-        }
-    }
-
-    // 3 and 4 for the query: strip, substitute, append.
+    // 2 and 3 for the query: strip, append.
     let query_injections: Vec<&PlannedInjection> = plan
         .injections
         .iter()
         .filter(|i| matches!(i.injection, CompiledInjection::QueryParam { .. }))
         .collect();
-    if !query_injections.is_empty() || (any_placeholder && parts.uri.query().is_some()) {
-        rewrite_query(parts, plan, &query_names, &query_injections)?;
+    if !query_injections.is_empty() {
+        rewrite_query(parts, &query_names, &query_injections)?;
     }
 
-    // 4. Inject headers.
+    // 3. Inject headers.
     let mut injected = Vec::with_capacity(plan.injections.len());
     for inj in &plan.injections {
         let deny = |reason| Denial {
@@ -205,25 +200,37 @@ pub fn apply(parts: &mut Parts, plan: &InjectionPlan) -> Result<Vec<CredentialRe
     Ok(injected)
 }
 
-/// Checks the placeholders in `bytes`; `Ok(true)` if there were any (all granted).
-fn check_tokens(bytes: &[u8], plan: &InjectionPlan) -> Result<bool, Denial> {
-    let tokens = placeholder::scan(bytes);
-    for token in &tokens {
+/// Checks the placeholders in `bytes`: each must be this sandbox's, of a credential granted
+/// for the request whose injection `belongs` says writes this place (`found_in` names it).
+fn check_tokens(
+    bytes: &[u8],
+    plan: &InjectionPlan,
+    belongs: impl Fn(&CompiledInjection) -> bool,
+    found_in: impl Fn() -> String,
+) -> Result<(), Denial> {
+    for token in placeholder::scan(bytes) {
         match token {
             Token::Malformed => return Err(Denial::bare(DenyReason::MalformedPlaceholder)),
-            Token::Placeholder { text, .. } => match lookup(plan, text) {
-                None => return Err(Denial::bare(DenyReason::UnknownPlaceholder)),
-                Some(known) if known.granted.is_none() => {
-                    return Err(Denial {
-                        credential: Some(known.credential.clone()),
-                        reason: DenyReason::PlaceholderNotAllowed,
-                    })
+            Token::Placeholder { text, .. } => {
+                let Some(known) = lookup(plan, text) else {
+                    return Err(Denial::bare(DenyReason::UnknownPlaceholder));
+                };
+                let deny = |reason| Denial {
+                    credential: Some(known.credential.clone()),
+                    reason,
+                };
+                let Some(granted) = known.granted.and_then(|i| plan.injections.get(i)) else {
+                    return Err(deny(DenyReason::PlaceholderNotAllowed));
+                };
+                if !belongs(&granted.injection) {
+                    return Err(deny(DenyReason::PlaceholderOutOfPlace {
+                        found_in: found_in(),
+                    }));
                 }
-                Some(_) => {}
-            },
+            }
         }
     }
-    Ok(!tokens.is_empty())
+    Ok(())
 }
 
 fn lookup<'p>(plan: &'p InjectionPlan, text: &str) -> Option<&'p KnownPlaceholder> {
@@ -239,52 +246,10 @@ fn first_known(bytes: &[u8], plan: &InjectionPlan) -> Option<CredentialRef> {
     })
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Encoding {
-    /// Literally, into a header value (must be header-safe).
-    Header,
-    /// Percent-encoded, into a query string.
-    Query,
-}
-
-/// `bytes` with every (already checked, granted) placeholder replaced by its value.
-fn substitute(
-    bytes: &[u8],
-    plan: &InjectionPlan,
-    enc: Encoding,
-) -> Result<Zeroizing<Vec<u8>>, Denial> {
-    let mut out = Zeroizing::new(Vec::with_capacity(bytes.len()));
-    let mut last = 0;
-    for token in placeholder::scan(bytes) {
-        let Token::Placeholder { at, text } = token else {
-            return Err(Denial::bare(DenyReason::MalformedPlaceholder));
-        };
-        let inj = lookup(plan, text)
-            .and_then(|k| k.granted)
-            .and_then(|i| plan.injections.get(i))
-            .ok_or_else(|| Denial::bare(DenyReason::UnknownPlaceholder))?;
-        out.extend_from_slice(&bytes[last..at]);
-        match enc {
-            Encoding::Header => {
-                inj.value.check_header_safe().map_err(|_| Denial {
-                    credential: Some(inj.credential.clone()),
-                    reason: DenyReason::ValueNotHeaderSafe,
-                })?;
-                out.extend_from_slice(inj.value.expose().as_bytes());
-            }
-            Encoding::Query => percent_encode_into(inj.value.expose().as_bytes(), &mut out),
-        }
-        last = at + text.len();
-    }
-    out.extend_from_slice(&bytes[last..]);
-    Ok(out)
-}
-
 /// Rebuilds the query: drops the guest's parameters that granted credentials write,
-/// substitutes placeholders, appends injected parameters.
+/// appends injected parameters.
 fn rewrite_query(
     parts: &mut Parts,
-    plan: &InjectionPlan,
     strip: &[&str],
     inject: &[&PlannedInjection],
 ) -> Result<(), Denial> {
@@ -303,7 +268,7 @@ fn rewrite_query(
             if !query.is_empty() {
                 query.push(b'&');
             }
-            query.extend_from_slice(&substitute(pair.as_bytes(), plan, Encoding::Query)?);
+            query.extend_from_slice(pair.as_bytes());
         }
     }
     for inj in inject {

@@ -122,8 +122,14 @@ pub enum DenyReason {
     UnknownPlaceholder,
     /// The placeholder prefix without a valid placeholder after it.
     MalformedPlaceholder,
-    /// A placeholder in the path (only header values and the query are substituted).
+    /// A placeholder in the path (a placeholder only goes where its credential is injected).
     PlaceholderInPath,
+    /// A placeholder in a header or query parameter its credential does not write: an
+    /// endpoint that echoes or stores request data would hand the secret back.
+    PlaceholderOutOfPlace {
+        /// Where it was (`header x-custom`, `query parameter q`).
+        found_in: String,
+    },
     /// The value could not be fetched from the backend.
     ValueUnavailable(String),
     /// The value contains characters that cannot go into a header.
@@ -149,6 +155,7 @@ impl DenyReason {
             DenyReason::UnknownPlaceholder => "unknown_placeholder",
             DenyReason::MalformedPlaceholder => "malformed_placeholder",
             DenyReason::PlaceholderInPath => "placeholder_in_path",
+            DenyReason::PlaceholderOutOfPlace { .. } => "placeholder_out_of_place",
             DenyReason::ValueUnavailable(_) => "value_unavailable",
             DenyReason::ValueNotHeaderSafe => "value_not_header_safe",
             DenyReason::AuditUnavailable(_) => "audit_unavailable",
@@ -188,7 +195,11 @@ impl fmt::Display for DenyReason {
             }
             DenyReason::MalformedPlaceholder => f.write_str("request carries a mangled placeholder"),
             DenyReason::PlaceholderInPath => f.write_str(
-                "placeholder in the URL path (only header values and the query string are substituted)",
+                "placeholder in the URL path (a placeholder only goes where its credential is injected)",
+            ),
+            DenyReason::PlaceholderOutOfPlace { found_in } => write!(
+                f,
+                "placeholder in {found_in}, which its credential does not write: a placeholder only goes where its rule injects the credential"
             ),
             DenyReason::ValueUnavailable(e) => write!(f, "credential value unavailable: {e}"),
             DenyReason::ValueNotHeaderSafe => {

@@ -174,6 +174,15 @@ impl CompiledInjection {
             CompiledInjection::QueryParam { name } => InjectionTarget::QueryParam(name.clone()),
         }
     }
+
+    /// Whether this injection writes header `name`.
+    pub fn writes_header(&self, name: &HeaderName) -> bool {
+        match self {
+            CompiledInjection::Header { name: target, .. } => target == name,
+            CompiledInjection::BasicAuth { .. } => name == header::AUTHORIZATION,
+            CompiledInjection::QueryParam { .. } => false,
+        }
+    }
 }
 
 /// A checked rule, ready to match requests.

@@ -625,7 +625,7 @@ async fn two_credentials_writing_one_header_conflict() {
 }
 
 #[tokio::test]
-async fn placeholders_are_substituted_only_where_allowed() {
+async fn placeholders_are_only_accepted_where_their_credential_goes() {
     let fx = fx().await;
     let mut rule = bearer_rule(&["api.openai.com"]);
     rule.placeholder = true;
@@ -658,25 +658,42 @@ async fn placeholders_are_substituted_only_where_allowed() {
     assert_ne!(theirs[0].1, *ph);
     let ph = ph.as_str();
 
-    // Allowed: substituted in headers and the query; Authorization replaced anyway.
-    let bearer = format!("Bearer {ph}");
-    let custom = format!("key={ph};v=1");
-    let uri = format!("/v1/chat?k={ph}&z=1");
+    // Where its rule injects it (Authorization): the header is replaced by the injection,
+    // whatever the guest wrote around the placeholder.
+    let bearer = format!("Bearer {ph}ZZ");
     let (r, p) = fx
         .send(
             "api.openai.com",
-            req(
-                "POST",
-                &uri,
-                &[("authorization", &bearer), ("x-custom", &custom)],
-            ),
+            req("POST", "/v1/chat?z=1", &[("authorization", &bearer)]),
         )
         .await;
     assert_eq!(r.unwrap()[0].id, c.id);
     assert_eq!(header(&p, "authorization"), vec!["Bearer sk-real"]);
-    assert_eq!(header(&p, "x-custom"), vec!["key=sk-real;v=1"]);
-    assert!(p.headers.get("x-custom").unwrap().is_sensitive());
-    assert_eq!(p.uri.query(), Some("k=sk-real&z=1"));
+    assert_eq!(p.uri.query(), Some("z=1"));
+    // Anywhere else, denied: never substituted (an endpoint that echoes request data would
+    // hand the secret to the guest), never forwarded as the stand-in.
+    let custom = format!("key={ph};v=1");
+    for (uri, extra, found_in) in [
+        (
+            "/v1/chat".to_owned(),
+            Some(("x-custom", custom.as_str())),
+            "header x-custom",
+        ),
+        (format!("/v1/chat?k={ph}&z=1"), None, "query parameter k"),
+        (format!("/v1/chat?{ph}=1"), None, ""),
+    ] {
+        let mut headers = vec![("authorization", bearer.as_str())];
+        headers.extend(extra);
+        let (r, _) = fx.send("api.openai.com", req("POST", &uri, &headers)).await;
+        let d = denied(r);
+        assert!(
+            matches!(&d.reason, DenyReason::PlaceholderOutOfPlace { found_in: f } if f.starts_with(found_in)),
+            "{uri}: {:?}",
+            d.reason
+        );
+        assert_eq!(d.reason.code(), "placeholder_out_of_place");
+    }
+    let bearer = format!("Bearer {ph}");
 
     // The placeholder to a host the credential is not for: denied, not forwarded.
     let (r, _) = fx
@@ -727,7 +744,7 @@ async fn placeholders_are_substituted_only_where_allowed() {
         .into_iter()
         .filter(|e| e.decision == AuditDecision::Deny)
         .collect();
-    assert_eq!(denials.len(), 6);
+    assert_eq!(denials.len(), 9);
     assert!(denials.iter().any(|e| e.host == "evil.example.net"
         && e.credential_name.as_ref().map(|n| n.as_str()) == Some("OPENAI_API_KEY")));
 }
@@ -1006,15 +1023,18 @@ async fn no_output_ever_contains_a_value() {
         .clone();
 
     let mut outputs: Vec<String> = Vec::new();
-    // Success, with a placeholder substituted.
+    // Success, with the placeholder where its credential goes.
     let (r, parts) = fx
         .send(
             "api.example.com",
-            req("GET", "/", &[("x-key", &format!("k {ph}"))]),
+            req("GET", "/", &[("authorization", &format!("Bearer {ph}"))]),
         )
         .await;
     assert_eq!(r.as_ref().unwrap().len(), 1);
-    assert_eq!(header(&parts, "x-key"), vec![format!("k {SECRET}")]);
+    assert_eq!(
+        header(&parts, "authorization"),
+        vec![format!("Bearer {SECRET}")]
+    );
     outputs.push(format!("{r:?} {parts:?} {:?}", parts.headers));
     // Denials of several kinds.
     for (h, tls) in [

@@ -43,6 +43,12 @@ pub enum SandboxCmd {
         /// Seconds from now.
         secs: u64,
     },
+    /// Revoke every access token handed out for a sandbox (E2B envd and traffic tokens, and
+    /// the signed URLs made with them); clients get new ones by connecting again.
+    RevokeTokens {
+        /// Sandbox id.
+        id: String,
+    },
     /// List the processes in a sandbox.
     Ps {
         /// Sandbox id.
@@ -249,6 +255,15 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 }
             }
             return Ok(u8::from(failed > 0));
+        }
+        SandboxCmd::RevokeTokens { id } => {
+            let id = sandbox_id(&id)?;
+            client.revoke_tokens(&id).await?;
+            if g.json {
+                render::json(&serde_json::json!({ "id": id, "tokens_revoked": true }))?;
+            } else {
+                println!("revoked the tokens of {id}");
+            }
         }
         SandboxCmd::Timeout { id, secs } => {
             let info = client.set_timeout(&sandbox_id(&id)?, secs).await?;

@@ -54,6 +54,10 @@ pub struct ServerArgs {
     /// a port. Point E2B_DOMAIN at it, and E2B_API_URL and E2B_SANDBOX_URL at this server.
     #[arg(long, value_name = "DOMAIN", default_value = space_e2b::surface::DEFAULT_DOMAIN)]
     e2b_domain: String,
+    /// How long a sandbox's E2B envd and traffic tokens stay valid after they were last
+    /// handed out (create, connect and get renew them), seconds.
+    #[arg(long, value_name = "SECS", default_value_t = space_e2b::surface::DEFAULT_TOKEN_TTL_SECS)]
+    e2b_token_ttl_secs: u64,
     /// Accepted for old scripts, and ignored: sandbox ports are private by default now (a
     /// create request's `public_ports`, or E2B's `allowPublicTraffic`, makes them public).
     #[arg(long, hide = true)]
@@ -72,6 +76,10 @@ pub struct ServerArgs {
     /// PEM private key of the TLS listener.
     #[arg(long, value_name = "FILE", requires = "tls_listen")]
     tls_key: Option<std::path::PathBuf>,
+    /// Serve TLS only (--tls-listen): no plaintext HTTP on --listen. For servers other
+    /// hosts reach, so that keys and tokens never cross the network in clear.
+    #[arg(long, requires = "tls_listen")]
+    no_plaintext_listener: bool,
     /// The socket of this node's `space node-manager`, which then does every privileged
     /// operation (default: this process does them, and must be root).
     #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
@@ -94,6 +102,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     if let (Some(listen), Some(cert), Some(key)) = (a.tls_listen, a.tls_cert, a.tls_key) {
         cfg.tls = Some(space_control::tls::TlsListen { listen, cert, key });
     }
+    cfg.plaintext = !a.no_plaintext_listener;
     cfg.node.accel = a.accel;
     if let Some(n) = a.pool_size {
         cfg.node.pool_size = n;
@@ -121,6 +130,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     }
     let e2b = (!a.no_e2b).then(|| space_e2b::E2bConfig {
         domain: a.e2b_domain.clone(),
+        token_ttl_secs: a.e2b_token_ttl_secs,
     });
     if let Some(config) = &e2b {
         cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(config.clone())));

@@ -22,6 +22,24 @@ pub struct AuthTenant {
     pub name: String,
 }
 
+impl AuthTenant {
+    /// Refuses (`403 forbidden`) unless this is the operator's tenant (`default`, made at
+    /// the first start): what shows node-wide state is for the operator only.
+    pub fn require_operator(&self) -> Result<(), ApiError> {
+        if self.name == crate::bootstrap::DEFAULT_TENANT {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                space_core::ErrorCode::Forbidden,
+                format!(
+                    "this shows node-wide state: only the operator's tenant ({}) may see it",
+                    crate::bootstrap::DEFAULT_TENANT
+                ),
+            ))
+        }
+    }
+}
+
 /// Middleware: 401 unless the request carries a valid, unrevoked key.
 pub async fn require_api_key(
     State(state): State<AppState>,

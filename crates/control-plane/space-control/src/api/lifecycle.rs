@@ -549,7 +549,7 @@ impl Follow {
 }
 
 /// What the node's warm pool holds: restored, paused VMs per template shape, ready to
-/// become sandboxes.
+/// become sandboxes. Node-wide state: for the operator's tenant (`default`) only.
 #[utoipa::path(
     get,
     path = "/v1/pool",
@@ -557,10 +557,15 @@ impl Follow {
     responses(
         (status = 200, description = "Pool members per template shape", body = PoolStatusList),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
-pub async fn pool(State(st): State<AppState>, _tenant: AuthTenant) -> Json<PoolStatusList> {
+pub async fn pool(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+) -> ApiResult<Json<PoolStatusList>> {
+    tenant.require_operator()?;
     let pools = st
         .node
         .pool_status()
@@ -573,5 +578,5 @@ pub async fn pool(State(st): State<AppState>, _tenant: AuthTenant) -> Json<PoolS
             target: p.target,
         })
         .collect();
-    Json(PoolStatusList { pools })
+    Ok(Json(PoolStatusList { pools }))
 }

@@ -98,6 +98,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(sandboxes::get_sandbox, sandboxes::delete_sandbox))
         .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::revoke_tokens))
         .routes(routes!(sandboxes::console))
         .routes(routes!(metrics::metrics))
         .routes(routes!(lifecycle::pause))

@@ -432,6 +432,7 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> 
         timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
+        tokens: Default::default(),
     }
 }
 
@@ -697,6 +698,34 @@ pub async fn set_timeout(
     Ok(Json(info_now(&st, &row)))
 }
 
+/// Revoke every access token handed out for the sandbox (the E2B surface's envd and
+/// traffic tokens, and the signed URLs made with them): they fail at once; a client gets
+/// new ones by connecting (or `GET`ting) the sandbox again.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/revoke-tokens",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn revoke_tokens(
+    State(st): State<AppState>,
+    tenant: AuthTenant,
+    SandboxPath(id): SandboxPath,
+) -> ApiResult<StatusCode> {
+    st.live_sandbox(&tenant.id, &id).await?;
+    if !st.db.revoke_tokens(&id).await? {
+        return Err(ApiError::sandbox_not_found(&id));
+    }
+    tracing::info!(sandbox = %id, tenant = %tenant.name, "sandbox tokens revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Query of the console endpoint.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -776,6 +805,7 @@ mod tests {
             timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: Some(5),
+            tokens: Default::default(),
         }
     }
 

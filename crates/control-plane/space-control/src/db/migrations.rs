@@ -113,6 +113,17 @@ pub const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE sandboxes ADD COLUMN timed_out_at_ms BIGINT",
         ],
     },
+    // The generation of a sandbox's access tokens (`SandboxTokens`): bumped to revoke every
+    // token handed out so far; and until when the current ones are valid (0: none handed
+    // out yet, or revoked). Rows from before: generation 0, valid until handed out again.
+    Migration {
+        version: 5,
+        description: "sandbox token epochs",
+        statements: &[
+            "ALTER TABLE sandboxes ADD COLUMN token_epoch BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE sandboxes ADD COLUMN tokens_valid_until_ms BIGINT NOT NULL DEFAULT 0",
+        ],
+    },
 ];
 
 #[cfg(test)]

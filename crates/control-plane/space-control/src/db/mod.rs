@@ -22,7 +22,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Connection, Executor};
 
 pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
-pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 
 /// Why a database operation failed.

@@ -65,6 +65,25 @@ pub struct SandboxSpec {
     pub public_ports: PublicPorts,
 }
 
+/// The generation and validity of the access tokens handed out for a sandbox (the E2B
+/// surface's envd and traffic tokens, derived from the sandbox id and `epoch`): a token of
+/// another epoch, or presented after `valid_until_ms`, is refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SandboxTokens {
+    /// Bumped by a revocation (of the sandbox's tokens, or of an API key of its tenant).
+    pub epoch: u64,
+    /// The current tokens are valid until then, ms since the Unix epoch; renewed when they
+    /// are handed out. 0: none are valid.
+    pub valid_until_ms: i64,
+}
+
+impl SandboxTokens {
+    /// Whether tokens of this epoch are valid at `now_ms`.
+    pub fn valid_at(&self, now_ms: i64) -> bool {
+        now_ms < self.valid_until_ms
+    }
+}
+
 /// One row of `sandboxes`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRow {
@@ -103,6 +122,8 @@ pub struct SandboxRow {
     pub deleted_at_ms: Option<i64>,
     /// Create request to ready, ms; `None` until created.
     pub create_latency_ms: Option<i64>,
+    /// Its access tokens' generation and validity.
+    pub tokens: SandboxTokens,
 }
 
 /// Which rows a listing returns.
@@ -119,7 +140,8 @@ pub enum SandboxFilter {
 const COLUMNS: &str =
     "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
                        created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms, \
-                       timeout_secs, on_timeout, auto_resume, timed_out_at_ms";
+                       timeout_secs, on_timeout, auto_resume, timed_out_at_ms, token_epoch, \
+                       tokens_valid_until_ms";
 
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
     DbError::Corrupt {
@@ -137,6 +159,7 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
     let on_timeout: String = row.try_get("on_timeout")?;
     let timeout_secs: i64 = row.try_get("timeout_secs")?;
     let auto_resume: i64 = row.try_get("auto_resume")?;
+    let token_epoch: i64 = row.try_get("token_epoch")?;
     Ok(SandboxRow {
         id: id.parse().map_err(corrupt)?,
         tenant_id: tenant.parse().map_err(corrupt)?,
@@ -155,6 +178,10 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
             .ok_or_else(|| corrupt(format!("on_timeout {on_timeout:?}")))?,
         auto_resume: auto_resume != 0,
         timed_out_at_ms: row.try_get("timed_out_at_ms")?,
+        tokens: SandboxTokens {
+            epoch: u64::try_from(token_epoch).map_err(corrupt)?,
+            valid_until_ms: row.try_get("tokens_valid_until_ms")?,
+        },
     })
 }
 
@@ -170,7 +197,7 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
 impl Db {
     /// Records a new sandbox (before the node is asked to create it).
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
-        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)");
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)");
         sqlx::query(&sql)
             .bind(row.id.as_str())
             .bind(row.tenant_id.as_str())
@@ -188,6 +215,8 @@ impl Db {
             .bind(row.on_timeout.as_str())
             .bind(i64::from(row.auto_resume))
             .bind(row.timed_out_at_ms)
+            .bind(i64::try_from(row.tokens.epoch).map_err(|e| DbError::Invalid(e.to_string()))?)
+            .bind(row.tokens.valid_until_ms)
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;
@@ -291,6 +320,41 @@ impl Db {
             now_ms,
         )
         .await
+    }
+
+    /// Hands out the current tokens of a sandbox that is not deleted: they are valid until
+    /// `valid_until_ms` (never shortened). `None` if it is deleted or missing.
+    pub async fn renew_tokens(
+        &self,
+        id: &SandboxId,
+        valid_until_ms: i64,
+    ) -> Result<Option<SandboxTokens>, DbError> {
+        let sql = format!(
+            "UPDATE sandboxes SET tokens_valid_until_ms = $1 WHERE id = $2 AND desired_state <> '{}' AND tokens_valid_until_ms < $1",
+            DesiredState::Deleted.as_str()
+        );
+        sqlx::query(&sql)
+            .bind(valid_until_ms)
+            .bind(id.as_str())
+            .execute(self.pool())
+            .await?;
+        Ok(self
+            .sandbox_any_tenant(id)
+            .await?
+            .filter(|row| row.desired_state != DesiredState::Deleted)
+            .map(|row| row.tokens))
+    }
+
+    /// Revokes every token handed out for a sandbox: a new epoch, none valid until they are
+    /// handed out again. `false` if it does not exist.
+    pub async fn revoke_tokens(&self, id: &SandboxId) -> Result<bool, DbError> {
+        let done = sqlx::query(
+            "UPDATE sandboxes SET token_epoch = token_epoch + 1, tokens_valid_until_ms = 0 WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// The timeout of a live sandbox acted (paused or stopped it, or found it so) at

@@ -254,7 +254,8 @@ impl Db {
         rows.iter().map(key_from_row).collect()
     }
 
-    /// Revokes a key by id or display prefix. `NotFound` if no unrevoked key matches (so
+    /// Revokes a key by id or display prefix, and with it every sandbox token handed out to
+    /// the key's tenant (their epochs move on). `NotFound` if no unrevoked key matches (so
     /// revoking twice reports `NotFound`), `Invalid` if a prefix matches several keys.
     pub async fn revoke_api_key(&self, id_or_prefix: &str) -> Result<ApiKeyInfo, DbError> {
         let row = sqlx::query(
@@ -278,13 +279,23 @@ impl Db {
             }
         };
         let now = now_ms();
+        // One transaction: the tokens handed out to the key's holder (for any sandbox of
+        // the tenant: which key asked is not recorded) die with the key, never after it.
+        let mut tx = self.pool().begin().await?;
         sqlx::query(
             "UPDATE api_keys SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL",
         )
         .bind(now)
         .bind(&info.id)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await?;
+        sqlx::query(
+            "UPDATE sandboxes SET token_epoch = token_epoch + 1, tokens_valid_until_ms = 0 WHERE tenant_id = $1",
+        )
+        .bind(info.tenant_id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(ApiKeyInfo {
             revoked_at_ms: Some(now),
             ..info

@@ -1,7 +1,8 @@
 //! Who an envd request is for and whether it may act: the sandbox the dispatcher found in
 //! its `Host` or `E2b-Sandbox-Id` ([`EnvdTarget`]), which must be live; its envd access token
-//! (`X-Access-Token`, checked in constant time against the token derived for that
-//! sandbox); and the acting user (`Authorization: Basic base64("<user>:")`, absent for the
+//! (`X-Access-Token`, checked in constant time against the token derived for that sandbox
+//! in its current token epoch, and refused once that epoch's validity ended); and the
+//! acting user (`Authorization: Basic base64("<user>:")`, absent for the
 //! sandbox's default user).
 //!
 //! An envd request carries no API key: the token is its only credential, and a token is
@@ -91,27 +92,27 @@ pub async fn caller(
     headers: &HeaderMap,
     proof: Proof<'_>,
 ) -> Result<EnvdCaller, AccessError> {
-    let tenant = live_sandbox(st, target).await?;
+    let row = live_sandbox_row(st, target).await?;
+    let now = space_control::db::now_ms();
     let token_ok = || {
         headers
             .get(ACCESS_TOKEN_HEADER)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| st.tokens.verify(&target.0, t))
+            .is_some_and(|t| st.tokens.verify(&target.0, row.tokens, now, t))
     };
     let allowed = match proof {
         Proof::None => true,
         Proof::Token => token_ok(),
+        // A signed URL is made with the token: valid only while the token is.
         Proof::TokenOr(signed) => {
-            token_ok() || {
-                let token = st.envd_token(&target.0);
-                signed(&token)
-            }
+            token_ok()
+                || (row.tokens.valid_at(now) && signed(&st.envd_token(&target.0, row.tokens)))
         }
     };
     if !allowed {
         return Err(AccessError::Unauthenticated(
             if headers.contains_key(ACCESS_TOKEN_HEADER) {
-                "invalid access token"
+                "invalid, expired or revoked access token (connect to the sandbox for a valid one)"
             } else {
                 "missing access token: send X-Access-Token"
             },
@@ -119,7 +120,7 @@ pub async fn caller(
     }
     Ok(EnvdCaller {
         id: target.0.clone(),
-        tenant,
+        tenant: row.tenant_id,
         user: basic_user(headers)?,
     })
 }

@@ -158,7 +158,11 @@ async fn signed_sandbox(st: &E2bState, p: &Presented<'_>, now: i64) -> Option<En
     let rows = st.app.db.live_sandboxes().await.ok()?;
     rows.into_iter()
         .take(MAX_SIGNATURE_CANDIDATES)
-        .find(|row| p.verify(&st.envd_token(&row.id), now))
+        .find(|row| {
+            // A signature is only as good as the token it was made with.
+            row.tokens.valid_at(space_control::db::now_ms())
+                && p.verify(&st.envd_token(&row.id, row.tokens), now)
+        })
         .map(|row| EnvdTarget(row.id))
 }
 

@@ -25,7 +25,7 @@ use super::network::{self, NetworkConfig};
 use super::{
     E2bState as WireState, JsonOrEmpty, NewSandbox, Sandbox, SandboxDetail, DEFAULT_TIMEOUT_SECS,
 };
-use crate::state::E2bState;
+use crate::state::{E2bState, HandedTokens};
 use space_core::error::excerpt;
 
 /// Fields of a create request SPACE does not offer: refused, never silently dropped.
@@ -37,17 +37,27 @@ pub fn sandbox_id(raw: &str) -> RestResult<SandboxId> {
         .map_err(|_| RestError::not_found(format!("sandbox {} not found", excerpt(raw, 64))))
 }
 
-/// The E2B view of a sandbox SPACE just made or woke.
-pub fn sandbox(st: &E2bState, info: &SandboxInfo) -> Sandbox {
-    Sandbox {
+/// The E2B view of a sandbox SPACE just made or woke, with its tokens (handed out again:
+/// their validity is renewed).
+pub async fn sandbox(st: &E2bState, info: &SandboxInfo) -> RestResult<Sandbox> {
+    let tokens = handed_tokens(st, &info.id).await?;
+    Ok(Sandbox {
         template_id: info.template.clone(),
         sandbox_id: info.id.to_string(),
         client_id: info.node.clone(),
         envd_version: super::ENVD_VERSION.to_owned(),
-        envd_access_token: Some(st.envd_token(&info.id)),
+        envd_access_token: Some(tokens.envd),
         domain: Some(st.config.domain.clone()),
-        traffic_access_token: Some(st.tokens.traffic_token(&info.id)),
-    }
+        traffic_access_token: Some(tokens.traffic),
+    })
+}
+
+/// The tokens of sandbox `id`, handed out (404 if it is gone).
+async fn handed_tokens(st: &E2bState, id: &SandboxId) -> RestResult<HandedTokens> {
+    st.hand_out_tokens(id)
+        .await
+        .map_err(|e| RestError::from(space_control::api::error::ApiError::from(e)))?
+        .ok_or_else(|| not_found(id))
 }
 
 /// The `autoResume` object of a create request.
@@ -116,7 +126,7 @@ pub async fn create(
     };
     let (_, Json(info)) =
         sandboxes::create_sandbox(State(st.app.clone()), tenant, ApiJson(native)).await?;
-    Ok((StatusCode::CREATED, Json(sandbox(&st, &info))))
+    Ok((StatusCode::CREATED, Json(sandbox(&st, &info).await?)))
 }
 
 /// `GET /sandboxes/{id}`.
@@ -126,7 +136,7 @@ pub async fn get(
     Path(raw): Path<String>,
 ) -> RestResult<Json<SandboxDetail>> {
     let info = visible(&st, &tenant, &raw).await?;
-    let token = Some(st.envd_token(&info.id));
+    let token = Some(handed_tokens(&st, &info.id).await?.envd);
     SandboxDetail::of(&info, token, Some(st.config.domain.clone()))
         .map(Json)
         .ok_or_else(|| not_found(&info.id))
@@ -407,7 +417,7 @@ pub async fn connect(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(sandbox(&st, &info))))
+    Ok((status, Json(sandbox(&st, &info).await?)))
 }
 
 /// `POST /sandboxes/{id}/resume` (deprecated): like connect, but 409 for a running sandbox.
@@ -431,7 +441,7 @@ pub async fn resume(
         req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS),
     )
     .await?;
-    Ok((StatusCode::CREATED, Json(sandbox(&st, &info))))
+    Ok((StatusCode::CREATED, Json(sandbox(&st, &info).await?)))
 }
 
 /// Body of a pause.
@@ -504,18 +514,14 @@ pub async fn fork(
         }),
     )
     .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(
-            children
-                .sandboxes
-                .iter()
-                .map(|c| ForkResult {
-                    sandbox: sandbox(&st, c),
-                })
-                .collect(),
-        ),
-    ))
+    let mut made = Vec::with_capacity(children.sandboxes.len());
+    for child in &children.sandboxes {
+        // A child's tokens are its own (derived from its id): the parent's never work on it.
+        made.push(ForkResult {
+            sandbox: sandbox(&st, child).await?,
+        });
+    }
+    Ok((StatusCode::CREATED, Json(made)))
 }
 
 /// `PUT /sandboxes/{id}/network`: the sandbox's egress policy, replaced live.

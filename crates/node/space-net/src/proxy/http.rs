@@ -6,7 +6,8 @@
 //! and the client should open a new connection for another origin), `CONNECT` is refused
 //! (**405**), the policy is asked again (it may have changed; **403**), and the credential
 //! manager, when there is one, rewrites or refuses it (**403** `egress_denied`). Hop-by-hop
-//! headers are dropped both ways. The request goes out through a per-connection hyper client
+//! headers are dropped both ways, and the headers that name another host to a front
+//! (`Forwarded`, `X-Forwarded-Host`, `X-Original-Host`, …) on the way out. The request goes out through a per-connection hyper client
 //! whose only connector reaches the admitted address; its URI is rebuilt from the
 //! connection's own origin, never from anything the guest sent.
 //!
@@ -307,6 +308,7 @@ impl Forwarder {
         let guest_upgrade = wants_websocket(&req).then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, guest_upgrade.is_some());
+        strip_host_overrides(&mut parts.headers);
         if let Some(credentials) = &self.shared.credentials {
             let method = parts.method.clone();
             let path = parts.uri.path().to_owned();
@@ -489,6 +491,25 @@ fn wants_websocket<B>(req: &Request<B>) -> bool {
         && websocket
 }
 
+/// Headers by which a proxy tells the server another host than `Host`: a shared front that
+/// trusts them could be steered by the guest to a name the policy never allowed, behind
+/// the checked `Host`. The gateway is the last proxy before upstream and adds none.
+const HOST_OVERRIDES: &[&str] = &[
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-server",
+    "x-original-host",
+    "x-host",
+];
+
+/// Drops [`HOST_OVERRIDES`] (`Forwarded` whole: what else it says about the guest's side
+/// is the guest's claim too).
+fn strip_host_overrides(headers: &mut HeaderMap) {
+    for name in HOST_OVERRIDES {
+        headers.remove(*name);
+    }
+}
+
 /// Drops hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names,
 /// `Keep-Alive`, `Proxy-Connection`, `TE` unless it is exactly `trailers`,
 /// `Transfer-Encoding`, `Upgrade` unless `keep_upgrade`) and the proxy authentication
@@ -638,6 +659,22 @@ mod tests {
                 origin.tls
             );
         }
+    }
+
+    #[test]
+    fn host_overrides_are_dropped() {
+        let mut h = HeaderMap::new();
+        for name in HOST_OVERRIDES {
+            h.insert(*name, HeaderValue::from_static("denied.example"));
+        }
+        h.insert(
+            "forwarded",
+            HeaderValue::from_static("for=1.2.3.4;host=denied.example"),
+        );
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_host_overrides(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
     }
 
     #[test]
