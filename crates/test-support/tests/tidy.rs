@@ -53,9 +53,16 @@ fn guest_daemon_opens_no_network_socket() {
         let text = std::fs::read_to_string(&f).unwrap_or_default();
         let mut needles = vec!["TcpListener", "UdpSocket"];
         if f.ends_with("spaced/src/ports.rs") {
-            // Connections to the guest's own servers, on loopback only.
+            // Connections to the guest's own servers, at its own interface addresses only
+            // (never loopback: what is bound there is private).
+            for own in ["getifaddrs", "own_addresses", "!a.addr.is_loopback()"] {
+                assert!(
+                    text.contains(own),
+                    "ports.rs connects only to own addresses ({own})"
+                );
+            }
             for loopback in ["Ipv4Addr::LOCALHOST", "Ipv6Addr::LOCALHOST"] {
-                assert!(text.contains(loopback), "ports.rs connects to {loopback}");
+                assert!(!text.contains(loopback), "ports.rs connects to {loopback}");
             }
             needles.extend([
                 "bind(",
@@ -75,7 +82,8 @@ fn guest_daemon_opens_no_network_socket() {
                 "libc::connect",
                 "libc::accept",
             ]);
-        } else {
+        } else if !f.ends_with("spaced/src/ports.rs") {
+            // (ports.rs reads its interface addresses as `sockaddr_in` views of getifaddrs.)
             needles.push("sockaddr_in");
         }
         for needle in needles {
