@@ -30,7 +30,7 @@ use space_control::keys;
 
 use crate::envd::access::{live_sandbox_row, AccessError, EnvdTarget, ACCESS_TOKEN_HEADER};
 use crate::envd::errors::http_error;
-use crate::rest::auth::API_KEY_HEADER;
+use crate::rest::auth::{api_key, API_KEY_HEADER};
 use crate::state::E2bState;
 
 /// The sandbox port a request is for (put into the request by the dispatcher).
@@ -208,16 +208,6 @@ async fn may_reach(
             Err(PortRefusal::Database)
         }
     }
-}
-
-/// The API key a request carries, as the E2B control API reads it.
-fn api_key(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .or_else(|| bearer_token(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())))
 }
 
 /// Takes the platform's credentials out of a request bound for the guest: the traffic and

@@ -141,23 +141,22 @@ impl TryFrom<PublicPortsWire> for PublicPorts {
         Ok(match w {
             PublicPortsWire::None => PublicPorts::None,
             PublicPortsWire::All => PublicPorts::All,
-            PublicPortsWire::Only(ports) => {
-                if ports.len() > MAX_PUBLIC_PORTS {
+            PublicPortsWire::Only(mut ports) => {
+                let listed = ports.len();
+                if listed > MAX_PUBLIC_PORTS {
                     return Err(format!(
-                        "public_ports: at most {MAX_PUBLIC_PORTS} ports, got {}",
-                        ports.len()
+                        "public_ports: at most {MAX_PUBLIC_PORTS} ports, got {listed}"
                     ));
                 }
                 if ports.contains(&0) {
                     return Err("public_ports: a port is 1..=65535".into());
                 }
-                let mut sorted = ports.clone();
-                sorted.sort_unstable();
-                sorted.dedup();
-                if sorted.len() != ports.len() {
+                ports.sort_unstable();
+                ports.dedup();
+                if ports.len() != listed {
                     return Err("public_ports: a port is listed twice".into());
                 }
-                PublicPorts::Only(sorted)
+                PublicPorts::Only(ports)
             }
         })
     }

@@ -110,7 +110,7 @@ pub fn apply(parts: &mut Parts, plan: &InjectionPlan) -> Result<Vec<CredentialRe
             check_tokens(key.as_bytes(), plan, |_| false, found_in)?;
             let writes = |inj: &CompiledInjection| {
                 matches!(inj, CompiledInjection::QueryParam { name }
-                    if decoded.as_deref() == Some(name.as_str()) || key == name)
+                    if names_param(key, decoded.as_deref(), name))
             };
             check_tokens(value.as_bytes(), plan, writes, found_in)?;
         }
@@ -261,7 +261,7 @@ fn rewrite_query(
             let decoded = percent_decode(key);
             if strip
                 .iter()
-                .any(|s| decoded.as_deref() == Some(*s) || key == *s)
+                .any(|name| names_param(key, decoded.as_deref(), name))
             {
                 continue;
             }
@@ -297,6 +297,13 @@ fn rewrite_query(
     uri_parts.path_and_query = Some(pq);
     parts.uri = Uri::from_parts(uri_parts).map_err(|_| bad("invalid URI"))?;
     Ok(())
+}
+
+/// Whether a query parameter `key` (`decoded`: percent-decoded) is parameter `name`: as
+/// written or decoded (`api%5Fkey` is `api_key`). Both the placeholder check and the strip
+/// ask this, so they never disagree on which parameter a credential writes.
+fn names_param(key: &str, decoded: Option<&str>, name: &str) -> bool {
+    key == name || decoded == Some(name)
 }
 
 /// Appends `bytes` percent-encoded (everything but RFC 3986 unreserved characters).

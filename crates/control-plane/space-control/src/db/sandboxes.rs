@@ -143,6 +143,10 @@ const COLUMNS: &str =
                        timeout_secs, on_timeout, auto_resume, timed_out_at_ms, token_epoch, \
                        tokens_valid_until_ms";
 
+/// The `SET` of a revocation of sandboxes' tokens: a new epoch, none valid until handed out
+/// again (one sandbox's, or a tenant's when its API key is revoked).
+pub(super) const REVOKE_TOKENS: &str = "token_epoch = token_epoch + 1, tokens_valid_until_ms = 0";
+
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
     DbError::Corrupt {
         table: "sandboxes",
@@ -348,9 +352,9 @@ impl Db {
     /// Revokes every token handed out for a sandbox: a new epoch, none valid until they are
     /// handed out again. `false` if it does not exist.
     pub async fn revoke_tokens(&self, id: &SandboxId) -> Result<bool, DbError> {
-        let done = sqlx::query(
-            "UPDATE sandboxes SET token_epoch = token_epoch + 1, tokens_valid_until_ms = 0 WHERE id = $1",
-        )
+        let done = sqlx::query(&format!(
+            "UPDATE sandboxes SET {REVOKE_TOKENS} WHERE id = $1"
+        ))
         .bind(id.as_str())
         .execute(self.pool())
         .await?;

@@ -289,9 +289,10 @@ impl Db {
         .bind(&info.id)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "UPDATE sandboxes SET token_epoch = token_epoch + 1, tokens_valid_until_ms = 0 WHERE tenant_id = $1",
-        )
+        sqlx::query(&format!(
+            "UPDATE sandboxes SET {} WHERE tenant_id = $1",
+            super::sandboxes::REVOKE_TOKENS
+        ))
         .bind(info.tenant_id.as_str())
         .execute(&mut *tx)
         .await?;

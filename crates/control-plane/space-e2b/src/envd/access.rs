@@ -63,11 +63,6 @@ pub enum Proof<'a> {
     TokenOr(&'a (dyn Fn(&str) -> bool + Sync)),
 }
 
-/// The live sandbox `target` names, with its owner.
-pub async fn live_sandbox(st: &E2bState, target: &EnvdTarget) -> Result<TenantId, AccessError> {
-    live_sandbox_row(st, target).await.map(|row| row.tenant_id)
-}
-
 /// The record of the live sandbox `target` names.
 pub async fn live_sandbox_row(
     st: &E2bState,

@@ -156,12 +156,12 @@ async fn authorize(
 /// The live sandbox a header-less signed URL was made for, if any.
 async fn signed_sandbox(st: &E2bState, p: &Presented<'_>, now: i64) -> Option<EnvdTarget> {
     let rows = st.app.db.live_sandboxes().await.ok()?;
+    let now_ms = space_control::db::now_ms();
     rows.into_iter()
         .take(MAX_SIGNATURE_CANDIDATES)
         .find(|row| {
             // A signature is only as good as the token it was made with.
-            row.tokens.valid_at(space_control::db::now_ms())
-                && p.verify(&st.envd_token(&row.id, row.tokens), now)
+            row.tokens.valid_at(now_ms) && p.verify(&st.envd_token(&row.id, row.tokens), now)
         })
         .map(|row| EnvdTarget(row.id))
 }

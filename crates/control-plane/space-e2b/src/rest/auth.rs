@@ -5,6 +5,7 @@
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use space_control::api::auth::{bearer_token, AuthTenant};
@@ -15,19 +16,23 @@ use crate::state::E2bState;
 /// The header the E2B SDKs carry the API key in.
 pub const API_KEY_HEADER: &str = "x-api-key";
 
+/// The API key a request carries: `X-API-Key`, else `Authorization: Bearer`.
+pub fn api_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .or_else(|| bearer_token(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())))
+}
+
 /// Middleware: 401 unless the request carries a valid, unrevoked key.
 pub async fn require_api_key(
     State(st): State<E2bState>,
     mut req: Request,
     next: Next,
 ) -> Result<Response, RestError> {
-    let headers = req.headers();
-    let key = headers
-        .get(API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .or_else(|| bearer_token(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())))
+    let key = api_key(req.headers())
         .ok_or_else(|| RestError::unauthenticated("missing API key: send 'X-API-Key: <key>'"))?;
     let tenant = st
         .app

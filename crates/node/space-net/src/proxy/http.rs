@@ -7,9 +7,10 @@
 //! (**405**), the policy is asked again (it may have changed; **403**), and the credential
 //! manager, when there is one, rewrites or refuses it (**403** `egress_denied`). Hop-by-hop
 //! headers are dropped both ways, and the headers that name another host to a front
-//! (`Forwarded`, `X-Forwarded-Host`, `X-Original-Host`, …) on the way out. The request goes out through a per-connection hyper client
-//! whose only connector reaches the admitted address; its URI is rebuilt from the
-//! connection's own origin, never from anything the guest sent.
+//! (`Forwarded`, `X-Forwarded-Host`, `X-Original-Host`, …) on the way out. The request goes
+//! out through a per-connection hyper client whose only connector reaches the admitted
+//! address; its URI is rebuilt from the connection's own origin, never from anything the
+//! guest sent.
 //!
 //! HTTP/1.1 WebSocket upgrades (`Upgrade: websocket`) are forwarded, and after both sides
 //! switch protocols the two streams are spliced. Any other `Upgrade` (`h2c`, …) is dropped
