@@ -71,8 +71,9 @@ def test_a_server_on_the_guests_loopback_stays_private(sandbox, http, env):
     handle = sandbox.commands.run("busybox httpd -f -p 127.0.0.1:8003 -h /home/user/www", background=True,
                                   timeout=0)
     try:
+        # `|| true`: until httpd listens, wget fails, which is "not yet", not an error.
         wait_until("httpd on loopback", lambda: sandbox.commands.run(
-            "busybox wget -q -O - http://127.0.0.1:8003/index.html", timeout=10).stdout == PAGE)
+            "busybox wget -q -O - http://127.0.0.1:8003/index.html || true", timeout=10).stdout == PAGE)
         r = get_port(http, env, sandbox, 8003, "/index.html")
         assert r.status_code == 502, r.text
         assert "port is not open" in r.json()["message"]
