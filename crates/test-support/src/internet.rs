@@ -54,8 +54,11 @@ pub const REBIND_NAME: &str = "rebind.example";
 pub const METADATA_NAME: &str = "metadata.example";
 /// A name with an AAAA record ([`WEB6`]) besides its A record.
 pub const V6_NAME: &str = "v6.example";
-/// The path on which the web servers echo the request (as does any `TRACE`).
+/// The path on which the web servers echo the request (as does any `TRACE`): the request
+/// head in the body, and its `Authorization` in the response header [`ECHO_HEADER`].
 pub const ECHO_PATH: &str = "/echo";
+/// The response header of [`ECHO_PATH`] that echoes the request's `Authorization`.
+pub const ECHO_HEADER: &str = "x-echo-authorization";
 
 /// The TTL of every DNS answer: an hour, so the gateway pins an answer for as long as it
 /// does any (its own cap), and a slow test never sees its pins expire.
@@ -471,7 +474,14 @@ fn respond(listener: Listener, log: &Log, req: &Request<Incoming>) -> Response<F
     } else {
         listener.page()
     };
-    Response::new(Full::new(Bytes::from(body)))
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    if path == ECHO_PATH {
+        // An echo in a response header too (a debug header of some APIs).
+        if let Some(auth) = req.headers().get(hyper::header::AUTHORIZATION) {
+            response.headers_mut().insert(ECHO_HEADER, auth.clone());
+        }
+    }
+    response
 }
 
 /// UDP: DNS queries are answered, anything else (QUIC) echoed; every datagram counted.

@@ -2,7 +2,8 @@
 //! through the real API on a real sandbox: an envd access token and a traffic token stop
 //! working at once when the sandbox's tokens are revoked (`POST /v1/sandboxes/{id}/revoke-tokens`)
 //! or when an API key of its tenant is revoked, and when their validity ends; connecting (or
-//! getting) the sandbox hands them out again.
+//! getting) the sandbox hands them out again. A create sent with an `Idempotency-Key` is
+//! stored without its tokens, and its replay hands out the current ones (item 8).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,6 +208,80 @@ async fn revoked_and_expired_tokens_are_refused_at_once() {
         .expect_err("not theirs");
     assert_eq!(err.status(), Some(404), "{err:?}");
     assert_eq!(env.envd(&id, &third.envd).await, StatusCode::OK);
+
+    let _ = env
+        .ts
+        .client
+        .delete_sandbox(&id.parse::<space_core::SandboxId>().expect("id"))
+        .await;
+    env.ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idempotent_responses_are_stored_without_tokens() {
+    let env = Env::start().await;
+    let db = &env.ts.server().state().db;
+    let tenant = db
+        .authenticate(&env.ts.api_key)
+        .await
+        .expect("db")
+        .expect("tenant");
+    let create = || async {
+        let r = env
+            .http
+            .post(env.url("/sandboxes"))
+            .header("X-API-Key", &env.ts.api_key)
+            .header("Idempotency-Key", "create-once")
+            .json(&serde_json::json!({ "templateID": TEST_TEMPLATE, "timeout": 300 }))
+            .send()
+            .await
+            .expect("send");
+        assert!(r.status().is_success(), "{}", r.status());
+        let replayed = r.headers().get("idempotent-replayed").is_some();
+        (r.json::<Value>().await.expect("json"), replayed)
+    };
+    let (first, replayed) = create().await;
+    assert!(!replayed);
+    let id = first["sandboxID"].as_str().expect("id").to_owned();
+    let first_tokens = tokens(&first);
+
+    let row = db
+        .idempotency_key(&tenant.id, "create-once")
+        .await
+        .expect("db")
+        .expect("stored");
+    let stored = String::from_utf8(row.response.expect("done").body).expect("utf-8");
+    assert!(stored.contains(&id), "{stored}");
+    for token in [&first_tokens.envd, &first_tokens.traffic] {
+        assert!(
+            !stored.contains(token.as_str()),
+            "a token was stored: {stored}"
+        );
+    }
+
+    // The replay is the same sandbox, with the tokens it has now.
+    let (again, replayed) = create().await;
+    assert!(replayed);
+    assert_eq!(again["sandboxID"], first["sandboxID"]);
+    assert_eq!(tokens(&again), first_tokens);
+    let r = env
+        .http
+        .post(env.url(&format!("/v1/sandboxes/{id}/revoke-tokens")))
+        .bearer_auth(&env.ts.api_key)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (after, replayed) = create().await;
+    assert!(replayed);
+    let after_tokens = tokens(&after);
+    assert_ne!(after_tokens.envd, first_tokens.envd);
+    assert_ne!(after_tokens.traffic, first_tokens.traffic);
+    assert_eq!(
+        env.envd(&id, &first_tokens.envd).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(env.envd(&id, &after_tokens.envd).await, StatusCode::OK);
 
     let _ = env
         .ts

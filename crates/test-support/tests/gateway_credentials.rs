@@ -316,7 +316,7 @@ async fn a_credential_is_injected_and_never_enters_the_guest() {
 
     // The audit log names the sandbox, the credential and the host, never the value.
     let audit = c
-        .audit(Some(id.as_str()), None, None, None)
+        .credential_audit(Some(id.as_str()), None, None, None)
         .await
         .expect("audit");
     let text = serde_json::to_string(&audit).expect("json");
@@ -377,7 +377,7 @@ async fn cleartext_http_to_a_host_whose_credential_requires_tls_is_refused() {
         "nothing went out with the credential"
     );
     let audit = c
-        .audit(Some(id.as_str()), None, None, None)
+        .credential_audit(Some(id.as_str()), None, None, None)
         .await
         .expect("audit");
     assert!(
@@ -660,6 +660,208 @@ async fn udp_leaves_only_to_addresses_a_cidr_rule_allows() {
     );
     assert_eq!(inet.hits(Listener::Quic), hits);
     assert_eq!(udp_datagrams_in(c, &id).await, echoed);
+    ts.stop().await;
+    drop(inet);
+}
+
+/// A placeholder credential (Authorization: Bearer) named `name` for allowed.example.
+fn placeholder_credential(name: &str, scope: CredentialScope) -> CredentialRequest {
+    let mut cred = bearer(name, "allowed.example", SECRET);
+    cred.scope = scope;
+    cred.rule = serde_json::from_value(json!({
+        "hosts": ["allowed.example"],
+        "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+        "placeholder": true,
+    }))
+    .expect("rule");
+    cred
+}
+
+/// A credential made after the sandbox started is in the environment of its next process;
+/// a fork child's new processes get placeholders of their own, and the processes it
+/// inherited from its parent keep working with the parent's (issue 12, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn placeholders_reach_credentials_made_after_start_and_fork_children() {
+    let inet = Internet::start();
+    let ts = server(&inet).await;
+    let c = &ts.client;
+    let parent = sandbox(c, Some(allow(&["allowed.example"]))).await;
+    assert_eq!(
+        shell(c, &parent, "echo \"[$API_TOKEN]\"", false)
+            .await
+            .trim(),
+        "[]"
+    );
+    let cred = c
+        .create_credential(&placeholder_credential(
+            "API_TOKEN",
+            CredentialScope::Sandbox {
+                sandbox: parent.clone(),
+            },
+        ))
+        .await
+        .expect("credential");
+    let in_parent = shell(c, &parent, "echo $API_TOKEN", false)
+        .await
+        .trim()
+        .to_owned();
+    assert!(in_parent.starts_with("space-placeholder-"), "{in_parent}");
+    let bearer_curl = "-H \"Authorization: Bearer $API_TOKEN\" -o /dev/null -w '%{http_code}'";
+    let (_, status) = curl(c, &parent, bearer_curl, "https://allowed.example/").await;
+    assert_eq!(status, "200");
+    assert_eq!(authorizations(&inet), vec![format!("Bearer {SECRET}")]);
+
+    // The same for the tenant, so a fork child (another sandbox) has it too. A process of
+    // the parent that read its placeholder before the fork waits for a file, then uses it.
+    c.delete_credential(&cred.id).await.expect("delete");
+    c.create_credential(&placeholder_credential(
+        "API_TOKEN",
+        CredentialScope::Tenant,
+    ))
+    .await
+    .expect("tenant credential");
+    let waiter = space_core::process::ProcessSpec::shell(format!(
+        "while [ ! -e /tmp/go ]; do sleep 0.2; done; \
+         curl -s -m 10 {bearer_curl} https://allowed.example/ > /tmp/inherited"
+    ));
+    c.start_process(&parent, &waiter)
+        .await
+        .expect("start the waiting process");
+    // It has read its environment (the placeholder) once it runs; it runs once it polls.
+    shell(c, &parent, "sleep 1", false).await;
+    let children = c
+        .fork(
+            &parent,
+            &space_core::sandbox::ForkRequest {
+                count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("fork");
+    let child = &children.sandboxes[0].id;
+    let in_child = shell(c, child, "echo $API_TOKEN", false)
+        .await
+        .trim()
+        .to_owned();
+    assert!(in_child.starts_with("space-placeholder-"), "{in_child}");
+    assert_ne!(
+        in_child, in_parent,
+        "the child has a placeholder of its own"
+    );
+    let (_, status) = curl(c, child, bearer_curl, "https://allowed.example/").await;
+    assert_eq!(status, "200", "the child's own placeholder");
+    shell(c, child, "touch /tmp/go", false).await;
+    let inherited = shell(
+        c,
+        child,
+        "for i in $(seq 50); do [ -s /tmp/inherited ] && break; sleep 0.2; done; cat /tmp/inherited",
+        false,
+    )
+    .await;
+    assert_eq!(inherited.trim(), "200", "the process the child inherited");
+    // The parent's placeholder means nothing to another sandbox.
+    let stranger = sandbox(c, Some(allow(&["allowed.example"]))).await;
+    let (_, status) = curl(
+        c,
+        &stranger,
+        &format!("-H 'Authorization: Bearer {in_parent}' -o /dev/null -w '%{{http_code}}'"),
+        "https://allowed.example/",
+    )
+    .await;
+    assert_eq!(status, "403");
+    assert_eq!(
+        authorizations(&inet),
+        vec![format!("Bearer {SECRET}"); 3],
+        "parent, child, inherited"
+    );
+    ts.stop().await;
+    drop(inet);
+}
+
+/// An allowed host's echo of the injected credential reaches the guest masked: in the body,
+/// in a response header, and however the body is cut into chunks (issue 12, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_echoed_credential_is_masked_before_the_guest_reads_it() {
+    let inet = Internet::start();
+    let ts = server(&inet).await;
+    let c = &ts.client;
+    let (_, id) = sandbox_with_api_credential(c).await;
+    for flags in ["--http1.1 -D -", "--http2 -D -"] {
+        let (code, seen) = curl(c, &id, flags, "https://allowed.example/echo").await;
+        assert_eq!(code, 0, "{seen}");
+        assert!(!seen.contains(SECRET), "{flags}: {seen}");
+        let masked = format!("Bearer {}", "*".repeat(SECRET.len()));
+        let lower = seen.to_ascii_lowercase();
+        assert!(
+            lower.contains(&format!("authorization: {}", masked.to_ascii_lowercase())),
+            "{flags}: the echoed request head: {seen}"
+        );
+        assert!(
+            lower.contains(&format!(
+                "{}: {}",
+                test_support::internet::ECHO_HEADER,
+                masked.to_ascii_lowercase()
+            )),
+            "{flags}: the echo header: {seen}"
+        );
+    }
+    // Upstream did get the value.
+    assert!(authorizations(&inet)
+        .iter()
+        .all(|a| a == &format!("Bearer {SECRET}")));
+    ts.stop().await;
+    drop(inet);
+}
+
+/// A placeholder in a stream to an address a CIDR rule allows (forwarded as bytes, where no
+/// credential is injected) is refused: the stream is cut before it goes upstream, and the
+/// cut is audited; the same stream without one passes (issue 12, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_placeholder_towards_an_address_allowed_by_cidr_is_refused() {
+    use space_core::egress::{Destination, PortRange, Protocol};
+    let inet = Internet::start();
+    let ts = server(&inet).await;
+    let c = &ts.client;
+    c.create_credential(&placeholder_credential(
+        "API_TOKEN",
+        CredentialScope::Tenant,
+    ))
+    .await
+    .expect("credential");
+    let mut policy = allow(&["allowed.example"]);
+    policy.rules.push(
+        EgressRule::allow(Destination::Cidr("11.0.0.1/32".parse().expect("cidr")))
+            .with_protocols([Protocol::Tcp])
+            .with_ports([PortRange { start: 80, end: 80 }]),
+    );
+    let id = sandbox(c, Some(policy)).await;
+    // By address, without a placeholder: spliced through.
+    let (code, body) = curl(c, &id, "", "http://11.0.0.1/").await;
+    assert_eq!((code, body.as_str()), (0, PAGE));
+    let seen = inet.requests().len();
+    for (args, url) in [
+        ("-H \"X-Key: $API_TOKEN\"", "http://11.0.0.1/"),
+        ("", "\"http://11.0.0.1/?k=$API_TOKEN\""),
+    ] {
+        let (code, _) = curl(c, &id, args, url).await;
+        assert_ne!(code, 0, "{args} {url}");
+    }
+    assert_eq!(
+        inet.requests().len(),
+        seen,
+        "nothing with a placeholder went upstream"
+    );
+    let audit = c
+        .credential_audit(Some(id.as_str()), None, None, None)
+        .await
+        .expect("audit");
+    assert!(
+        audit.events.iter().any(|e| e.host == "11.0.0.1:80"
+            && e.decision == space_secrets::AuditDecision::Deny
+            && e.reason.as_deref().is_some_and(|r| r.contains("CIDR"))),
+        "{audit:?}"
+    );
     ts.stop().await;
     drop(inet);
 }

@@ -30,9 +30,11 @@ use space_core::{
 };
 use space_guest_proto::limits::MAX_WATCH_LINE;
 
+use space_control::api::audit::{AuditLog, AuditLogParams};
 use space_control::api::credentials::{
     AuditList, CredentialInfo, CredentialList, CredentialRequest,
 };
+use space_control::api::quota::QuotaReport;
 use space_core::egress::EgressPolicy;
 
 use crate::ndjson::Lines;
@@ -955,8 +957,8 @@ impl SpaceClient {
         Self::empty(self.request(Method::DELETE, &format!("/v1/credentials/{}", encode(id)))).await
     }
 
-    /// `GET /v1/audit?sandbox=&credential=&since_ms=&limit=`.
-    pub async fn audit(
+    /// `GET /v1/audit/credentials?sandbox=&credential=&since_ms=&limit=`.
+    pub async fn credential_audit(
         &self,
         sandbox: Option<&str>,
         credential: Option<&str>,
@@ -969,7 +971,51 @@ impl SpaceClient {
             ("since_ms", since_ms.map(|v| v.to_string())),
             ("limit", limit.map(|v| v.to_string())),
         ]);
-        Self::json(self.request(Method::GET, &format!("/v1/audit{q}"))).await
+        Self::json(self.request(Method::GET, &format!("/v1/audit/credentials{q}"))).await
+    }
+
+    /// `GET /v1/quota`: the caller's limits and usage.
+    pub async fn my_quota(&self) -> ClientResult<QuotaReport> {
+        Self::json(self.request(Method::GET, "/v1/quota")).await
+    }
+
+    /// `GET /v1/tenants/{tenant}/quota` (the operator's key).
+    pub async fn tenant_quota(&self, tenant: &str) -> ClientResult<QuotaReport> {
+        Self::json(self.request(
+            Method::GET,
+            &format!("/v1/tenants/{}/quota", encode(tenant)),
+        ))
+        .await
+    }
+
+    /// `PUT /v1/tenants/{tenant}/quota` (the operator's key).
+    pub async fn set_tenant_quota(
+        &self,
+        tenant: &str,
+        quota: &space_core::quota::TenantQuota,
+    ) -> ClientResult<QuotaReport> {
+        Self::json(
+            self.request(
+                Method::PUT,
+                &format!("/v1/tenants/{}/quota", encode(tenant)),
+            )
+            .json(quota),
+        )
+        .await
+    }
+
+    /// `DELETE /v1/tenants/{tenant}/quota` (the operator's key).
+    pub async fn clear_tenant_quota(&self, tenant: &str) -> ClientResult<()> {
+        Self::empty(self.request(
+            Method::DELETE,
+            &format!("/v1/tenants/{}/quota", encode(tenant)),
+        ))
+        .await
+    }
+
+    /// `GET /v1/audit`: a page of the caller's action log.
+    pub async fn audit_log(&self, params: &AuditLogParams) -> ClientResult<AuditLog> {
+        Self::json(self.request(Method::GET, "/v1/audit").query(params)).await
     }
 }
 

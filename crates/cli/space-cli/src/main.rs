@@ -83,8 +83,13 @@ enum Command {
     /// Credentials the egress gateway injects into sandbox requests (write-only values).
     #[command(subcommand)]
     Credential(cmd::credential::CredentialCmd),
-    /// The credential audit log: every resolution, injection and denial.
-    Audit(cmd::credential::AuditArgs),
+    /// The action log (every control-plane action, hash-chained: `space audit verify`)
+    /// and the credential audit log.
+    #[command(subcommand)]
+    Audit(cmd::audit::AuditCmd),
+    /// Tenants' quotas: limits and usage.
+    #[command(subcommand)]
+    Quota(cmd::quota::QuotaCmd),
     /// API keys (local admin on the database).
     #[command(subcommand)]
     Key(cmd::key::KeyCmd),
@@ -155,7 +160,8 @@ async fn main() {
         Command::Console(a) => cmd::sandbox::console(&g, a).await,
         Command::Egress(c) => cmd::egress::run(&g, c).await,
         Command::Credential(c) => cmd::credential::run(&g, c).await,
-        Command::Audit(a) => cmd::credential::audit(&g, a).await,
+        Command::Audit(a) => cmd::audit::run(&g, a).await,
+        Command::Quota(c) => cmd::quota::run(&g, c).await,
         Command::Key(c) => cmd::key::run(&g, c).await,
         Command::Bench(a) => cmd::bench::run(&g, a).await,
     };

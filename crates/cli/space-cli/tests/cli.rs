@@ -342,7 +342,7 @@ async fn egress_and_credential_commands_round_trip() {
     let id = created["id"].as_str().unwrap().to_owned();
     let out = run(&["credential", "list"]).await;
     assert!(text(&out.stdout).contains(&id) && !text(&out.stdout).contains(value));
-    let out = run(&["audit", "--limit", "10"]).await;
+    let out = run(&["audit", "credentials", "--limit", "10"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = space(&server, &dir.0, &["credential", "rm", &id]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));

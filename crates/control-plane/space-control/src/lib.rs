@@ -15,6 +15,7 @@ pub mod api;
 pub mod bootstrap;
 pub mod db;
 pub mod keys;
+pub mod quotas;
 pub mod reconciler;
 pub mod server;
 pub mod tls;

@@ -130,7 +130,12 @@ fn plan_row(row: &SandboxRow, state: Option<SandboxState>, now_ms: i64) -> Optio
 #[derive(Clone)]
 pub struct Reconciler {
     state: AppState,
+    /// How long action log records are kept.
+    audit_retention: Duration,
 }
+
+/// How often records past the retention are removed from the action log.
+pub const AUDIT_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Why a pass failed (it is simply retried on the next tick).
 #[derive(Debug, thiserror::Error)]
@@ -141,9 +146,28 @@ pub enum ReconcileError {
 }
 
 impl Reconciler {
-    /// A reconciler over the app's database and node.
-    pub fn new(state: AppState) -> Self {
-        Self { state }
+    /// A reconciler over the app's database and node, keeping action log records for
+    /// `audit_retention`.
+    pub fn new(state: AppState, audit_retention: Duration) -> Self {
+        Self {
+            state,
+            audit_retention,
+        }
+    }
+
+    /// Removes action log records older than the retention (each tenant's chain keeps an
+    /// anchor where its kept part starts).
+    pub async fn prune_audit(&self) -> Result<u64, ReconcileError> {
+        let keep_ms = i64::try_from(self.audit_retention.as_millis()).unwrap_or(i64::MAX);
+        let removed = self
+            .state
+            .db
+            .prune_audit(now_ms().saturating_sub(keep_ms))
+            .await?;
+        if removed > 0 {
+            tracing::info!(removed, "removed action log records past their retention");
+        }
+        Ok(removed)
     }
 
     /// One pass: plan, then act. Returns what it did (actions that turned out unnecessary
@@ -170,12 +194,30 @@ impl Reconciler {
         Ok(done)
     }
 
+    /// Records what the platform did to sandbox `id` in its tenant's action log.
+    async fn log(&self, id: &SandboxId, action: &str) {
+        match self.state.db.sandbox_any_tenant(id).await {
+            Ok(Some(row)) => {
+                let target = format!("/v1/sandboxes/{id}");
+                self.state
+                    .db
+                    .log_operator_action(&row.tenant_id, action, &target)
+                    .await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(sandbox = %id, error = %e, "the action log could not record a timeout")
+            }
+        }
+    }
+
     async fn execute(&self, action: &Action) -> Result<bool, ReconcileError> {
         let st = &self.state;
         match action {
             Action::Expire(id) => {
                 if st.db.mark_deleted(id, now_ms()).await? {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; deleting");
+                    self.log(id, "sandbox.timeout.delete").await;
                 }
                 self.delete_on_node(id).await;
                 Ok(true)
@@ -186,9 +228,11 @@ impl Reconciler {
                 }
                 let outcome = if matches!(action, Action::PauseExpired(_)) {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; pausing");
+                    self.log(id, "sandbox.timeout.pause").await;
                     st.node.pause_sandbox(id, PauseCause::Timeout).await
                 } else {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; stopping");
+                    self.log(id, "sandbox.timeout.stop").await;
                     st.node.stop_sandbox(id, StopCause::Timeout).await
                 };
                 self.timed_out(id, outcome.map(drop)).await
@@ -291,6 +335,7 @@ impl Reconciler {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut next_prune = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
@@ -301,6 +346,12 @@ impl Reconciler {
                 }
                 if let Err(e) = self.run_once().await {
                     tracing::warn!(error = %e, "reconciler pass failed");
+                }
+                if tokio::time::Instant::now() >= next_prune {
+                    next_prune += AUDIT_PRUNE_INTERVAL;
+                    if let Err(e) = self.prune_audit().await {
+                        tracing::warn!(error = %e, "pruning the action log failed");
+                    }
                 }
             }
         })

@@ -70,7 +70,14 @@ pub struct ServerConfig {
     pub tls: Option<TlsListen>,
     /// Serve plaintext HTTP on `listen`; `false` (TLS only) needs `tls`.
     pub plaintext: bool,
+    /// How long the action log keeps a record.
+    pub audit_retention: std::time::Duration,
+    /// The operator's quota for every tenant (a tenant's own overrides it field by field).
+    pub default_quota: space_core::quota::TenantQuota,
 }
+
+/// Default of [`ServerConfig::audit_retention`]: a year.
+pub const DEFAULT_AUDIT_RETENTION_DAYS: u64 = 365;
 
 impl ServerConfig {
     /// Defaults for everything but the data directory.
@@ -88,6 +95,8 @@ impl ServerConfig {
             surface: None,
             tls: None,
             plaintext: true,
+            audit_retention: std::time::Duration::from_secs(DEFAULT_AUDIT_RETENTION_DAYS * 86_400),
+            default_quota: space_core::quota::TenantQuota::embedded_default(),
         }
     }
 
@@ -138,7 +147,8 @@ impl Server {
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
-        let state = AppState::new(db, node, config.max_upload_bytes);
+        let state = AppState::new(db, node, config.max_upload_bytes)
+            .with_default_quota(config.default_quota);
         let listen = config.listen;
         let listener = if config.plaintext {
             if !listen.ip().is_loopback() {
@@ -179,7 +189,7 @@ impl Server {
         }
         let (stop, stop_rx) = watch::channel(false);
         let reconciler = if config.run_reconciler {
-            Some(Reconciler::new(state.clone()).spawn(stop_rx.clone()))
+            Some(Reconciler::new(state.clone(), config.audit_retention).spawn(stop_rx.clone()))
         } else {
             None
         };

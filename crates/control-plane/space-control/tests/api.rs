@@ -64,7 +64,12 @@ const ROUTES: &[&str] = &[
     "GET /v1/credentials/{id}",
     "PUT /v1/credentials/{id}",
     "DELETE /v1/credentials/{id}",
+    "GET /v1/audit/credentials",
     "GET /v1/audit",
+    "GET /v1/quota",
+    "GET /v1/tenants/{tenant}/quota",
+    "PUT /v1/tenants/{tenant}/quota",
+    "DELETE /v1/tenants/{tenant}/quota",
 ];
 
 fn documented_routes(doc: &serde_json::Value) -> BTreeSet<String> {
@@ -851,8 +856,10 @@ async fn reconciler_marks_sandboxes_missing_on_the_node_deleted() {
     let default = ts.db().tenant_by_name("default").await.unwrap().unwrap();
     // A row the node has never heard of (as after a crash between the two steps of a create).
     let id = insert_row(&ts, &default.id).await;
-    let reconciler =
-        space_control::reconciler::Reconciler::new(ts.server.as_ref().unwrap().state().clone());
+    let reconciler = space_control::reconciler::Reconciler::new(
+        ts.server.as_ref().unwrap().state().clone(),
+        std::time::Duration::from_secs(86_400),
+    );
     reconciler.run_once().await.unwrap();
     let row = ts.db().sandbox(&default.id, &id).await.unwrap().unwrap();
     assert_eq!(row.desired_state, DesiredState::Deleted);

@@ -193,7 +193,7 @@ async fn tenants_see_only_their_own_credentials_and_audit() {
         error_of(call(&ts, Method::POST, "/v1/credentials", Some(&scoped)).await).await;
     assert_eq!(status, 404);
     let audit: AuditList = ts
-        .get("/v1/audit?limit=5")
+        .get("/v1/audit/credentials?limit=5")
         .send()
         .await
         .unwrap()
@@ -251,7 +251,13 @@ async fn bad_credentials_and_policies_are_invalid_requests() {
     }
     let (status, _) = error_of(ts.get("/v1/credentials/not-an-id").send().await.unwrap()).await;
     assert_eq!(status, 400);
-    let (status, _) = error_of(ts.get("/v1/audit?limit=x").send().await.unwrap()).await;
+    let (status, _) = error_of(
+        ts.get("/v1/audit/credentials?limit=x")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, 400);
 
     for (what, policy) in [

@@ -132,6 +132,7 @@ async fn fake_auth(mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(AuthTenant {
         id,
         name: "t".into(),
+        key_id: "key-test".into(),
     });
     next.run(req).await
 }

@@ -30,6 +30,7 @@ use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
 use access::Proof;
 use space_core::error::excerpt;
+use space_core::process::ProcessSpec;
 
 /// `bytes` fields: standard base64 with padding in JSON (proto3 JSON also accepts the
 /// URL-safe alphabet and missing padding on input).
@@ -235,6 +236,16 @@ impl<T> StreamCall<'_, T> {
     /// The caller's guest ([`guest`]); asked for only once the request is known to be good.
     pub async fn guest(&self) -> Result<space_node::GuestClient, ConnectError> {
         guest(self.st, &self.caller).await
+    }
+
+    /// `spec` as it is started in the caller's sandbox (see [`AppState::process_spec`]).
+    ///
+    /// [`AppState::process_spec`]: space_control::AppState::process_spec
+    pub fn process_spec(&self, spec: &ProcessSpec) -> Result<ProcessSpec, ConnectError> {
+        self.st
+            .app
+            .process_spec(&self.caller.id, spec)
+            .map_err(errors::unreachable)
     }
 }
 

@@ -13,10 +13,12 @@ pub mod metrics;
 pub mod network;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod stored_tokens;
 
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post, put};
 use axum::{middleware, Router};
+use space_control::api::action_log;
 use space_control::api::error::ApiError;
 use space_control::api::extract::read_limited;
 use space_control::api::idempotency::{self, Idempotency};
@@ -24,6 +26,7 @@ use space_control::api::idempotency::{self, Idempotency};
 use crate::state::E2bState as SharedState;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use space_core::sandbox::{PausedBy, SandboxInfo, TimeoutAction};
@@ -301,10 +304,22 @@ pub fn router(st: SharedState) -> Router {
         .route("/v2/sandboxes/{id}/logs", get(logs::v2))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
-        // The layer added last runs first: the key, then idempotency (scoped to its tenant).
+        // The layer added last runs first: the key, its request rate, idempotency (scoped to
+        // its tenant), then the action log.
         .route_layer(middleware::from_fn_with_state(
-            Idempotency::new(st.app.db.clone()),
+            st.app.db.clone(),
+            action_log::record,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            Idempotency::with_credentials(
+                st.app.db.clone(),
+                Arc::new(stored_tokens::StoredTokens(st.clone())),
+            ),
             idempotency::idempotency,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            st.app.clone(),
+            space_control::api::quota::rate_limit,
         ))
         .route_layer(middleware::from_fn_with_state(
             st.clone(),

@@ -119,7 +119,7 @@ mod rule;
 #[cfg(test)]
 mod tests;
 
-pub use address::{address_class, embedded_ipv4, AddressClass};
+pub use address::{address_class, embedded_ipv4, non_public_networks, AddressClass};
 pub use ceiling::{BeyondCeiling, CeilingGrantError, EgressCeiling, Forbidden, MAX_CEILING_GRANTS};
 pub use decision::{ConnectionFacts, Decision, DecisionReason};
 pub use hostname::{

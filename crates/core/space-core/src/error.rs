@@ -53,6 +53,11 @@ pub enum ErrorCode {
     PortClosed,
     /// Too many requests or streams at once.
     TooManyRequests,
+    /// The API key is over its request rate, or the tenant runs its most expensive
+    /// operations of a kind at once: retry after the response's `Retry-After`.
+    RateLimited,
+    /// The tenant's quota does not allow it (the message names the limit).
+    QuotaExceeded,
     /// An `Idempotency-Key` was reused for a different request.
     IdempotencyKeyReused,
     /// A bug or an unexpected failure on the platform side.
@@ -66,12 +71,12 @@ impl ErrorCode {
         match self {
             InvalidRequest | InvalidPath | UnknownUser | EgressBeyondCeiling => 400,
             Unauthenticated => 401,
-            Forbidden | PermissionDenied => 403,
+            Forbidden | PermissionDenied | QuotaExceeded => 403,
             NotFound => 404,
             Conflict | AlreadyExists => 409,
             PayloadTooLarge => 413,
             ExecFailed | IdempotencyKeyReused => 422,
-            TooManyRequests => 429,
+            TooManyRequests | RateLimited => 429,
             InsufficientCapacity => 507,
             Timeout => 504,
             SandboxFailed | PortClosed => 502,
@@ -100,6 +105,8 @@ impl ErrorCode {
             SandboxFailed => "sandbox_failed",
             PortClosed => "port_closed",
             TooManyRequests => "too_many_requests",
+            RateLimited => "rate_limited",
+            QuotaExceeded => "quota_exceeded",
             IdempotencyKeyReused => "idempotency_key_reused",
             Internal => "internal",
         }

@@ -8,6 +8,7 @@
 //! Architecture invariant: this crate performs no I/O and depends on no runtime. It is
 //! shared by the guest daemon, so it must stay small.
 
+pub mod audit;
 pub mod egress;
 pub mod error;
 pub mod files;
@@ -16,6 +17,7 @@ pub mod lifecycle;
 pub mod mac;
 pub mod metrics;
 pub mod process;
+pub mod quota;
 pub mod resources;
 pub mod sandbox;
 pub mod snapshot;

@@ -488,6 +488,13 @@ fn start_gateway(
             Some(&topology.inet),
             &[SocketAddr::from((AUTHORITY, 53))],
             Default::default(),
+            Arc::new(
+                space_net::datapath::uplink_guard::MarkedSockets::new(
+                    Some(&topology.inet),
+                    0x5ace_be00,
+                )
+                .expect("uplink sockets"),
+            ),
         )
         .expect("start the uplink"),
     );
@@ -526,6 +533,7 @@ fn start_gateway(
             sandbox: id,
             tenant: TenantId::generate(),
             project: None,
+            inherited_from: Vec::new(),
             policy,
             pins,
             leaves: Arc::new(LeafCache::new(Arc::clone(&ca))),

@@ -12,6 +12,7 @@
 
 pub mod firewall;
 pub mod netns;
+pub mod uplink_guard;
 
 use std::net::Ipv4Addr;
 

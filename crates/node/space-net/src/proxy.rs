@@ -87,6 +87,7 @@ mod http;
 mod io;
 mod original_dst;
 mod route;
+mod scrubbed;
 mod upstream;
 
 #[cfg(test)]
@@ -163,6 +164,8 @@ pub struct ProxyContext {
     pub tenant: TenantId,
     /// Its project, if any (credential scopes).
     pub project: Option<ProjectId>,
+    /// The sandboxes its memory came from (see [`RequestContext::inherited_from`]).
+    pub inherited_from: Vec<SandboxId>,
     /// Its egress policy, shared with its resolver.
     pub policy: PolicyHandle,
     /// Its pins, shared with its resolver.
@@ -272,6 +275,7 @@ struct Shared {
     sandbox: SandboxId,
     tenant: TenantId,
     project: Option<ProjectId>,
+    inherited_from: Vec<SandboxId>,
     policy: PolicyHandle,
     pins: Arc<PinTable>,
     credentials: Option<Arc<CredentialManager>>,
@@ -332,6 +336,7 @@ impl SandboxProxy {
                 sandbox: ctx.sandbox,
                 tenant: ctx.tenant,
                 project: ctx.project,
+                inherited_from: ctx.inherited_from,
                 policy: ctx.policy,
                 pins: ctx.pins,
                 credentials: ctx.credentials,

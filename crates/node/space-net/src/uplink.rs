@@ -7,20 +7,26 @@
 //! loopback, private, link-local and metadata addresses and the node's own addresses
 //! (unless the operator granted them), so a bug in a decision is not enough to reach them.
 //!
-//! A socket belongs for good to the namespace of the thread that created it. So the uplink
-//! runs one thread that entered the uplink namespace and drives a small runtime of its own:
-//! connections and lookups are started on it and their results handed back. A connected
-//! `TcpStream` can then be used from any runtime.
+//! Below both checks, the kernel refuses the same: every socket the uplink connects or
+//! sends with comes from [`UplinkSockets`] — made by the node manager in the uplink
+//! namespace and marked, so that the uplink guard's nftables table there rejects what the
+//! ceiling forbids ([`crate::datapath::uplink_guard`]).
+//!
+//! A socket belongs for good to the namespace of the thread that created it. The upstream
+//! DNS resolver makes its sockets itself, so the uplink runs one thread that entered the
+//! uplink namespace and drives a small runtime of its own for lookups. Connections need no
+//! such thread: their sockets come made in the namespace, and connect from any runtime.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
 use space_core::egress::{EgressCeiling, Hostname};
-use tokio::net::TcpStream;
 
+use crate::datapath::uplink_guard::UplinkSocketKind;
 use crate::datapath::{netns, NetError};
 use crate::dns::{HickoryUpstream, Upstream, UpstreamAddr, UpstreamError};
 use crate::proxy::{ConnectFuture, Uplink};
@@ -28,13 +34,23 @@ use crate::proxy::{ConnectFuture, Uplink};
 /// How long an outbound connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The uplink: a runtime on a thread inside the uplink namespace.
+/// Where the uplink's sockets come from: made in the uplink namespace, unconnected and
+/// non-blocking, marked for the uplink guard.
+pub trait UplinkSockets: Send + Sync {
+    /// A new socket of `kind`.
+    fn socket(&self, kind: UplinkSocketKind) -> std::io::Result<OwnedFd>;
+}
+
+/// The uplink: sockets from [`UplinkSockets`], and a runtime on a thread inside the uplink
+/// namespace for upstream DNS.
 #[derive(Clone)]
 pub struct NetnsUplink {
     handle: tokio::runtime::Handle,
     resolver: Arc<HickoryUpstream>,
     /// What no connection may reach.
     ceiling: Arc<EgressCeiling>,
+    /// Where sockets come from.
+    sockets: Arc<dyn UplinkSockets>,
     /// Dropping the last clone stops the uplink thread.
     _stop: Arc<tokio::sync::oneshot::Sender<()>>,
 }
@@ -42,11 +58,12 @@ pub struct NetnsUplink {
 impl NetnsUplink {
     /// Starts the uplink in namespace `netns` (`None`: the namespace of this process), with
     /// upstream DNS servers `name_servers` (empty: those of `/etc/resolv.conf`), connecting
-    /// nowhere `ceiling` forbids.
+    /// nowhere `ceiling` forbids, with sockets from `sockets` (made in `netns`).
     pub fn start(
         netns: Option<&str>,
         name_servers: &[SocketAddr],
         ceiling: Arc<EgressCeiling>,
+        sockets: Arc<dyn UplinkSockets>,
     ) -> Result<Self, NetError> {
         let ns_file = match netns {
             Some(name) => {
@@ -122,6 +139,7 @@ impl NetnsUplink {
             handle,
             resolver: Arc::new(resolver),
             ceiling,
+            sockets,
             _stop: Arc::new(stop_tx),
         })
     }
@@ -155,18 +173,14 @@ impl Uplink for NetnsUplink {
         if let Err(e) = self.within_ceiling(addr) {
             return Box::pin(async move { Err(e) });
         }
-        let fut = self.run(async move {
-            let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        let socket = self.sockets.socket(UplinkSocketKind::of(&addr, true));
+        Box::pin(async move {
+            let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(socket?));
+            tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
                 .await
                 .map_err(|_| {
                     std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-                })??;
-            // Hand the socket to whichever runtime awaits this.
-            stream.into_std()
-        });
-        Box::pin(async move {
-            let std_stream = fut.await.map_err(std::io::Error::other)??;
-            TcpStream::from_std(std_stream)
+                })?
         })
     }
 
@@ -174,19 +188,11 @@ impl Uplink for NetnsUplink {
         if let Err(e) = self.within_ceiling(addr) {
             return Box::pin(async move { Err(e) });
         }
-        let fut = self.run(async move {
-            let local: SocketAddr = if addr.is_ipv4() {
-                (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-            };
-            let socket = std::net::UdpSocket::bind(local)?;
-            socket.connect(addr)?;
-            socket.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(socket)
-        });
+        let socket = self.sockets.socket(UplinkSocketKind::of(&addr, false));
         Box::pin(async move {
-            let socket = fut.await.map_err(std::io::Error::other)??;
+            let socket = std::net::UdpSocket::from(socket?);
+            // Connecting binds it (to an ephemeral port) too.
+            socket.connect(addr)?;
             tokio::net::UdpSocket::from_std(socket)
         })
     }

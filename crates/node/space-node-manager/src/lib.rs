@@ -179,6 +179,67 @@ pub trait NodeManager: Send + Sync + 'static {
         dst: std::net::SocketAddrV4,
         guest: std::net::SocketAddrV4,
     ) -> Result<std::net::UdpSocket, NodeManagerError>;
+    /// Installs (or replaces) the uplink guard in the uplink namespace: the kernel rejects
+    /// what the egress ceiling forbids (non-public ranges, `node_addresses`) from the
+    /// uplink's sockets, but for the networks in `granted` (see
+    /// [`space_net::datapath::uplink_guard`]).
+    fn guard_uplink(
+        &self,
+        uplink: &UplinkNetns,
+        granted: &[ipnet::IpNet],
+        node_addresses: &[std::net::IpAddr],
+    ) -> Result<(), NodeManagerError>;
+    /// Removes the uplink guard (at the node's shutdown).
+    fn unguard_uplink(&self, uplink: &UplinkNetns) -> Result<(), NodeManagerError>;
+    /// `count` (1 to [`MAX_UPLINK_SOCKETS`]) new unconnected sockets of `kind` in the uplink
+    /// namespace, marked for the uplink guard.
+    fn open_uplink_sockets(
+        &self,
+        uplink: &UplinkNetns,
+        kind: UplinkSocketKind,
+        count: usize,
+    ) -> Result<Vec<std::os::fd::OwnedFd>, NodeManagerError>;
+}
+
+pub use space_net::datapath::uplink_guard::UplinkSocketKind;
+
+/// The namespace the uplink connects out from: `None`, the node manager's own (the host's);
+/// or a named one (a test's stand-in internet), which may not be a sandbox's.
+pub type UplinkNetns = Option<String>;
+
+/// Checks an uplink namespace a caller names: a valid name, and not a sandbox's (`spc…`,
+/// any node's), where marked sockets could reach a guest.
+pub fn check_uplink_netns(uplink: &UplinkNetns) -> Result<(), protocol::Refusal> {
+    let Some(name) = uplink else { return Ok(()) };
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !valid || name.starts_with("spc") {
+        return Err(protocol::Refusal::new(
+            protocol::RefusalCode::Confinement,
+            format!("{name:?} cannot be an uplink namespace"),
+        ));
+    }
+    Ok(())
+}
+
+/// Most uplink sockets one request makes.
+pub const MAX_UPLINK_SOCKETS: usize = 16;
+
+/// The firewall mark of the uplink sockets of the node whose run directory is `run_root`:
+/// `0x5ace` and 16 bits of a hash of the path, so that nodes sharing a machine (and its
+/// host namespace) keep to their own guards.
+pub fn uplink_mark(run_root: &Path) -> u32 {
+    let low = u32::from_str_radix(&run_root_hash(run_root, 4), 16).unwrap_or(0);
+    0x5ace_0000 | low
+}
+
+/// The name of the uplink guard's nftables table of the node whose run directory is
+/// `run_root`.
+pub fn uplink_table(run_root: &Path) -> String {
+    format!("space_uplink_{}", run_root_hash(run_root, 8))
 }
 
 /// The listening sockets of one sandbox's egress gateway, non-blocking.

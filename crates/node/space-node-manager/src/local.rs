@@ -6,23 +6,65 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_core::{SandboxId, SnapshotId};
-use space_net::datapath::{netns, GuestLink, SandboxNetwork};
+use space_net::datapath::{netns, uplink_guard, GuestLink, SandboxNetwork};
 use space_storage::{ExistingDisk, PendingSnapshot, Store};
 use space_vmm::{FileOwner, QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
 
-use crate::{GatewaySockets, NodeManager, NodeManagerError};
+use crate::{GatewaySockets, NodeManager, NodeManagerError, UplinkSocketKind, MAX_UPLINK_SOCKETS};
 
 /// The in-process node manager (this process must run as root).
 pub struct LocalNodeManager {
     vmm: Arc<dyn Vmm>,
     /// The same VMM driver, when it is QEMU's (for what only it can do).
     qemu: Option<Arc<QemuVmm>>,
+    /// The uplink namespace and its guard.
+    uplink: Uplink,
+}
+
+/// The guard's table and mark, and a socket maker per uplink namespace (made on first use:
+/// one for another namespace keeps a thread in it).
+struct Uplink {
+    table: String,
+    mark: u32,
+    sockets: std::sync::Mutex<
+        std::collections::HashMap<crate::UplinkNetns, Arc<uplink_guard::MarkedSockets>>,
+    >,
+}
+
+impl Uplink {
+    fn new(table: String, mark: u32) -> Self {
+        Uplink {
+            table,
+            mark,
+            sockets: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn sockets(
+        &self,
+        netns: &crate::UplinkNetns,
+    ) -> Result<Arc<uplink_guard::MarkedSockets>, NodeManagerError> {
+        let mut makers = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = makers.get(netns) {
+            return Ok(s.clone());
+        }
+        let made = Arc::new(uplink_guard::MarkedSockets::new(
+            netns.as_deref(),
+            self.mark,
+        )?);
+        makers.insert(netns.clone(), made.clone());
+        Ok(made)
+    }
 }
 
 impl LocalNodeManager {
     /// A node manager that starts VMs with `vmm`.
     pub fn new(vmm: Arc<dyn Vmm>) -> Self {
-        Self { vmm, qemu: None }
+        Self {
+            vmm,
+            qemu: None,
+            uplink: Uplink::new("space_uplink".to_owned(), 0x5ace_0000),
+        }
     }
 
     /// Takes over the console and cgroup of each VMM of `names` under `run_root` that an
@@ -61,6 +103,7 @@ impl LocalNodeManager {
         Self {
             vmm: qemu.clone(),
             qemu: Some(qemu),
+            uplink: Uplink::new(crate::uplink_table(run_root), crate::uplink_mark(run_root)),
         }
     }
 }
@@ -257,6 +300,43 @@ impl NodeManager for LocalNodeManager {
         Ok(netns::run_in(name, move || {
             space_net::udp::flow_socket(dst, guest)
         })?)
+    }
+
+    fn guard_uplink(
+        &self,
+        uplink: &crate::UplinkNetns,
+        granted: &[ipnet::IpNet],
+        node_addresses: &[std::net::IpAddr],
+    ) -> Result<(), NodeManagerError> {
+        let forbidden = uplink_guard::forbidden_networks(node_addresses);
+        let script =
+            uplink_guard::script(&self.uplink.table, self.uplink.mark, &forbidden, granted);
+        uplink_guard::apply(uplink.as_deref(), &script)?;
+        tracing::info!(table = %self.uplink.table, mark = format_args!("{:#010x}", self.uplink.mark), granted = granted.len(), "uplink guard installed");
+        Ok(())
+    }
+
+    fn unguard_uplink(&self, uplink: &crate::UplinkNetns) -> Result<(), NodeManagerError> {
+        Ok(uplink_guard::remove(uplink.as_deref(), &self.uplink.table)?)
+    }
+
+    fn open_uplink_sockets(
+        &self,
+        uplink: &crate::UplinkNetns,
+        kind: UplinkSocketKind,
+        count: usize,
+    ) -> Result<Vec<std::os::fd::OwnedFd>, NodeManagerError> {
+        let sockets = self.uplink.sockets(uplink)?;
+        (0..count.clamp(1, MAX_UPLINK_SOCKETS))
+            .map(|_| {
+                sockets.socket(kind).map_err(|e| {
+                    NodeManagerError::Network(space_net::datapath::NetError::Io {
+                        what: "make an uplink socket".into(),
+                        source: e,
+                    })
+                })
+            })
+            .collect()
     }
 
     fn open_gateway_sockets(&self, name: &str) -> Result<GatewaySockets, NodeManagerError> {

@@ -19,14 +19,14 @@ use space_core::{SandboxId, SnapshotId};
 
 /// The protocol version this build speaks. A server refuses a client of another version
 /// (there is one of each per node, upgraded together).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest request frame the server reads; a larger one ends the connection.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Largest response frame the client reads.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
-/// Most descriptors one response carries.
-pub const MAX_FDS: usize = 4;
+/// Most descriptors one response carries (a batch of uplink sockets).
+pub const MAX_FDS: usize = crate::MAX_UPLINK_SOCKETS;
 
 /// Longest relative path accepted, in bytes (Linux's PATH_MAX).
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -396,6 +396,35 @@ pub enum Request {
         /// The guest's address and port.
         guest: std::net::SocketAddrV4,
     },
+    /// Installs or replaces the uplink guard in the node manager's namespace, rejecting the
+    /// non-public ranges and `node_addresses`, accepting `granted` (at most
+    /// [`space_core::egress::MAX_CEILING_GRANTS`] of each).
+    GuardUplink {
+        /// The uplink namespace (`None`: the node manager's own).
+        #[serde(default)]
+        netns: crate::UplinkNetns,
+        /// The operator's granted networks.
+        granted: Vec<ipnet::IpNet>,
+        /// The node's own addresses.
+        node_addresses: Vec<std::net::IpAddr>,
+    },
+    /// Removes the uplink guard.
+    UnguardUplink {
+        /// The uplink namespace (`None`: the node manager's own).
+        #[serde(default)]
+        netns: crate::UplinkNetns,
+    },
+    /// Makes `count` (1 to [`crate::MAX_UPLINK_SOCKETS`]) marked uplink sockets of `kind`
+    /// and passes them back.
+    OpenUplinkSockets {
+        /// The uplink namespace (`None`: the node manager's own).
+        #[serde(default)]
+        netns: crate::UplinkNetns,
+        /// Which kind.
+        kind: crate::UplinkSocketKind,
+        /// How many.
+        count: usize,
+    },
 }
 
 impl Request {
@@ -422,6 +451,9 @@ impl Request {
             Request::VmNetworks => "vm_networks",
             Request::OpenGatewaySockets { .. } => "open_gateway_sockets",
             Request::OpenUdpFlow { .. } => "open_udp_flow",
+            Request::GuardUplink { .. } => "guard_uplink",
+            Request::UnguardUplink { .. } => "unguard_uplink",
+            Request::OpenUplinkSockets { .. } => "open_uplink_sockets",
         }
     }
 }
@@ -474,6 +506,8 @@ pub enum Response {
     GatewaySockets,
     /// A UDP flow's socket, passed as the one descriptor with this frame.
     UdpFlowSocket,
+    /// Uplink sockets, passed as the descriptors with this frame.
+    UplinkSockets,
     /// The request was refused or failed; nothing else happened.
     Refused(Refusal),
 }

@@ -560,6 +560,50 @@ impl NodeManager for RemoteNodeManager {
         }
     }
 
+    fn guard_uplink(
+        &self,
+        uplink: &crate::UplinkNetns,
+        granted: &[ipnet::IpNet],
+        node_addresses: &[std::net::IpAddr],
+    ) -> Result<(), NodeManagerError> {
+        let request = Request::GuardUplink {
+            netns: uplink.clone(),
+            granted: granted.to_vec(),
+            node_addresses: node_addresses.to_vec(),
+        };
+        match self.inner.call(&request)? {
+            (Response::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(request.op(), &other)),
+        }
+    }
+
+    fn unguard_uplink(&self, uplink: &crate::UplinkNetns) -> Result<(), NodeManagerError> {
+        let request = Request::UnguardUplink {
+            netns: uplink.clone(),
+        };
+        match self.inner.call(&request)? {
+            (Response::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(request.op(), &other)),
+        }
+    }
+
+    fn open_uplink_sockets(
+        &self,
+        uplink: &crate::UplinkNetns,
+        kind: crate::UplinkSocketKind,
+        count: usize,
+    ) -> Result<Vec<OwnedFd>, NodeManagerError> {
+        let request = Request::OpenUplinkSockets {
+            netns: uplink.clone(),
+            kind,
+            count: count.clamp(1, crate::MAX_UPLINK_SOCKETS),
+        };
+        match self.inner.call(&request)? {
+            (Response::UplinkSockets, fds) if !fds.is_empty() => Ok(fds),
+            (other, _) => Err(unexpected(request.op(), &other)),
+        }
+    }
+
     fn open_gateway_sockets(&self, name: &str) -> Result<GatewaySockets, NodeManagerError> {
         let request = Request::OpenGatewaySockets {
             netns: name.to_owned(),

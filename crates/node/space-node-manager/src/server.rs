@@ -562,6 +562,47 @@ impl Host {
                     .map_err(refusal)?;
                 Ok((Response::UdpFlowSocket, vec![OwnedFd::from(socket)]))
             }
+            Request::GuardUplink {
+                netns,
+                granted,
+                node_addresses,
+            } => {
+                crate::check_uplink_netns(&netns)?;
+                let most = space_core::egress::MAX_CEILING_GRANTS;
+                if granted.len() > most || node_addresses.len() > most {
+                    return Err(Refusal::new(
+                        RefusalCode::BadRequest,
+                        format!(
+                            "{} granted networks and {} node addresses; at most {most} of each",
+                            granted.len(),
+                            node_addresses.len()
+                        ),
+                    ));
+                }
+                self.local
+                    .guard_uplink(&netns, &granted, &node_addresses)
+                    .map_err(refusal)?;
+                done()
+            }
+            Request::UnguardUplink { netns } => {
+                crate::check_uplink_netns(&netns)?;
+                self.local.unguard_uplink(&netns).map_err(refusal)?;
+                done()
+            }
+            Request::OpenUplinkSockets { netns, kind, count } => {
+                crate::check_uplink_netns(&netns)?;
+                if !(1..=crate::MAX_UPLINK_SOCKETS).contains(&count) {
+                    return Err(Refusal::new(
+                        RefusalCode::BadRequest,
+                        format!("{count} uplink sockets; 1 to {}", crate::MAX_UPLINK_SOCKETS),
+                    ));
+                }
+                let fds = self
+                    .local
+                    .open_uplink_sockets(&netns, kind, count)
+                    .map_err(refusal)?;
+                Ok((Response::UplinkSockets, fds))
+            }
             Request::OpenGatewaySockets { netns } => {
                 self.check_netns(&netns)?;
                 let s = self.local.open_gateway_sockets(&netns).map_err(refusal)?;

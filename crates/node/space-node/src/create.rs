@@ -103,18 +103,12 @@ impl Node {
         tpl: &TemplateInfo,
         resources: &Resources,
     ) -> Result<Started, StartError> {
-        let (env, trusted_ca_pem) = self
-            .inner
-            .guest_env_and_trust(&req.id)
-            .map_err(|e| (e, None))?;
         let config = GuestConfig {
-            hostname: req.id.to_string(),
-            env,
-            default_user: tpl.default_user.clone(),
             resize_root: resources.disk_mib > tpl.image_size_mib,
-            time_unix_ms: now_ms(),
-            network: self.inner.guest_network(),
-            trusted_ca_pem,
+            ..self
+                .inner
+                .guest_config(&req.id, tpl)
+                .map_err(|e| (e, None))?
         };
         let disk = self
             .inner

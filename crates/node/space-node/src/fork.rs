@@ -138,6 +138,10 @@ impl Node {
             rec.stopped_by = None;
             rec.rollback_to = None;
             rec.crash_restores_ms.clear();
+            rec.inherited_from = std::iter::once(parent.clone())
+                .chain(parent_rec.inherited_from.iter().cloned())
+                .take(crate::MAX_INHERITED_FROM)
+                .collect();
             // The child's disk and memory trust the parent's CA: its gateway signs with it.
             let admit = self
                 .inner

@@ -41,6 +41,9 @@ impl Node {
             SandboxState::Creating,
         );
         record.created_at_ms = now_ms();
+        if kind == SnapshotKind::Checkpoint {
+            record.inherited_from = vec![source.sandbox_id.clone()];
+        }
         record.origin = origin;
         let inherited = Inherited {
             env: source.env.clone(),

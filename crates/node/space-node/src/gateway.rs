@@ -20,6 +20,7 @@ use space_net::dns::{PinLimits, PinTable, PolicyHandle, SandboxResolver};
 use space_net::proxy::{upstream_tls_config, ProxyContext, ProxyLimits, SandboxProxy};
 use space_net::udp::{UdpLimits, UdpRelay};
 use space_net::uplink::NetnsUplink;
+use space_node_manager::UplinkSocketKind;
 use tokio::task::AbortHandle;
 
 use crate::sandbox_manager::Inner;
@@ -56,10 +57,20 @@ impl Inner {
         if let Some(s) = self.gateway_shared.get() {
             return Ok(s);
         }
+        // The kernel's layer first: no uplink socket exists before the guard does.
+        self.nm.guard_uplink(
+            &self.cfg.uplink_netns,
+            self.egress_ceiling.granted(),
+            self.egress_ceiling.node_addresses(),
+        )?;
         let uplink = NetnsUplink::start(
             self.cfg.uplink_netns.as_deref(),
             &self.cfg.upstream_dns,
             self.egress_ceiling.clone(),
+            Arc::new(UplinkSocketsFromNodeManager::new(
+                self.nm.clone(),
+                self.cfg.uplink_netns.clone(),
+            )),
         )
         .map_err(|e| NodeError::Internal(format!("cannot start the uplink: {e}")))?;
         let upstream_tls = upstream_tls_config(&self.cfg.upstream_extra_roots()?)
@@ -107,6 +118,7 @@ impl Inner {
                 sandbox: id.clone(),
                 tenant,
                 project: record.project.clone(),
+                inherited_from: record.inherited_from.clone(),
                 policy: policy.clone(),
                 pins,
                 leaves: Arc::new(LeafCache::new(ca)),
@@ -140,6 +152,45 @@ impl Inner {
     }
 }
 
+/// The uplink's sockets, made and marked by the node manager in the uplink namespace, a
+/// batch at a time (one round trip per [`UPLINK_SOCKET_BATCH`] connections).
+struct UplinkSocketsFromNodeManager {
+    nm: Arc<dyn space_node_manager::NodeManager>,
+    netns: space_node_manager::UplinkNetns,
+    spare: std::sync::Mutex<std::collections::HashMap<UplinkSocketKind, Vec<std::os::fd::OwnedFd>>>,
+}
+
+/// Sockets asked for at once.
+const UPLINK_SOCKET_BATCH: usize = space_node_manager::MAX_UPLINK_SOCKETS;
+
+impl UplinkSocketsFromNodeManager {
+    fn new(
+        nm: Arc<dyn space_node_manager::NodeManager>,
+        netns: space_node_manager::UplinkNetns,
+    ) -> Self {
+        Self {
+            nm,
+            netns,
+            spare: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl space_net::uplink::UplinkSockets for UplinkSocketsFromNodeManager {
+    fn socket(&self, kind: UplinkSocketKind) -> std::io::Result<std::os::fd::OwnedFd> {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = spare.entry(kind).or_default();
+        if pool.is_empty() {
+            *pool = self
+                .nm
+                .open_uplink_sockets(&self.netns, kind, UPLINK_SOCKET_BATCH)
+                .map_err(std::io::Error::other)?;
+        }
+        pool.pop()
+            .ok_or_else(|| std::io::Error::other("the node manager made no uplink socket"))
+    }
+}
+
 /// The UDP relay's flow sockets, opened by the node manager in the sandbox's namespace.
 struct FlowsThroughNodeManager {
     nm: Arc<dyn space_node_manager::NodeManager>,
@@ -159,42 +210,57 @@ impl space_net::udp::FlowSockets for FlowsThroughNodeManager {
 }
 
 impl Inner {
-    /// What the guest of sandbox `id` is configured with beyond its record's env: the
-    /// placeholders of the credentials that ask for one (under the credential's name, unless
-    /// the sandbox's env sets that name), and with a network the sandbox CA to trust.
-    pub(crate) fn guest_env_and_trust(
+    /// The sandbox CA the guest of sandbox `id` is configured to trust (with a network).
+    pub(crate) fn guest_trust(&self, id: &SandboxId) -> Result<Option<String>, NodeError> {
+        if !self.cfg.sandbox_network {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.sandbox_cas.load_or_create(id)?.cert_pem().to_owned(),
+        ))
+    }
+
+    /// The placeholders a process started now in sandbox `id` gets in its environment: one
+    /// per credential visible to it that asks for one, under the credential's name, unless
+    /// the sandbox's own env sets that name. Computed at each start, never configured once:
+    /// a credential created after the sandbox started is there for the next process, and a
+    /// fork child (or a sandbox restored from another's checkpoint) gets its own, not the
+    /// ones of the sandbox its memory came from.
+    pub(crate) fn placeholder_env(
         &self,
         id: &SandboxId,
-    ) -> Result<(BTreeMap<String, String>, Option<String>), NodeError> {
+    ) -> Result<BTreeMap<String, String>, NodeError> {
         let record = self
             .lock()
             .get(id)
             .map(|e| e.record.clone())
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
-        let mut env = record.env.clone();
-        if let Some(tenant) = &record.tenant {
-            let placeholders =
-                self.credentials
-                    .manager
-                    .placeholders(tenant, record.project.as_ref(), id);
-            for (name, placeholder) in placeholders {
-                // Credential names allow '-', which no shell accepts in a variable name.
-                if space_core::process::valid_env_key(name.as_str()) {
-                    env.entry(name.as_str().to_owned())
-                        .or_insert_with(|| placeholder.as_str().to_owned());
-                }
-            }
-        }
-        let trust = if self.cfg.sandbox_network {
-            Some(self.sandbox_cas.load_or_create(id)?.cert_pem().to_owned())
-        } else {
-            None
+        let Some(tenant) = &record.tenant else {
+            return Ok(BTreeMap::new());
         };
-        Ok((env, trust))
+        Ok(self
+            .credentials
+            .manager
+            .placeholders(tenant, record.project.as_ref(), id)
+            .into_iter()
+            // Credential names allow '-', which no shell accepts in a variable name.
+            .filter(|(name, _)| {
+                space_core::process::valid_env_key(name.as_str())
+                    && !record.env.contains_key(name.as_str())
+            })
+            .map(|(name, placeholder)| (name.as_str().to_owned(), placeholder.as_str().to_owned()))
+            .collect())
     }
 }
 
 impl crate::Node {
+    /// What the node adds to the environment of a process about to start in sandbox `id`
+    /// (below the process's own env): its credential placeholders, see
+    /// [`Inner::placeholder_env`].
+    pub fn process_env(&self, id: &SandboxId) -> Result<BTreeMap<String, String>, NodeError> {
+        self.inner.placeholder_env(id)
+    }
+
     /// Replaces the sandbox's egress policy: saved in its record, then enforced by its
     /// running gateway from the next DNS query or connection on (connections already open
     /// keep going; a proxy re-checks every new one).

@@ -189,7 +189,15 @@ pub struct SandboxRecord {
     /// What may leave the sandbox (enforced by its gateway; changed live).
     #[serde(default)]
     pub egress: EgressPolicy,
+    /// The sandboxes its memory came from, nearest first (a fork's parent and the parent's
+    /// own, a checkpoint's sandbox; at most [`MAX_INHERITED_FROM`]): processes it inherited
+    /// hold their credential placeholders, which its gateway takes for its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inherited_from: Vec<SandboxId>,
 }
+
+/// How many generations of memory a sandbox's gateway recognises placeholders of.
+pub const MAX_INHERITED_FROM: usize = 8;
 
 impl SandboxRecord {
     /// A record in `state` with defaults for everything but identity and shape.
@@ -223,6 +231,7 @@ impl SandboxRecord {
             tenant: None,
             project: None,
             egress: EgressPolicy::default(),
+            inherited_from: Vec::new(),
         }
     }
 

@@ -300,14 +300,20 @@ impl Node {
 
 impl Inner {
     /// The configuration a freshly booted or new guest of sandbox `id` gets: its id as
-    /// hostname, its env (with its credential placeholders), its CA to trust, its network,
-    /// the clock. The root file system is not grown.
+    /// hostname, its env, its CA to trust, its network, the clock. The root file system is
+    /// not grown. (Credential placeholders are not configured: each process start gets the
+    /// current ones, see [`Inner::placeholder_env`].)
     pub(crate) fn guest_config(
         &self,
         id: &SandboxId,
         tpl: &TemplateInfo,
     ) -> Result<GuestConfig, NodeError> {
-        let (env, trusted_ca_pem) = self.guest_env_and_trust(id)?;
+        let env = self
+            .lock()
+            .get(id)
+            .map(|e| e.record.env.clone())
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let trusted_ca_pem = self.guest_trust(id)?;
         Ok(GuestConfig {
             hostname: id.to_string(),
             env,

@@ -101,6 +101,7 @@ mod tests {
             tenant: Some(space_core::TenantId::generate()),
             project: Some("apollo".parse().unwrap()),
             egress: space_core::egress::EgressPolicy::allow_all_public(),
+            inherited_from: Vec::new(),
         };
         store.save(&rec).unwrap();
         fs::write(dir.path().join("junk.json"), b"{not json").unwrap();

@@ -432,6 +432,13 @@ impl Node {
             // namespaces (the VMs keep running, and their guests' connections retry).
             e.gateway = None;
         }
+        drop(map);
+        // No gateway is left to connect out; the next start installs the guard again.
+        if self.inner.gateway_shared.get().is_some() {
+            if let Err(e) = self.inner.nm.unguard_uplink(&self.inner.cfg.uplink_netns) {
+                tracing::warn!(error = %e, "cannot remove the uplink guard");
+            }
+        }
     }
 
     /// After a restart: re-adopt, finish or fail every sandbox, then remove leftovers.

@@ -16,6 +16,7 @@
 //! - [`resolve`]: which credentials a request gets; [`ratelimit`]: per-credential budgets;
 //!   [`cache`]: short-lived value cache;
 //! - [`placeholder`]: per-sandbox stand-ins for values; [`inject`]: rewriting the request;
+//!   [`scrub`]: masking injected values in the responses;
 //! - [`audit`]: the JSON-lines audit log;
 //! - [`manager`]: [`CredentialManager`], tying them together.
 //!
@@ -38,6 +39,7 @@ pub mod placeholder;
 pub mod ratelimit;
 pub mod resolve;
 pub mod rule;
+pub mod scrub;
 pub mod secret;
 pub mod store;
 
@@ -53,7 +55,7 @@ pub use audit::{AuditDecision, AuditEvent, AuditFilter, AuditKind, AuditLog};
 pub use backend::{BackendError, SecretBackend};
 pub use command::{CommandBackend, CommandConfig};
 pub use egress::{DomainPattern, Hostname};
-pub use manager::{CredentialManager, ManagerConfig, ManagerError};
+pub use manager::{Authorized, CredentialManager, ManagerConfig, ManagerError};
 pub use memory::MemoryBackend;
 pub use model::{Credential, CredentialId, CredentialName, ProjectId, Scope, ValidationError};
 pub use placeholder::{Placeholder, PlaceholderKey};

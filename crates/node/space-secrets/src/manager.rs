@@ -27,6 +27,7 @@ use crate::resolve::{
     self, CredentialRef, Denial, DenyReason, Entry, Grant, RequestContext, Resolution,
 };
 use crate::rule::{CompiledInjection, RateLimit};
+use crate::scrub::Scrubber;
 use crate::secret::{SecretError, SecretValue};
 use crate::store::MAX_STORED_CREDENTIALS;
 
@@ -116,6 +117,15 @@ fn duplicate_of<'a>(entries: &'a [Arc<Entry>], c: &Credential) -> Option<&'a Arc
     entries.iter().find(|e| {
         e.credential.id != c.id && e.credential.name == c.name && e.credential.scope == c.scope
     })
+}
+
+/// What [`CredentialManager::authorize_request`] let through.
+#[derive(Debug, Default)]
+pub struct Authorized {
+    /// The credentials injected (none: the request goes as the guest sent it).
+    pub credentials: Vec<CredentialRef>,
+    /// Masks their values in the response (`None`: nothing to mask).
+    pub scrubber: Option<Arc<Scrubber>>,
 }
 
 impl CredentialManager {
@@ -386,13 +396,14 @@ impl CredentialManager {
 
     /// The gateway's entry point: resolves `ctx`, fetches the values, and rewrites `parts`
     /// for upstream (see [`crate::inject`]). `ctx.method` and `ctx.path` must be the
-    /// request's. Returns the credentials injected (none: forward unchanged), or why the
-    /// request must be refused (then `parts` must not be sent). Everything is audited.
+    /// request's. Returns the credentials injected (none: forward unchanged) with the
+    /// scrubber their values must be masked from the response with, or why the request
+    /// must be refused (then `parts` must not be sent). Everything is audited.
     pub async fn authorize_request(
         &self,
         ctx: &RequestContext<'_>,
         parts: &mut Parts,
-    ) -> Result<Vec<CredentialRef>, Denial> {
+    ) -> Result<Authorized, Denial> {
         if parts.method != *ctx.method || parts.uri.path() != ctx.path {
             let denial = Denial::bare(DenyReason::BadRequest(
                 "request method or path differs from its context".into(),
@@ -405,7 +416,7 @@ impl CredentialManager {
         };
         let mentions = inject::mentions_placeholder(parts);
         if grants.is_empty() && !mentions {
-            return Ok(Vec::new());
+            return Ok(Authorized::default());
         }
         let mut plan = InjectionPlan::default();
         for grant in &grants {
@@ -440,7 +451,16 @@ impl CredentialManager {
                 for c in &injected {
                     tracing::debug!(sandbox = %ctx.sandbox, host = %ctx.host, credential = %c.id, name = %c.name, "credential injected");
                 }
-                Ok(injected)
+                let scrubber = Scrubber::new(
+                    plan.injections
+                        .iter()
+                        .filter(|i| injected.contains(&i.credential))
+                        .map(|i| i.value.expose().as_bytes()),
+                );
+                Ok(Authorized {
+                    credentials: injected,
+                    scrubber,
+                })
             }
         }
     }
@@ -455,17 +475,23 @@ impl CredentialManager {
         let Ok(winners) = resolve::winners(&entries, ctx.tenant, ctx.project, ctx.sandbox) else {
             return Vec::new();
         };
+        // The sandbox's own placeholder of each credential, and the ones its inherited
+        // processes hold (of the sandboxes its memory came from), all standing for it.
+        let holders: Vec<&SandboxId> = std::iter::once(ctx.sandbox)
+            .chain(ctx.inherited_from)
+            .collect();
         winners
             .into_values()
             .filter(|e| e.rule.placeholder)
-            .map(|e| KnownPlaceholder {
-                placeholder: self
-                    .placeholder_key
-                    .placeholder(ctx.sandbox, &e.credential.name),
-                credential: CredentialRef::of(&e.credential),
-                granted: grants
+            .flat_map(|e| {
+                let granted = grants
                     .iter()
-                    .position(|g| g.credential().id == e.credential.id),
+                    .position(|g| g.credential().id == e.credential.id);
+                holders.iter().map(move |holder| KnownPlaceholder {
+                    placeholder: self.placeholder_key.placeholder(holder, &e.credential.name),
+                    credential: CredentialRef::of(&e.credential),
+                    granted,
+                })
             })
             .collect()
     }
@@ -507,6 +533,38 @@ impl CredentialManager {
         match self.record(ctx, &[ev]) {
             Ok(()) => denial,
             Err(audit_failure) => audit_failure,
+        }
+    }
+
+    /// Audits and logs that a stream sandbox `sandbox` sent to `dst` (an address a CIDR rule
+    /// allows, forwarded as bytes) carried a placeholder, and was cut.
+    pub fn deny_placeholder_in_stream(
+        &self,
+        tenant: &TenantId,
+        sandbox: &SandboxId,
+        dst: std::net::SocketAddr,
+        now_ms: i64,
+    ) {
+        let reason = DenyReason::PlaceholderToAddress;
+        tracing::info!(%sandbox, %dst, code = reason.code(), "credential placeholder in a stream to an address; connection cut");
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        let ev = AuditEvent {
+            ts_ms: now_ms,
+            event: AuditKind::Deny,
+            tenant: tenant.clone(),
+            sandbox: sandbox.clone(),
+            credential_id: None,
+            credential_name: None,
+            host: dst.to_string(),
+            method: "-".to_owned(),
+            path: "-".to_owned(),
+            decision: AuditDecision::Deny,
+            reason: Some(reason.to_string()),
+        };
+        if let Err(e) = audit.append(&ev) {
+            tracing::error!(%sandbox, error = %e, "audit log write failed");
         }
     }
 

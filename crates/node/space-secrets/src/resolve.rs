@@ -47,6 +47,10 @@ pub struct RequestContext<'a> {
     pub project: Option<&'a ProjectId>,
     /// The sandbox.
     pub sandbox: &'a SandboxId,
+    /// The sandboxes its memory was restored from, nearest first (a fork's parent, a
+    /// checkpoint's sandbox): processes it inherited hold their placeholders, which stand
+    /// for this sandbox's credentials of the same names.
+    pub inherited_from: &'a [SandboxId],
     /// The upstream host.
     pub host: &'a Hostname,
     /// The request method.
@@ -130,6 +134,9 @@ pub enum DenyReason {
         /// Where it was (`header x-custom`, `query parameter q`).
         found_in: String,
     },
+    /// A placeholder in a stream the gateway forwards without reading it as HTTP (to an
+    /// address a CIDR rule allows): no rule can inject there, so nothing may stand in.
+    PlaceholderToAddress,
     /// The value could not be fetched from the backend.
     ValueUnavailable(String),
     /// The value contains characters that cannot go into a header.
@@ -156,6 +163,7 @@ impl DenyReason {
             DenyReason::MalformedPlaceholder => "malformed_placeholder",
             DenyReason::PlaceholderInPath => "placeholder_in_path",
             DenyReason::PlaceholderOutOfPlace { .. } => "placeholder_out_of_place",
+            DenyReason::PlaceholderToAddress => "placeholder_to_address",
             DenyReason::ValueUnavailable(_) => "value_unavailable",
             DenyReason::ValueNotHeaderSafe => "value_not_header_safe",
             DenyReason::AuditUnavailable(_) => "audit_unavailable",
@@ -200,6 +208,9 @@ impl fmt::Display for DenyReason {
             DenyReason::PlaceholderOutOfPlace { found_in } => write!(
                 f,
                 "placeholder in {found_in}, which its credential does not write: a placeholder only goes where its rule injects the credential"
+            ),
+            DenyReason::PlaceholderToAddress => f.write_str(
+                "placeholder in a stream to an address allowed only by a CIDR rule, where no credential is injected",
             ),
             DenyReason::ValueUnavailable(e) => write!(f, "credential value unavailable: {e}"),
             DenyReason::ValueNotHeaderSafe => {
@@ -410,6 +421,7 @@ mod tests {
             tenant: &tenant,
             project: None,
             sandbox: &sandbox,
+            inherited_from: &[],
             host: &h,
             method: &Method::GET,
             path: "/",

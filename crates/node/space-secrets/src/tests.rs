@@ -138,6 +138,7 @@ impl Fx {
             tenant: from.tenant,
             project: from.project,
             sandbox: from.sandbox,
+            inherited_from: &[],
             host: &h,
             method: &method,
             path: &path,
@@ -145,7 +146,7 @@ impl Fx {
             now_ms,
         };
         let outcome = self.manager.authorize_request(&ctx, &mut parts).await;
-        (outcome, parts)
+        (outcome.map(|a| a.credentials), parts)
     }
 
     async fn send(
@@ -947,13 +948,19 @@ async fn a_context_that_does_not_match_the_request_is_refused() {
         tenant: &fx.tenant,
         project: None,
         sandbox: &fx.sandbox,
+        inherited_from: &[],
         host: &h,
         method: &Method::GET,
         path: "/other",
         tls: true,
         now_ms: NOW,
     };
-    let d = denied(fx.manager.authorize_request(&ctx, &mut parts).await);
+    let d = denied(
+        fx.manager
+            .authorize_request(&ctx, &mut parts)
+            .await
+            .map(|a| a.credentials),
+    );
     assert_eq!(d.reason.code(), "bad_request");
 }
 
@@ -972,6 +979,7 @@ async fn resolve_alone_reports_grants() {
         tenant: &fx.tenant,
         project: None,
         sandbox: &fx.sandbox,
+        inherited_from: &[],
         host: &h,
         method: &Method::GET,
         path: "/",

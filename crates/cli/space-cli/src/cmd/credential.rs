@@ -1,4 +1,4 @@
-//! `space credential ...` and `space audit`: secrets the egress gateway injects into sandbox
+//! `space credential ...`: secrets the egress gateway injects into sandbox
 //! requests, and what it did with them. Values are read from stdin or a file, never from the
 //! command line (which other users can see in the process list).
 
@@ -108,40 +108,6 @@ pub async fn run(g: &Global, c: CredentialCmd) -> anyhow::Result<u8> {
         CredentialCmd::List => render::json(&client.credentials().await?)?,
         CredentialCmd::Get { id } => render::json(&client.credential(&id).await?)?,
         CredentialCmd::Rm { id } => client.delete_credential(&id).await?,
-    }
-    Ok(0)
-}
-
-/// `space audit`.
-#[derive(Args, Debug)]
-pub struct AuditArgs {
-    /// Only this sandbox's entries.
-    #[arg(long)]
-    sandbox: Option<String>,
-    /// Only this credential's entries.
-    #[arg(long)]
-    credential: Option<String>,
-    /// Only entries at or after this instant (ms since the Unix epoch).
-    #[arg(long)]
-    since_ms: Option<i64>,
-    /// At most this many, the most recent (default 100).
-    #[arg(long)]
-    limit: Option<usize>,
-}
-
-/// Prints the audit log, one JSON object per line.
-pub async fn audit(g: &Global, a: AuditArgs) -> anyhow::Result<u8> {
-    let list = g
-        .client()?
-        .audit(
-            a.sandbox.as_deref(),
-            a.credential.as_deref(),
-            a.since_ms,
-            a.limit,
-        )
-        .await?;
-    for e in &list.events {
-        println!("{}", serde_json::to_string(e)?);
     }
     Ok(0)
 }

@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod audit;
 pub mod bench;
 pub mod credential;
 pub mod egress;
@@ -8,6 +9,7 @@ pub mod files;
 pub mod key;
 pub mod node_manager;
 pub mod pool;
+pub mod quota;
 pub mod sandbox;
 pub mod server;
 pub mod shell;

@@ -80,6 +80,16 @@ pub struct ServerArgs {
     /// hosts reach, so that keys and tokens never cross the network in clear.
     #[arg(long, requires = "tls_listen")]
     no_plaintext_listener: bool,
+    /// How many days the action log keeps a record (older ones are removed, leaving the
+    /// chain's anchor so the rest still verifies).
+    #[arg(long, value_name = "DAYS", default_value_t = space_control::server::DEFAULT_AUDIT_RETENTION_DAYS,
+          value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    audit_retention_days: u64,
+    /// The operator's quota for every tenant, as JSON (`{"max_sandboxes": 20,
+    /// "requests_per_sec": 50, …}`; fields left out keep the embedded defaults). A
+    /// tenant's own (`space quota set`) overrides it field by field.
+    #[arg(long, value_name = "FILE")]
+    default_quota: Option<std::path::PathBuf>,
     /// The socket of this node's `space node-manager`, which then does every privileged
     /// operation (default: this process does them, and must be root).
     #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
@@ -103,6 +113,16 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         cfg.tls = Some(space_control::tls::TlsListen { listen, cert, key });
     }
     cfg.plaintext = !a.no_plaintext_listener;
+    cfg.audit_retention = std::time::Duration::from_secs(a.audit_retention_days * 86_400);
+    if let Some(path) = &a.default_quota {
+        use anyhow::Context as _;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the default quota {}", path.display()))?;
+        let own: space_core::quota::TenantQuota = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the default quota {}", path.display()))?;
+        own.validate().map_err(anyhow::Error::msg)?;
+        cfg.default_quota = own.over(&space_core::quota::TenantQuota::embedded_default());
+    }
     cfg.node.accel = a.accel;
     if let Some(n) = a.pool_size {
         cfg.node.pool_size = n;

@@ -20,6 +20,8 @@ pub struct AuthTenant {
     pub id: TenantId,
     /// Tenant name.
     pub name: String,
+    /// The id of the API key it authenticated with (for the action log).
+    pub key_id: String,
 }
 
 impl AuthTenant {
@@ -54,14 +56,15 @@ pub async fn require_api_key(
     .ok_or_else(|| {
         ApiError::unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     })?;
-    let tenant = state
+    let (tenant, key_id) = state
         .db
-        .authenticate(key)
+        .authenticate_key(key)
         .await?
         .ok_or_else(|| ApiError::unauthenticated("unknown or revoked API key"))?;
     req.extensions_mut().insert(AuthTenant {
         id: tenant.id,
         name: tenant.name,
+        key_id,
     });
     Ok(next.run(req).await)
 }

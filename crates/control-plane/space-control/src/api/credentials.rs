@@ -237,6 +237,8 @@ pub async fn create_credential(
     )
     .await?;
     tracing::info!(tenant = %tenant.name, credential = %credential.id, name = %credential.name, "creating credential");
+    let _admission = st.quotas.admission(&tenant.id).await;
+    st.admit_credential(&tenant.id).await?;
     let info = store(&st, credential, req.value).await?;
     Ok((StatusCode::CREATED, info))
 }
@@ -338,7 +340,7 @@ pub async fn delete_credential(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Filters of `GET /v1/audit`.
+/// Filters of `GET /v1/audit/credentials`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -355,7 +357,7 @@ pub struct AuditParams {
     limit: Option<usize>,
 }
 
-/// `GET /v1/audit`.
+/// `GET /v1/audit/credentials`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct AuditList {
     /// Oldest first: `{ts_ms, event: resolve|inject|deny, tenant, sandbox, credential_id,
@@ -367,7 +369,7 @@ pub struct AuditList {
 /// The caller's credential audit log: every resolution, injection and denial (never a value).
 #[utoipa::path(
     get,
-    path = "/v1/audit",
+    path = "/v1/audit/credentials",
     tag = "credentials",
     params(AuditParams),
     responses(

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// What the client sees.
     pub body: ErrorBody,
+    /// When to retry (`Retry-After`, whole seconds, at least 1), for `429`s.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -28,6 +30,15 @@ impl ApiError {
         Self {
             status,
             body: ErrorBody::new(code, message),
+            retry_after: None,
+        }
+    }
+
+    /// 429 `rate_limited`, to be retried after `wait`.
+    pub fn rate_limited(message: impl Into<String>, wait: std::time::Duration) -> Self {
+        Self {
+            retry_after: Some(wait),
+            ..Self::new(ErrorCode::RateLimited, message)
         }
     }
 
@@ -75,17 +86,29 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.body.code == ErrorCode::PayloadTooLarge {
+        let code = self.body.code;
+        let mut response = if code == ErrorCode::PayloadTooLarge {
             // The rest of the body was not read: the connection cannot carry another
             // request, and a client that pooled it would fail its next call.
-            return (
+            (
                 self.status,
                 [(axum::http::header::CONNECTION, "close")],
                 Json(self.body),
             )
-                .into_response();
+                .into_response()
+        } else {
+            (self.status, Json(self.body)).into_response()
+        };
+        if let Some(wait) = self.retry_after {
+            // Whole seconds (RFC 9110), rounded up: never "retry now" while still limited.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.max(1).into());
         }
-        (self.status, Json(self.body)).into_response()
+        // For the layers above (the action log records the code).
+        response.extensions_mut().insert(code);
+        response
     }
 }
 

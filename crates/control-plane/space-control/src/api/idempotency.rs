@@ -14,7 +14,10 @@
 //!   concurrent requests exactly one runs, the other gets `409 conflict`), runs, and its
 //!   response (status, `Content-Type`, `Location`, body) is stored (`done`) and returned.
 //! - A repeat with the same fingerprint gets the stored response, byte for byte, with
-//!   `Idempotent-Replayed: true`. The same key with another fingerprint is `422
+//!   `Idempotent-Replayed: true`. A surface whose responses carry credentials (the E2B
+//!   surface's sandbox tokens) gives a [`ResponseCredentials`]: they are taken out of the
+//!   body before it is stored and handed out afresh on a replay, so the database never holds
+//!   a token and a replay never returns one that was revoked since. The same key with another fingerprint is `422
 //!   idempotency_key_reused`.
 //! - A `5xx` response releases the key (the client may retry); `4xx` responses are stored
 //!   like successes, since the same request would fail the same way.
@@ -129,12 +132,27 @@ pub fn is_streaming(headers: &axum::http::HeaderMap) -> bool {
         .any(|t| essence.eq_ignore_ascii_case(t))
 }
 
+/// Credentials a surface's responses carry, which must not be stored with them: a token
+/// in the idempotency table would outlive its revocation and sit in every database backup.
+pub trait ResponseCredentials: Send + Sync + 'static {
+    /// The body to store: `body` without its credentials (unchanged if it has none).
+    fn strip(&self, body: Bytes) -> Bytes;
+    /// The body to replay: a stored body with its credentials handed out again, as they
+    /// are now (after a revocation, the new ones).
+    fn restore<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        body: Bytes,
+    ) -> futures::future::BoxFuture<'a, Result<Bytes, ApiError>>;
+}
+
 /// The middleware's state: the database and the claims running in this process. Cheap to
 /// clone; build one per server.
 #[derive(Clone)]
 pub struct Idempotency {
     db: Db,
     shared: Arc<Shared>,
+    credentials: Option<Arc<dyn ResponseCredentials>>,
 }
 
 struct Shared {
@@ -173,6 +191,15 @@ impl Idempotency {
                 running: Mutex::new(HashSet::new()),
                 next_cleanup_ms: AtomicI64::new(0),
             }),
+            credentials: None,
+        }
+    }
+
+    /// State for a surface whose responses carry `credentials`.
+    pub fn with_credentials(db: Db, credentials: Arc<dyn ResponseCredentials>) -> Self {
+        Self {
+            credentials: Some(credentials),
+            ..Self::new(db)
         }
     }
 
@@ -355,7 +382,10 @@ impl Idempotency {
                     Some((name.as_str().to_owned(), value.to_owned()))
                 })
                 .collect(),
-            body: bytes.to_vec(),
+            body: match &self.credentials {
+                Some(credentials) => credentials.strip(bytes.clone()).to_vec(),
+                None => bytes.to_vec(),
+            },
         };
         match self
             .db
@@ -423,12 +453,12 @@ fn duration_ms(d: Duration) -> i64 {
 }
 
 /// A stored response as sent again.
-fn replay(stored: StoredResponse) -> Response {
+fn replay(stored: StoredResponse, body: Bytes) -> Response {
     let Ok(status) = StatusCode::from_u16(stored.status) else {
         return ApiError::internal(format!("stored status {} is invalid", stored.status))
             .into_response();
     };
-    let mut response = Response::new(Body::from(stored.body));
+    let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     for (name, value) in stored.headers {
         if let (Ok(name), Ok(value)) = (
@@ -489,9 +519,14 @@ pub async fn idempotency(
 
     match idem.claim(&tenant, &key, &method, &path, &fp).await? {
         Outcome::Run(claim) => Ok(idem.run(claim, req, next).await),
-        Outcome::Replay(stored) => {
+        Outcome::Replay(mut stored) => {
             tracing::debug!(tenant = %tenant, %method, %path, "replaying a stored response");
-            Ok(replay(stored))
+            let body = Bytes::from(std::mem::take(&mut stored.body));
+            let body = match &idem.credentials {
+                Some(credentials) => credentials.restore(&tenant, body).await?,
+                None => body,
+            };
+            Ok(replay(stored, body))
         }
         Outcome::InProgress => Err(ApiError::new(
             ErrorCode::Conflict,
@@ -525,7 +560,7 @@ pub async fn release_abandoned_at_start(db: &Db) {
     }
 }
 
-const HEADER_DOC: &str = "Makes a retry safe: a repeat of this request with the same key (within 24 h, same tenant) returns the stored first response, byte for byte, with `Idempotent-Replayed: true`, instead of doing the work again. 1-255 printable ASCII characters (a UUID is a good choice). The same key with a different method, path, query or body is `422 idempotency_key_reused`; while the first request still runs, `409 conflict`. A 5xx response is not stored (retry with the same key). With a key the body may be at most 1 MiB (`413` otherwise). Streaming responses (NDJSON, octet-stream) are not replayable: the key is released and a retry runs again.";
+const HEADER_DOC: &str = "Makes a retry safe: a repeat of this request with the same key (within 24 h, same tenant) returns the stored first response, byte for byte (sandbox tokens excepted: they are never stored, and are handed out afresh), with `Idempotent-Replayed: true`, instead of doing the work again. 1-255 printable ASCII characters (a UUID is a good choice). The same key with a different method, path, query or body is `422 idempotency_key_reused`; while the first request still runs, `409 conflict`. A 5xx response is not stored (retry with the same key). With a key the body may be at most 1 MiB (`413` otherwise). Streaming responses (NDJSON, octet-stream) are not replayable: the key is released and a retry runs again.";
 
 fn header_parameter() -> Parameter {
     ParameterBuilder::new()
@@ -671,11 +706,14 @@ mod tests {
 
     #[test]
     fn replays_status_headers_and_body() {
-        let r = replay(StoredResponse {
-            status: 201,
-            headers: vec![("content-type".into(), "application/json".into())],
-            body: b"{\"a\":1}".to_vec(),
-        });
+        let r = replay(
+            StoredResponse {
+                status: 201,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: Vec::new(),
+            },
+            Bytes::from_static(b"{\"a\":1}"),
+        );
         assert_eq!(r.status(), StatusCode::CREATED);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
         assert_eq!(r.headers()[IDEMPOTENT_REPLAYED], "true");

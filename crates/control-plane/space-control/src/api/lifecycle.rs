@@ -280,6 +280,10 @@ pub async fn fork(
     labels.extend(req.labels);
     validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
 
+    // All children or none: the quota is checked for all of them first (and again, under
+    // the admission lock, for each as its row goes in).
+    st.admit_sandboxes(&tenant.id, parent_rec.resources, u64::from(count))
+        .await?;
     let mut rows: Vec<SandboxRow> = Vec::new();
     let mut guards: Vec<InFlightGuard> = Vec::new();
     for _ in 0..count {

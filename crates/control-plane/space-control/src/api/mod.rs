@@ -5,6 +5,8 @@
 //! ([`idempotency`]), and is documented: the router and the OpenAPI document are
 //! built from the same annotated handlers ([`openapi`]), so they cannot drift apart.
 
+pub mod action_log;
+pub mod audit;
 pub mod auth;
 pub mod credentials;
 pub mod egress;
@@ -16,6 +18,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod openapi;
 pub mod processes;
+pub mod quota;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
@@ -27,6 +30,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Router;
+use space_core::process::ProcessSpec;
 use space_core::{ErrorCode, SandboxId, SandboxState, TenantId};
 use space_node::{GuestClient, Node, PauseCause};
 
@@ -47,6 +51,8 @@ pub struct AppState {
     pub max_upload_bytes: u64,
     /// Sandboxes whose creation is under way in this process.
     pub creating: InFlight,
+    /// Tenants' quotas and request rates.
+    pub quotas: crate::quotas::Quotas,
 }
 
 impl AppState {
@@ -57,7 +63,14 @@ impl AppState {
             node,
             max_upload_bytes,
             creating: InFlight::default(),
+            quotas: crate::quotas::Quotas::new(space_core::quota::TenantQuota::embedded_default()),
         }
+    }
+
+    /// The same, with `defaults` as the operator's quota for every tenant.
+    pub fn with_default_quota(mut self, defaults: space_core::quota::TenantQuota) -> Self {
+        self.quotas = crate::quotas::Quotas::new(defaults);
+        self
     }
 
     /// A tenant's sandbox in any desired state, or 404 (also for another tenant's).
@@ -109,6 +122,23 @@ impl AppState {
         })
         .await
         .map_err(ApiError::internal)?
+    }
+}
+
+impl AppState {
+    /// `spec` as it is started in sandbox `id`: with what the node adds to every process's
+    /// environment (the sandbox's credential placeholders, as they are now), below the
+    /// spec's own variables. Every process start goes through here.
+    pub fn process_spec(
+        &self,
+        id: &SandboxId,
+        spec: &ProcessSpec,
+    ) -> Result<ProcessSpec, ApiError> {
+        let mut spec = spec.clone();
+        for (name, value) in self.node.process_env(id)? {
+            spec.env.entry(name).or_insert(value);
+        }
+        Ok(spec)
     }
 }
 

@@ -18,8 +18,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    auth, credentials, egress, files, idempotency, lifecycle, metrics, processes, sandboxes,
-    snapshots, templates, AppState,
+    action_log, audit, auth, credentials, egress, files, idempotency, lifecycle, metrics,
+    processes, quota, sandboxes, snapshots, templates, AppState,
 };
 
 /// The generated document, shared with the `/openapi.json` handler.
@@ -152,6 +152,13 @@ fn v1_routes() -> OpenApiRouter<AppState> {
             credentials::delete_credential
         ))
         .routes(routes!(credentials::audit))
+        .routes(routes!(audit::audit_log))
+        .routes(routes!(quota::my_quota))
+        .routes(routes!(
+            quota::get_tenant_quota,
+            quota::set_tenant_quota,
+            quota::clear_tenant_quota
+        ))
 }
 
 /// The public routes.
@@ -165,11 +172,20 @@ fn public_routes() -> OpenApiRouter<AppState> {
 pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
     let (v1, v1_doc) = v1_routes().split_for_parts();
     // route_layer: only matched routes authenticate, so unknown paths stay 404. The layer
-    // added last runs first: authentication, then idempotency keys (scoped to the tenant).
+    // added last runs first: authentication, the key's request rate, idempotency keys
+    // (scoped to the tenant), then the action log (so a replay is not recorded twice).
     let v1 = v1
+        .route_layer(middleware::from_fn_with_state(
+            state.db.clone(),
+            action_log::record,
+        ))
         .route_layer(middleware::from_fn_with_state(
             idempotency::Idempotency::new(state.db.clone()),
             idempotency::idempotency,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            quota::rate_limit,
         ))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

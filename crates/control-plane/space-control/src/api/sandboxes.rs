@@ -439,7 +439,11 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> 
 /// First step of making a sandbox (create or fork child): records the desired state
 /// *before* the node is asked, with the id in the in-flight set so the reconciler leaves
 /// the row (and the node's `creating` record) alone until [`finish_create`] has run.
+/// The tenant's quota is checked here, under its admission lock held until the row is in.
 pub async fn begin_create(st: &AppState, row: &SandboxRow) -> ApiResult<InFlightGuard> {
+    let _admission = st.quotas.admission(&row.tenant_id).await;
+    st.admit_sandboxes(&row.tenant_id, row.spec.resources, 1)
+        .await?;
     let guard = st.creating.enter(&row.id);
     st.db.insert_sandbox(row).await?;
     Ok(guard)

@@ -86,6 +86,13 @@ pub async fn create_snapshot(
             .map_err(|e| ApiError::invalid(e.to_string()))?;
     }
     let row = st.live_sandbox(&tenant.id, &id).await?;
+    let reservation = st
+        .admit_snapshot(
+            &tenant.id,
+            row.spec.resources,
+            req.kind == SnapshotKind::Checkpoint,
+        )
+        .await?;
     let owner = req.persistent.then(|| SnapshotOwner {
         tenant: row.tenant_id.clone(),
         labels: row.labels.clone(),
@@ -93,6 +100,8 @@ pub async fn create_snapshot(
     let node = st.node.clone();
     // In its own task: a client that hangs up does not abandon a half-taken snapshot.
     let taken = tokio::spawn(async move {
+        // Held until the snapshot is taken (and listed) or failed.
+        let _reservation = reservation;
         match req.kind {
             SnapshotKind::Disk => node
                 .snapshot_disk(&id, req.label, SnapshotTrigger::Manual, owner)
@@ -192,6 +201,7 @@ pub async fn diff_snapshots(
         )));
     }
     st.live_sandbox(&tenant.id, &id).await?;
+    let _permit = st.diff_permit(&tenant.id).await?;
     Ok(Json(st.node.diff_snapshots(&id, &from, &to, limit).await?))
 }
 
@@ -282,32 +292,44 @@ pub async fn list_tenant_snapshots(
                 .as_ref()
                 .is_none_or(|l| info.label.as_ref() == Some(l))
     };
-    let mut snapshots: Vec<SnapshotInfo> = Vec::new();
-    for row in st.db.sandboxes(&tenant.id, SandboxFilter::Live).await? {
-        if row.node != st.node.name() || sandbox.as_ref().is_some_and(|s| s != &row.id) {
-            continue;
-        }
-        match st.node.snapshots(&row.id).await {
-            Ok(list) => snapshots.extend(list.into_iter().filter(|i| wanted(i))),
-            // Deleted meanwhile (its persistent snapshots are listed below).
-            Err(space_node::NodeError::SandboxNotFound(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    for (info, source) in st.node.persistent_snapshots().await? {
-        if source.tenant.as_ref() == Some(&tenant.id)
-            && wanted(&info)
-            && !snapshots.iter().any(|s| s.id == info.id)
-        {
-            snapshots.push(info);
-        }
-    }
+    let mut snapshots: Vec<SnapshotInfo> = st
+        .tenant_snapshots(&tenant.id)
+        .await?
+        .into_iter()
+        .filter(|i| wanted(i))
+        .collect();
     snapshots.sort_by(|a, b| {
         b.created_at_ms
             .cmp(&a.created_at_ms)
             .then_with(|| b.id.cmp(&a.id))
     });
     Ok(Json(SnapshotList { snapshots }))
+}
+
+impl AppState {
+    /// Every snapshot of `tenant`'s: of its live sandboxes on this node, and its persistent
+    /// ones whose sandbox was deleted.
+    pub async fn tenant_snapshots(&self, tenant: &TenantId) -> ApiResult<Vec<SnapshotInfo>> {
+        let mut snapshots: Vec<SnapshotInfo> = Vec::new();
+        for row in self.db.sandboxes(tenant, SandboxFilter::Live).await? {
+            if row.node != self.node.name() {
+                continue;
+            }
+            match self.node.snapshots(&row.id).await {
+                Ok(list) => snapshots.extend(list),
+                // Deleted meanwhile (its persistent snapshots are listed below).
+                Err(space_node::NodeError::SandboxNotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (info, source) in self.node.persistent_snapshots().await? {
+            if source.tenant.as_ref() == Some(tenant) && !snapshots.iter().any(|s| s.id == info.id)
+            {
+                snapshots.push(info);
+            }
+        }
+        Ok(snapshots)
+    }
 }
 
 /// One of the caller's snapshots (of a live sandbox, or persistent of a deleted one).

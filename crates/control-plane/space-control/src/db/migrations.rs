@@ -124,6 +124,44 @@ pub const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE sandboxes ADD COLUMN tokens_valid_until_ms BIGINT NOT NULL DEFAULT 0",
         ],
     },
+    // The action log (`db::audit`): one hash chain per tenant, dense positions from 1; and
+    // where each chain's kept part starts once old records were removed.
+    Migration {
+        version: 6,
+        description: "action log",
+        statements: &[
+            "CREATE TABLE audit_log (
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                seq BIGINT NOT NULL,
+                ts_ms BIGINT NOT NULL,
+                api_key_id TEXT,
+                action TEXT NOT NULL,
+                target TEXT NOT NULL,
+                outcome TEXT NOT NULL,
+                status BIGINT NOT NULL,
+                prev_hash TEXT NOT NULL,
+                hash TEXT NOT NULL,
+                PRIMARY KEY (tenant_id, seq)
+            )",
+            "CREATE INDEX audit_log_time ON audit_log (ts_ms)",
+            "CREATE TABLE audit_anchors (
+                tenant_id TEXT PRIMARY KEY REFERENCES tenants(id),
+                seq BIGINT NOT NULL,
+                hash TEXT NOT NULL
+            )",
+        ],
+    },
+    // A tenant's own quota (JSON `TenantQuota`), over the operator's defaults. No row: the
+    // defaults.
+    Migration {
+        version: 7,
+        description: "tenant quotas",
+        statements: &["CREATE TABLE tenant_quotas (
+                tenant_id TEXT PRIMARY KEY REFERENCES tenants(id),
+                quota TEXT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )"],
+    },
 ];
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The control plane's database: desired state (sandboxes), tenants and API keys, and the
-//! idempotency keys of mutating requests.
+//! The control plane's database: desired state (sandboxes), tenants and API keys, the
+//! idempotency keys of mutating requests, and each tenant's action log.
 //!
 //! One implementation for both backends through `sqlx::Any`: SQLite by default (a file in
 //! the data directory, WAL mode) and PostgreSQL when given a `postgres://` URL. The SQL is
@@ -9,8 +9,10 @@
 //! The database holds *desired* state; the node holds live state. The reconciler converges
 //! the two.
 
+mod audit;
 mod idempotency;
 pub mod migrations;
+mod quotas;
 mod sandboxes;
 mod tenants;
 
@@ -21,6 +23,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Connection, Executor};
 
+pub use audit::{AuditQuery, NewAuditRecord, MAX_AUDIT_FIELD, MAX_AUDIT_PAGE};
 pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
@@ -67,6 +70,10 @@ pub enum Backend {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
+    /// Serialises this process's action log appends: SQLite cannot upgrade a reading
+    /// transaction to a writing one while another waits (`database is locked`), and even on
+    /// PostgreSQL a race costs a retry. Other processes' appends race on the primary key.
+    audit_appends: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The default database: `control.db` in the data directory.
@@ -134,7 +141,11 @@ impl Db {
             })
             .connect_with(options)
             .await?;
-        let db = Db { pool, backend };
+        let db = Db {
+            pool,
+            backend,
+            audit_appends: Default::default(),
+        };
         db.migrate().await?;
         Ok(db)
     }

@@ -53,6 +53,27 @@ impl std::fmt::Debug for Plaintext {
     }
 }
 
+/// A table holding one JSON document per tenant (`tenant_id`, the document's column,
+/// `updated_at_ms`). Names are constants: nothing from a request is ever spliced into SQL.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TenantDocument {
+    pub(super) table: &'static str,
+    pub(super) column: &'static str,
+}
+
+impl TenantDocument {
+    /// A tenant's default egress policy.
+    pub(super) const EGRESS_POLICY: TenantDocument = TenantDocument {
+        table: "tenant_egress_policies",
+        column: "policy",
+    };
+    /// A tenant's own quota.
+    pub(super) const QUOTA: TenantDocument = TenantDocument {
+        table: "tenant_quotas",
+        column: "quota",
+    };
+}
+
 /// Longest tenant name.
 pub const MAX_TENANT_NAME: usize = 64;
 
@@ -104,19 +125,8 @@ impl Db {
         &self,
         tenant: &TenantId,
     ) -> Result<Option<EgressPolicy>, DbError> {
-        let row = sqlx::query("SELECT policy FROM tenant_egress_policies WHERE tenant_id = $1")
-            .bind(tenant.as_str())
-            .fetch_optional(self.pool())
-            .await?;
-        row.map(|r| {
-            let json: String = r.try_get("policy")?;
-            // Deserialising validates: a row that no longer validates is reported, not used.
-            serde_json::from_str(&json).map_err(|e| DbError::Corrupt {
-                table: "tenant_egress_policies",
-                reason: e.to_string(),
-            })
-        })
-        .transpose()
+        self.tenant_document(TenantDocument::EGRESS_POLICY, tenant)
+            .await
     }
 
     /// Sets (`Some`) or clears (`None`: back to the node's default) the tenant's default
@@ -126,13 +136,50 @@ impl Db {
         tenant: &TenantId,
         policy: Option<&EgressPolicy>,
     ) -> Result<(), DbError> {
-        match policy {
-            Some(p) => {
-                let json = serde_json::to_string(p).map_err(|e| DbError::Invalid(e.to_string()))?;
-                sqlx::query(
-                    "INSERT INTO tenant_egress_policies (tenant_id, policy, updated_at_ms) VALUES ($1, $2, $3)
-                     ON CONFLICT (tenant_id) DO UPDATE SET policy = excluded.policy, updated_at_ms = excluded.updated_at_ms",
-                )
+        self.set_tenant_document(TenantDocument::EGRESS_POLICY, tenant, policy)
+            .await
+    }
+
+    /// A tenant's JSON document in `doc`'s table, if it has one. Deserialising validates: a
+    /// row that no longer validates is reported, not used.
+    pub(super) async fn tenant_document<T: serde::de::DeserializeOwned>(
+        &self,
+        doc: TenantDocument,
+        tenant: &TenantId,
+    ) -> Result<Option<T>, DbError> {
+        let row = sqlx::query(&format!(
+            "SELECT {} AS doc FROM {} WHERE tenant_id = $1",
+            doc.column, doc.table
+        ))
+        .bind(tenant.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|r| {
+            let json: String = r.try_get("doc")?;
+            serde_json::from_str(&json).map_err(|e| DbError::Corrupt {
+                table: doc.table,
+                reason: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
+    /// Sets (`Some`, an upsert) or clears (`None`) a tenant's JSON document in `doc`'s table.
+    pub(super) async fn set_tenant_document<T: serde::Serialize>(
+        &self,
+        doc: TenantDocument,
+        tenant: &TenantId,
+        value: Option<&T>,
+    ) -> Result<(), DbError> {
+        match value {
+            Some(v) => {
+                let json = serde_json::to_string(v).map_err(|e| DbError::Invalid(e.to_string()))?;
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (tenant_id, {column}, updated_at_ms) VALUES ($1, $2, $3)
+                     ON CONFLICT (tenant_id) DO UPDATE SET {column} = excluded.{column}, updated_at_ms = excluded.updated_at_ms",
+                    table = doc.table,
+                    column = doc.column
+                ))
                 .bind(tenant.as_str())
                 .bind(json)
                 .bind(now_ms())
@@ -140,7 +187,7 @@ impl Db {
                 .await?;
             }
             None => {
-                sqlx::query("DELETE FROM tenant_egress_policies WHERE tenant_id = $1")
+                sqlx::query(&format!("DELETE FROM {} WHERE tenant_id = $1", doc.table))
                     .bind(tenant.as_str())
                     .execute(self.pool())
                     .await?;
@@ -215,6 +262,8 @@ impl Db {
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || "api key".to_owned()))?;
+        self.log_operator_action(tenant, "api_key.create", &info.id)
+            .await;
         Ok(NewApiKey {
             info,
             plaintext: Plaintext(key.plaintext),
@@ -223,17 +272,24 @@ impl Db {
 
     /// The tenant a (well-formed, unrevoked) key belongs to.
     pub async fn authenticate(&self, key: &str) -> Result<Option<Tenant>, DbError> {
+        Ok(self.authenticate_key(key).await?.map(|(tenant, _)| tenant))
+    }
+
+    /// The tenant a (well-formed, unrevoked) key belongs to, and the key's id.
+    pub async fn authenticate_key(&self, key: &str) -> Result<Option<(Tenant, String)>, DbError> {
         if !keys::is_well_formed(key) {
             return Ok(None);
         }
         let row = sqlx::query(
-            "SELECT t.id, t.name, t.created_at_ms FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+            "SELECT t.id, t.name, t.created_at_ms, k.id AS key_id FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
              WHERE k.key_hash = $1 AND k.revoked_at_ms IS NULL",
         )
         .bind(keys::hash(key))
         .fetch_optional(self.pool())
         .await?;
-        row.as_ref().map(tenant_from_row).transpose()
+        row.as_ref()
+            .map(|r| Ok((tenant_from_row(r)?, r.try_get::<String, _>("key_id")?)))
+            .transpose()
     }
 
     /// Keys of one tenant (or all), oldest first.
@@ -297,9 +353,28 @@ impl Db {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.log_operator_action(&info.tenant_id, "api_key.revoke", &info.id)
+            .await;
         Ok(ApiKeyInfo {
             revoked_at_ms: Some(now),
             ..info
         })
+    }
+
+    /// Records an action no API key made (the operator's CLI, the platform itself) in the
+    /// tenant's action log; a failure is logged (the action is done by then).
+    pub async fn log_operator_action(&self, tenant: &TenantId, action: &str, target: &str) {
+        let record = super::NewAuditRecord {
+            tenant,
+            ts_ms: now_ms(),
+            api_key_id: None,
+            action,
+            target,
+            outcome: "ok",
+            status: 0,
+        };
+        if let Err(e) = self.append_audit(&record).await {
+            tracing::error!(%tenant, %action, %target, error = %e, "the action log could not record an action");
+        }
     }
 }

@@ -23,6 +23,7 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::ExecFailed
         | ErrorCode::EgressBeyondCeiling => Code::InvalidArgument,
         ErrorCode::PermissionDenied | ErrorCode::Forbidden => Code::PermissionDenied,
+        ErrorCode::QuotaExceeded | ErrorCode::RateLimited => Code::ResourceExhausted,
         ErrorCode::Conflict => Code::FailedPrecondition,
         ErrorCode::PayloadTooLarge
         | ErrorCode::TooManyRequests

@@ -34,16 +34,17 @@ pub async fn require_api_key(
 ) -> Result<Response, RestError> {
     let key = api_key(req.headers())
         .ok_or_else(|| RestError::unauthenticated("missing API key: send 'X-API-Key: <key>'"))?;
-    let tenant = st
+    let (tenant, key_id) = st
         .app
         .db
-        .authenticate(key)
+        .authenticate_key(key)
         .await
         .map_err(|e| RestError::from(space_control::api::error::ApiError::from(e)))?
         .ok_or_else(|| RestError::unauthenticated("unknown or revoked API key"))?;
     req.extensions_mut().insert(AuthTenant {
         id: tenant.id,
         name: tenant.name,
+        key_id,
     });
     Ok(next.run(req).await)
 }

@@ -104,10 +104,13 @@ pub async fn e2b_error_bodies(req: Request, next: Next) -> Response {
             let mut rewritten =
                 RestError(E2bError::from_native(native.code, native.message)).into_response();
             // Keep what the native layer decided about the connection (a 413 closes it).
-            if let Some(c) = parts.headers.remove(axum::http::header::CONNECTION) {
-                rewritten
-                    .headers_mut()
-                    .insert(axum::http::header::CONNECTION, c);
+            for name in [
+                axum::http::header::CONNECTION,
+                axum::http::header::RETRY_AFTER,
+            ] {
+                if let Some(v) = parts.headers.remove(&name) {
+                    rewritten.headers_mut().insert(name, v);
+                }
             }
             rewritten
         }

@@ -169,6 +169,19 @@ const V6_RANGES: &[(u128, u8, V6Kind)] = {
     ]
 };
 
+/// Every range of the address classes above but public, as networks: what the uplink guard
+/// refuses below the decisions (see `space_net::datapath::uplink_guard`). The IPv6 ranges
+/// that embed an IPv4 address are included whole (the guard cannot judge the embedded one).
+pub fn non_public_networks() -> Vec<IpNet> {
+    let v4 = V4_RANGES
+        .iter()
+        .map(|&(bits, len, _)| IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::from_bits(bits), len)));
+    let v6 = V6_RANGES.iter().map(|&(bits, len, _)| {
+        IpNet::V6(ipnet::Ipv6Net::new_assert(Ipv6Addr::from_bits(bits), len))
+    });
+    v4.chain(v6).collect()
+}
+
 /// The most specific IPv4 range containing the network `bits/prefix`.
 fn lookup_v4(bits: u32, prefix: u8) -> Option<AddressClass> {
     V4_RANGES

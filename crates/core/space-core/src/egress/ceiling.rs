@@ -114,6 +114,16 @@ impl EgressCeiling {
         })
     }
 
+    /// The non-public networks the operator granted.
+    pub fn granted(&self) -> &[IpNet] {
+        &self.granted
+    }
+
+    /// The node's own addresses.
+    pub fn node_addresses(&self) -> &[IpAddr] {
+        &self.node_addresses
+    }
+
     /// Why the gateway must not connect to `addr`, if it must not. An IPv6 address embedding
     /// an IPv4 one is judged as that IPv4 address.
     pub fn forbids(&self, addr: IpAddr) -> Option<Forbidden> {

@@ -90,6 +90,11 @@ pub fn delete(name: &str) -> Result<(), NetError> {
     ip(&["netns", "delete", name])
 }
 
+/// Runs `cmd` with `input` on its stdin; its stderr is the error if it fails.
+pub(crate) fn run_with_input(cmd: &mut Command, input: &[u8], what: &str) -> Result<(), NetError> {
+    run(cmd, Some(input), what)
+}
+
 /// Loads an nftables JSON ruleset inside the namespace.
 pub fn apply_nft(name: &str, ruleset: &nftables::schema::Nftables<'_>) -> Result<(), NetError> {
     let json = serde_json::to_vec(ruleset).map_err(|e| NetError::Command {
@@ -139,6 +144,45 @@ where
         command: "namespace thread".into(),
         message: "panicked".into(),
     })?
+}
+
+/// Starts `f` on a thread of its own that has entered the namespace and stays in it (for a
+/// long-lived server of sockets made there); returns once the thread is in.
+pub fn spawn_in<F>(name: &str, f: F) -> Result<(), NetError>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let p = path(name);
+    let ns = std::fs::File::open(&p).map_err(|e| NetError::Io {
+        what: format!("open {}", p.display()),
+        source: e,
+    })?;
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("space-netns".into())
+        .spawn(move || {
+            let entered = setns(ns.as_fd(), CloneFlags::CLONE_NEWNET);
+            let ok = entered.is_ok();
+            let _ = entered_tx.send(entered);
+            if ok {
+                f();
+            }
+        })
+        .map_err(|e| NetError::Io {
+            what: "spawn a namespace thread".into(),
+            source: e,
+        })?;
+    match entered_rx.recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(NetError::Io {
+            what: format!("setns into {name}"),
+            source: e.into(),
+        }),
+        Err(_) => Err(NetError::Command {
+            command: "namespace thread".into(),
+            message: "ended before entering the namespace".into(),
+        }),
+    }
 }
 
 /// Writes a sysctl of the calling thread's namespace (`/proc/sys/net/...` is per namespace).

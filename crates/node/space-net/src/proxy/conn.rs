@@ -14,7 +14,7 @@ use tracing::{debug, info};
 
 use super::first_bytes::{self, First, FirstBytes, Unnamed};
 use super::http::{self, Origin};
-use super::io::{splice, Activity, Metered, Prefixed};
+use super::io::{splice, Activity, Metered, PlaceholderGuard, Prefixed};
 use super::route::{self, Plan, Refusal};
 use super::upstream::{Connector, UpstreamTls};
 use super::{ProxyError, Shared};
@@ -66,7 +66,14 @@ pub(super) async fn run(
     let activity = Activity::new();
     let guest = Metered::new(guest, Arc::clone(&shared.counters), Arc::clone(&activity));
     match plan {
-        Plan::Splice { addr } => pass_through(shared, guest, first.buf, addr, &activity).await,
+        Plan::Splice { addr } => {
+            // A stream without a name, to an address: cleartext the proxy does not read as
+            // HTTP, where no credential is injected, so a placeholder in it is refused (TLS
+            // passed through by name is ciphertext: nothing to look for).
+            let guard =
+                shared.credentials.is_some() && matches!(first.what, FirstBytes::Unnamed(_));
+            pass_through(shared, guest, first.buf, addr, &activity, guard).await
+        }
         Plan::Http { host, addr } => {
             let origin = Origin {
                 host,
@@ -128,11 +135,16 @@ fn connector(shared: &Shared, addr: SocketAddr, tls: Option<UpstreamTls>) -> Con
 /// Connects to `addr`, replays the first bytes, then copies both ways.
 async fn pass_through(
     shared: &Shared,
-    mut guest: Metered<TcpStream>,
+    guest: Metered<TcpStream>,
     first: Vec<u8>,
     addr: SocketAddr,
     activity: &Activity,
+    guard_placeholders: bool,
 ) -> Result<(), ProxyError> {
+    let mut guest = PlaceholderGuard::new(guest);
+    if guard_placeholders && guest.scan(&first) {
+        return Err(placeholder_refused(shared, addr));
+    }
     let mut upstream = connector(shared, addr, None)
         .connect()
         .await
@@ -144,14 +156,40 @@ async fn pass_through(
         .write_all(&first)
         .await
         .map_err(ProxyError::Upstream)?;
-    splice(
-        &mut guest,
-        &mut upstream,
-        activity,
-        shared.limits.idle_timeout,
-    )
-    .await
-    .map_err(ProxyError::Io)
+    let copied = if guard_placeholders {
+        splice(
+            &mut guest,
+            &mut upstream,
+            activity,
+            shared.limits.idle_timeout,
+        )
+        .await
+    } else {
+        splice(
+            guest.get_mut(),
+            &mut upstream,
+            activity,
+            shared.limits.idle_timeout,
+        )
+        .await
+    };
+    if guest.tripped() {
+        return Err(placeholder_refused(shared, addr));
+    }
+    copied.map_err(ProxyError::Io)
+}
+
+/// Audits a stream cut for a placeholder; the connection's error.
+fn placeholder_refused(shared: &Shared, addr: SocketAddr) -> ProxyError {
+    if let Some(credentials) = &shared.credentials {
+        credentials.deny_placeholder_in_stream(
+            &shared.tenant,
+            &shared.sandbox,
+            addr,
+            super::http::now_ms(),
+        );
+    }
+    refused(shared, addr, None, Refusal::PlaceholderInStream)
 }
 
 /// Terminates the guest's TLS (replaying its ClientHello) with a leaf for `host`, then

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{
-    HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE, HOST, PROXY_AUTHENTICATE,
+    HeaderName, HeaderValue, ACCEPT_ENCODING, CONNECTION, CONTENT_TYPE, HOST, PROXY_AUTHENTICATE,
     PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::uri::{Authority, Scheme};
@@ -45,12 +45,14 @@ use tracing::{debug, info};
 
 use super::io::{idle, splice, Activity};
 use super::route::{self, Refusal, HTTPS_PORT, HTTP_PORT};
+use super::scrubbed::{scrub_headers, Scrubbed};
 use super::upstream::Connector;
 use super::{first_bytes::Unnamed, Shared};
 use crate::sniff::{MAX_HTTP_HEADERS, MAX_HTTP_HEAD_LEN};
 
-/// The body of responses to the guest: upstream's, or one of ours.
-pub(super) type Body = Either<Incoming, Full<Bytes>>;
+/// The body of responses to the guest: upstream's (scrubbed of injected values), or one of
+/// ours.
+pub(super) type Body = Either<Scrubbed, Full<Bytes>>;
 
 /// How long an idle upstream connection is kept for the next request of the same guest
 /// connection.
@@ -310,6 +312,7 @@ impl Forwarder {
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, guest_upgrade.is_some());
         strip_host_overrides(&mut parts.headers);
+        let mut scrubber = None;
         if let Some(credentials) = &self.shared.credentials {
             let method = parts.method.clone();
             let path = parts.uri.path().to_owned();
@@ -317,16 +320,24 @@ impl Forwarder {
                 tenant: &self.shared.tenant,
                 project: self.shared.project.as_ref(),
                 sandbox: &self.shared.sandbox,
+                inherited_from: &self.shared.inherited_from,
                 host: &self.origin.host,
                 method: &method,
                 path: &path,
                 tls: self.origin.tls,
                 now_ms: now_ms(),
             };
-            credentials
+            let authorized = credentials
                 .authorize_request(&ctx, &mut parts)
                 .await
                 .map_err(|denial| RequestRefusal::denied(denial.to_string()))?;
+            if authorized.scrubber.is_some() {
+                // The response is scrubbed of the values: it must come uncompressed to be.
+                parts
+                    .headers
+                    .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            }
+            scrubber = authorized.scrubber;
         }
         parts.uri = self.upstream_uri(&parts.uri)?;
         parts.headers.remove(HOST);
@@ -359,10 +370,15 @@ impl Forwarder {
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             self.tunnel(guest_upgrade, upstream_upgrade);
-            return Ok(response.map(Either::Left));
+            return Ok(response.map(|b| Either::Left(Scrubbed::plain(b))));
         }
         strip_hop_by_hop(response.headers_mut(), false);
-        Ok(response.map(Either::Left))
+        if let Some(scrubber) = &scrubber {
+            if scrub_headers(response.headers_mut(), scrubber) {
+                info!(sandbox = %self.shared.sandbox, host = %self.origin.host, "egress: a credential's value in a response header was masked");
+            }
+        }
+        Ok(response.map(|b| Either::Left(Scrubbed::new(b, scrubber.as_ref()))))
     }
 
     /// The upstream URI: the connection's scheme and authority, the request's path and query.
@@ -593,7 +609,7 @@ pub(super) fn refusal_response(refusal: &Refusal) -> Vec<u8> {
     .into_bytes()
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -1,6 +1,7 @@
 //! Stream plumbing of one guest connection: replaying the sniffed bytes ([`Prefixed`]),
 //! counting bytes and activity ([`Metered`], [`Activity`]), the idle timeout ([`idle`]) and
-//! the byte-for-byte splice of pass-through connections ([`splice`]).
+//! the byte-for-byte splice of pass-through connections ([`splice`]), and the guard that
+//! cuts a spliced stream carrying a credential placeholder ([`PlaceholderGuard`]).
 
 use std::io;
 use std::pin::Pin;
@@ -36,6 +37,109 @@ impl Activity {
 
     fn last(&self) -> Instant {
         self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// A guest stream spliced to an address (no host name, so no credential can be injected):
+/// reading the credential placeholder prefix from it is an error, so the stream is cut
+/// before the placeholder goes upstream. The prefix is found across reads too (the last
+/// bytes of each read are kept to be searched with the next).
+#[derive(Debug)]
+pub(super) struct PlaceholderGuard<S> {
+    inner: S,
+    /// The end of what was read so far, at most the prefix's length less one.
+    tail: Vec<u8>,
+    /// Set once the prefix was seen.
+    tripped: bool,
+}
+
+/// What [`PlaceholderGuard`] looks for.
+const PLACEHOLDER_PREFIX: &[u8] = space_secrets::placeholder::PLACEHOLDER_PREFIX.as_bytes();
+
+impl<S> PlaceholderGuard<S> {
+    pub(super) fn new(inner: S) -> Self {
+        PlaceholderGuard {
+            inner,
+            tail: Vec::with_capacity(PLACEHOLDER_PREFIX.len()),
+            tripped: false,
+        }
+    }
+
+    /// The stream itself (unguarded).
+    pub(super) fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Whether the prefix was seen (the stream was cut).
+    pub(super) fn tripped(&self) -> bool {
+        self.tripped
+    }
+
+    /// Looks for the prefix in `bytes` following what was read before.
+    pub(super) fn scan(&mut self, bytes: &[u8]) -> bool {
+        let keep = PLACEHOLDER_PREFIX.len() - 1;
+        let found = if self.tail.is_empty() {
+            memchr::memmem::find(bytes, PLACEHOLDER_PREFIX).is_some()
+        } else {
+            // Only the seam needs the copy: the tail and the first bytes of this read.
+            let mut seam = std::mem::take(&mut self.tail);
+            seam.extend_from_slice(&bytes[..bytes.len().min(keep)]);
+            memchr::memmem::find(&seam, PLACEHOLDER_PREFIX).is_some()
+                || memchr::memmem::find(bytes, PLACEHOLDER_PREFIX).is_some()
+        };
+        let from = bytes.len().saturating_sub(keep);
+        self.tail.clear();
+        self.tail.extend_from_slice(&bytes[from..]);
+        self.tripped |= found;
+        found
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PlaceholderGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.tripped {
+            return Poll::Ready(Err(placeholder_error()));
+        }
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = res {
+            let fresh = buf.filled()[before..].to_vec();
+            if self.scan(&fresh) {
+                // Not one byte of this read goes on.
+                buf.set_filled(before);
+                return Poll::Ready(Err(placeholder_error()));
+            }
+        }
+        res
+    }
+}
+
+fn placeholder_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "credential placeholder in a stream to an address",
+    )
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PlaceholderGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -236,6 +340,44 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[tokio::test]
+    async fn the_guard_cuts_a_stream_at_a_placeholder_even_split_across_reads() {
+        let text = b"GET /?k=space-placeholder-abcdefghijklmnopqrstuvwx HTTP/1.1\r\n\r\n";
+        for split in 0..text.len() {
+            let (mut a, b) = tokio::io::duplex(1024);
+            let mut g = PlaceholderGuard::new(b);
+            a.write_all(&text[..split]).await.unwrap();
+            let mut got = vec![0u8; 1024];
+            let mut seen = 0;
+            if split > 0 {
+                match g.read(&mut got).await {
+                    Ok(n) => seen += n,
+                    Err(_) => assert!(g.tripped()),
+                }
+            }
+            a.write_all(&text[split..]).await.unwrap();
+            drop(a);
+            let mut rest = Vec::new();
+            let err = g.read_to_end(&mut rest).await;
+            assert!(err.is_err() && g.tripped(), "split {split}");
+            // Never the whole prefix past the guard.
+            assert!(
+                seen + rest.len() < 8 + PLACEHOLDER_PREFIX.len(),
+                "split {split}"
+            );
+        }
+        // A stream without one passes whole.
+        let (mut a, b) = tokio::io::duplex(1024);
+        a.write_all(b"space-placeholder ssh banner").await.unwrap();
+        drop(a);
+        let mut out = Vec::new();
+        PlaceholderGuard::new(b)
+            .read_to_end(&mut out)
+            .await
+            .unwrap();
+        assert_eq!(out, b"space-placeholder ssh banner");
+    }
 
     #[tokio::test]
     async fn prefixed_replays_then_reads_on() {

@@ -72,6 +72,10 @@ pub enum Refusal {
     /// The TLS handshake with the guest failed (it may not trust the sandbox CA).
     #[error("TLS handshake with the guest failed: {0}")]
     Handshake(String),
+    /// A stream spliced to an address (no host name: no credential is injected there)
+    /// carried a credential placeholder; it was cut before the placeholder went upstream.
+    #[error("a credential placeholder in a stream to an address allowed only by a CIDR rule")]
+    PlaceholderInStream,
     /// The server name rustls saw is not the sniffed one.
     #[error("the handshake's server name differs from the sniffed one")]
     SniMismatch,

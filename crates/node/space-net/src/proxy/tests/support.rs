@@ -459,6 +459,7 @@ impl Sandbox {
             sandbox: SandboxId::generate(),
             tenant: options.tenant,
             project: None,
+            inherited_from: Vec::new(),
             policy: Arc::clone(&policy),
             pins: Arc::clone(&pins),
             leaves: Arc::new(LeafCache::new(Arc::clone(&ca))),

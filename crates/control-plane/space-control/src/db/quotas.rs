@@ -1,0 +1,25 @@
+//! Tenants' own quotas (over the operator's defaults; see [`space_core::quota`]).
+
+use space_core::quota::TenantQuota;
+use space_core::TenantId;
+
+use super::tenants::TenantDocument;
+use super::{Db, DbError};
+
+impl Db {
+    /// The tenant's own quota, if the operator set one.
+    pub async fn tenant_quota(&self, tenant: &TenantId) -> Result<Option<TenantQuota>, DbError> {
+        self.tenant_document(TenantDocument::QUOTA, tenant).await
+    }
+
+    /// Sets (`Some`) or clears (`None`: the operator's defaults) the tenant's own quota.
+    /// What the tenant holds already is kept; only new admissions are checked against it.
+    pub async fn set_tenant_quota(
+        &self,
+        tenant: &TenantId,
+        quota: Option<&TenantQuota>,
+    ) -> Result<(), DbError> {
+        self.set_tenant_document(TenantDocument::QUOTA, tenant, quota)
+            .await
+    }
+}
