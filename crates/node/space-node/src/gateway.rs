@@ -230,23 +230,27 @@ impl Inner {
         &self,
         id: &SandboxId,
     ) -> Result<BTreeMap<String, String>, NodeError> {
-        let record = self
+        // Only what it needs, out of the lock: a process start is frequent, a record large.
+        let (tenant, project, env) = self
             .lock()
             .get(id)
-            .map(|e| e.record.clone())
+            .map(|e| {
+                let r = &e.record;
+                (r.tenant.clone(), r.project.clone(), r.env.clone())
+            })
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
-        let Some(tenant) = &record.tenant else {
+        let Some(tenant) = &tenant else {
             return Ok(BTreeMap::new());
         };
         Ok(self
             .credentials
             .manager
-            .placeholders(tenant, record.project.as_ref(), id)
+            .placeholders(tenant, project.as_ref(), id)
             .into_iter()
             // Credential names allow '-', which no shell accepts in a variable name.
             .filter(|(name, _)| {
                 space_core::process::valid_env_key(name.as_str())
-                    && !record.env.contains_key(name.as_str())
+                    && !env.contains_key(name.as_str())
             })
             .map(|(name, placeholder)| (name.as_str().to_owned(), placeholder.as_str().to_owned()))
             .collect())

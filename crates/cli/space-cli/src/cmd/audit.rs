@@ -1,7 +1,7 @@
 //! `space audit`: the tenant's action log (list, verify) and the credential audit log.
 
 use clap::{Args, Subcommand};
-use space_control::api::audit::AuditLogParams;
+use space_control::api::audit::{AuditLog, AuditLogParams};
 
 use crate::Global;
 
@@ -78,7 +78,7 @@ pub async fn run(g: &Global, c: AuditCmd) -> anyhow::Result<u8> {
     let client = g.client()?;
     match c {
         AuditCmd::List(a) => {
-            let mut params = AuditLogParams {
+            let params = AuditLogParams {
                 since_ms: a.since_ms,
                 until_ms: a.until_ms,
                 action: a.action,
@@ -87,19 +87,13 @@ pub async fn run(g: &Global, c: AuditCmd) -> anyhow::Result<u8> {
                 api_key_id: a.api_key_id,
                 ..Default::default()
             };
-            let mut left = a.limit.unwrap_or(usize::MAX);
-            while left > 0 {
-                params.limit = Some(left.min(PAGE));
-                let page = client.audit_log(&params).await?;
+            each_page(&client, params, a.limit, |page| {
                 for r in &page.records {
                     println!("{}", serde_json::to_string(r)?);
                 }
-                left = left.saturating_sub(page.records.len());
-                match page.next_after_seq {
-                    Some(seq) => params.after_seq = Some(seq),
-                    None => break,
-                }
-            }
+                Ok(())
+            })
+            .await?;
             Ok(0)
         }
         AuditCmd::Verify(a) => verify(&client, a.head.as_deref()).await,
@@ -120,6 +114,29 @@ pub async fn run(g: &Global, c: AuditCmd) -> anyhow::Result<u8> {
     }
 }
 
+/// Fetches `params`' records page by page, at most `limit` (`None`: all), in chain order,
+/// handing each page to `each`.
+async fn each_page(
+    client: &space_cli::client::SpaceClient,
+    mut params: AuditLogParams,
+    limit: Option<usize>,
+    mut each: impl FnMut(AuditLog) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut left = limit.unwrap_or(usize::MAX);
+    while left > 0 {
+        params.limit = Some(left.min(PAGE));
+        let page = client.audit_log(&params).await?;
+        left = left.saturating_sub(page.records.len());
+        let next = page.next_after_seq;
+        each(page)?;
+        match next {
+            Some(seq) => params.after_seq = Some(seq),
+            None => break,
+        }
+    }
+    Ok(())
+}
+
 /// Checks the whole chain here, trusting nothing the server says about it but the
 /// records: 0 if intact (and `head`, if given, still in it), 1 (and why) if not.
 async fn verify(client: &space_cli::client::SpaceClient, head: Option<&str>) -> anyhow::Result<u8> {
@@ -131,24 +148,17 @@ async fn verify(client: &space_cli::client::SpaceClient, head: Option<&str>) -> 
             Ok::<_, anyhow::Error>((seq.parse::<i64>()?, hash.to_owned()))
         })
         .transpose()?;
-    let mut params = AuditLogParams {
-        limit: Some(PAGE),
-        ..Default::default()
-    };
     let mut records = Vec::new();
-    let first = client.audit_log(&params).await?;
-    let (tenant, anchor) = (first.tenant.clone(), first.anchor.clone());
-    let mut page = first;
-    loop {
+    let mut first: Option<(String, Option<space_core::audit::AuditAnchor>)> = None;
+    each_page(client, AuditLogParams::default(), None, |page| {
+        first.get_or_insert_with(|| (page.tenant.clone(), page.anchor.clone()));
         records.extend(page.records);
-        match page.next_after_seq {
-            Some(seq) => {
-                params.after_seq = Some(seq);
-                page = client.audit_log(&params).await?;
-            }
-            None => break,
-        }
-    }
+        Ok(())
+    })
+    .await?;
+    let Some((tenant, anchor)) = first else {
+        anyhow::bail!("the server sent no page of the action log");
+    };
     if let Err(e) = space_core::audit::verify(&tenant, anchor.as_ref(), &records) {
         println!("broken: {e}");
         return Ok(1);
@@ -189,7 +199,7 @@ async fn verify(client: &space_cli::client::SpaceClient, head: Option<&str>) -> 
         "ok: {} records, the chain is intact from {from}",
         records.len()
     );
-    if let Some(last) = records.last().or(None) {
+    if let Some(last) = records.last() {
         println!("head: {}:{}", last.seq, last.hash);
     }
     Ok(0)

@@ -81,6 +81,24 @@ fn record_from_row(row: &AnyRow) -> Result<AuditRecord, DbError> {
     })
 }
 
+/// `tenant`'s anchor, read with `ex` (the pool, or an append's transaction).
+async fn anchor_of<'e, E>(ex: E, tenant: &TenantId) -> Result<Option<AuditAnchor>, DbError>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let row = sqlx::query("SELECT seq, hash FROM audit_anchors WHERE tenant_id = $1")
+        .bind(tenant.as_str())
+        .fetch_optional(ex)
+        .await?;
+    row.map(|r| {
+        Ok(AuditAnchor {
+            seq: r.try_get("seq")?,
+            hash: r.try_get("hash")?,
+        })
+    })
+    .transpose()
+}
+
 /// `s` cut to [`MAX_AUDIT_FIELD`] bytes at a character boundary.
 fn bounded(s: &str) -> &str {
     if s.len() <= MAX_AUDIT_FIELD {
@@ -116,7 +134,7 @@ impl Db {
                     row.try_get::<i64, _>("seq")?,
                     row.try_get::<String, _>("hash")?,
                 ),
-                None => match self.audit_anchor_in(&mut tx, new.tenant).await? {
+                None => match anchor_of(&mut *tx, new.tenant).await? {
                     Some(a) => (a.seq, a.hash),
                     None => (0, GENESIS_HASH.to_owned()),
                 },
@@ -178,30 +196,9 @@ impl Db {
         ))
     }
 
-    async fn audit_anchor_in(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-        tenant: &TenantId,
-    ) -> Result<Option<AuditAnchor>, DbError> {
-        let row = sqlx::query("SELECT seq, hash FROM audit_anchors WHERE tenant_id = $1")
-            .bind(tenant.as_str())
-            .fetch_optional(&mut **tx)
-            .await?;
-        row.map(|r| {
-            Ok(AuditAnchor {
-                seq: r.try_get("seq")?,
-                hash: r.try_get("hash")?,
-            })
-        })
-        .transpose()
-    }
-
     /// Where a tenant's kept chain starts (`None`: at its first record ever).
     pub async fn audit_anchor(&self, tenant: &TenantId) -> Result<Option<AuditAnchor>, DbError> {
-        let mut tx = self.pool().begin().await?;
-        let anchor = self.audit_anchor_in(&mut tx, tenant).await?;
-        tx.commit().await?;
-        Ok(anchor)
+        anchor_of(self.pool(), tenant).await
     }
 
     /// A tenant's records matching `q`, in chain order.

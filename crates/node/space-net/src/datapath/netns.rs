@@ -117,33 +117,20 @@ where
     T: Send + 'static,
     F: FnOnce() -> std::io::Result<T> + Send + 'static,
 {
-    let p = path(name);
-    let ns = std::fs::File::open(&p).map_err(|e| NetError::Io {
-        what: format!("open {}", p.display()),
-        source: e,
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The thread is thrown away afterwards, so it never returns to the host namespace.
+    spawn_in(name, move || {
+        let _ = tx.send(f());
     })?;
-    let name = name.to_owned();
-    let handle = std::thread::Builder::new()
-        .name("space-netns".into())
-        .spawn(move || -> Result<T, NetError> {
-            // The thread is thrown away afterwards, so it never returns to the host namespace.
-            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| NetError::Io {
-                what: format!("setns into {name}"),
-                source: e.into(),
-            })?;
-            f().map_err(|e| NetError::Io {
-                what: format!("in namespace {name}"),
-                source: e,
-            })
-        })
+    rx.recv()
+        .map_err(|_| NetError::Command {
+            command: "namespace thread".into(),
+            message: "panicked".into(),
+        })?
         .map_err(|e| NetError::Io {
-            what: "spawn a namespace thread".into(),
+            what: format!("in namespace {name}"),
             source: e,
-        })?;
-    handle.join().map_err(|_| NetError::Command {
-        command: "namespace thread".into(),
-        message: "panicked".into(),
-    })?
+        })
 }
 
 /// Starts `f` on a thread of its own that has entered the namespace and stays in it (for a

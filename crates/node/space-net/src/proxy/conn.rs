@@ -141,8 +141,8 @@ async fn pass_through(
     activity: &Activity,
     guard_placeholders: bool,
 ) -> Result<(), ProxyError> {
-    let mut guest = PlaceholderGuard::new(guest);
-    if guard_placeholders && guest.scan(&first) {
+    let mut guest = PlaceholderGuard::new(guest, guard_placeholders);
+    if guest.scan(&first) {
         return Err(placeholder_refused(shared, addr));
     }
     let mut upstream = connector(shared, addr, None)
@@ -156,23 +156,13 @@ async fn pass_through(
         .write_all(&first)
         .await
         .map_err(ProxyError::Upstream)?;
-    let copied = if guard_placeholders {
-        splice(
-            &mut guest,
-            &mut upstream,
-            activity,
-            shared.limits.idle_timeout,
-        )
-        .await
-    } else {
-        splice(
-            guest.get_mut(),
-            &mut upstream,
-            activity,
-            shared.limits.idle_timeout,
-        )
-        .await
-    };
+    let copied = splice(
+        &mut guest,
+        &mut upstream,
+        activity,
+        shared.limits.idle_timeout,
+    )
+    .await;
     if guest.tripped() {
         return Err(placeholder_refused(shared, addr));
     }

@@ -47,6 +47,8 @@ impl Activity {
 #[derive(Debug)]
 pub(super) struct PlaceholderGuard<S> {
     inner: S,
+    /// Whether it looks at all (off: the stream passes as it is).
+    enabled: bool,
     /// The end of what was read so far, at most the prefix's length less one.
     tail: Vec<u8>,
     /// Set once the prefix was seen.
@@ -57,17 +59,14 @@ pub(super) struct PlaceholderGuard<S> {
 const PLACEHOLDER_PREFIX: &[u8] = space_secrets::placeholder::PLACEHOLDER_PREFIX.as_bytes();
 
 impl<S> PlaceholderGuard<S> {
-    pub(super) fn new(inner: S) -> Self {
+    /// `inner`, looked at if `enabled`.
+    pub(super) fn new(inner: S, enabled: bool) -> Self {
         PlaceholderGuard {
             inner,
+            enabled,
             tail: Vec::with_capacity(PLACEHOLDER_PREFIX.len()),
             tripped: false,
         }
-    }
-
-    /// The stream itself (unguarded).
-    pub(super) fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
     }
 
     /// Whether the prefix was seen (the stream was cut).
@@ -75,8 +74,11 @@ impl<S> PlaceholderGuard<S> {
         self.tripped
     }
 
-    /// Looks for the prefix in `bytes` following what was read before.
+    /// Looks for the prefix in `bytes` following what was read before (never, disabled).
     pub(super) fn scan(&mut self, bytes: &[u8]) -> bool {
+        if !self.enabled {
+            return false;
+        }
         let keep = PLACEHOLDER_PREFIX.len() - 1;
         let found = if self.tail.is_empty() {
             memchr::memmem::find(bytes, PLACEHOLDER_PREFIX).is_some()
@@ -107,8 +109,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for PlaceholderGuard<S> {
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = res {
-            let fresh = buf.filled()[before..].to_vec();
-            if self.scan(&fresh) {
+            if self.scan(&buf.filled()[before..]) {
                 // Not one byte of this read goes on.
                 buf.set_filled(before);
                 return Poll::Ready(Err(placeholder_error()));
@@ -346,7 +347,7 @@ mod tests {
         let text = b"GET /?k=space-placeholder-abcdefghijklmnopqrstuvwx HTTP/1.1\r\n\r\n";
         for split in 0..text.len() {
             let (mut a, b) = tokio::io::duplex(1024);
-            let mut g = PlaceholderGuard::new(b);
+            let mut g = PlaceholderGuard::new(b, true);
             a.write_all(&text[..split]).await.unwrap();
             let mut got = vec![0u8; 1024];
             let mut seen = 0;
@@ -372,7 +373,7 @@ mod tests {
         a.write_all(b"space-placeholder ssh banner").await.unwrap();
         drop(a);
         let mut out = Vec::new();
-        PlaceholderGuard::new(b)
+        PlaceholderGuard::new(b, true)
             .read_to_end(&mut out)
             .await
             .unwrap();
