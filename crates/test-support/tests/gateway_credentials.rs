@@ -353,7 +353,27 @@ async fn trace_towards_a_credential_host_is_refused() {
     assert!(body.ends_with("status=403"), "{code} {body}");
     assert!(body.contains("TRACE is refused"), "{body}");
     assert!(!body.contains(SECRET));
+    // A guest refused in a loop: the first refusal is written, the rest are counted into
+    // one line (a guest cannot flood its tenant's decision log).
+    shell(
+        c,
+        &id,
+        "for i in $(seq 30); do curl -s -o /dev/null -X TRACE https://allowed.example/echo; done",
+        true,
+    )
+    .await;
     assert!(inet.requests().iter().all(|r| r.method != "TRACE"));
+    let audit = c
+        .credential_audit(Some(id.as_str()), None, None, None)
+        .await
+        .expect("audit");
+    let traces: Vec<_> = audit
+        .events
+        .iter()
+        .filter(|e| e.method == "TRACE")
+        .map(|e| e.repeated)
+        .collect();
+    assert_eq!(traces, vec![Some(30), None], "{audit:?}");
     ts.stop().await;
     drop(inet);
 }

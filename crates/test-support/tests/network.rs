@@ -157,3 +157,51 @@ async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
     ts.stop().await;
     drop(inet);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_open_connections_are_capped_by_its_quota() {
+    use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
+    use space_core::quota::TenantQuota;
+    let inet = Internet::start();
+    let ts = TestServer::start_with(|c| {
+        inet.uplink_of(&mut c.node);
+        c.node.egress = EgressPolicy {
+            mode: EgressMode::Allowlist,
+            rules: vec![EgressRule::allow(
+                DomainPattern::parse("allowed.example").expect("pattern"),
+            )],
+        };
+    })
+    .await;
+    let tenant = "connections";
+    let c = ts.new_tenant_client(tenant).await;
+    let limit = |n| TenantQuota {
+        max_connections: Some(n),
+        ..Default::default()
+    };
+    ts.client
+        .set_tenant_quota(tenant, &limit(1))
+        .await
+        .expect("set the quota");
+    let sb = c.create_sandbox(&request()).await.expect("create");
+    // One connection that sends nothing holds a slot while the gateway waits for its first
+    // bytes; a request made meanwhile is a second open connection of the tenant.
+    // (The holder is killed at the end, which gives its slot back.)
+    let while_one_is_open =
+        "(sleep 15 | curl -s -m 20 telnet://allowed.example:80 & echo $! > /tmp/holder) \
+         >/dev/null 2>&1 </dev/null; sleep 3; \
+         echo second=$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://allowed.example/); \
+         kill $(cat /tmp/holder)";
+    let out = shell(&c, &sb.id, while_one_is_open, true).await;
+    assert!(out.contains("second=000"), "the tenant's limit is 1: {out}");
+    // The operator raises it: the same two connections go.
+    ts.client
+        .set_tenant_quota(tenant, &limit(2))
+        .await
+        .expect("raise the quota");
+    let out = shell(&c, &sb.id, while_one_is_open, true).await;
+    assert!(out.contains("second=200"), "the tenant's limit is 2: {out}");
+    c.delete_sandbox(&sb.id).await.expect("delete");
+    ts.stop().await;
+    drop(inet);
+}

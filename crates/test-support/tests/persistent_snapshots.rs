@@ -14,7 +14,12 @@ use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, ResourcesRequest, SandboxInfo, SandboxOrigin,
 };
 use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId, SnapshotKind, SnapshotSchedule};
-use test_support::{api_error, shell, wait_until, TestServer, TEST_TEMPLATE};
+use test_support::{
+    api_error, counter, shell, start_counter, wait_until, TestServer, TEST_TEMPLATE,
+};
+
+/// The file the counter process shows its count in.
+const COUNTER: &str = "/home/user/counter";
 
 /// A sandbox without scheduled snapshots (so listings hold only what the test took), with
 /// `X=1` in its env, label `app=a` and `/home/user/kept.txt`.
@@ -77,14 +82,6 @@ async fn listed(c: &SpaceClient) -> Vec<SnapshotId> {
     list.snapshots.into_iter().map(|s| s.id).collect()
 }
 
-async fn counter(c: &SpaceClient, id: &SandboxId) -> u64 {
-    let bytes = c
-        .read_file_bytes(id, "/home/user/counter", None)
-        .await
-        .unwrap_or_default();
-    String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0)
-}
-
 /// Checks a sandbox made from a snapshot of `src`: the snapshot's file, template and labels,
 /// the request's env on top of the snapshot's, its own hostname.
 async fn check_child(
@@ -117,23 +114,15 @@ async fn a_persistent_checkpoint_outlives_its_sandbox_and_a_restart_and_starts_s
     let ts = TestServer::start().await;
     let c = &ts.client;
     let src = source(c).await;
-    let mut spec = ProcessSpec::shell(
-        "i=0; while true; do i=$((i+1)); echo $i > /home/user/counter; sleep 0.1; done",
-    );
-    spec.tag = Some("counter".into());
-    c.start_process(&src, &spec).await.expect("counter");
-    wait_until(Duration::from_secs(30), "the counter to start", || async {
-        (counter(c, &src).await > 0).then_some(())
-    })
-    .await;
+    start_counter(c, &src, COUNTER).await;
     let snap = snapshot(c, &src, SnapshotKind::Checkpoint, true).await;
     let gone = snapshot(c, &src, SnapshotKind::Disk, false).await;
     // The source kept running through the checkpoint (its workload was frozen and thawed).
-    let at = counter(c, &src).await;
+    let at = counter(c, &src, COUNTER).await;
     wait_until(
         Duration::from_secs(30),
         "the source's counter to go on",
-        || async { (counter(c, &src).await > at).then_some(()) },
+        || async { (counter(c, &src, COUNTER).await > at).then_some(()) },
     )
     .await;
     assert_eq!(
@@ -194,12 +183,12 @@ async fn a_persistent_checkpoint_outlives_its_sandbox_and_a_restart_and_starts_s
                 .any(|p| p.tag.as_deref() == Some("counter") && p.exit.is_none()),
             "{procs:?}"
         );
-        let at = counter(c, &child.id).await;
+        let at = counter(c, &child.id, COUNTER).await;
         assert!(at > 0);
         wait_until(
             Duration::from_secs(30),
             "the child's counter to go on",
-            || async { (counter(c, &child.id).await > at).then_some(()) },
+            || async { (counter(c, &child.id, COUNTER).await > at).then_some(()) },
         )
         .await;
     }

@@ -149,6 +149,10 @@ impl Server {
         crate::api::idempotency::release_abandoned_at_start(&db).await;
         let state = AppState::new(db, node, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
+        state
+            .apply_connection_limits()
+            .await
+            .context("applying the tenants' connection limits")?;
         let listen = config.listen;
         let listener = if config.plaintext {
             if !listen.ip().is_loopback() {

@@ -1,5 +1,6 @@
 //! Per-tenant quotas and request rates (issue 12, item 5): what one tenant may hold at once
-//! (sandboxes, vCPUs, memory, snapshot bytes, credentials, concurrent diffs) and how fast
+//! (sandboxes, vCPUs, memory, snapshot bytes, credentials, concurrent diffs, open egress
+//! connections) and how fast
 //! each of its API keys may call. The operator sets defaults for every tenant
 //! (`space server --default-quota FILE`, or the embedded [`TenantQuota::embedded_default`]);
 //! a tenant's own quota, set through the admin API, overrides them field by field.
@@ -33,6 +34,10 @@ pub struct TenantQuota {
     /// Snapshot diffs computed at once (each reads two disks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_diffs: Option<u64>,
+    /// Egress connections its sandboxes hold open at once, on each node (the gateway
+    /// refuses more; each sandbox also has its own cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u64>,
     /// Requests per second each API key may make (sustained).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_sec: Option<u64>,
@@ -99,6 +104,7 @@ impl TenantQuota {
             max_snapshot_bytes: Some(1024 * 1024 * 1024 * 1024),
             max_credentials: Some(1000),
             max_concurrent_diffs: Some(4),
+            max_connections: Some(2048),
             requests_per_sec: Some(1000),
             request_burst: Some(2000),
         }
@@ -113,6 +119,7 @@ impl TenantQuota {
             max_snapshot_bytes: self.max_snapshot_bytes.or(defaults.max_snapshot_bytes),
             max_credentials: self.max_credentials.or(defaults.max_credentials),
             max_concurrent_diffs: self.max_concurrent_diffs.or(defaults.max_concurrent_diffs),
+            max_connections: self.max_connections.or(defaults.max_connections),
             requests_per_sec: self.requests_per_sec.or(defaults.requests_per_sec),
             request_burst: self.request_burst.or(defaults.request_burst),
         }
@@ -139,6 +146,12 @@ impl TenantQuota {
         }
         if self.request_burst == Some(0) {
             return Err("request_burst must be at least 1".into());
+        }
+        if self.max_connections == Some(0) {
+            return Err(
+                "max_connections must be at least 1 (an egress policy is the way to allow none)"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -68,6 +68,7 @@ use space_core::{SandboxId, TenantId};
 use space_net::ca::{crypto_provider, LeafCache, SandboxCa};
 use space_net::datapath::{netns, GuestLink, SandboxNetwork};
 use space_net::dns::{DnsLimits, PinLimits, PinTable, SandboxResolver};
+use space_net::proxy::tenant_connections::TenantConnections;
 use space_net::proxy::{upstream_tls_config, ProxyContext, ProxyLimits, SandboxProxy, Uplink};
 use space_net::uplink::NetnsUplink;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -540,6 +541,7 @@ fn start_gateway(
             credentials: None,
             upstream_tls: upstream_tls_config(&[upstream_ca]).expect("upstream TLS"),
             limits: ProxyLimits::default(),
+            tenant_connections: TenantConnections::unshared(None),
         },
         uplink as Arc<dyn Uplink>,
     ));

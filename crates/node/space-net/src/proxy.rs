@@ -88,6 +88,7 @@ mod io;
 mod original_dst;
 mod route;
 mod scrubbed;
+pub mod tenant_connections;
 mod upstream;
 
 #[cfg(test)]
@@ -109,6 +110,7 @@ use tracing::{debug, warn};
 
 use crate::ca::{self, Alpn, LeafCache};
 use crate::dns::{PinTable, PolicyHandle};
+use tenant_connections::{TenantConnectionPermit, TenantConnections};
 
 pub use first_bytes::Unnamed;
 pub use original_dst::original_dst;
@@ -179,6 +181,8 @@ pub struct ProxyContext {
     pub upstream_tls: Arc<ClientConfig>,
     /// Bounds.
     pub limits: ProxyLimits,
+    /// The tenant's open connections on this node, shared by all its sandboxes' proxies.
+    pub tenant_connections: Arc<TenantConnections>,
 }
 
 impl std::fmt::Debug for ProxyContext {
@@ -288,6 +292,7 @@ struct Shared {
     /// Upstream TLS offering `h2` then `http/1.1`, for HTTP/2 guests.
     upstream_h2: Arc<ClientConfig>,
     connections: Arc<Semaphore>,
+    tenant_connections: Arc<TenantConnections>,
     upstream_slots: Arc<Semaphore>,
     counters: Arc<Counters>,
 }
@@ -345,6 +350,7 @@ impl SandboxProxy {
                 upstream_h1,
                 upstream_h2,
                 connections: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+                tenant_connections: ctx.tenant_connections,
                 upstream_slots: Arc::new(Semaphore::new(limits.max_upstream_connections.max(1))),
                 counters: Arc::default(),
                 limits,
@@ -411,19 +417,32 @@ impl SandboxProxy {
         conn::run(&self.shared, guest, original_dst).await
     }
 
-    /// Counts a new connection and takes one of the sandbox's connection slots for it.
-    fn admit(&self, dst: SocketAddr) -> Result<OwnedSemaphorePermit, ProxyError> {
+    /// Counts a new connection and takes one of the sandbox's connection slots and one of
+    /// its tenant's for it.
+    fn admit(&self, dst: SocketAddr) -> Result<ConnectionPermits, ProxyError> {
         self.shared.counters.add_accepted();
-        Arc::clone(&self.shared.connections)
+        let refused = |refusal| conn::refused(&self.shared, dst, None, refusal);
+        let sandbox = Arc::clone(&self.shared.connections)
             .try_acquire_owned()
             .map_err(|_| {
-                let limit = self.shared.limits.max_connections;
-                conn::refused(
-                    &self.shared,
-                    dst,
-                    None,
-                    Refusal::TooManyConnections { limit },
-                )
-            })
+                refused(Refusal::TooManyConnections {
+                    limit: self.shared.limits.max_connections,
+                })
+            })?;
+        let tenant = self
+            .shared
+            .tenant_connections
+            .try_take()
+            .map_err(|limit| refused(Refusal::TooManyTenantConnections { limit }))?;
+        Ok(ConnectionPermits {
+            _sandbox: sandbox,
+            _tenant: tenant,
+        })
     }
+}
+
+/// The slots one guest connection holds while it is open.
+struct ConnectionPermits {
+    _sandbox: OwnedSemaphorePermit,
+    _tenant: TenantConnectionPermit,
 }

@@ -38,6 +38,9 @@ pub struct NodeConfig {
     pub egress_grants: Vec<ipnet::IpNet>,
     /// Where credential values live (metadata and values, encrypted, or an external helper).
     pub credentials: CredentialBackend,
+    /// Bounds of the credential decision log (retention, each tenant's bytes per day,
+    /// collapsing of repeated denials).
+    pub credential_audit: space_secrets::audit::AuditLimits,
     /// Network namespace the gateways connect out from; `None`: this process's (the host's).
     pub uplink_netns: Option<String>,
     /// Upstream DNS servers of the gateways; empty: those of `/etc/resolv.conf`.
@@ -92,6 +95,7 @@ impl NodeConfig {
             egress: Default::default(),
             egress_grants: Vec::new(),
             credentials: CredentialBackend::Store,
+            credential_audit: Default::default(),
             uplink_netns: None,
             upstream_dns: Vec::new(),
             upstream_extra_ca_pem: None,

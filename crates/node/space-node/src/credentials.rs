@@ -4,11 +4,12 @@
 //!
 //! Files (all under the data directory, never on the sandbox store, so no sandbox snapshot
 //! or disk ever holds them): `credentials/` and `credentials.key` (the built-in encrypted
-//! store), `placeholder.key` (derives the per-sandbox placeholders), `audit/credentials.jsonl`.
+//! store), `placeholder.key` (derives the per-sandbox placeholders), `audit/credentials/` (the decision log, a directory per tenant and a file per day).
 
 use std::path::Path;
 use std::sync::Arc;
 
+use space_secrets::audit::AuditLimits;
 use space_secrets::store::EncryptedFileStore;
 use space_secrets::{
     AuditLog, CommandBackend, CredentialManager, ManagerConfig, PlaceholderKey, SecretBackend,
@@ -29,6 +30,7 @@ pub(crate) struct Credentials {
 pub(crate) async fn open(
     data_dir: &Path,
     kind: &CredentialBackend,
+    audit_limits: &AuditLimits,
 ) -> Result<Credentials, NodeError> {
     let backend: Arc<dyn SecretBackend> = match kind {
         CredentialBackend::Store => Arc::new(
@@ -46,8 +48,11 @@ pub(crate) async fn open(
     let placeholder_key = PlaceholderKey::load_or_create(&data_dir.join("placeholder.key"))
         .map_err(|e| internal("credentials: placeholder key", e))?;
     let audit = Arc::new(
-        AuditLog::open(data_dir.join("audit").join("credentials.jsonl"))
-            .map_err(|e| internal("credentials: cannot open the audit log", e))?,
+        AuditLog::open_with(
+            data_dir.join("audit").join("credentials"),
+            audit_limits.clone(),
+        )
+        .map_err(|e| internal("credentials: cannot open the audit log", e))?,
     );
     let manager = CredentialManager::load(backend, placeholder_key, ManagerConfig::default())
         .await

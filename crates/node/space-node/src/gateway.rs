@@ -116,7 +116,6 @@ impl Inner {
         let proxy_srv = Arc::new(SandboxProxy::new(
             ProxyContext {
                 sandbox: id.clone(),
-                tenant,
                 project: record.project.clone(),
                 inherited_from: record.inherited_from.clone(),
                 policy: policy.clone(),
@@ -125,6 +124,8 @@ impl Inner {
                 credentials,
                 upstream_tls: shared.upstream_tls.clone(),
                 limits: ProxyLimits::default(),
+                tenant_connections: self.tenant_connections.of(&tenant),
+                tenant,
             },
             uplink,
         ));
@@ -265,6 +266,25 @@ impl crate::Node {
         self.inner.placeholder_env(id)
     }
 
+    /// The most egress connections every tenant without a limit of its own may hold open
+    /// across its sandboxes on this node (`None`: unlimited); see [`TenantConnectionLimits`].
+    ///
+    /// [`TenantConnectionLimits`]: space_net::proxy::tenant_connections::TenantConnectionLimits
+    pub fn set_default_tenant_connections(&self, limit: Option<u64>) {
+        self.inner.tenant_connections.set_default(limit);
+    }
+
+    /// Sets (`Some`, `Some(None)` for unlimited) or clears (`None`: the default applies) the
+    /// tenant's own limit of open egress connections on this node; connections already open
+    /// stay, new ones are refused until the tenant is under it.
+    pub fn set_tenant_connections(
+        &self,
+        tenant: &space_core::TenantId,
+        limit: Option<Option<u64>>,
+    ) {
+        self.inner.tenant_connections.set_own(tenant, limit);
+    }
+
     /// Replaces the sandbox's egress policy: saved in its record, then enforced by its
     /// running gateway from the next DNS query or connection on (connections already open
     /// keep going; a proxy re-checks every new one).
@@ -302,7 +322,7 @@ impl crate::Node {
         &self.inner.credentials.manager
     }
 
-    /// Audit log entries matching `filter`, oldest first.
+    /// Credential decisions matching `filter`, newest first.
     pub fn audit(
         &self,
         filter: &space_secrets::AuditFilter,

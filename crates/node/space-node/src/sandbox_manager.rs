@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     pub(crate) credentials: crate::credentials::Credentials,
     /// What no egress policy may reach (the operator's grants, the node's addresses).
     pub(crate) egress_ceiling: Arc<space_core::egress::EgressCeiling>,
+    /// Each tenant's open egress connections across its sandboxes' gateways.
+    pub(crate) tenant_connections: space_net::proxy::tenant_connections::TenantConnectionLimits,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -149,7 +151,8 @@ impl Node {
         let egress_ceiling = egress_ceiling(&cfg)?;
         let cfg_pool_size = cfg.pool_size;
         let sandbox_cas = crate::sandbox_ca::CaStore::open(&data_dir.join("sandbox-ca"))?;
-        let credentials = crate::credentials::open(&data_dir, &cfg.credentials).await?;
+        let credentials =
+            crate::credentials::open(&data_dir, &cfg.credentials, &cfg.credential_audit).await?;
         let node = Node {
             inner: Arc::new(Inner {
                 cfg: NodeConfig { data_dir, ..cfg },
@@ -168,6 +171,12 @@ impl Node {
                 sandbox_cas,
                 credentials,
                 egress_ceiling,
+                // Bounded before the control plane says more (it sets the operator's default
+                // and each tenant's quota when it starts).
+                tenant_connections:
+                    space_net::proxy::tenant_connections::TenantConnectionLimits::new(
+                        space_core::quota::TenantQuota::embedded_default().max_connections,
+                    ),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };

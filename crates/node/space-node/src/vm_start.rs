@@ -64,7 +64,14 @@ pub(crate) async fn connect_ready(vm: &Vm, timeout: Duration) -> Result<GuestCli
                         last = Some(e);
                     }
                 },
-                Err(e) => return Err(NodeError::from(e)),
+                Err(e) => {
+                    // A guest that never answers a handshake leaves no other trace: its
+                    // console says whether the kernel or the daemon is the one stuck.
+                    let console =
+                        space_vmm::console_tail(&vm.paths().console_log, 1200).unwrap_or_default();
+                    tracing::warn!(vm = %vm.name(), error = %e, %console, "guest channel never became ready");
+                    return Err(NodeError::from(e));
+                }
             }
         }
         Err(NodeError::from(last.unwrap_or_else(|| {

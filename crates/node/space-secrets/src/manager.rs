@@ -562,6 +562,8 @@ impl CredentialManager {
             path: "-".to_owned(),
             decision: AuditDecision::Deny,
             reason: Some(reason.to_string()),
+            repeated: None,
+            first_ms: None,
         };
         if let Err(e) = audit.append(&ev) {
             tracing::error!(%sandbox, error = %e, "audit log write failed");
@@ -614,5 +616,7 @@ fn event(
         path: ctx.path.to_owned(),
         decision,
         reason,
+        repeated: None,
+        first_ms: None,
     }
 }

@@ -13,7 +13,7 @@ use http::{Method, Request};
 use space_core::id::{SandboxId, TenantId};
 use tempfile::TempDir;
 
-use crate::audit::{AuditDecision, AuditFilter, AuditKind, AuditLog, MIN_AUDIT_ROTATE_BYTES};
+use crate::audit::{AuditDecision, AuditFilter, AuditKind, AuditLog};
 use crate::backend::SecretBackend;
 use crate::command::{CommandBackend, CommandConfig};
 use crate::manager::{CredentialManager, ManagerConfig, ManagerError};
@@ -45,7 +45,7 @@ async fn fx() -> Fx {
 async fn fx_with(config: ManagerConfig) -> Fx {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(MemoryBackend::new());
-    let audit = Arc::new(AuditLog::open(dir.path().join("audit.jsonl")).unwrap());
+    let audit = Arc::new(AuditLog::open(dir.path().join("audit")).unwrap());
     let manager = CredentialManager::load(
         backend.clone() as Arc<dyn SecretBackend>,
         PlaceholderKey::from_bytes([9u8; 32]),
@@ -802,18 +802,14 @@ async fn the_audit_log_records_resolution_injection_and_denial() {
         })
         .unwrap();
     assert_eq!(by_credential.len(), 1);
-    let raw = std::fs::read_to_string(fx.audit.path()).unwrap();
+    let raw = read_tree(fx.audit.dir());
     assert!(!raw.contains("audit-me-secret"));
 }
 
 #[tokio::test]
 async fn an_unwritable_audit_log_denies() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit.jsonl");
-    // A full file (the next event rotates it) whose rotation is impossible.
-    std::fs::write(&path, vec![b'\n'; MIN_AUDIT_ROTATE_BYTES as usize]).unwrap();
-    std::fs::create_dir_all(dir.path().join("audit.jsonl.1/blocker")).unwrap();
-    let audit = Arc::new(AuditLog::open_with_rotation(&path, MIN_AUDIT_ROTATE_BYTES).unwrap());
+    let audit = Arc::new(AuditLog::open(dir.path().join("audit")).unwrap());
     let mut fx = fx().await;
     fx.manager = CredentialManager::load(
         fx.backend.clone() as Arc<dyn SecretBackend>,
@@ -823,6 +819,8 @@ async fn an_unwritable_audit_log_denies() {
     .await
     .unwrap()
     .with_audit(audit);
+    // The tenant's directory cannot be made: a file is in its place.
+    std::fs::write(dir.path().join("audit").join(fx.tenant.as_str()), b"").unwrap();
     fx.add(
         "api",
         fx.tenant_scope(),
@@ -1092,7 +1090,7 @@ async fn no_output_ever_contains_a_value() {
     let err = helper.get(&c).await.unwrap_err();
     outputs.push(format!("{err} {err:?} {helper:?}"));
 
-    outputs.push(std::fs::read_to_string(fx.audit.path()).unwrap());
+    outputs.push(read_tree(fx.audit.dir()));
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     assert!(
         logged.contains("credential request denied"),
@@ -1103,4 +1101,18 @@ async fn no_output_ever_contains_a_value() {
     for out in &outputs {
         assert!(!out.contains(SECRET), "value leaked in: {out}");
     }
+}
+
+/// Every file under `dir`, concatenated.
+fn read_tree(dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.push_str(&read_tree(&path));
+        } else {
+            out.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    out
 }

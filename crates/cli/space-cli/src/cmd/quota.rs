@@ -51,6 +51,9 @@ pub struct Limits {
     /// Snapshot diffs at once.
     #[arg(long)]
     max_concurrent_diffs: Option<u64>,
+    /// Egress connections its sandboxes hold open at once on each node.
+    #[arg(long)]
+    max_connections: Option<u64>,
     /// Requests per second of each of its API keys.
     #[arg(long)]
     requests_per_sec: Option<u64>,
@@ -68,6 +71,7 @@ impl Limits {
             max_snapshot_bytes: self.max_snapshot_bytes,
             max_credentials: self.max_credentials,
             max_concurrent_diffs: self.max_concurrent_diffs,
+            max_connections: self.max_connections,
             requests_per_sec: self.requests_per_sec,
             request_burst: self.request_burst,
         }

@@ -80,8 +80,9 @@ pub struct ServerArgs {
     /// hosts reach, so that keys and tokens never cross the network in clear.
     #[arg(long, requires = "tls_listen")]
     no_plaintext_listener: bool,
-    /// How many days the action log keeps a record (older ones are removed, leaving the
-    /// chain's anchor so the rest still verifies).
+    /// How many days the action log and the credential decision log keep a record (older
+    /// ones are removed; the action log keeps the chain's anchor so the rest still
+    /// verifies).
     #[arg(long, value_name = "DAYS", default_value_t = space_control::server::DEFAULT_AUDIT_RETENTION_DAYS,
           value_parser = clap::value_parser!(u64).range(1..=36_500))]
     audit_retention_days: u64,
@@ -114,6 +115,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     }
     cfg.plaintext = !a.no_plaintext_listener;
     cfg.audit_retention = std::time::Duration::from_secs(a.audit_retention_days * 86_400);
+    cfg.node.credential_audit.retention_days = a.audit_retention_days;
     if let Some(path) = &a.default_quota {
         use anyhow::Context as _;
         let text = std::fs::read_to_string(path)

@@ -373,7 +373,7 @@ pub struct AuditList {
     tag = "credentials",
     params(AuditParams),
     responses(
-        (status = 200, description = "Entries, oldest first", body = AuditList),
+        (status = 200, description = "Entries, newest first (repeated denials collapsed into one line with `repeated`)", body = AuditList),
         (status = 400, description = "Bad filter", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
     ),

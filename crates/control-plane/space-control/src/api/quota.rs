@@ -56,6 +56,24 @@ impl AppState {
             .over(&self.quotas.defaults))
     }
 
+    /// Tells the node the tenant's limit of open egress connections (its gateways enforce
+    /// it): the effective one if the tenant has a quota of its own (`own`), else the default.
+    pub(crate) fn apply_connection_limit(&self, tenant: &TenantId, own: Option<&TenantQuota>) {
+        let limit = own.map(|q| q.over(&self.quotas.defaults).max_connections);
+        self.node.set_tenant_connections(tenant, limit);
+    }
+
+    /// At start: the operator's default connection limit and every tenant's own, on the
+    /// node.
+    pub async fn apply_connection_limits(&self) -> Result<(), crate::db::DbError> {
+        self.node
+            .set_default_tenant_connections(self.quotas.defaults.max_connections);
+        for (tenant, quota) in self.db.tenant_quotas().await? {
+            self.apply_connection_limit(&tenant, Some(&quota));
+        }
+        Ok(())
+    }
+
     /// What `tenant` holds: sandboxes and their resources (from the database), credentials
     /// (from the node), snapshot bytes (its snapshots' logical sizes, and those being taken).
     pub async fn usage_of(&self, tenant: &TenantId) -> ApiResult<QuotaUsage> {
@@ -267,6 +285,7 @@ pub async fn set_tenant_quota(
     quota.validate().map_err(ApiError::invalid)?;
     st.db.set_tenant_quota(&id, Some(&quota)).await?;
     st.quotas.forget_cached(&id);
+    st.apply_connection_limit(&id, Some(&quota));
     tracing::info!(tenant = %name, ?quota, "tenant quota set");
     report(&st, &id, name).await.map(Json)
 }
@@ -292,6 +311,7 @@ pub async fn clear_tenant_quota(
     let id = named_tenant(&st, &caller, &name).await?;
     st.db.set_tenant_quota(&id, None).await?;
     st.quotas.forget_cached(&id);
+    st.apply_connection_limit(&id, None);
     Ok(StatusCode::NO_CONTENT)
 }
 

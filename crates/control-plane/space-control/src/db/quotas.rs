@@ -12,6 +12,11 @@ impl Db {
         self.tenant_document(TenantDocument::QUOTA, tenant).await
     }
 
+    /// Every tenant's own quota.
+    pub async fn tenant_quotas(&self) -> Result<Vec<(TenantId, TenantQuota)>, DbError> {
+        self.tenant_documents(TenantDocument::QUOTA).await
+    }
+
     /// Sets (`Some`) or clears (`None`: the operator's defaults) the tenant's own quota.
     /// What the tenant holds already is kept; only new admissions are checked against it.
     pub async fn set_tenant_quota(

@@ -164,6 +164,33 @@ impl Db {
         .transpose()
     }
 
+    /// Every tenant's JSON document in `doc`'s table (a row that no longer validates is
+    /// reported, not skipped).
+    pub(super) async fn tenant_documents<T: serde::de::DeserializeOwned>(
+        &self,
+        doc: TenantDocument,
+    ) -> Result<Vec<(TenantId, T)>, DbError> {
+        let rows = sqlx::query(&format!(
+            "SELECT tenant_id, {} AS doc FROM {} ORDER BY tenant_id",
+            doc.column, doc.table
+        ))
+        .fetch_all(self.pool())
+        .await?;
+        let corrupt = |reason: String| DbError::Corrupt {
+            table: doc.table,
+            reason,
+        };
+        rows.iter()
+            .map(|r| {
+                let tenant: String = r.try_get("tenant_id")?;
+                let json: String = r.try_get("doc")?;
+                let tenant = tenant.parse().map_err(|e| corrupt(format!("{e}")))?;
+                let value = serde_json::from_str(&json).map_err(|e| corrupt(e.to_string()))?;
+                Ok((tenant, value))
+            })
+            .collect()
+    }
+
     /// Sets (`Some`, an upsert) or clears (`None`) a tenant's JSON document in `doc`'s table.
     pub(super) async fn set_tenant_document<T: serde::Serialize>(
         &self,

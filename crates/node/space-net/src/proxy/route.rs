@@ -27,6 +27,12 @@ pub enum Refusal {
         /// The limit.
         limit: usize,
     },
+    /// The sandbox's tenant already has its maximum of open connections on this node.
+    #[error("too many open connections of the tenant (limit {limit})")]
+    TooManyTenantConnections {
+        /// The limit.
+        limit: u64,
+    },
     /// The connection's original destination could not be read.
     #[error("no original destination: {0}")]
     NoOriginalDestination(String),

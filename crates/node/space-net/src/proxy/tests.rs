@@ -480,6 +480,41 @@ async fn connections_past_the_limit_are_closed() {
     assert_eq!(guest.get("/").await.status(), StatusCode::OK);
 }
 
+#[tokio::test]
+async fn a_tenants_sandboxes_share_its_connection_limit() {
+    use super::tenant_connections::TenantConnectionLimits;
+    let limits = TenantConnectionLimits::new(Some(1));
+    let tenant = space_core::TenantId::generate();
+    let of_tenant = |options: &mut Options| {
+        options.tenant = tenant.clone();
+        options.tenant_connections = limits.of(&tenant);
+    };
+    let (upstream, first) = plain_setup(policy(false), PLAIN, of_tenant).await;
+    let second = Sandbox::new({
+        let mut options = Options::new(policy(false));
+        of_tenant(&mut options);
+        options
+    });
+    second.pin(PLAIN, upstream.addr);
+    // The first sandbox's connection holds the tenant's only slot while it is sniffed.
+    let (held, held_done) = first.connect(upstream.addr).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (_refused, refused_done) = second.connect(upstream.addr).await;
+    assert_eq!(
+        refusal(outcome(refused_done).await),
+        Refusal::TooManyTenantConnections { limit: 1 }
+    );
+    second.assert_nothing_forwarded(&upstream);
+    // Another tenant's sandbox is not counted against it.
+    let (upstream_b, other) = plain_setup(policy(false), PLAIN, |_| {}).await;
+    let mut guest = other.h1_guest(upstream_b.addr, PLAIN).await;
+    assert_eq!(guest.get("/").await.status(), StatusCode::OK);
+    drop(held);
+    outcome(held_done).await.unwrap();
+    let mut guest = second.h1_guest(upstream.addr, PLAIN).await;
+    assert_eq!(guest.get("/").await.status(), StatusCode::OK);
+}
+
 // ---- credentials ----
 
 #[tokio::test]
@@ -527,7 +562,7 @@ async fn credentials_are_injected_and_the_guests_own_are_stripped() {
     assert!(events
         .iter()
         .any(|e| e.event == AuditKind::Deny && e.method == "TRACE"));
-    let log = std::fs::read_to_string(credentials.audit.path()).unwrap();
+    let log = credentials.raw_log();
     assert!(!log.contains(SECRET));
 }
 

@@ -35,6 +35,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::ca::{crypto_provider, LeafCache, SandboxCa};
 use crate::dns::{PinTable, PolicyHandle};
+use crate::proxy::tenant_connections::TenantConnections;
 use crate::proxy::{
     upstream_tls_config, ConnectFuture, ProxyContext, ProxyError, ProxyLimits, SandboxProxy, Uplink,
 };
@@ -360,6 +361,16 @@ impl Credentials {
         options.credentials = Some(Arc::clone(&self.manager));
     }
 
+    /// Every byte of the tenant's audit log files.
+    pub fn raw_log(&self) -> String {
+        let mut out = String::new();
+        let dir = self.audit.dir().join(self.tenant.as_str());
+        for entry in std::fs::read_dir(dir).unwrap() {
+            out.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        out
+    }
+
     /// The audit log so far.
     pub fn events(&self) -> Vec<AuditEvent> {
         self.audit
@@ -381,7 +392,7 @@ pub async fn credentials_with(edit: impl FnOnce(&mut Credential)) -> Credentials
     let tenant = TenantId::generate();
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(MemoryBackend::new());
-    let audit = Arc::new(AuditLog::open(dir.path().join("audit.jsonl")).unwrap());
+    let audit = Arc::new(AuditLog::open(dir.path().join("audit")).unwrap());
     let manager = CredentialManager::load(
         backend as Arc<dyn SecretBackend>,
         PlaceholderKey::from_bytes([7u8; 32]),
@@ -434,6 +445,7 @@ pub struct Options {
     pub credentials: Option<Arc<CredentialManager>>,
     pub tenant: TenantId,
     pub limits: ProxyLimits,
+    pub tenant_connections: Arc<TenantConnections>,
 }
 
 impl Options {
@@ -444,6 +456,7 @@ impl Options {
             credentials: None,
             tenant: TenantId::generate(),
             limits: ProxyLimits::default(),
+            tenant_connections: TenantConnections::unshared(None),
         }
     }
 }
@@ -466,6 +479,7 @@ impl Sandbox {
             credentials: options.credentials,
             upstream_tls: upstream_tls_config(&extra).unwrap(),
             limits: options.limits,
+            tenant_connections: options.tenant_connections,
         };
         let proxy = Arc::new(SandboxProxy::new(
             ctx,
