@@ -18,6 +18,21 @@ fn request() -> CreateSandboxRequest {
     }
 }
 
+/// A server whose node goes out through `inet` and allows only `allowed.example`.
+async fn server_allowing_one_name(inet: &Internet) -> TestServer {
+    use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
+    TestServer::start_with(|c| {
+        inet.uplink_of(&mut c.node);
+        c.node.egress = EgressPolicy {
+            mode: EgressMode::Allowlist,
+            rules: vec![EgressRule::allow(
+                DomainPattern::parse("allowed.example").expect("pattern"),
+            )],
+        };
+    })
+    .await
+}
+
 /// Node-made namespaces on this host whose name mentions `vm`.
 fn namespaces_of(vm: &str) -> Vec<String> {
     test_support::leaks::sandbox_namespaces()
@@ -100,18 +115,8 @@ async fn sandboxes_get_their_own_namespace_and_a_static_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
-    use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
     let inet = Internet::start();
-    let ts = TestServer::start_with(|c| {
-        inet.uplink_of(&mut c.node);
-        c.node.egress = EgressPolicy {
-            mode: EgressMode::Allowlist,
-            rules: vec![EgressRule::allow(
-                DomainPattern::parse("allowed.example").expect("pattern"),
-            )],
-        };
-    })
-    .await;
+    let ts = server_allowing_one_name(&inet).await;
     let c = &ts.client;
     let sb = c.create_sandbox(&request()).await.expect("create");
 
@@ -160,19 +165,9 @@ async fn allowed_names_go_out_through_the_gateway_and_nothing_else_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_open_connections_are_capped_by_its_quota() {
-    use space_core::egress::{DomainPattern, EgressMode, EgressPolicy, EgressRule};
     use space_core::quota::TenantQuota;
     let inet = Internet::start();
-    let ts = TestServer::start_with(|c| {
-        inet.uplink_of(&mut c.node);
-        c.node.egress = EgressPolicy {
-            mode: EgressMode::Allowlist,
-            rules: vec![EgressRule::allow(
-                DomainPattern::parse("allowed.example").expect("pattern"),
-            )],
-        };
-    })
-    .await;
+    let ts = server_allowing_one_name(&inet).await;
     let tenant = "connections";
     let c = ts.new_tenant_client(tenant).await;
     let limit = |n| TenantQuota {

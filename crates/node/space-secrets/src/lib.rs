@@ -51,6 +51,12 @@ mod tests;
 #[cfg(test)]
 mod testutil;
 
+/// Locks `m`; a panic while it was held left its data consistent (every update under the
+/// crate's locks is one complete step), so poisoning is ignored.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub use audit::{AuditDecision, AuditEvent, AuditFilter, AuditKind, AuditLog};
 pub use backend::{BackendError, SecretBackend};
 pub use command::{CommandBackend, CommandConfig};

@@ -20,6 +20,7 @@ use crate::backend::{BackendError, SecretBackend};
 use crate::cache::{ValueCache, DEFAULT_CACHE_TTL};
 use crate::egress::Hostname;
 use crate::inject::{self, InjectionPlan, KnownPlaceholder, PlannedInjection};
+use crate::lock;
 use crate::model::{Credential, CredentialId, CredentialName, ProjectId, ValidationError};
 use crate::placeholder::{Placeholder, PlaceholderKey};
 use crate::ratelimit::RateLimiter;
@@ -77,10 +78,6 @@ pub enum ManagerError {
     /// Too many credentials.
     #[error("more than {MAX_CREDENTIALS} credentials")]
     TooMany,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The credential manager (see the module doc).

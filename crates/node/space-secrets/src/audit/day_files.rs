@@ -111,6 +111,7 @@ pub(super) fn prune(dir: &Path, oldest_kept: i64) -> io::Result<usize> {
 
 struct OpenDay {
     day: i64,
+    path: PathBuf,
     file: File,
     len: u64,
 }
@@ -155,9 +156,8 @@ impl DayFiles {
                 limit: self.daily_cap,
             });
         }
-        let path = || self.dir.join(tenant.as_str());
         open.file.write_all(line).map_err(|source| AuditError::Io {
-            path: path(),
+            path: open.path.clone(),
             source,
         })?;
         open.len += line.len() as u64;
@@ -180,7 +180,12 @@ impl DayFiles {
             .open(&path)
             .map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
-        Ok(OpenDay { day, file, len })
+        Ok(OpenDay {
+            day,
+            path,
+            file,
+            len,
+        })
     }
 }
 

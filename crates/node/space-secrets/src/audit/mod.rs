@@ -34,14 +34,14 @@ mod day_files;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use space_core::id::{SandboxId, TenantId};
 
-use crate::fsutil;
 use crate::model::{CredentialId, CredentialName};
+use crate::{fsutil, lock};
 use collapse::Collapser;
 use day_files::DayFiles;
 
@@ -201,11 +201,6 @@ fn truncate(s: &mut String, max: usize) {
         }
         s.truncate(end);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every update under these locks is complete or not started when a panic could occur.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn now_ms() -> i64 {
