@@ -87,14 +87,15 @@ pub async fn start_tls_server(certs: &TestCertificates) -> TestServer {
 /// The environment of the host-mode suites (`tests/e2b/host_mode`, `tests/e2b/js/host_mode`): the SDKs' own without
 /// `E2B_SANDBOX_URL`, so they reach envd at `https://49983-{id}.{domain}` on the TLS
 /// listener, and trust `ca` for it.
-pub fn host_mode_env(server: &TestServer, ca: &Path) -> Vec<(String, String)> {
+pub fn host_mode_env(server: &TestServer, ca: &Path, sdk_version: &str) -> Vec<(String, String)> {
     let tls_port = server
         .server()
         .tls_addr()
         .expect("a server with a TLS listener")
         .port();
     [
-        ("E2B_API_KEY", server.api_key.clone()),
+        ("E2B_API_KEY", e2b_key(&server.api_key)),
+        ("SPACE_E2B_SDK_VERSION", sdk_version.to_owned()),
         ("E2B_API_URL", server.url()),
         ("E2B_DOMAIN", format!("{TEST_DOMAIN}:{tls_port}")),
         // The CA: the Python SDK's transport (rustls-native-certs) and node read these.
@@ -112,28 +113,44 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The Python of the SDK virtualenv that `scripts/e2b-sdks` makes.
-pub fn python() -> PathBuf {
+/// The E2B Python SDK release the suites are written against (the newest pinned).
+pub const PYTHON_SDK: &str = "2.63.0";
+/// The E2B JS SDK release the suites are written against (the newest pinned).
+pub const JS_SDK: &str = "2.51.0";
+
+/// The Python of the virtualenv `scripts/e2b-sdks` makes for E2B Python SDK `version`
+/// (`tests/e2b/py/requirements/e2b-<version>.txt`).
+pub fn python(version: &str) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"))
-        .join("e2b/py/bin/python")
+        .join("e2b/py")
+        .join(version)
+        .join("bin/python")
+}
+
+/// The key of `server` in the format every E2B SDK release accepts (`e2b_<hex>`).
+pub fn e2b_key(key: &str) -> String {
+    space_control::keys::in_format(key, space_control::keys::KeyFormat::E2b)
+        .expect("a well-formed API key")
 }
 
 /// The environment variables the SDK suites read (`tests/e2b/README.md`): the SDKs' own,
 /// pointed at `server`, plus SPACE's test settings. `other_key` is an API key of a second
-/// tenant.
-pub fn sdk_env(server: &TestServer, other_key: &str) -> Vec<(String, String)> {
+/// tenant; `sdk_version` the release the suite must find installed (it checks). Keys are
+/// given in the E2B format, which every release accepts.
+pub fn sdk_env(server: &TestServer, other_key: &str, sdk_version: &str) -> Vec<(String, String)> {
     let url = server.url();
     let port = server.server().addr().port();
     [
-        ("E2B_API_KEY", server.api_key.clone()),
+        ("E2B_API_KEY", e2b_key(&server.api_key)),
+        ("SPACE_E2B_SDK_VERSION", sdk_version.to_owned()),
         ("E2B_API_URL", url.clone()),
         ("E2B_SANDBOX_URL", url.clone()),
         ("E2B_DOMAIN", format!("{TEST_DOMAIN}:{port}")),
         ("SPACE_E2B_URL", url),
         ("SPACE_E2B_TEMPLATE", crate::TEST_TEMPLATE.to_owned()),
-        ("SPACE_E2B_OTHER_API_KEY", other_key.to_owned()),
+        ("SPACE_E2B_OTHER_API_KEY", e2b_key(other_key)),
         (
             "SPACE_E2B_MAX_UPLOAD_BYTES",
             TEST_MAX_UPLOAD_BYTES.to_string(),

@@ -13,6 +13,7 @@ it: the module's one sandbox is created with a plain REST call and its names are
 file before the SDK is used at all.
 """
 
+import importlib.metadata
 import os
 import time
 import uuid
@@ -32,6 +33,11 @@ def env(name: str) -> str:
     if not value:
         raise RuntimeError(f"{name} is not set: run the suite through the harness (see the module doc)")
     return value
+
+
+if importlib.metadata.version("e2b") != env("SPACE_E2B_SDK_VERSION"):
+    raise RuntimeError(f"the harness asked for e2b {env('SPACE_E2B_SDK_VERSION')}, "
+                       f"the venv has {importlib.metadata.version('e2b')}")
 
 
 @contextmanager

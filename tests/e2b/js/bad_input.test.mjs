@@ -4,7 +4,8 @@
 
 import assert from 'node:assert/strict'
 import { after, afterEach, before, describe, test } from 'node:test'
-import { AuthenticationError, Sandbox, SandboxError, SandboxNotFoundError, TimeoutError } from 'e2b'
+import { AuthenticationError, Sandbox, SandboxError, TimeoutError } from '#e2b'
+import { SandboxNotFoundError } from './sdk_compat.mjs'
 import {
   FORGED_ID,
   accessToken,

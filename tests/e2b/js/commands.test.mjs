@@ -2,7 +2,7 @@
 
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
-import { CommandExitError, NotFoundError, Sandbox, TimeoutError } from 'e2b'
+import { CommandExitError, NotFoundError, Sandbox, TimeoutError } from '#e2b'
 import { create, killTracked, waitUntil } from './helpers.mjs'
 
 let sbx
@@ -86,8 +86,16 @@ describe('commands', () => {
   })
 
   test('stdin: sendStdin and closeStdin', async () => {
-    const handle = await sbx.commands.run('cat', { background: true, stdin: true, timeoutMs: 0 })
+    let seen = ''
+    const onStdout = (d) => { seen += d }
+    const handle = await sbx.commands.run('cat', { background: true, stdin: true, timeoutMs: 0, onStdout })
     await sbx.commands.sendStdin(handle.pid, 'hello ')
+    if (typeof sbx.commands.closeStdin !== 'function') {
+      // 2.9 has neither closeStdin nor CommandHandle.sendStdin: what it has is checked.
+      await waitUntil('cat to echo its stdin', () => seen === 'hello ')
+      await handle.kill()
+      return
+    }
     await handle.sendStdin(new TextEncoder().encode('world'))
     await sbx.commands.closeStdin(handle.pid)
     const r = await handle.wait()

@@ -3,7 +3,8 @@
 
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
-import { FileNotFoundError, FileType, FilesystemEventType, InvalidArgumentError } from 'e2b'
+import { FileType, FilesystemEventType, InvalidArgumentError } from '#e2b'
+import { FileNotFoundError } from './sdk_compat.mjs'
 import { ENVD_PORT, create, killTracked, rawRequest, unique, waitUntil } from './helpers.mjs'
 
 let sbx

@@ -1,13 +1,16 @@
-// Shared helpers of SPACE's E2B compatibility suite on the pinned E2B JS SDK
-// (`node --test tests/e2b/js`). The harness sets, as for the Python suite (see
+// Shared helpers of SPACE's E2B compatibility suite on an E2B JS SDK release (`node
+// --test tests/e2b/js`; sdk.mjs says which). The harness sets, as for the Python suite (see
 // tests/e2b/py/conftest.py): E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN (read by
-// the SDK itself; never E2B_DEBUG), SPACE_E2B_TEMPLATE, SPACE_E2B_OTHER_API_KEY,
-// SPACE_E2B_MAX_UPLOAD_BYTES and SPACE_E2B_URL. Every sandbox made through `track` is
+// the SDK itself; never E2B_DEBUG), SPACE_E2B_SDK_VERSION, SPACE_E2B_TEMPLATE,
+// SPACE_E2B_OTHER_API_KEY, SPACE_E2B_MAX_UPLOAD_BYTES and SPACE_E2B_URL. Every sandbox made through `track` is
 // killed by `killTracked` in the file's `after` hook, whatever the tests' outcome.
 
 import { randomBytes } from 'node:crypto'
 import http from 'node:http'
-import { Sandbox } from 'e2b'
+import { Sandbox } from '#e2b'
+import { SDK_VERSION } from './sdk.mjs'
+
+export { SDK_VERSION }
 
 function required(name) {
   const value = process.env[name]

@@ -1,10 +1,12 @@
-"""Shared fixtures and helpers of SPACE's E2B compatibility suite (pinned `e2b` Python SDK).
+"""Shared fixtures and helpers of SPACE's E2B compatibility suite (an `e2b` Python SDK release).
 
 The harness (crates/test-support/tests/e2b_sdk.rs) starts a SPACE server and runs
-`target/e2b/py/bin/python -m pytest tests/e2b/py` with, in the environment:
+`target/e2b/py/<version>/bin/python -m pytest tests/e2b/py` with, in the environment:
 
-- E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN: what the SDK reads (both URLs
-  `http://127.0.0.1:PORT`, the domain `space.test:PORT`); never E2B_DEBUG;
+- E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN: what the SDK reads (the key in the
+  E2B format, `e2b_<hex>`; both URLs `http://127.0.0.1:PORT`, the domain `space.test:PORT`);
+  never E2B_DEBUG;
+- SPACE_E2B_SDK_VERSION: the SDK release the harness means (checked against the installed one);
 - SPACE_E2B_TEMPLATE: the template sandboxes are created from (`busybox` in tests);
 - SPACE_E2B_OTHER_API_KEY: an API key of a second tenant;
 - SPACE_E2B_MAX_UPLOAD_BYTES: the server's `--max-upload-bytes`;
@@ -15,7 +17,10 @@ module) ends, whatever its outcome. Helpers live here, not in the test files.
 """
 
 import base64
+import importlib.metadata
+import inspect
 import json
+import re
 import os
 import struct
 import threading
@@ -36,6 +41,40 @@ ENVD_VERSION = "0.6.4"
 ENVD_PORT = 49983
 # How long a sandbox made by a test lives if its kill never comes (a crashed run).
 SANDBOX_TIMEOUT_SECS = 600
+
+
+# The SDK release this run drives (the suite's tests that need a call an older release lacks
+# check for the call, never the version).
+SDK_VERSION = importlib.metadata.version("e2b")
+
+
+def pytest_sessionstart(session) -> None:
+    """Fails the run when the venv holds another release than the harness asked for."""
+    wanted = _required("SPACE_E2B_SDK_VERSION")
+    if wanted != SDK_VERSION:
+        raise pytest.UsageError(f"the harness asked for e2b {wanted}, the venv has {SDK_VERSION}")
+
+
+def sdk_accepts(call, parameter: str) -> bool:
+    """Whether an SDK call takes `parameter` (releases add parameters over time)."""
+    return parameter in inspect.signature(call).parameters
+
+
+def skip_unless_sdk_has(present: bool, what: str) -> None:
+    """Skips a test of a call or parameter this SDK release does not have (not a SPACE
+    behaviour: the release cannot send the request)."""
+    if not present:
+        pytest.skip(f"e2b {SDK_VERSION} has no {what}")
+
+
+def status_of(exc) -> Optional[int]:
+    """The HTTP status of an SDK API error: its `status_code` (2.46 on), else the status
+    the older releases' message starts with (`"400: ..."`)."""
+    code = getattr(exc, "status_code", None)
+    if code is not None:
+        return code
+    m = re.match(r"\s*(\d{3})\b", str(exc))
+    return int(m.group(1)) if m else None
 
 
 def _required(name: str) -> str:

@@ -5,15 +5,15 @@ async output callbacks."""
 import asyncio
 
 import pytest
-from conftest import WATCHED_EVENTS, unique, watched_changes
+from conftest import WATCHED_EVENTS, skip_unless_sdk_has, unique, watched_changes
 from e2b import (
     AsyncSandbox,
     CommandExitException,
-    FileNotFoundException,
     FilesystemEventType,
     NotFoundException,
     SandboxState,
 )
+from sdk_compat import FileNotFoundException
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -51,6 +51,7 @@ async def test_async_exit_code(async_sandbox):
 
 
 async def test_stream_input_handle_with_keepalives(async_sandbox):
+    skip_unless_sdk_has(hasattr(async_sandbox.commands, "stream_input"), "commands.stream_input")
     handle = await async_sandbox.commands.run("cat", background=True, stdin=True, timeout=0)
     inp = async_sandbox.commands.stream_input(handle.pid, timeout=30)
     # The SDK sends a keepalive frame after 50 s without input; a shorter interval (set
@@ -66,6 +67,7 @@ async def test_stream_input_handle_with_keepalives(async_sandbox):
 
 
 async def test_stream_input_as_a_context_manager(async_sandbox):
+    skip_unless_sdk_has(hasattr(async_sandbox.commands, "stream_input"), "commands.stream_input")
     handle = await async_sandbox.commands.run("cat", background=True, stdin=True, timeout=0)
     async with async_sandbox.commands.stream_input(handle.pid) as inp:
         await inp.send(b"x")
@@ -75,6 +77,7 @@ async def test_stream_input_as_a_context_manager(async_sandbox):
 
 
 async def test_stream_input_to_an_unknown_pid_raises_not_found(async_sandbox):
+    skip_unless_sdk_has(hasattr(async_sandbox.commands, "stream_input"), "commands.stream_input")
     inp = async_sandbox.commands.stream_input(999999)
     await inp.send(b"x")
     with pytest.raises(NotFoundException):

@@ -18,17 +18,16 @@ from conftest import (
     forged_sandbox,
     kill_quietly,
     process_events,
+    skip_unless_sdk_has,
     stdout_of,
     stream_error_code,
 )
 from e2b import (
     AuthenticationException,
-    FileNotFoundException,
     Sandbox,
     SandboxException,
-    SandboxNotFoundException,
-    SandboxNotRunningException,
 )
+from sdk_compat import FileNotFoundException, SandboxNotFoundException, SandboxNotRunningException
 
 FORGED_ID = "sbx-00000000000000000000"
 START = {"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo ok"]}}
@@ -281,6 +280,8 @@ def test_an_octet_stream_upload_over_the_limit_is_413_and_leaves_no_file(sandbox
     chunks = (b"\0" * min(65536, size - i) for i in range(0, size, 65536))
     with pytest.raises(SandboxException) as e:
         sandbox.files.write("/home/user/too-big-stream.bin", chunks, use_octet_stream=True)
+    # Raised by the SDK before sending: the release takes no generator.
+    skip_unless_sdk_has("Unsupported data type" not in str(e.value), "uploads from a generator")
     assert type(e.value) is SandboxException
     assert str(e.value).startswith("413")
     assert sandbox.files.exists("/home/user/too-big-stream.bin") is False

@@ -5,7 +5,15 @@ import threading
 import time
 
 import pytest
-from conftest import access_token, connect_stream, envelope, process_events, stdout_of, wait_until
+from conftest import (
+    access_token,
+    connect_stream,
+    envelope,
+    process_events,
+    skip_unless_sdk_has,
+    stdout_of,
+    wait_until,
+)
 from e2b import (
     AuthenticationException,
     CommandExitException,
@@ -204,6 +212,7 @@ def test_send_stdin_to_an_unknown_pid_raises_not_found(sandbox):
 
 
 def test_stream_input(sandbox):
+    skip_unless_sdk_has(hasattr(sandbox.commands, "stream_input"), "commands.stream_input")
     handle = sandbox.commands.run("cat", background=True, stdin=True, timeout=0)
     sandbox.commands.stream_input(handle.pid, [b"a", "b", b"c\n"])
     sandbox.commands.close_stdin(handle.pid)
@@ -211,6 +220,7 @@ def test_stream_input(sandbox):
 
 
 def test_stream_input_to_an_unknown_pid_raises_not_found(sandbox):
+    skip_unless_sdk_has(hasattr(sandbox.commands, "stream_input"), "commands.stream_input")
     with pytest.raises(NotFoundException):
         sandbox.commands.stream_input(999999, [b"x"])
 

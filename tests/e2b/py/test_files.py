@@ -5,13 +5,21 @@ filesystem.Filesystem RPCs (list, stat, mkdir, move, remove) and the polling wat
 import io
 
 import pytest
-from conftest import WATCHED_EVENTS, access_token, connect_unary, unique, wait_until, watched_changes
+from conftest import (
+    WATCHED_EVENTS,
+    access_token,
+    connect_unary,
+    skip_unless_sdk_has,
+    unique,
+    wait_until,
+    watched_changes,
+)
 from e2b import (
-    FileNotFoundException,
     FilesystemEventType,
     FileType,
     InvalidArgumentException,
 )
+from sdk_compat import FileNotFoundException
 
 
 @pytest.fixture
@@ -85,7 +93,12 @@ def test_a_file_like_object_is_sent_as_octet_stream(sandbox, workdir):
 
 def test_octet_stream_of_a_generator(sandbox, workdir):
     chunks = (bytes([i]) * 4096 for i in range(64))
-    sandbox.files.write(f"{workdir}/gen.bin", chunks, use_octet_stream=True)
+    try:
+        sandbox.files.write(f"{workdir}/gen.bin", chunks, use_octet_stream=True)
+    except InvalidArgumentException as e:
+        # Raised by the SDK before sending: the release takes no generator.
+        skip_unless_sdk_has("Unsupported data type" not in str(e), "uploads from a generator")
+        raise
     expected = b"".join(bytes([i]) * 4096 for i in range(64))
     assert bytes(sandbox.files.read(f"{workdir}/gen.bin", format="bytes")) == expected
 
@@ -154,6 +167,20 @@ def test_make_dir_true_then_false(sandbox, workdir):
     assert sandbox.files.make_dir(f"{workdir}/x/y") is True
     assert sandbox.files.make_dir(f"{workdir}/x/y") is False
     assert sandbox.files.get_info(f"{workdir}/x/y").type == FileType.DIR
+
+
+def test_make_dir_over_a_file_raises(sandbox, workdir):
+    # envd: `invalid_argument`, "already exists but it is not a directory" (the SDKs raise,
+    # where a directory already there is `false`).
+    sandbox.files.write(f"{workdir}/plain", "x")
+    with pytest.raises(InvalidArgumentException, match="not a directory"):
+        sandbox.files.make_dir(f"{workdir}/plain")
+
+
+def test_remove_of_a_missing_path_succeeds(sandbox, workdir):
+    # envd removes with os.RemoveAll: what is not there is removed already.
+    sandbox.files.remove(f"{workdir}/never-was")
+    sandbox.files.remove(f"{workdir}/no/such/dir")
 
 
 def test_rename(sandbox, workdir):

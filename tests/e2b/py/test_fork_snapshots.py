@@ -4,7 +4,8 @@ import time
 
 import pytest
 from conftest import access_token, all_items, connect_unary, kill_quietly, unique, wait_until
-from e2b import Sandbox, SandboxNotFoundException
+from e2b import Sandbox
+from sdk_compat import SandboxNotFoundException
 
 
 def test_fork_gives_independent_copies_with_their_own_tokens(make_sandbox, http, env):

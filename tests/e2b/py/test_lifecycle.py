@@ -4,13 +4,21 @@ pause and resume, auto-pause on timeout, and the create options SPACE refuses.""
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import ENVD_VERSION, api_request, unique, wait_until
+from conftest import (
+    ENVD_VERSION,
+    api_request,
+    sdk_accepts,
+    skip_unless_sdk_has,
+    status_of,
+    unique,
+    wait_until,
+)
 from e2b import (
     Sandbox,
     SandboxException,
-    SandboxNotFoundException,
     SandboxState,
 )
+from sdk_compat import SandboxNotFoundException
 
 
 def seconds_between(a: datetime, b: datetime) -> float:
@@ -46,6 +54,7 @@ def test_create_with_secure_is_accepted(make_sandbox):
 
 
 def test_create_with_the_same_idempotency_key_returns_the_same_sandbox(make_sandbox):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.create, "idempotency_key"), "idempotency_key")
     key = unique("idem")
     first = make_sandbox(idempotency_key=key)
     second = make_sandbox(idempotency_key=key)
@@ -62,21 +71,21 @@ def test_default_timeout_is_300_seconds(make_sandbox, env):
 def test_mcp_is_refused_as_not_supported(env):
     with pytest.raises(SandboxException) as e:
         Sandbox.create(template=env.template, mcp={"exa": {"apiKey": "k"}})
-    assert e.value.status_code == 400
+    assert status_of(e.value) == 400
     assert "not supported" in str(e.value)
 
 
 def test_volume_mounts_are_refused_as_not_supported(env):
     with pytest.raises(SandboxException) as e:
         Sandbox.create(template=env.template, volume_mounts={"/mnt/data": "vol-1"})
-    assert e.value.status_code == 400
+    assert status_of(e.value) == 400
     assert "not supported" in str(e.value)
 
 
 def test_create_from_an_unknown_template_fails(env):
     with pytest.raises(SandboxException) as e:
         Sandbox.create(template=unique("no-such-template"))
-    assert e.value.status_code in (400, 404)
+    assert status_of(e.value) in (400, 404)
 
 
 def test_get_info_of_an_unknown_sandbox_raises_not_found():
@@ -175,6 +184,7 @@ def test_connect_to_a_paused_sandbox_answers_201(make_sandbox, http, env):
 
 
 def test_pause_filesystem_mode_stops_and_connect_cold_boots(make_sandbox):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.pause, "mode"), "pause(mode=...)")
     sbx = make_sandbox()
     bg = sbx.commands.run("sleep 600", background=True, timeout=0)
     sbx.commands.run("echo disk > /home/user/kept.txt && sync")
@@ -187,6 +197,7 @@ def test_pause_filesystem_mode_stops_and_connect_cold_boots(make_sandbox):
 
 
 def test_connect_with_reboot_cold_boots_a_paused_sandbox(make_sandbox):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.connect, "on_resume"), "connect(on_resume=...)")
     sbx = make_sandbox()
     bg = sbx.commands.run("sleep 600", background=True, timeout=0)
     sbx.commands.run("echo disk > /home/user/kept.txt && sync")
@@ -203,6 +214,18 @@ def test_connect_with_a_timeout_sets_the_new_end(make_sandbox):
     info = sbx.get_info()
     assert info.state == SandboxState.RUNNING
     assert abs(seconds_between(info.end_at, datetime.now(timezone.utc) + timedelta(seconds=900))) <= 5
+
+
+def test_connect_to_a_running_sandbox_never_shortens_its_timeout(make_sandbox):
+    # As on E2B (its connect keeps the later end): an agent reconnecting with a short
+    # timeout does not cut short a sandbox someone extended; a longer one extends it.
+    sbx = make_sandbox(timeout=600)
+    Sandbox.connect(sbx.sandbox_id, timeout=30)
+    end = sbx.get_info().end_at
+    assert abs(seconds_between(end, datetime.now(timezone.utc) + timedelta(seconds=600))) <= 10
+    Sandbox.connect(sbx.sandbox_id, timeout=1200)
+    end = sbx.get_info().end_at
+    assert abs(seconds_between(end, datetime.now(timezone.utc) + timedelta(seconds=1200))) <= 10
 
 
 def test_on_timeout_pause_then_auto_resume(make_sandbox):

@@ -66,6 +66,29 @@ async fn space(server: &Server, dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Runs `space args…` (no server needed) with `input` on stdin.
+async fn space_with_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_space"));
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let input = input.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -148,15 +171,53 @@ async fn key_create_makes_a_working_key_for_another_tenant() {
     let acme = SpaceClient::new(&server.url(), Some(key.clone())).unwrap();
     assert!(acme.list_sandboxes(&[]).await.unwrap().sandboxes.is_empty());
 
+    // The E2B format of that key (what every E2B SDK accepts) is the same key.
+    let converted = space_with_stdin(&["key", "convert", "--format", "e2b"], &key).await;
+    assert!(converted.status.success(), "{}", text(&converted.stderr));
+    let e2b_key = text(&converted.stdout).trim().to_owned();
+    assert_eq!(e2b_key, format!("e2b_{}", &key["space_".len()..]));
+    let back = space_with_stdin(&["key", "convert", "--format", "space"], &e2b_key).await;
+    assert_eq!(text(&back.stdout).trim(), key);
+    let junk = space_with_stdin(&["key", "convert"], "e2b_XYZ\n").await;
+    assert_eq!(junk.status.code(), Some(1));
+    assert!(
+        text(&junk.stderr).contains("no API key"),
+        "{}",
+        text(&junk.stderr)
+    );
+    let same = SpaceClient::new(&server.url(), Some(e2b_key)).unwrap();
+    assert!(same.list_sandboxes(&[]).await.unwrap().sandboxes.is_empty());
+
+    // `--format e2b` mints a key printed in that format.
+    let out = space(
+        &server,
+        &dir.0,
+        &["key", "create", "--tenant", "acme", "--format", "e2b"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let minted = text(&out.stdout).trim().to_owned();
+    assert!(minted.starts_with("e2b_") && minted.len() == 68, "{minted}");
+    let minted = SpaceClient::new(&server.url(), Some(minted)).unwrap();
+    assert!(minted
+        .list_sandboxes(&[])
+        .await
+        .unwrap()
+        .sandboxes
+        .is_empty());
+
     let out = space(&server, &dir.0, &["--json", "key", "list"]).await;
     let keys: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = keys.as_array().unwrap();
-    assert_eq!(listed.len(), 2);
+    assert_eq!(listed.len(), 3);
     assert!(
         !text(&out.stdout).contains(&key),
         "listing must not show keys"
     );
-    let acme_key_id = listed.iter().find(|k| k["tenant"] == "acme").unwrap()["id"]
+    let acme_key_id = listed
+        .iter()
+        .find(|k| k["tenant"] == "acme" && key.starts_with(k["prefix"].as_str().unwrap()))
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -175,10 +175,26 @@ async fn api_keys() {
         assert_eq!(listed.len(), 1);
         assert!(ka.plaintext.0.starts_with(&listed[0].prefix) && listed[0].prefix.len() < 20);
         assert_eq!(db.api_keys(None).await.unwrap().len(), 2);
-        // Revocation by prefix, then by id reports not found.
-        let revoked = db.revoke_api_key(&ka.info.prefix).await.unwrap();
+        // The E2B format of a key is the same key: it authenticates as the tenant, and a
+        // look-alike of the wrong case or length does not.
+        use space_control::keys::{in_format, KeyFormat};
+        let ka_e2b = in_format(&ka.plaintext.0, KeyFormat::E2b).unwrap();
+        assert_eq!(
+            db.authenticate(&ka_e2b).await.unwrap().map(|t| t.id),
+            Some(a.id.clone())
+        );
+        assert_eq!(db.authenticate(&ka_e2b.to_uppercase()).await.unwrap(), None);
+        assert_eq!(
+            db.authenticate(&ka_e2b[..ka_e2b.len() - 1]).await.unwrap(),
+            None
+        );
+        // Revocation by the E2B format's prefix revokes the key in both formats; then by
+        // id reports not found.
+        let revoked = db.revoke_api_key(&ka_e2b[..12]).await.unwrap();
+        assert_eq!(revoked.id, ka.info.id);
         assert!(revoked.revoked_at_ms.is_some());
         assert_eq!(db.authenticate(&ka.plaintext.0).await.unwrap(), None);
+        assert_eq!(db.authenticate(&ka_e2b).await.unwrap(), None);
         assert!(matches!(
             db.revoke_api_key(&ka.info.id).await,
             Err(DbError::NotFound(_))

@@ -10,7 +10,8 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import fs from 'node:fs'
 import { after, before, describe, test } from 'node:test'
-import { Sandbox } from 'e2b'
+import { Sandbox } from '#e2b'
+import '../sdk.mjs'
 
 const HOSTS = '/etc/hosts'
 const ENVD_PORT = 49983

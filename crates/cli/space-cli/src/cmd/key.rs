@@ -3,7 +3,10 @@
 use clap::Subcommand;
 use comfy_table::presets::NOTHING;
 use comfy_table::Table;
+use std::io::Read as _;
+
 use space_control::db::{Db, DbError};
+use space_control::keys::{self, KeyFormat};
 
 use crate::{render, Global};
 
@@ -15,6 +18,9 @@ pub enum KeyCmd {
         /// Tenant name.
         #[arg(long)]
         tenant: String,
+        /// How to print the key: `space_…`, or `e2b_…` for E2B SDKs (one key either way).
+        #[arg(long, value_enum, default_value_t = Format::Space)]
+        format: Format,
         /// Database (default: SQLite in the data directory).
         #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
@@ -25,14 +31,39 @@ pub enum KeyCmd {
         #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
     },
+    /// Print a key (read from stdin) in another format: the same key, e.g. `e2b_…` for an
+    /// E2B SDK that checks the key's shape (`space key convert --format e2b < api-key`).
+    Convert {
+        /// The format to print.
+        #[arg(long, value_enum, default_value_t = Format::E2b)]
+        format: Format,
+    },
     /// Revoke a key by id or prefix.
     Revoke {
-        /// Key id (`key-...`) or display prefix (`space_1a2b3c4d`).
+        /// Key id (`key-...`) or display prefix (`space_1a2b3c4d` or `e2b_1a2b3c4d`).
         key: String,
         /// Database (default: SQLite in the data directory).
         #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
     },
+}
+
+/// A key's printed form (`space_control::keys::KeyFormat`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Format {
+    /// `space_<64 hex>`.
+    Space,
+    /// `e2b_<64 hex>`: what every E2B SDK release accepts.
+    E2b,
+}
+
+impl From<Format> for KeyFormat {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Space => KeyFormat::Space,
+            Format::E2b => KeyFormat::E2b,
+        }
+    }
 }
 
 async fn open(g: &Global, url: Option<String>) -> anyhow::Result<Db> {
@@ -71,6 +102,7 @@ pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
     match c {
         KeyCmd::Create {
             tenant,
+            format,
             database_url,
         } => {
             let db = open(g, database_url).await?;
@@ -86,17 +118,28 @@ pub async fn run(g: &Global, c: KeyCmd) -> anyhow::Result<u8> {
                 },
             };
             let key = db.create_api_key(&t.id).await?;
+            let shown = keys::in_format(&key.plaintext.0, format.into())
+                .ok_or_else(|| anyhow::anyhow!("the new key is malformed"))?;
             if g.json {
                 render::json(
-                    &serde_json::json!({"tenant": t.name, "tenant_id": t.id, "key_id": key.info.id, "api_key": key.plaintext.0}),
+                    &serde_json::json!({"tenant": t.name, "tenant_id": t.id, "key_id": key.info.id, "api_key": shown}),
                 )?;
             } else {
                 eprintln!(
-                    "created key {} for tenant {} (shown once):",
+                    "created key {} for tenant {} (shown once; `space key convert` prints it in the other format):",
                     key.info.id, t.name
                 );
-                println!("{}", key.plaintext.0);
+                println!("{shown}");
             }
+        }
+        KeyCmd::Convert { format } => {
+            let mut line = String::new();
+            // One line: a key is 70 bytes, anything longer is not one.
+            std::io::Read::take(std::io::stdin().lock(), 256).read_to_string(&mut line)?;
+            let converted = keys::in_format(line.trim(), format.into()).ok_or_else(|| {
+                anyhow::anyhow!("stdin holds no API key (`space_` or `e2b_` and 64 lowercase hex)")
+            })?;
+            println!("{converted}");
         }
         KeyCmd::List { database_url } => {
             let db = open(g, database_url).await?;

@@ -192,7 +192,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
     if let Some(config) = &e2b {
         println!();
         println!("E2B SDKs (docs/e2b-compat.md):");
-        println!("  export E2B_API_KEY=$(cat {key_file})");
+        println!("  export E2B_API_KEY=$(space key convert --format e2b < {key_file})");
         println!("  export E2B_API_URL={url} E2B_SANDBOX_URL={url}");
         let domain = config.advertised_domain(server.addr(), server.tls_addr());
         println!("  export E2B_DOMAIN={domain}");

@@ -297,21 +297,21 @@ impl Db {
         })
     }
 
-    /// The tenant a (well-formed, unrevoked) key belongs to.
+    /// The tenant a (well-formed, unrevoked) key, in either format, belongs to.
     pub async fn authenticate(&self, key: &str) -> Result<Option<Tenant>, DbError> {
         Ok(self.authenticate_key(key).await?.map(|(tenant, _)| tenant))
     }
 
-    /// The tenant a (well-formed, unrevoked) key belongs to, and the key's id.
+    /// The tenant a (well-formed, unrevoked) key, in either format, belongs to, and the key's id.
     pub async fn authenticate_key(&self, key: &str) -> Result<Option<(Tenant, String)>, DbError> {
-        if !keys::is_well_formed(key) {
+        let Some(canonical) = keys::canonical(key) else {
             return Ok(None);
-        }
+        };
         let row = sqlx::query(
             "SELECT t.id, t.name, t.created_at_ms, k.id AS key_id FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
              WHERE k.key_hash = $1 AND k.revoked_at_ms IS NULL",
         )
-        .bind(keys::hash(key))
+        .bind(keys::hash(&canonical))
         .fetch_optional(self.pool())
         .await?;
         row.as_ref()
@@ -341,6 +341,9 @@ impl Db {
     /// the key's tenant (their epochs move on). `NotFound` if no unrevoked key matches (so
     /// revoking twice reports `NotFound`), `Invalid` if a prefix matches several keys.
     pub async fn revoke_api_key(&self, id_or_prefix: &str) -> Result<ApiKeyInfo, DbError> {
+        // Listings show the canonical prefix; the E2B format's (`e2b_1a2b3c4d`) names the same key.
+        let canonical_prefix = keys::canonical_display_prefix(id_or_prefix);
+        let id_or_prefix = canonical_prefix.as_deref().unwrap_or(id_or_prefix);
         let row = sqlx::query(
             "SELECT id, tenant_id, prefix, created_at_ms, revoked_at_ms FROM api_keys
              WHERE (id = $1 OR prefix = $1) AND revoked_at_ms IS NULL",

@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use space_control::api::error::ApiError;
 use space_core::files::watch::{WatchEvent, WatchRequest};
-use space_core::files::{FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
+use space_core::files::{FileKind, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
 use space_core::ErrorCode;
 use space_node::{GuestClient, GuestError};
 
@@ -95,15 +95,26 @@ pub async fn stat(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
 }
 
 /// `filesystem.Filesystem/MakeDir`: creates the directory and its parents;
-/// `already_exists` if something is there already.
+/// `already_exists` if a directory is there already (the SDKs then answer `false`), and
+/// `invalid_argument` if something else is, as envd does (the SDKs raise).
 pub async fn make_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
     unary(st, caller, req, |guest, user, m: PathRequest| async move {
         let path = normalize(&m.path)?;
         match guest.stat(&path, user.as_deref()).await {
-            Ok(_) => {
+            // A link is not followed by stat: it may name a directory, so it counts as one.
+            Ok(there) if matches!(there.kind, FileKind::Dir | FileKind::Symlink) => {
                 return Err(ConnectError::new(
                     Code::AlreadyExists,
                     format!("{} already exists", excerpt(&path, 256)),
+                ))
+            }
+            Ok(_) => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "{} already exists but it is not a directory",
+                        excerpt(&path, 256)
+                    ),
                 ))
             }
             Err(e) if e.code() == ErrorCode::NotFound => {}
@@ -175,14 +186,15 @@ pub async fn list_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Respon
     .await
 }
 
-/// `filesystem.Filesystem/Remove`: a file, or a directory with its contents.
+/// `filesystem.Filesystem/Remove`: a file, or a directory with its contents. A path that
+/// is not there is removed already: success, as envd's `os.RemoveAll` answers.
 pub async fn remove(st: &E2bState, caller: EnvdCaller, req: Request) -> Response {
     unary(st, caller, req, |guest, user, m: PathRequest| async move {
         let path = normalize(&m.path)?;
-        guest
-            .remove(&path, true, user.as_deref())
-            .await
-            .map_err(guest_error)?;
+        match guest.remove(&path, true, user.as_deref()).await {
+            Err(e) if e.code() == ErrorCode::NotFound => {}
+            other => other.map_err(guest_error)?,
+        }
         Ok(Empty {})
     })
     .await

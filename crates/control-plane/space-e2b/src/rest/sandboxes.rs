@@ -316,8 +316,7 @@ pub async fn refresh(
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
     let secs = req.duration.unwrap_or(DEFAULT_TIMEOUT_SECS);
-    let wanted = space_control::db::now_ms().saturating_add((secs as i64).saturating_mul(1000));
-    if wanted > info.expires_at_ms {
+    if ends_later(secs, info.expires_at_ms) {
         apply_timeout(&st, &tenant, &info.id, secs).await?;
     }
     Ok(StatusCode::NO_CONTENT)
@@ -397,9 +396,17 @@ async fn wake(
     Ok(false)
 }
 
+/// Whether a timeout of `secs` from now ends after `expires_at_ms`.
+fn ends_later(secs: u64, expires_at_ms: i64) -> bool {
+    let secs = i64::try_from(secs).unwrap_or(i64::MAX);
+    space_control::db::now_ms().saturating_add(secs.saturating_mul(1000)) > expires_at_ms
+}
+
 /// `POST /v2/sandboxes/{id}/connect` (and `POST /sandboxes/{id}/connect`): 200 with the
-/// sandbox if it was running, 201 if it had to be resumed; `timeout` becomes its new
-/// timeout.
+/// sandbox if it was running, 201 if it had to be resumed. `timeout` only ever extends a
+/// running sandbox's end (as on E2B, whose connect keeps the later of the two ends): an
+/// agent reconnecting with the default must not cut short a sandbox another one extended.
+/// A resumed sandbox gets it as its new timeout.
 pub async fn connect(
     State(st): State<E2bState>,
     tenant: AuthTenant,
@@ -409,8 +416,10 @@ pub async fn connect(
     let info = visible(&st, &tenant, &raw).await?;
     let was_running = wake(&st, &tenant, &info, req.memory.unwrap_or(true)).await?;
     let info = match req.timeout {
-        Some(secs) => apply_timeout(&st, &tenant, &info.id, secs).await?,
-        None => info,
+        Some(secs) if !was_running || ends_later(secs, info.expires_at_ms) => {
+            apply_timeout(&st, &tenant, &info.id, secs).await?
+        }
+        _ => info,
     };
     let status = if was_running {
         StatusCode::OK
