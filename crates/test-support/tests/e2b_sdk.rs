@@ -137,7 +137,6 @@ async fn python_sdk_2_45_1_suite() {
 
 /// The oldest 2.x release of the last twelve months.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "not passing yet (issue 13): 2.9 lacks calls the suite makes without a check (status_code, fork, snapshots, metrics, lifecycle) and reads some answers differently; run with --run-ignored to see them"]
 async fn python_sdk_2_9_0_suite() {
     python_suite("2.9.0").await;
 }
@@ -155,7 +154,6 @@ async fn js_sdk_2_35_0_suite() {
 
 /// The oldest 2.x release of the last twelve months.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "not passing yet (issue 13): JS 2.9 sends /files and /health without E2b-Sandbox-Id, so with E2B_SANDBOX_URL the sandbox must be found by its access token; run with --run-ignored to see it"]
 async fn js_sdk_2_9_0_suite() {
     js_suite("2.9.0").await;
 }

@@ -8,6 +8,7 @@ import { AuthenticationError, Sandbox, SandboxError, TimeoutError } from '#e2b'
 import { SandboxNotFoundError } from './sdk_compat.mjs'
 import {
   FORGED_ID,
+  FORGED_TOKEN,
   accessToken,
   apiRequest,
   connectStream,
@@ -35,7 +36,7 @@ describe('which sandbox, which token', () => {
     const r = await fetch(`${env.url}/health`, { headers: envdHeaders(FORGED_ID, null) })
     assert.equal(r.status, 502)
     assert.match((await r.json()).message, /was not found/)
-    const forged = forgedSandbox(FORGED_ID, 'forged-token')
+    const forged = forgedSandbox(FORGED_ID, FORGED_TOKEN)
     assert.equal(await forged.isRunning(), false)
     await assert.rejects(forged.commands.run('true'), SandboxNotFoundError)
     await assert.rejects(forged.files.read('/etc/hostname'), TimeoutError)

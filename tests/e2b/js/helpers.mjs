@@ -34,6 +34,10 @@ export const env = {
 export const ENVD_VERSION = '0.6.4'
 export const ENVD_PORT = 49983
 export const FORGED_ID = 'sbx-00000000000000000000'
+// A token shaped as SPACE's are (the sandbox id, a MAC) for the forged sandbox: a release
+// that sends envd requests without the sandbox id (JS 2.9's /files and /health) still
+// names it, and SPACE answers for that sandbox.
+export const FORGED_TOKEN = `${FORGED_ID}.${'0'.repeat(64)}`
 const SANDBOX_TIMEOUT_MS = 600_000
 
 const tracked = []

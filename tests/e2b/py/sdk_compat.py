@@ -13,3 +13,45 @@ import e2b
 FileNotFoundException = getattr(e2b, "FileNotFoundException", e2b.NotFoundException)
 SandboxNotFoundException = getattr(e2b, "SandboxNotFoundException", e2b.NotFoundException)
 SandboxNotRunningException = getattr(e2b, "SandboxNotRunningException", e2b.TimeoutException)
+
+
+# Calls older releases name otherwise. 2.9 has `beta_pause` where later releases have
+# `pause`: the same request, but its instance call returns nothing (later ones True, or
+# False for a sandbox paused already: the 409 SPACE answers either way).
+PAUSE_ANSWERS = hasattr(e2b.Sandbox, "pause")
+
+
+def pause(sbx, **opts):
+    """Pauses sandbox `sbx` through whichever call the release has."""
+    if PAUSE_ANSWERS:
+        return sbx.pause(**opts)
+    return sbx.beta_pause(**opts)
+
+
+def pause_by_id(sandbox_id: str, **opts):
+    """Pauses the sandbox `sandbox_id` through the release's class call."""
+    call = e2b.Sandbox.pause if PAUSE_ANSWERS else e2b.Sandbox.beta_pause
+    return call(sandbox_id, **opts)
+
+
+def pause_answer(expected: bool):
+    """What `pause` returns on this release when SPACE answered `expected`."""
+    return expected if PAUSE_ANSWERS else None
+
+
+def file_type(t) -> str:
+    """A file type as its name: later releases give a `FileType`, 2.9 a write's as a str."""
+    return getattr(t, "value", t)
+
+
+def _reads_field_presence() -> bool:
+    import inspect
+
+    from e2b.sandbox_sync.commands import command_handle
+
+    return "has_field(" in inspect.getsource(command_handle)
+
+
+# What a string field SPACE leaves unset (a command's `error`, a process's `tag`) reads as:
+# later releases check the field's presence (None), 2.9 reads the proto default ("").
+UNSET_STR = None if _reads_field_presence() else ""

@@ -5,7 +5,7 @@ async output callbacks."""
 import asyncio
 
 import pytest
-from conftest import WATCHED_EVENTS, skip_unless_sdk_has, unique, watched_changes
+from conftest import WATCHED_EVENTS, sdk_accepts, skip_unless_sdk_has, unique, watched_changes
 from e2b import (
     AsyncSandbox,
     CommandExitException,
@@ -103,6 +103,7 @@ async def test_watch_dir_streams_events(async_sandbox):
 
 
 async def test_watch_dir_with_entries(async_sandbox):
+    skip_unless_sdk_has(sdk_accepts(async_sandbox.files.watch_dir, "include_entry"), "watch_dir(include_entry=...)")
     path = f"/home/user/{unique('we')}"
     await async_sandbox.files.make_dir(path)
     entries = []

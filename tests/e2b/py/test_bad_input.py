@@ -18,6 +18,7 @@ from conftest import (
     forged_sandbox,
     kill_quietly,
     process_events,
+    sdk_accepts,
     skip_unless_sdk_has,
     stdout_of,
     stream_error_code,
@@ -27,9 +28,11 @@ from e2b import (
     Sandbox,
     SandboxException,
 )
-from sdk_compat import FileNotFoundException, SandboxNotFoundException, SandboxNotRunningException
+from sdk_compat import FileNotFoundException, SandboxNotFoundException, SandboxNotRunningException, pause_by_id
 
 FORGED_ID = "sbx-00000000000000000000"
+# Shaped as SPACE's tokens are (the sandbox id, a MAC), as in tests/e2b/js/helpers.mjs.
+FORGED_TOKEN = f"{FORGED_ID}.{'0' * 64}"
 START = {"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo ok"]}}
 
 
@@ -64,7 +67,7 @@ def test_a_malformed_sandbox_id_answers_502(http, env):
 
 
 def test_the_sdk_reports_a_forged_sandbox_as_not_running():
-    sbx = forged_sandbox(FORGED_ID, "forged-token")
+    sbx = forged_sandbox(FORGED_ID, FORGED_TOKEN)
     assert sbx.is_running() is False
     with pytest.raises(SandboxNotRunningException):
         sbx.commands.run("true")
@@ -170,7 +173,7 @@ def test_another_tenants_api_key_sees_no_such_sandbox(sandbox, env):
     with pytest.raises(SandboxNotFoundException):
         Sandbox.set_timeout(sandbox.sandbox_id, 5, **other)
     with pytest.raises(SandboxNotFoundException):
-        Sandbox.pause(sandbox.sandbox_id, **other)
+        pause_by_id(sandbox.sandbox_id, **other)
     assert Sandbox.kill(sandbox.sandbox_id, **other) is False
     # ...and the sandbox is untouched.
     assert sandbox.commands.run("echo mine").stdout == "mine\n"
@@ -276,6 +279,7 @@ def test_a_multipart_upload_over_the_limit_is_413_and_leaves_no_file(sandbox, en
 
 
 def test_an_octet_stream_upload_over_the_limit_is_413_and_leaves_no_file(sandbox, env, still_healthy):
+    skip_unless_sdk_has(sdk_accepts(sandbox.files.write, "use_octet_stream"), "write(use_octet_stream=...)")
     size = over_the_limit(env)
     chunks = (b"\0" * min(65536, size - i) for i in range(0, size, 65536))
     with pytest.raises(SandboxException) as e:
@@ -289,7 +293,9 @@ def test_an_octet_stream_upload_over_the_limit_is_413_and_leaves_no_file(sandbox
 
 def test_an_upload_at_the_limit_is_accepted(sandbox, env):
     size = over_the_limit(env) - 1
-    sandbox.files.write("/home/user/at-limit.bin", b"\1" * size, use_octet_stream=True)
+    # As an octet stream where the release can send one (the body is then the file alone).
+    octet = {"use_octet_stream": True} if sdk_accepts(sandbox.files.write, "use_octet_stream") else {}
+    sandbox.files.write("/home/user/at-limit.bin", b"\1" * size, **octet)
     assert sandbox.files.get_info("/home/user/at-limit.bin").size == size
     sandbox.files.remove("/home/user/at-limit.bin")
     with pytest.raises(FileNotFoundException):

@@ -22,6 +22,7 @@ from e2b import (
     Sandbox,
     TimeoutException,
 )
+from sdk_compat import UNSET_STR
 
 SILENT_SECS = 60
 
@@ -51,7 +52,7 @@ def process_by_pid(sandbox, pid):
 
 def test_run_true(sandbox, silent_command):
     r = sandbox.commands.run("true")
-    assert (r.exit_code, r.stdout, r.stderr, r.error) == (0, "", "", None)
+    assert (r.exit_code, r.stdout, r.stderr, r.error) == (0, "", "", UNSET_STR)
 
 
 def test_run_echo(sandbox):
@@ -136,7 +137,7 @@ def test_background_run_list_and_kill(sandbox):
     assert handle.pid > 0
     info = wait_until("the command in the list", lambda: process_by_pid(sandbox, handle.pid))
     assert (info.cmd, info.args) == ("/bin/bash", ["-l", "-c", "sleep 120"])
-    assert info.tag is None
+    assert info.tag is UNSET_STR or info.tag == UNSET_STR
     assert sandbox.commands.kill(handle.pid) is True
     with pytest.raises(CommandExitException) as e:
         handle.wait()
@@ -193,6 +194,8 @@ def test_a_command_survives_another_sandbox_object(sandbox):
 
 
 def test_stdin_send_and_close(sandbox):
+    skip_unless_sdk_has(hasattr(sandbox.commands, "send_stdin") and hasattr(sandbox.commands, "close_stdin"),
+                        "commands.send_stdin/close_stdin")
     handle = sandbox.commands.run("cat", background=True, stdin=True, timeout=0)
     sandbox.commands.send_stdin(handle.pid, "hello ")
     handle.send_stdin(b"world")

@@ -3,11 +3,18 @@
 import time
 
 import pytest
-from conftest import access_token, all_items, connect_unary, kill_quietly, unique, wait_until
-from e2b import Sandbox
+from conftest import SDK_VERSION, access_token, all_items, connect_unary, kill_quietly, status_of, unique, wait_until
+from e2b import Sandbox, SandboxException
 from sdk_compat import SandboxNotFoundException
 
 
+requires_fork = pytest.mark.skipif(not hasattr(Sandbox, "fork"), reason=f"e2b {SDK_VERSION} has no fork")
+requires_snapshots = pytest.mark.skipif(
+    not hasattr(Sandbox, "create_snapshot"), reason=f"e2b {SDK_VERSION} has no create_snapshot"
+)
+
+
+@requires_fork
 def test_fork_gives_independent_copies_with_their_own_tokens(make_sandbox, http, env):
     src = make_sandbox()
     src.files.write("/home/user/before-fork.txt", "forked")
@@ -32,6 +39,7 @@ def test_fork_gives_independent_copies_with_their_own_tokens(make_sandbox, http,
     assert src.commands.run("echo src").stdout == "src\n"
 
 
+@requires_fork
 def test_fork_of_a_killed_sandbox_raises_not_found(make_sandbox):
     src = make_sandbox()
     src.kill()
@@ -59,6 +67,7 @@ def snapshotted(env):
                 pass
 
 
+@requires_snapshots
 def test_create_snapshot_returns_its_id_and_name(snapshotted):
     sbx, name, snap = snapshotted
     assert snap.snapshot_id
@@ -67,6 +76,7 @@ def test_create_snapshot_returns_its_id_and_name(snapshotted):
     assert sbx.commands.run("echo running").stdout == "running\n"
 
 
+@requires_snapshots
 def test_create_from_a_snapshot_sees_its_files(snapshotted, make_sandbox):
     _, _, snap = snapshotted
     child = make_sandbox(template=snap.snapshot_id, envs={"FROM": "snap"}, metadata={"k": "v"})
@@ -75,6 +85,7 @@ def test_create_from_a_snapshot_sees_its_files(snapshotted, make_sandbox):
     assert child.get_info().metadata == {"k": "v"}
 
 
+@requires_snapshots
 def test_list_snapshots_of_the_sandbox_and_of_the_tenant(snapshotted):
     sbx, _, snap = snapshotted
     of_sandbox = [s.snapshot_id for s in all_items(sbx.list_snapshots())]
@@ -83,6 +94,7 @@ def test_list_snapshots_of_the_sandbox_and_of_the_tenant(snapshotted):
     assert snap.snapshot_id in of_tenant
 
 
+@requires_snapshots
 def test_delete_snapshot_true_then_false(make_sandbox):
     sbx = make_sandbox()
     snap = sbx.create_snapshot(name=unique("gone"))
@@ -91,6 +103,7 @@ def test_delete_snapshot_true_then_false(make_sandbox):
     assert snap.snapshot_id not in [s.snapshot_id for s in all_items(sbx.list_snapshots())]
 
 
+@requires_snapshots
 def test_a_snapshot_outlives_its_sandbox(make_sandbox):
     sbx = make_sandbox()
     sbx.files.write("/home/user/orphan.txt", "still here")
@@ -103,6 +116,7 @@ def test_a_snapshot_outlives_its_sandbox(make_sandbox):
         Sandbox.delete_snapshot(snap.snapshot_id)
 
 
+@requires_snapshots
 def test_create_snapshot_of_a_killed_sandbox_raises_not_found(make_sandbox):
     sbx = make_sandbox()
     sbx.kill()
@@ -119,7 +133,8 @@ def test_metrics_after_a_few_samples(sandbox):
     assert 0 <= m.cpu_used_pct <= 100
     assert 0 < m.mem_used <= m.mem_total
     assert m.mem_total <= 256 * 1024 * 1024
-    assert 0 <= m.mem_cache <= m.mem_total
+    if hasattr(m, "mem_cache"):  # reported by later releases
+        assert 0 <= m.mem_cache <= m.mem_total
     assert 0 < m.disk_used <= m.disk_total
     stamps = [x.timestamp for x in metrics]
     assert stamps == sorted(stamps)
@@ -128,5 +143,7 @@ def test_metrics_after_a_few_samples(sandbox):
 def test_metrics_of_a_killed_sandbox_raise_not_found(make_sandbox):
     sbx = make_sandbox()
     sbx.kill()
-    with pytest.raises(SandboxNotFoundException):
+    # 2.9 reads the 404 as a plain SandboxException ("404: ..."), later releases as not found.
+    with pytest.raises(SandboxException) as e:
         sbx.get_metrics()
+    assert isinstance(e.value, SandboxNotFoundException) or status_of(e.value) == 404, e.value

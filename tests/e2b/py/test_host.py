@@ -8,7 +8,7 @@ import time
 
 import pytest
 from e2b import AuthenticationException, Sandbox, SandboxState
-from conftest import ENVD_PORT, signature, wait_until
+from conftest import ENVD_PORT, sdk_accepts, signature, skip_unless_sdk_has, wait_until
 
 PAGE = "hello from httpd\n"
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
@@ -104,6 +104,7 @@ def test_the_platforms_credentials_never_reach_the_guest(sandbox, http, env):
 
 
 def test_an_unauthenticated_request_does_not_wake_a_paused_sandbox(make_sandbox, http, env):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.create, "lifecycle"), "create(lifecycle=...)")
     sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": True})
     sbx.set_timeout(2)
     wait_until("the timeout to pause the sandbox",

@@ -18,7 +18,7 @@ from e2b import (
     SandboxException,
     SandboxState,
 )
-from sdk_compat import SandboxNotFoundException
+from sdk_compat import PAUSE_ANSWERS, SandboxNotFoundException, pause, pause_answer
 
 
 def seconds_between(a: datetime, b: datetime) -> float:
@@ -76,6 +76,7 @@ def test_mcp_is_refused_as_not_supported(env):
 
 
 def test_volume_mounts_are_refused_as_not_supported(env):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.create, "volume_mounts"), "create(volume_mounts=...)")
     with pytest.raises(SandboxException) as e:
         Sandbox.create(template=env.template, volume_mounts={"/mnt/data": "vol-1"})
     assert status_of(e.value) == 400
@@ -102,7 +103,7 @@ def test_kill_returns_true_then_false(make_sandbox):
     with pytest.raises(SandboxNotFoundException):
         sbx.set_timeout(30)
     with pytest.raises(SandboxNotFoundException):
-        sbx.pause()
+        pause(sbx)
 
 
 def test_is_running_follows_the_sandbox(make_sandbox):
@@ -163,10 +164,11 @@ def test_pause_true_then_false_and_connect_resumes_with_memory(make_sandbox):
     sbx = make_sandbox()
     bg = sbx.commands.run("sleep 600", background=True, timeout=0)
     sbx.files.write("/tmp/before-pause", "kept")
-    assert sbx.pause() is True
+    assert pause(sbx) is pause_answer(True)
     assert sbx.get_info().state == SandboxState.PAUSED
     # Already paused: E2B answers 409, which the SDK returns as False.
-    assert sbx.pause() is False
+    assert pause(sbx) is pause_answer(False)
+    assert sbx.get_info().state == SandboxState.PAUSED
     resumed = Sandbox.connect(sbx.sandbox_id)
     assert resumed.get_info().state == SandboxState.RUNNING
     assert resumed.files.read("/tmp/before-pause") == "kept"
@@ -176,7 +178,7 @@ def test_pause_true_then_false_and_connect_resumes_with_memory(make_sandbox):
 
 def test_connect_to_a_paused_sandbox_answers_201(make_sandbox, http, env):
     sbx = make_sandbox()
-    assert sbx.pause() is True
+    assert pause(sbx) is pause_answer(True)
     r = api_request(http, env, "POST", f"/v2/sandboxes/{sbx.sandbox_id}/connect", json={"timeout": 300})
     assert r.status_code == 201, r.text
     assert r.json()["envdAccessToken"] == sbx._envd_access_token
@@ -184,7 +186,7 @@ def test_connect_to_a_paused_sandbox_answers_201(make_sandbox, http, env):
 
 
 def test_pause_filesystem_mode_stops_and_connect_cold_boots(make_sandbox):
-    skip_unless_sdk_has(sdk_accepts(Sandbox.pause, "mode"), "pause(mode=...)")
+    skip_unless_sdk_has(PAUSE_ANSWERS and sdk_accepts(Sandbox.pause, "mode"), "pause(mode=...)")
     sbx = make_sandbox()
     bg = sbx.commands.run("sleep 600", background=True, timeout=0)
     sbx.commands.run("echo disk > /home/user/kept.txt && sync")
@@ -201,7 +203,7 @@ def test_connect_with_reboot_cold_boots_a_paused_sandbox(make_sandbox):
     sbx = make_sandbox()
     bg = sbx.commands.run("sleep 600", background=True, timeout=0)
     sbx.commands.run("echo disk > /home/user/kept.txt && sync")
-    assert sbx.pause() is True
+    assert pause(sbx) is pause_answer(True)
     resumed = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
     assert resumed.files.read("/home/user/kept.txt") == "disk\n"
     assert [p for p in resumed.commands.list() if p.pid == bg.pid and p.args == ["-l", "-c", "sleep 600"]] == []
@@ -209,7 +211,7 @@ def test_connect_with_reboot_cold_boots_a_paused_sandbox(make_sandbox):
 
 def test_connect_with_a_timeout_sets_the_new_end(make_sandbox):
     sbx = make_sandbox(timeout=60)
-    assert sbx.pause() is True
+    assert pause(sbx) is pause_answer(True)
     Sandbox.connect(sbx.sandbox_id, timeout=900)
     info = sbx.get_info()
     assert info.state == SandboxState.RUNNING
@@ -229,6 +231,7 @@ def test_connect_to_a_running_sandbox_never_shortens_its_timeout(make_sandbox):
 
 
 def test_on_timeout_pause_then_auto_resume(make_sandbox):
+    skip_unless_sdk_has(sdk_accepts(Sandbox.create, "lifecycle"), "create(lifecycle=...)")
     sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": True})
     info = sbx.get_info()
     assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
@@ -241,8 +244,13 @@ def test_on_timeout_pause_then_auto_resume(make_sandbox):
     assert sbx.get_info().state == SandboxState.RUNNING
 
 
-def test_on_timeout_pause_without_auto_resume_needs_connect(make_sandbox):
-    sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": False})
+def test_on_timeout_pause_without_auto_resume_needs_connect(make_sandbox, env):
+    if sdk_accepts(Sandbox.create, "lifecycle"):
+        sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": False})
+    else:
+        # Releases before `lifecycle` send `autoPause` (2.9's beta_create): the same rule.
+        sbx = Sandbox.beta_create(template=env.template, timeout=600, auto_pause=True)
+        make_sandbox.adopt(sbx)
     sbx.set_timeout(2)
     wait_until("the timeout to pause the sandbox",
                lambda: sbx.get_info().state == SandboxState.PAUSED, timeout=30, interval=0.5)
@@ -255,7 +263,7 @@ def test_on_timeout_pause_without_auto_resume_needs_connect(make_sandbox):
 def test_logs_are_the_lifecycle_log(make_sandbox, http, env):
     # Neither SDK's Sandbox reads logs; the E2B CLI and dashboards call these routes.
     sbx = make_sandbox()
-    assert sbx.pause() is True
+    assert pause(sbx) is pause_answer(True)
     Sandbox.connect(sbx.sandbox_id)
     r = api_request(http, env, "GET", f"/v2/sandboxes/{sbx.sandbox_id}/logs")
     assert r.status_code == 200, r.text

@@ -121,11 +121,6 @@ struct Dispatcher {
     st: E2bState,
 }
 
-/// Paths of SPACE's own API, which never go to the E2B REST API.
-fn is_native_path(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/") || path == "/healthz" || path == "/openapi.json"
-}
-
 async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) -> Response {
     let route = {
         let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
@@ -135,12 +130,14 @@ async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) ->
             .authority()
             .map(|a| a.as_str())
             .or_else(|| header("host"));
-        dispatch::route(
+        let shape = dispatch::RequestShape {
             host,
-            header("e2b-sandbox-id"),
-            header("e2b-sandbox-port"),
-            d.st.config.host_domain(),
-        )
+            sandbox_id: header("e2b-sandbox-id"),
+            sandbox_port: header("e2b-sandbox-port"),
+            access_token: header(envd::access::ACCESS_TOKEN_HEADER),
+            path: req.uri().path(),
+        };
+        dispatch::route(&shape, d.st.config.host_domain())
     };
     let app = match route {
         Ok(Route::Envd(id)) => {
@@ -152,7 +149,7 @@ async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) ->
                 .insert(crate::ports::PortTarget { id, port });
             d.ports.clone()
         }
-        Ok(Route::Control) if is_native_path(req.uri().path()) => d.native.clone(),
+        Ok(Route::Control) if dispatch::is_native_path(req.uri().path()) => d.native.clone(),
         // A signed `/files` URL made with `E2B_SANDBOX_URL` names no sandbox: envd finds it.
         Ok(Route::Control) if req.uri().path() == "/files" => d.envd.clone(),
         Ok(Route::Control) => d.rest.clone(),
@@ -160,6 +157,12 @@ async fn dispatch_request(State(d): State<Arc<Dispatcher>>, mut req: Request) ->
         // "was not found" as "the sandbox is not running".
         Err(RouteError::BadSandboxId) => {
             return envd::sandbox_not_found_response("the E2b-Sandbox-Id header");
+        }
+        Err(e @ RouteError::TokenNamesNoSandbox) => {
+            return envd::errors::http_error(
+                401,
+                format!("invalid access token: {e} (connect to the sandbox for a valid one)"),
+            );
         }
         Err(e @ RouteError::BadPort) => {
             return crate::rest::error::RestError::bad_request(e.to_string()).into_response();
@@ -197,10 +200,5 @@ mod tests {
             "localhost:7443",
             "host-mode clients come over TLS"
         );
-        assert!(is_native_path("/v1/sandboxes"));
-        assert!(is_native_path("/healthz"));
-        assert!(!is_native_path("/v1sandboxes"));
-        assert!(!is_native_path("/v2/sandboxes"));
-        assert!(!is_native_path("/sandboxes"));
     }
 }

@@ -7,6 +7,12 @@
 //! token is only valid until the `valid_until_ms` of its epoch, renewed each time it is
 //! handed out (create, connect, get). Checked in constant time. Traffic tokens (what private
 //! ports need) are derived the same way under another context.
+//!
+//! An access token reads `<sandbox id>.<64 hex of the MAC>`: the id names the sandbox a
+//! request is for when nothing else does (JS SDK releases before 2.10 send `/files` and
+//! `/health` to `E2B_SANDBOX_URL` with the token alone). The id is no secret and routing is
+//! not authentication: the MAC is checked against that id. A bare MAC (what SPACE handed out
+//! before the id was added) is still accepted where the request names its sandbox.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -19,6 +25,15 @@ pub const KEY_LEN: usize = 32;
 const CONTEXT: &[u8] = b"space-e2b/envd-access-token/v2\0";
 /// Domain separation of traffic tokens (private ports) from access tokens.
 const TRAFFIC_CONTEXT: &[u8] = b"space-e2b/traffic-access-token/v2\0";
+
+/// Between the sandbox id and the MAC of an access token (in neither's alphabet).
+const ID_SEPARATOR: char = '.';
+
+/// The sandbox an access token names, if it names one (not checked: see [`TokenKey::verify`]).
+pub fn sandbox_of(presented: &str) -> Option<SandboxId> {
+    let (id, _mac) = presented.trim().split_once(ID_SEPARATOR)?;
+    id.parse().ok()
+}
 
 /// Derives sandboxes' tokens from a node key.
 #[derive(Clone)]
@@ -67,7 +82,8 @@ impl TokenKey {
 
     /// The envd access token of sandbox `id` in `epoch`.
     pub fn token(&self, id: &SandboxId, epoch: u64) -> String {
-        hex::encode(self.mac(CONTEXT, id, epoch).finalize().into_bytes())
+        let mac = hex::encode(self.mac(CONTEXT, id, epoch).finalize().into_bytes());
+        format!("{id}{ID_SEPARATOR}{mac}")
     }
 
     /// Whether `presented` is a valid access token of `id` at `now_ms` (constant time in
@@ -79,7 +95,13 @@ impl TokenKey {
         now_ms: i64,
         presented: &str,
     ) -> bool {
-        self.check(CONTEXT, id, tokens, now_ms, presented)
+        let presented = presented.trim();
+        let mac = match presented.split_once(ID_SEPARATOR) {
+            Some((named, mac)) if named == id.as_str() => mac,
+            Some(_) => return false,
+            None => presented,
+        };
+        self.check(CONTEXT, id, tokens, now_ms, mac)
     }
 
     /// The traffic token of sandbox `id` in `epoch`: what its private ports need.
@@ -118,7 +140,17 @@ mod tests {
         let a: SandboxId = "sbx-abcdefghij0123456789".parse().unwrap();
         let b = SandboxId::generate();
         let t = key.token(&a, 0);
-        assert_eq!(t.len(), 64);
+        assert_eq!(sandbox_of(&t), Some(a.clone()), "{t}");
+        let bare = t.split_once('.').unwrap().1;
+        assert_eq!(bare.len(), 64);
+        assert!(
+            key.verify(&a, valid(0), NOW, bare),
+            "a token from before the id"
+        );
+        assert!(
+            !key.verify(&a, valid(0), NOW, &format!("{b}.{bare}")),
+            "the MAC under another sandbox's id"
+        );
         assert_eq!(
             key.token(&a, 0),
             t,
@@ -133,7 +165,14 @@ mod tests {
             !TokenKey::new([8; KEY_LEN]).verify(&a, valid(0), NOW, &t),
             "another node key"
         );
-        for bad in ["", "zz", &t[..62], "x".repeat(64).as_str()] {
+        for bad in [
+            "",
+            "zz",
+            &t[..62],
+            "x".repeat(64).as_str(),
+            &bare[..62],
+            ".",
+        ] {
             assert!(!key.verify(&a, valid(0), NOW, bad), "{bad:?}");
         }
         assert_eq!(format!("{key:?}"), "TokenKey(***)");
