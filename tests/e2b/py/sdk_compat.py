@@ -55,3 +55,30 @@ def _reads_field_presence() -> bool:
 # What a string field SPACE leaves unset (a command's `error`, a process's `tag`) reads as:
 # later releases check the field's presence (None), 2.9 reads the proto default ("").
 UNSET_STR = None if _reads_field_presence() else ""
+
+
+def make_pausing_on_timeout(make_sandbox, template: str):
+    """A sandbox (made through conftest's `make_sandbox`) that its timeout pauses, without
+    auto-resume: `lifecycle` in later releases; 2.9 sends `autoPause` (`beta_create`),
+    which SPACE reads as the same rule."""
+    import inspect
+
+    if "lifecycle" in inspect.signature(e2b.Sandbox.create).parameters:
+        return make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": False})
+    sbx = e2b.Sandbox.beta_create(template=template, timeout=600, auto_pause=True)
+    make_sandbox.adopt(sbx)
+    return sbx
+
+
+def _reads_is_symlink() -> bool:
+    import inspect
+
+    from e2b.sandbox.filesystem import filesystem
+
+    return "is_symlink" in inspect.getsource(filesystem)
+
+
+# How a release shows a symlink: envd reports the target's type and marks the link with
+# `is_symlink`; releases that read the mark show `FileType.SYMLINK`, older ones the type
+# of what the link points to (as E2B's envd of their time reported it).
+READS_IS_SYMLINK = _reads_is_symlink()

@@ -20,7 +20,7 @@ from e2b import (
     FileType,
     InvalidArgumentException,
 )
-from sdk_compat import FileNotFoundException, file_type
+from sdk_compat import READS_IS_SYMLINK, FileNotFoundException, file_type
 
 
 @pytest.fixture
@@ -165,6 +165,56 @@ def test_get_info_of_a_symlink(sandbox, workdir):
     sandbox.commands.run(f"echo t > {workdir}/target && ln -s {workdir}/target {workdir}/link")
     info = sandbox.files.get_info(f"{workdir}/link")
     assert info.symlink_target == f"{workdir}/target"
+
+
+def test_a_symlink_reports_its_target_as_envd_does(sandbox, workdir):
+    # envd (shared/pkg/filesystem/entry.go): the target's type and permission bits, the
+    # fully resolved path, and the link's own Go mode string; a broken link has no type.
+    sandbox.commands.run(
+        f"cd {workdir} && mkdir real && echo t > real/f && chmod 751 real/f"
+        f" && ln -s real/f rel && ln -s rel chain && ln -s real dirlink && ln -s nowhere broken"
+    )
+    link_type = FileType.SYMLINK if READS_IS_SYMLINK else FileType.FILE
+    for name in ["rel", "chain"]:
+        info = sandbox.files.get_info(f"{workdir}/{name}")
+        assert (info.type, info.mode, info.permissions) == (link_type, 0o751, "Lrwxrwxrwx"), name
+        assert info.symlink_target == f"{workdir}/real/f", name
+    d = sandbox.files.get_info(f"{workdir}/dirlink")
+    assert d.type == (FileType.SYMLINK if READS_IS_SYMLINK else FileType.DIR)
+    assert d.symlink_target == f"{workdir}/real"
+    broken = sandbox.files.get_info(f"{workdir}/broken")
+    assert broken.symlink_target == f"{workdir}/broken"
+    assert broken.mode == 0
+    listed = {e.name: e for e in sandbox.files.list(workdir)}
+    assert (listed["rel"].type, listed["rel"].symlink_target) == (link_type, f"{workdir}/real/f")
+    # A root that is a link to a directory is listed through it, named under the link.
+    inside = sandbox.files.list(f"{workdir}/dirlink")
+    assert [(e.name, e.path) for e in inside] == [("f", f"{workdir}/dirlink/f")]
+
+
+def test_a_write_lands_where_a_symlink_leads_and_keeps_mode_and_owner(sandbox, workdir):
+    # envd writes in place (O_TRUNC): through a link, keeping the file's mode and owner.
+    # SPACE's writes stay atomic (a reader never sees half a file) and keep both too.
+    sandbox.files.write(f"{workdir}/run.sh", "#!/bin/sh\necho one\n")
+    sandbox.commands.run(f"chmod 750 {workdir}/run.sh && ln -s run.sh {workdir}/current")
+    sandbox.files.write(f"{workdir}/current", "#!/bin/sh\necho two\n", user="root")
+    assert sandbox.commands.run(f"{workdir}/run.sh").stdout == "two\n"
+    link = sandbox.files.get_info(f"{workdir}/current")
+    assert link.permissions.startswith("L")
+    f = sandbox.files.get_info(f"{workdir}/run.sh")
+    assert (f.mode, f.owner, f.group) == (0o750, "user", "user")
+    # A dangling link's target is created, as an in-place write through it would.
+    sandbox.commands.run(f"ln -s made.txt {workdir}/dangling")
+    sandbox.files.write(f"{workdir}/dangling", "new")
+    assert sandbox.files.read(f"{workdir}/made.txt") == "new"
+
+
+def test_rename_creates_the_parents_of_its_destination(sandbox, workdir):
+    # envd's Move ensures the destination's directories.
+    sandbox.files.write(f"{workdir}/m.txt", "m")
+    info = sandbox.files.rename(f"{workdir}/m.txt", f"{workdir}/new/deep/m.txt")
+    assert info.path == f"{workdir}/new/deep/m.txt"
+    assert sandbox.files.read(f"{workdir}/new/deep/m.txt") == "m"
 
 
 def test_get_info_of_a_missing_file_raises_file_not_found(sandbox):

@@ -165,7 +165,24 @@ def test_an_expired_signature_is_refused(sandbox, http, env):
     r = http.get(f"{env.url}/files",
                  params={"path": "/home/user/expired.txt", "signature": sig, "signature_expiration": expired},
                  headers={"Host": sandbox.get_host(ENVD_PORT)})
-    assert r.status_code == 401
+    # E2B envd's answer and words (internal/api/auth.go).
+    assert (r.status_code, r.json()) == (401, {"code": 401, "message": "signature is already expired"})
+    # A wrong signature is invalid, whatever its expiry.
+    r = http.get(f"{env.url}/files",
+                 params={"path": "/home/user/expired.txt", "signature": sig + "x", "signature_expiration": expired},
+                 headers={"Host": sandbox.get_host(ENVD_PORT)})
+    assert (r.status_code, r.json()["message"]) == (401, "invalid signature")
+
+
+def test_a_wrong_token_in_the_header_is_refused_even_with_a_good_signature(sandbox, http, env):
+    # As E2B's envd: a token in the header is checked first, and must be right.
+    sandbox.files.write("/home/user/header.txt", "h")
+    sig = signature("/home/user/header.txt", "read", "", sandbox._envd_access_token)
+    params = {"path": "/home/user/header.txt", "signature": sig}
+    host = {"Host": sandbox.get_host(ENVD_PORT)}
+    assert http.get(f"{env.url}/files", params=params, headers=host).status_code == 200
+    r = http.get(f"{env.url}/files", params=params, headers={**host, "X-Access-Token": "wrong"})
+    assert r.status_code == 401, r.text
 
 
 def test_a_signature_is_for_its_path_and_operation_only(sandbox, http, env):
@@ -177,14 +194,15 @@ def test_a_signature_is_for_its_path_and_operation_only(sandbox, http, env):
     assert http.get(f"{env.url}/files", params={"path": "/home/user/a.txt", "signature": read_a},
                     headers=host).status_code == 200
     # Another path, or a write, with a read signature of a.txt.
-    assert http.get(f"{env.url}/files", params={"path": "/home/user/b.txt", "signature": read_a},
-                    headers=host).status_code == 401
+    r = http.get(f"{env.url}/files", params={"path": "/home/user/b.txt", "signature": read_a}, headers=host)
+    assert (r.status_code, r.json()["message"]) == (401, "invalid signature")
     r = http.post(f"{env.url}/files", params={"path": "/home/user/a.txt", "signature": read_a},
                   files={"file": ("/home/user/a.txt", b"overwritten")}, headers=host)
     assert r.status_code == 401
     assert sandbox.files.read("/home/user/a.txt") == "a"
     # No signature and no token.
-    assert http.get(f"{env.url}/files", params={"path": "/home/user/a.txt"}, headers=host).status_code == 401
+    r = http.get(f"{env.url}/files", params={"path": "/home/user/a.txt"}, headers=host)
+    assert (r.status_code, r.json()["message"]) == (401, "missing signature query parameter")
 
 
 def test_upload_url_accepts_a_multipart_post_in_host_mode(sandbox, http, env):

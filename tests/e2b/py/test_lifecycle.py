@@ -18,7 +18,13 @@ from e2b import (
     SandboxException,
     SandboxState,
 )
-from sdk_compat import PAUSE_ANSWERS, SandboxNotFoundException, pause, pause_answer
+from sdk_compat import (
+    PAUSE_ANSWERS,
+    SandboxNotFoundException,
+    make_pausing_on_timeout,
+    pause,
+    pause_answer,
+)
 
 
 def seconds_between(a: datetime, b: datetime) -> float:
@@ -111,6 +117,20 @@ def test_is_running_follows_the_sandbox(make_sandbox):
     assert sbx.is_running() is True
     sbx.kill()
     assert sbx.is_running() is False
+
+
+def test_set_timeout_of_zero_times_the_sandbox_out_now(make_sandbox, env):
+    # As on E2B (KeepAliveFor of zero): the timeout action happens at once; by default
+    # the sandbox is killed.
+    sbx = make_sandbox()
+    sbx.set_timeout(0)
+    with pytest.raises(SandboxNotFoundException):
+        sbx.get_info()
+    paused = make_pausing_on_timeout(make_sandbox, env.template)
+    paused.set_timeout(0)
+    assert paused.get_info().state == SandboxState.PAUSED
+    Sandbox.connect(paused.sandbox_id)
+    assert paused.commands.run("echo back").stdout == "back\n"
 
 
 def test_set_timeout_moves_end_at(make_sandbox):
@@ -245,12 +265,7 @@ def test_on_timeout_pause_then_auto_resume(make_sandbox):
 
 
 def test_on_timeout_pause_without_auto_resume_needs_connect(make_sandbox, env):
-    if sdk_accepts(Sandbox.create, "lifecycle"):
-        sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": False})
-    else:
-        # Releases before `lifecycle` send `autoPause` (2.9's beta_create): the same rule.
-        sbx = Sandbox.beta_create(template=env.template, timeout=600, auto_pause=True)
-        make_sandbox.adopt(sbx)
+    sbx = make_pausing_on_timeout(make_sandbox, env.template)
     sbx.set_timeout(2)
     wait_until("the timeout to pause the sandbox",
                lambda: sbx.get_info().state == SandboxState.PAUSED, timeout=30, interval=0.5)

@@ -129,6 +129,18 @@ pub enum FileKind {
     Other,
 }
 
+/// What a symlink resolves to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ResolvedLink {
+    /// The absolute path with every link resolved (`realpath`).
+    pub path: String,
+    /// Kind of the entry there (never `symlink`).
+    pub kind: FileKind,
+    /// Its permission bits.
+    pub mode: u32,
+}
+
 /// Metadata of one entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -155,9 +167,13 @@ pub struct FileStat {
     pub group: Option<String>,
     /// Modification time, ms since the Unix epoch.
     pub modified_ms: i64,
-    /// Target, for symlinks.
+    /// Target, for symlinks: the link's own text (`readlink`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// For a symlink that resolves (every link followed): what it resolves to. `None` for
+    /// a broken link and for anything that is not a link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<ResolvedLink>,
     /// Its metadata (set when it was written), for regular files.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,

@@ -426,6 +426,7 @@ async fn query_strings_survive_hostile_paths() {
                 group: None,
                 modified_ms: 0,
                 symlink_target: None,
+                resolved: None,
                 metadata: Default::default(),
             };
             common::respond(respond, 200, &serde_json::to_vec(&stat).unwrap()).await

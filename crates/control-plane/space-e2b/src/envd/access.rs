@@ -16,6 +16,7 @@ use space_control::db::{DesiredState, SandboxRow};
 use space_core::process::validate_user_name;
 use space_core::{SandboxId, TenantId};
 
+use super::signature::SignatureRefusal;
 use crate::state::E2bState;
 
 /// Header with the envd access token.
@@ -59,8 +60,9 @@ pub enum Proof<'a> {
     Token,
     /// Nothing: `/health` answers anyone.
     None,
-    /// Either the token or a valid signed URL for this operation (`/files`).
-    TokenOr(&'a (dyn Fn(&str) -> bool + Sync)),
+    /// A signed URL for this operation (`/files` without `X-Access-Token`): the check of
+    /// the signature against the sandbox's token.
+    Signature(&'a (dyn Fn(&str) -> Result<(), SignatureRefusal> + Sync)),
 }
 
 /// The record of the live sandbox `target` names.
@@ -95,23 +97,23 @@ pub async fn caller(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| st.tokens.verify(&target.0, row.tokens, now, t))
     };
-    let allowed = match proof {
-        Proof::None => true,
-        Proof::Token => token_ok(),
+    let refusal = match proof {
+        Proof::None => None,
+        Proof::Token if token_ok() => None,
+        Proof::Token if headers.contains_key(ACCESS_TOKEN_HEADER) => Some(
+            "invalid, expired or revoked access token (connect to the sandbox for a valid one)",
+        ),
+        Proof::Token => Some("missing access token: send X-Access-Token"),
         // A signed URL is made with the token: valid only while the token is.
-        Proof::TokenOr(signed) => {
-            token_ok()
-                || (row.tokens.valid_at(now) && signed(&st.envd_token(&target.0, row.tokens)))
+        Proof::Signature(_) if !row.tokens.valid_at(now) => {
+            Some(SignatureRefusal::Expired.message())
         }
+        Proof::Signature(check) => check(&st.envd_token(&target.0, row.tokens))
+            .err()
+            .map(SignatureRefusal::message),
     };
-    if !allowed {
-        return Err(AccessError::Unauthenticated(
-            if headers.contains_key(ACCESS_TOKEN_HEADER) {
-                "invalid, expired or revoked access token (connect to the sandbox for a valid one)"
-            } else {
-                "missing access token: send X-Access-Token"
-            },
-        ));
+    if let Some(message) = refusal {
+        return Err(AccessError::Unauthenticated(message));
     }
     Ok(EnvdCaller {
         id: target.0.clone(),

@@ -35,7 +35,7 @@ use tokio_util::io::{ReaderStream, StreamReader};
 use super::access::{self, EnvdCaller, EnvdTarget, Proof};
 use super::errors::{http_access_error, http_error, HttpError};
 use super::filesystem_service::normalize;
-use super::signature::{Operation, Presented};
+use super::signature::{Operation, Presented, SignatureRefusal};
 use crate::state::E2bState;
 use space_core::error::excerpt;
 
@@ -129,17 +129,30 @@ async fn authorize(
     user: &str,
 ) -> Result<(GuestClient, EnvdCaller), Response> {
     let now = now_ms() / 1000;
-    let target = match target {
-        Some(t) => t,
-        None => match &presented {
-            Some(p) => signed_sandbox(st, p, now)
-                .await
-                .ok_or_else(|| http_error(401, "invalid or expired signature"))?,
-            None => return Err(http_error(401, "missing access token: send X-Access-Token")),
-        },
+    let refuse = |r: SignatureRefusal| http_error(401, r.to_string());
+    // As E2B's envd: a token in the header must be right, whatever the signature; without
+    // one, the signature must be.
+    let by_token = headers.contains_key(access::ACCESS_TOKEN_HEADER);
+    let signed = match (&presented, by_token) {
+        (_, true) => None,
+        (Some(p), false) => Some(p),
+        (None, false) => return Err(refuse(SignatureRefusal::Missing)),
     };
-    let check = |token: &str| presented.as_ref().is_some_and(|p| p.verify(token, now));
-    let mut caller = access::caller(st, &target, headers, Proof::TokenOr(&check))
+    let target = match (target, signed) {
+        (Some(t), _) => t,
+        (None, Some(p)) => signed_sandbox(st, p)
+            .await
+            .ok_or_else(|| refuse(SignatureRefusal::Invalid))?,
+        // Routing sends a request with a token to the sandbox the token names.
+        (None, None) => return Err(refuse(SignatureRefusal::Missing)),
+    };
+    let check = |token: &str| signed.map_or(Ok(()), |p| p.check(token, now));
+    let proof = if signed.is_some() {
+        Proof::Signature(&check)
+    } else {
+        Proof::Token
+    };
+    let mut caller = access::caller(st, &target, headers, proof)
         .await
         .map_err(http_access_error)?;
     caller.user = access::user_name(user)
@@ -153,16 +166,13 @@ async fn authorize(
     Ok((guest, caller))
 }
 
-/// The live sandbox a header-less signed URL was made for, if any.
-async fn signed_sandbox(st: &E2bState, p: &Presented<'_>, now: i64) -> Option<EnvdTarget> {
+/// The live sandbox a header-less signed URL was made for, if any (expired or not: the
+/// caller's check then says which).
+async fn signed_sandbox(st: &E2bState, p: &Presented<'_>) -> Option<EnvdTarget> {
     let rows = st.app.db.live_sandboxes().await.ok()?;
-    let now_ms = space_control::db::now_ms();
     rows.into_iter()
         .take(MAX_SIGNATURE_CANDIDATES)
-        .find(|row| {
-            // A signature is only as good as the token it was made with.
-            row.tokens.valid_at(now_ms) && p.verify(&st.envd_token(&row.id, row.tokens), now)
-        })
+        .find(|row| p.made_with(&st.envd_token(&row.id, row.tokens)))
         .map(|row| EnvdTarget(row.id))
 }
 

@@ -88,9 +88,10 @@ pub struct EntryInfo {
     /// Size in bytes (`int64`: a string in JSON).
     #[serde(with = "int64_string")]
     pub size: u64,
-    /// Permission bits and type bits (`st_mode`).
+    /// Permission bits (`0o777`; of the target, for a symlink), as E2B's envd.
     pub mode: u32,
-    /// `ls -l` style, e.g. `-rw-r--r--`.
+    /// Go's `FileMode.String()` of the entry itself, as E2B's envd: e.g. `-rw-r--r--`,
+    /// `dtrwxrwxrwx`, `Lrwxrwxrwx`, `urwxr-xr-x`.
     pub permissions: String,
     /// Owner's user name (or the uid when it has none).
     pub owner: String,
@@ -98,13 +99,16 @@ pub struct EntryInfo {
     pub group: String,
     /// Last modification, RFC 3339.
     pub modified_time: String,
-    /// Where a symlink points.
+    /// For a symlink, the path it resolves to (every link followed; the link's own path
+    /// when it is broken), as E2B's envd (`filepath.EvalSymlinks`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
     /// Its metadata (`X-Metadata-*` at upload).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
-    /// Whether it is a symlink (proto3 default `false` omitted).
+    /// Whether it is a symlink (proto3 default `false` omitted). `type` is then the
+    /// target's (newer envd; SDKs that know this field show the link as a symlink, older
+    /// ones as what it points to, as E2B's envd of their time did).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub is_symlink: bool,
 }
@@ -131,43 +135,63 @@ mod int64_string {
     }
 }
 
-/// `ls -l`'s permission string of a file of `kind` with `mode`.
+/// Go's `os.FileMode.String()` of an entry of `kind` with `mode` (`st_mode`), what E2B's
+/// envd reports: the letters of the set type and mode bits in Go's order (`d` directory,
+/// `L` symlink, `u` setuid, `g` setgid, `t` sticky), `-` if none, then `rwxrwxrwx`.
+/// Devices, fifos and sockets (`FileKind::Other`) carry no type letter: the guest reports
+/// them as one kind.
 pub fn permissions(kind: FileKind, mode: u32) -> String {
-    let mut out = String::with_capacity(10);
-    out.push(match kind {
-        FileKind::Dir => 'd',
-        FileKind::Symlink => 'l',
-        FileKind::File | FileKind::Other => '-',
-    });
-    for shift in [6, 3, 0] {
-        let bits = (mode >> shift) & 0o7;
-        out.push(if bits & 0o4 != 0 { 'r' } else { '-' });
-        out.push(if bits & 0o2 != 0 { 'w' } else { '-' });
-        out.push(if bits & 0o1 != 0 { 'x' } else { '-' });
+    let mut out = String::with_capacity(12);
+    let letters = [
+        (kind == FileKind::Dir, 'd'),
+        (kind == FileKind::Symlink, 'L'),
+        (mode & 0o4000 != 0, 'u'),
+        (mode & 0o2000 != 0, 'g'),
+        (mode & 0o1000 != 0, 't'),
+    ];
+    out.extend(letters.iter().filter(|(set, _)| *set).map(|(_, c)| *c));
+    if out.is_empty() {
+        out.push('-');
+    }
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        out.push(if mode & (1 << (8 - i)) != 0 { c } else { '-' });
     }
     out
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::File,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Other => FileType::Unspecified,
+    }
 }
 
 impl EntryInfo {
     /// SPACE's `stat` as envd's entry; `owner` and `group` are the names the guest's
     /// passwd and group files give `stat.uid` and `stat.gid`.
     pub fn of(stat: &FileStat, owner: String, group: String) -> EntryInfo {
+        // A symlink as E2B's envd reports it: its target's type and permission bits, and
+        // the resolved path; a broken one has no type, mode 0, and its own path.
+        let (file_type, mode, symlink_target) = match (stat.kind, &stat.resolved) {
+            (FileKind::Symlink, Some(to)) => {
+                (file_type(to.kind), to.mode & 0o777, Some(to.path.clone()))
+            }
+            (FileKind::Symlink, None) => (FileType::Unspecified, 0, Some(stat.path.clone())),
+            (kind, _) => (file_type(kind), stat.mode & 0o777, None),
+        };
         EntryInfo {
             name: stat.name.clone(),
-            file_type: match stat.kind {
-                FileKind::File => FileType::File,
-                FileKind::Dir => FileType::Directory,
-                FileKind::Symlink => FileType::Symlink,
-                FileKind::Other => FileType::Unspecified,
-            },
+            file_type,
             path: stat.path.clone(),
             size: stat.size,
-            mode: stat.mode,
+            mode,
             permissions: permissions(stat.kind, stat.mode),
             owner,
             group,
             modified_time: rfc3339(stat.modified_ms),
-            symlink_target: stat.symlink_target.clone(),
+            symlink_target,
             metadata: stat.metadata.clone(),
             is_symlink: stat.kind == FileKind::Symlink,
         }
@@ -264,9 +288,14 @@ mod tests {
 
     #[test]
     fn permission_strings_are_ls_style() {
+        // What Go's os.FileMode.String() prints for these.
         assert_eq!(permissions(FileKind::File, 0o100644), "-rw-r--r--");
         assert_eq!(permissions(FileKind::Dir, 0o40755), "drwxr-xr-x");
-        assert_eq!(permissions(FileKind::Symlink, 0o777), "lrwxrwxrwx");
+        assert_eq!(permissions(FileKind::Symlink, 0o777), "Lrwxrwxrwx");
+        assert_eq!(permissions(FileKind::Dir, 0o1777), "dtrwxrwxrwx");
+        assert_eq!(permissions(FileKind::File, 0o4755), "urwxr-xr-x");
+        assert_eq!(permissions(FileKind::Dir, 0o2775), "dgrwxrwxr-x");
+        assert_eq!(permissions(FileKind::File, 0o6755), "ugrwxr-xr-x");
         assert_eq!(permissions(FileKind::Other, 0), "----------");
     }
 
@@ -284,6 +313,7 @@ mod tests {
             group: Some("user".into()),
             modified_ms: 1_764_417_600_000,
             symlink_target: None,
+            resolved: None,
             metadata: Default::default(),
         };
         let json = serde_json::to_value(EntryResponse {
@@ -294,12 +324,51 @@ mod tests {
             json,
             json!({"entry": {
                 "name": "a.txt", "type": "FILE_TYPE_FILE", "path": "/home/user/a.txt",
-                "size": "5000000000", "mode": 0o100640, "permissions": "-rw-r-----",
+                "size": "5000000000", "mode": 0o640, "permissions": "-rw-r-----",
                 "owner": "user", "group": "user", "modifiedTime": "2025-11-29T12:00:00Z"
             }})
         );
         let back: EntryResponse = serde_json::from_value(json).unwrap();
         assert_eq!(back.entry.size, 5_000_000_000);
+    }
+
+    #[test]
+    fn symlinks_report_their_target_as_e2b_does() {
+        let link = |resolved| FileStat {
+            path: "/home/user/py".into(),
+            name: "py".into(),
+            kind: FileKind::Symlink,
+            size: 16,
+            mode: 0o777,
+            uid: 0,
+            gid: 0,
+            owner: None,
+            group: None,
+            modified_ms: 0,
+            symlink_target: Some("../../usr/bin/python3".into()),
+            resolved,
+            metadata: Default::default(),
+        };
+        let e = EntryInfo::of(
+            &link(Some(space_core::files::ResolvedLink {
+                path: "/usr/bin/python3.11".into(),
+                kind: FileKind::File,
+                mode: 0o755,
+            })),
+            "root".into(),
+            "root".into(),
+        );
+        assert_eq!(
+            (e.file_type, e.mode, e.permissions.as_str(), e.is_symlink),
+            (FileType::File, 0o755, "Lrwxrwxrwx", true)
+        );
+        assert_eq!(e.symlink_target.as_deref(), Some("/usr/bin/python3.11"));
+        let broken = EntryInfo::of(&link(None), "root".into(), "root".into());
+        assert_eq!(
+            (broken.file_type, broken.mode, broken.is_symlink),
+            (FileType::Unspecified, 0, true)
+        );
+        assert_eq!(broken.symlink_target.as_deref(), Some("/home/user/py"));
     }
 
     #[test]

@@ -101,8 +101,8 @@ pub async fn make_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Respon
     unary(st, caller, req, |guest, user, m: PathRequest| async move {
         let path = normalize(&m.path)?;
         match guest.stat(&path, user.as_deref()).await {
-            // A link is not followed by stat: it may name a directory, so it counts as one.
-            Ok(there) if matches!(there.kind, FileKind::Dir | FileKind::Symlink) => {
+            // As envd's `os.Stat`, a link counts as what it resolves to.
+            Ok(there) if is_dir_or_link_to_one(&there) => {
                 return Err(ConnectError::new(
                     Code::AlreadyExists,
                     format!("{} already exists", excerpt(&path, 256)),
@@ -174,16 +174,52 @@ pub async fn list_dir(st: &E2bState, caller: EnvdCaller, req: Request) -> Respon
                     format!("depth must be at most {MAX_LIST_DEPTH}"),
                 ));
             }
-            let list = guest
-                .list(&path, depth, user.as_deref())
-                .await
-                .map_err(guest_error)?;
+            let list = match guest.list(&path, depth, user.as_deref()).await {
+                Ok(list) => list,
+                Err(refused) => {
+                    // As envd, a root that is a link to a directory is listed through the
+                    // link, its entries named under the path asked for.
+                    let Ok(root) = guest.stat(&path, user.as_deref()).await else {
+                        return Err(guest_error(refused));
+                    };
+                    let Some(target) = root.resolved.filter(|to| to.kind == FileKind::Dir) else {
+                        return Err(guest_error(refused));
+                    };
+                    let mut list = guest
+                        .list(&target.path, depth, user.as_deref())
+                        .await
+                        .map_err(guest_error)?;
+                    for e in &mut list.entries {
+                        e.path = rebase(&e.path, &target.path, &path);
+                    }
+                    list
+                }
+            };
             Ok(ListDirResponse {
                 entries: list.entries.iter().map(entry).collect(),
             })
         },
     )
     .await
+}
+
+/// Whether `stat` is a directory, or a symlink that resolves to one.
+fn is_dir_or_link_to_one(stat: &FileStat) -> bool {
+    stat.kind == FileKind::Dir
+        || stat
+            .resolved
+            .as_ref()
+            .is_some_and(|to| to.kind == FileKind::Dir)
+}
+
+/// `path` under `from` as the same path under `to` (`path` itself if it is not under `from`).
+fn rebase(path: &str, from: &str, to: &str) -> String {
+    match path.strip_prefix(from.trim_end_matches('/')) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            format!("{}{rest}", to.trim_end_matches('/'))
+        }
+        _ => path.to_owned(),
+    }
 }
 
 /// `filesystem.Filesystem/Remove`: a file, or a directory with its contents. A path that
@@ -310,6 +346,17 @@ pub async fn remove_watcher(st: &E2bState, caller: EnvdCaller, req: Request) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_listed_through_a_link_are_named_under_the_link() {
+        assert_eq!(
+            rebase("/data/real/a.txt", "/data/real", "/home/user/ln"),
+            "/home/user/ln/a.txt"
+        );
+        assert_eq!(rebase("/data/real", "/data/real/", "/l"), "/l");
+        assert_eq!(rebase("/data/realx/a", "/data/real", "/l"), "/data/realx/a");
+        assert_eq!(rebase("/a/b", "/", "/l"), "/l/a/b");
+    }
 
     #[test]
     fn paths_resolve_dots_lexically() {

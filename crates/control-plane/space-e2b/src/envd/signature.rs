@@ -57,14 +57,54 @@ pub struct Presented<'a> {
     pub op: Operation,
 }
 
-impl Presented<'_> {
-    /// Whether it was made with `token` and has not expired at `now` (Unix seconds).
-    pub fn verify(&self, token: &str, now: i64) -> bool {
-        if self.expiration.is_some_and(|exp| exp < now) {
-            return false;
+/// Why a signed URL is refused, in E2B envd's words (`internal/api/auth.go`), which the
+/// SDKs show their users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureRefusal {
+    /// Neither an access token nor a signature.
+    #[error("missing signature query parameter")]
+    Missing,
+    /// Not made with the sandbox's token for this path, operation and user.
+    #[error("invalid signature")]
+    Invalid,
+    /// Made right, but its `signature_expiration` has passed.
+    #[error("signature is already expired")]
+    Expired,
+}
+
+impl SignatureRefusal {
+    /// The refusal as a static message (what access errors carry).
+    pub fn message(self) -> &'static str {
+        match self {
+            SignatureRefusal::Missing => "missing signature query parameter",
+            SignatureRefusal::Invalid => "invalid signature",
+            SignatureRefusal::Expired => "signature is already expired",
         }
+    }
+}
+
+impl Presented<'_> {
+    /// Whether it was made with `token` (expired or not).
+    pub fn made_with(&self, token: &str) -> bool {
         let expected = sign(self.path, self.op, self.user, token, self.expiration);
         expected.as_bytes().ct_eq(self.signature.as_bytes()).into()
+    }
+
+    /// Whether it was made with `token` and has not expired at `now` (Unix seconds); as
+    /// E2B, a wrong signature is `Invalid` whatever its expiry.
+    pub fn check(&self, token: &str, now: i64) -> Result<(), SignatureRefusal> {
+        if !self.made_with(token) {
+            return Err(SignatureRefusal::Invalid);
+        }
+        if self.expiration.is_some_and(|exp| exp < now) {
+            return Err(SignatureRefusal::Expired);
+        }
+        Ok(())
+    }
+
+    /// [`Self::check`] as a yes or no.
+    pub fn verify(&self, token: &str, now: i64) -> bool {
+        self.check(token, now).is_ok()
     }
 }
 
@@ -113,6 +153,19 @@ mod tests {
         };
         assert!(p.verify("tok", 99));
         assert!(!p.verify("tok", 101), "expired");
+        assert_eq!(p.check("tok", 101), Err(SignatureRefusal::Expired));
+        assert_eq!(
+            p.check("other", 101),
+            Err(SignatureRefusal::Invalid),
+            "a wrong signature is invalid, expired or not"
+        );
+        for r in [
+            SignatureRefusal::Missing,
+            SignatureRefusal::Invalid,
+            SignatureRefusal::Expired,
+        ] {
+            assert_eq!(r.to_string(), r.message());
+        }
         assert!(
             !Presented {
                 expiration: Some(200),

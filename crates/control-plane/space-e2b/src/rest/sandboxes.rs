@@ -265,13 +265,14 @@ pub async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `{"timeout": seconds}`.
+/// `{"timeout": seconds}` (E2B's is an int32: zero or less ends the sandbox now).
 #[derive(Debug, Deserialize)]
 pub struct TimeoutRequest {
-    timeout: u64,
+    timeout: i64,
 }
 
-/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now.
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now; with `0`
+/// (or less) at once, as on E2B (`KeepAliveFor` of zero): its timeout action happens now.
 pub async fn set_timeout(
     State(st): State<E2bState>,
     tenant: AuthTenant,
@@ -279,8 +280,35 @@ pub async fn set_timeout(
     ApiJson(req): ApiJson<TimeoutRequest>,
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
-    apply_timeout(&st, &tenant, &info.id, req.timeout).await?;
+    match u64::try_from(req.timeout) {
+        Ok(secs) if secs > 0 => {
+            apply_timeout(&st, &tenant, &info.id, secs).await?;
+        }
+        _ => time_out_now(&st, tenant, &info).await?,
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// What the sandbox's timeout would do, done now (as the reconciler does at the deadline:
+/// a sandbox that is paused or stopped already is left as it is, unless it is deleted).
+async fn time_out_now(st: &E2bState, tenant: AuthTenant, info: &SandboxInfo) -> RestResult<()> {
+    let app = State(st.app.clone());
+    let path = SandboxPath(info.id.clone());
+    let running = info.state == SandboxState::Running;
+    match info.on_timeout {
+        TimeoutAction::Delete => {
+            sandboxes::delete_sandbox(app, tenant, path).await?;
+        }
+        TimeoutAction::Pause if running => {
+            let _ = lifecycle::pause(app, tenant, path).await?;
+        }
+        TimeoutAction::Stop if running => {
+            let _ = lifecycle::stop(app, tenant, path).await?;
+        }
+        TimeoutAction::Pause | TimeoutAction::Stop => {}
+    }
+    tracing::info!(sandbox = %info.id, action = ?info.on_timeout, "E2B timeout of 0: timed out now");
+    Ok(())
 }
 
 async fn apply_timeout(

@@ -2,6 +2,7 @@
 //! runs on a blocking thread acting as the user (see `fsuser`); a watch on a thread of its own
 //! (see `files::watch`).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use axum::body::Body;
@@ -67,12 +68,13 @@ fn target(st: &St, path: &str, user: Option<&str>) -> Result<(UserInfo, PathBuf)
     Ok((user, path))
 }
 
-fn parse_mode(mode: Option<&str>, default: u32) -> Result<u32, ApiError> {
+fn parse_mode(mode: Option<&str>) -> Result<Option<u32>, ApiError> {
     match mode {
-        None => Ok(default),
+        None => Ok(None),
         Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o7777)
+            .map(Some)
             .ok_or_else(|| {
                 ApiError::invalid(format!(
                     "mode must be octal permission bits (e.g. 644), got '{}'",
@@ -128,7 +130,7 @@ pub(super) async fn write(
     body: Body,
 ) -> Result<Json<FileStat>, ApiError> {
     let (user, path) = target(&st, &q.path, q.user.as_deref())?;
-    let mode = parse_mode(q.mode.as_deref(), DEFAULT_FILE_MODE)?;
+    let mode = parse_mode(q.mode.as_deref())?;
     let metadata: std::collections::BTreeMap<String, String> = match q.metadata.as_deref() {
         None => Default::default(),
         Some(json) => serde_json::from_str(json).map_err(|e| {
@@ -141,12 +143,23 @@ pub(super) async fn write(
     // One blocking thread owns the temporary file for the whole upload; dropped without
     // `End` (the body failed) the writer removes it.
     let writer = as_user(user, move || {
-        let mut w = AtomicWriter::create(&path, mode)?;
+        // As an in-place write would: through a symlink at the path, and a file that is
+        // there keeps its mode (unless one is asked for) and, where the user may, its owner.
+        let (at, existing) = ops::write_target(&path)?;
+        let existing = existing.filter(|md| md.is_file());
+        let mode = mode
+            .or_else(|| existing.as_ref().map(|md| md.mode() & 0o7777))
+            .unwrap_or(DEFAULT_FILE_MODE);
+        let mut w = AtomicWriter::create(&at, mode)?;
+        if let Some(md) = &existing {
+            w.keep_owner(md, mode)?;
+        }
         w.set_metadata(&metadata)?;
         loop {
             match rx.blocking_recv() {
                 Some(WriteMsg::Data(d)) => w.write(&d)?,
-                Some(WriteMsg::End) => return w.commit(),
+                // The file written, named as the caller named it.
+                Some(WriteMsg::End) => return w.commit().map(|stat| ops::named_as(stat, &path)),
                 None => {
                     return Err(ApiError::invalid(
                         "request body ended early; file not written",
@@ -280,10 +293,10 @@ mod tests {
 
     #[test]
     fn parses_octal_modes() {
-        assert_eq!(parse_mode(None, 0o644).unwrap(), 0o644);
-        assert_eq!(parse_mode(Some("755"), 0).unwrap(), 0o755);
-        assert_eq!(parse_mode(Some("0600"), 0).unwrap(), 0o600);
-        assert!(parse_mode(Some("9"), 0).is_err());
-        assert!(parse_mode(Some("77777"), 0).is_err());
+        assert_eq!(parse_mode(None).unwrap(), None);
+        assert_eq!(parse_mode(Some("755")).unwrap(), Some(0o755));
+        assert_eq!(parse_mode(Some("0600")).unwrap(), Some(0o600));
+        assert!(parse_mode(Some("9")).is_err());
+        assert!(parse_mode(Some("77777")).is_err());
     }
 }

@@ -9,7 +9,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use space_core::files::{FileKind, FileList, FileStat, MAX_LIST_ENTRIES};
+use space_core::files::{FileKind, FileList, FileStat, ResolvedLink, MAX_LIST_ENTRIES};
 use space_core::ErrorCode;
 use space_guest_proto::limits::MAX_JSON_BODY;
 
@@ -18,30 +18,23 @@ use crate::users::{account_names, AccountNames};
 
 /// Mode of directories created as parents of a written file.
 const PARENT_DIR_MODE: u32 = 0o755;
+/// Most symlinks a write follows at its path (the kernel's own bound, `MAXSYMLINKS`).
+const MAX_LINK_HOPS: usize = 40;
 
 /// Metadata as the API reports it (for `path` as given, not following a final symlink),
 /// with the owner's and group's names from `names`.
 pub fn file_stat(path: &Path, md: &Metadata, names: &AccountNames) -> FileStat {
     let ft = md.file_type();
-    let kind = if ft.is_symlink() {
-        FileKind::Symlink
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
-    };
+    let kind = kind_of(md);
     let symlink_target = ft
         .is_symlink()
         .then(|| fs::read_link(path).ok())
         .flatten()
         .map(|t| t.to_string_lossy().into_owned());
+    let resolved = ft.is_symlink().then(|| resolve(path)).flatten();
     FileStat {
         path: path.to_string_lossy().into_owned(),
-        name: path
-            .file_name()
-            .map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
+        name: file_stat_name(path),
         kind,
         size: md.size(),
         mode: md.mode() & 0o7777,
@@ -59,7 +52,72 @@ pub fn file_stat(path: &Path, md: &Metadata, names: &AccountNames) -> FileStat {
             std::collections::BTreeMap::new()
         },
         symlink_target,
+        resolved,
     }
+}
+
+fn kind_of(md: &Metadata) -> FileKind {
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+/// What the symlink `path` resolves to, every link followed; `None` if it is broken (or
+/// loops).
+fn resolve(path: &Path) -> Option<ResolvedLink> {
+    let real = fs::canonicalize(path).ok()?;
+    let md = fs::metadata(&real).ok()?;
+    Some(ResolvedLink {
+        path: real.to_string_lossy().into_owned(),
+        kind: kind_of(&md),
+        mode: md.mode() & 0o7777,
+    })
+}
+
+/// Where a write to `path` lands, as an in-place write would: a symlink at the path is
+/// followed (a chain of them, to a target that may not exist yet, which the write then
+/// creates), and what is there now (`None`: nothing).
+pub fn write_target(path: &Path) -> Result<(PathBuf, Option<Metadata>), ApiError> {
+    let mut at = path.to_owned();
+    for _ in 0..MAX_LINK_HOPS {
+        match fs::symlink_metadata(&at) {
+            Ok(md) if md.file_type().is_symlink() => {
+                let to = fs::read_link(&at).map_err(|e| ApiError::io("readlink", &at, &e))?;
+                at = match at.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(md) => return Ok((at, Some(md))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((at, None)),
+            Err(e) => return Err(ApiError::io("stat", &at, &e)),
+        }
+    }
+    Err(ApiError::io(
+        "write",
+        path,
+        &io::Error::from_raw_os_error(libc::ELOOP),
+    ))
+}
+
+/// `stat` of a file written through a link, named by the path the caller gave.
+pub fn named_as(mut stat: FileStat, path: &Path) -> FileStat {
+    let asked = file_stat_name(path);
+    stat.path = path.to_string_lossy().into_owned();
+    stat.name = asked;
+    stat
+}
+
+fn file_stat_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
 /// `lstat`.
@@ -160,6 +218,17 @@ pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
             ErrorCode::InvalidPath,
             "cannot rename / or onto /",
         ));
+    }
+    // As a write does (and E2B's envd), a move creates the destination's parents; only
+    // for a source that is there, so a failed move leaves nothing behind.
+    if fs::symlink_metadata(from).is_ok() {
+        if let Some(parent) = to.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(PARENT_DIR_MODE)
+                .create(parent)
+                .map_err(|e| ApiError::io("create directory", parent, &e))?;
+        }
     }
     match fs::rename(from, to) {
         Ok(()) => Ok(()),
@@ -328,6 +397,20 @@ impl AtomicWriter {
         Ok(w)
     }
 
+    /// Gives the new file the owner of `existing` (the file it replaces), then `mode` again
+    /// (a chown clears setuid and setgid). Only root may give a file away: for anyone else
+    /// the file stays theirs, as after any replacement, and that is not an error.
+    pub fn keep_owner(&self, existing: &Metadata, mode: u32) -> Result<(), ApiError> {
+        match std::os::unix::fs::fchown(&self.file, Some(existing.uid()), Some(existing.gid())) {
+            Ok(()) => self
+                .file
+                .set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(|e| ApiError::io("chmod", &self.target, &e)),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+            Err(e) => Err(ApiError::io("chown", &self.target, &e)),
+        }
+    }
+
     /// Gives the file `metadata` (before it is committed, so it appears with it).
     pub fn set_metadata(
         &self,
@@ -395,6 +478,52 @@ mod tests {
         let l = list(p, 1).unwrap();
         assert_eq!(l.entries[2].kind, FileKind::Symlink);
         assert_eq!(l.entries[2].symlink_target.as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn symlinks_resolve_and_writes_land_where_the_links_lead() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        fs::create_dir(p.join("real")).unwrap();
+        fs::write(p.join("real/f"), "x").unwrap();
+        fs::set_permissions(p.join("real/f"), fs::Permissions::from_mode(0o751)).unwrap();
+        std::os::unix::fs::symlink("real/f", p.join("to-f")).unwrap();
+        std::os::unix::fs::symlink(p.join("to-f"), p.join("to-to-f")).unwrap();
+        std::os::unix::fs::symlink("nowhere/x", p.join("dangling")).unwrap();
+        std::os::unix::fs::symlink("loop", p.join("loop")).unwrap();
+
+        let st = stat(&p.join("to-to-f")).unwrap();
+        assert_eq!(st.kind, FileKind::Symlink);
+        let to = st.resolved.unwrap();
+        let real = fs::canonicalize(p.join("real/f")).unwrap();
+        assert_eq!(
+            (to.path.as_str(), to.kind, to.mode),
+            (real.to_str().unwrap(), FileKind::File, 0o751)
+        );
+        assert_eq!(stat(&p.join("dangling")).unwrap().resolved, None);
+        assert_eq!(stat(&p.join("real/f")).unwrap().resolved, None);
+
+        let (at, there) = write_target(&p.join("to-to-f")).unwrap();
+        assert_eq!(fs::canonicalize(&at).unwrap(), real);
+        assert_eq!(there.unwrap().mode() & 0o7777, 0o751);
+        let (at, there) = write_target(&p.join("dangling")).unwrap();
+        assert_eq!(at, p.join("nowhere/x"));
+        assert!(there.is_none());
+        assert!(write_target(&p.join("loop")).is_err());
+    }
+
+    #[test]
+    fn a_move_creates_the_parents_of_its_destination_only_for_a_real_source() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        fs::write(p.join("a"), "a").unwrap();
+        rename(&p.join("a"), &p.join("new/dir/a")).unwrap();
+        assert_eq!(fs::read_to_string(p.join("new/dir/a")).unwrap(), "a");
+        assert!(rename(&p.join("missing"), &p.join("other/x")).is_err());
+        assert!(
+            !p.join("other").exists(),
+            "a failed move leaves nothing behind"
+        );
     }
 
     #[test]
