@@ -122,6 +122,8 @@ def test_file_metadata_round_trips(sandbox, workdir):
     skip_unless_sdk_has(sdk_accepts(sandbox.files.write, "metadata"), "write(metadata=...)")
     info = sandbox.files.write(f"{workdir}/meta.txt", "m", metadata={"origin": "test", "k2": "v2"})
     assert info.path == f"{workdir}/meta.txt"
+    # envd's upload answer carries the metadata read back from the file.
+    assert getattr(info, "metadata", None) == {"origin": "test", "k2": "v2"}
     assert sandbox.files.get_info(f"{workdir}/meta.txt").metadata == {"origin": "test", "k2": "v2"}
 
 

@@ -205,6 +205,13 @@ def test_a_signature_is_for_its_path_and_operation_only(sandbox, http, env):
     assert (r.status_code, r.json()["message"]) == (401, "missing signature query parameter")
 
 
+def test_a_multipart_upload_without_a_file_writes_nothing_and_answers_an_empty_list(sandbox, http, env):
+    # As envd: 200 [] (no error for a form that carries no file part).
+    r = http.post(f"{env.url}/files", files={"note": (None, "no file here")},
+                  headers={"Host": sandbox.get_host(ENVD_PORT), "X-Access-Token": sandbox._envd_access_token})
+    assert (r.status_code, r.json()) == (200, []), r.text
+
+
 def test_upload_url_accepts_a_multipart_post_in_host_mode(sandbox, http, env):
     url = sandbox.upload_url("/home/user/uploaded.txt")
     assert "signature=v1_" in url

@@ -79,6 +79,10 @@ pub struct WrittenEntry {
     pub kind: &'static str,
     /// Absolute path.
     pub path: String,
+    /// The metadata the file was written with, read back (absent when it has none), as
+    /// envd's upload answers.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// `GET|POST /files`.
@@ -281,9 +285,7 @@ async fn write(
                 .0,
         ]
     };
-    if entries.is_empty() {
-        return Err(HttpError::new(400, "the upload carries no file"));
-    }
+    // A multipart body with no file part writes nothing: `200 []`, as envd answers.
     Ok((StatusCode::OK, Json(entries)).into_response())
 }
 
@@ -353,6 +355,7 @@ async fn write_one(
                 name: stat.name,
                 kind: "file",
                 path: stat.path,
+                metadata: stat.metadata,
             },
             stat.size,
         )),
