@@ -158,18 +158,11 @@ async fn js_sdk_2_9_0_suite() {
     js_suite("2.9.0").await;
 }
 
-/// The SDK without `E2B_SANDBOX_URL`: envd and ports by host name over HTTPS, on the TLS
-/// listener, with a CA of the test's own.
-#[tokio::test(flavor = "multi_thread")]
-async fn python_sdk_host_mode() {
-    let version = e2b::PYTHON_SDK;
+async fn python_host_mode(version: &str) {
     run_host_mode(&python(version), &pytest("tests/e2b/host_mode"), version).await;
 }
 
-/// The JS SDK in host mode, as [`python_sdk_host_mode`].
-#[tokio::test(flavor = "multi_thread")]
-async fn js_sdk_host_mode() {
-    let version = e2b::JS_SDK;
+async fn js_host_mode(version: &str) {
     let condition = js_condition(version);
     let args = [
         condition.as_str(),
@@ -178,4 +171,37 @@ async fn js_sdk_host_mode() {
         "tests/e2b/js/host_mode/host_mode.mjs",
     ];
     run_host_mode(node(), &args, version).await;
+}
+
+/// The SDK without `E2B_SANDBOX_URL`: envd and ports by host name over HTTPS, on the TLS
+/// listener, with a CA of the test's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_host_mode() {
+    python_host_mode(e2b::PYTHON_SDK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_2_45_1_host_mode() {
+    python_host_mode("2.45.1").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_2_9_0_host_mode() {
+    python_host_mode("2.9.0").await;
+}
+
+/// The JS SDK in host mode, as [`python_sdk_host_mode`].
+#[tokio::test(flavor = "multi_thread")]
+async fn js_sdk_host_mode() {
+    js_host_mode(e2b::JS_SDK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn js_sdk_2_35_0_host_mode() {
+    js_host_mode("2.35.0").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn js_sdk_2_9_0_host_mode() {
+    js_host_mode("2.9.0").await;
 }
