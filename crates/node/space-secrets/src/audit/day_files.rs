@@ -3,6 +3,7 @@
 //! tenant and day, removed only when older than the retention; and reading a file's lines
 //! backwards (newest first) in bounded memory.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -141,15 +142,17 @@ impl DayFiles {
         line: &[u8],
     ) -> Result<(), AuditError> {
         let day = day_of(ts_ms);
-        if self.open.get(tenant).is_none_or(|open| open.day != day) {
-            let open = self.open_day(tenant, day)?;
-            if self.open.len() >= MAX_OPEN {
-                self.open.clear();
-            }
-            self.open.insert(tenant.clone(), open);
+        if self.open.len() >= MAX_OPEN && !self.open.contains_key(tenant) {
+            self.open.clear();
         }
-        let Some(open) = self.open.get_mut(tenant) else {
-            return Ok(());
+        let open = match self.open.entry(tenant.clone()) {
+            Entry::Occupied(mut held) => {
+                if held.get().day != day {
+                    held.insert(open_day(&self.dir, tenant, day)?);
+                }
+                held.into_mut()
+            }
+            Entry::Vacant(none) => none.insert(open_day(&self.dir, tenant, day)?),
         };
         if open.len + line.len() as u64 > self.daily_cap {
             return Err(AuditError::TenantDayFull {
@@ -163,30 +166,31 @@ impl DayFiles {
         open.len += line.len() as u64;
         Ok(())
     }
+}
 
-    fn open_day(&self, tenant: &TenantId, day: i64) -> Result<OpenDay, AuditError> {
-        let tdir = tenant_dir(&self.dir, tenant);
-        let name = day_name(day).ok_or(AuditError::Clock(day))?;
-        let path = tdir.join(format!("{name}.{EXTENSION}"));
-        let io_err = |source| AuditError::Io {
-            path: path.clone(),
-            source,
-        };
-        fsutil::ensure_private_dir(&tdir).map_err(io_err)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(fsutil::PRIVATE_FILE_MODE)
-            .open(&path)
-            .map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        Ok(OpenDay {
-            day,
-            path,
-            file,
-            len,
-        })
-    }
+/// Opens (creating it) the file of `tenant`'s `day` under `dir`, for appending.
+fn open_day(dir: &Path, tenant: &TenantId, day: i64) -> Result<OpenDay, AuditError> {
+    let tdir = tenant_dir(dir, tenant);
+    let name = day_name(day).ok_or(AuditError::Clock(day))?;
+    let path = tdir.join(format!("{name}.{EXTENSION}"));
+    let io_err = |source| AuditError::Io {
+        path: path.clone(),
+        source,
+    };
+    fsutil::ensure_private_dir(&tdir).map_err(io_err)?;
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(fsutil::PRIVATE_FILE_MODE)
+        .open(&path)
+        .map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    Ok(OpenDay {
+        day,
+        path,
+        file,
+        len,
+    })
 }
 
 /// Calls `each` with the file's complete lines, last first, until it breaks; reads
