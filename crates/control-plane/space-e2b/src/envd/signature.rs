@@ -59,18 +59,23 @@ pub struct Presented<'a> {
 
 /// Why a signed URL is refused, in E2B envd's words (`internal/api/auth.go`), which the
 /// SDKs show their users.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignatureRefusal {
     /// Neither an access token nor a signature.
-    #[error("missing signature query parameter")]
     Missing,
     /// Not made with the sandbox's token for this path, operation and user.
-    #[error("invalid signature")]
     Invalid,
     /// Made right, but its `signature_expiration` has passed.
-    #[error("signature is already expired")]
     Expired,
 }
+
+impl std::fmt::Display for SignatureRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for SignatureRefusal {}
 
 impl SignatureRefusal {
     /// The refusal as a static message (what access errors carry).
@@ -159,12 +164,16 @@ mod tests {
             Err(SignatureRefusal::Invalid),
             "a wrong signature is invalid, expired or not"
         );
-        for r in [
-            SignatureRefusal::Missing,
-            SignatureRefusal::Invalid,
-            SignatureRefusal::Expired,
+        // envd's words (internal/api/auth.go), which the SDKs show.
+        for (r, words) in [
+            (
+                SignatureRefusal::Missing,
+                "missing signature query parameter",
+            ),
+            (SignatureRefusal::Invalid, "invalid signature"),
+            (SignatureRefusal::Expired, "signature is already expired"),
         ] {
-            assert_eq!(r.to_string(), r.message());
+            assert_eq!(r.to_string(), words);
         }
         assert!(
             !Presented {
