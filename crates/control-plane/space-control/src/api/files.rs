@@ -135,11 +135,13 @@ impl FileQuery {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PutFileQuery {
-    /// Path in the sandbox; parent directories are created.
+    /// Path in the sandbox; parent directories are created; a symlink there is followed
+    /// (the file it leads to is written).
     pub path: String,
     /// User to act as; default the sandbox's default user.
     pub user: Option<String>,
-    /// Octal permission bits, e.g. `0644` (default for new files).
+    /// Octal permission bits, e.g. `0644`. Without it a new file gets `0644` and a file
+    /// it replaces keeps its mode (and, written as root, its owner).
     pub mode: Option<String>,
     /// The file's metadata: a JSON object of strings (keys `[a-z0-9._-]`, at most 4096
     /// bytes in all), kept with the file and returned by `stat` and `list`.
