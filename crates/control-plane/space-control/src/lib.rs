@@ -3,6 +3,7 @@
 //! - [`api`]: the `/v1` HTTP API (axum) and its OpenAPI document.
 //! - [`db`]: desired state, tenants and API keys (SQLite or PostgreSQL).
 //! - [`reconciler`]: converges the node's live state to the desired state (TTL, orphans).
+//! - [`scheduler`]: where a new sandbox goes among nodes (pure placement rules).
 //! - [`server`]: runs it all ([`serve`], or [`Server`] for tests and the CLI).
 //! - [`tls`]: the optional TLS listener beside the plaintext one.
 //!
@@ -17,6 +18,7 @@ pub mod db;
 pub mod keys;
 pub mod quotas;
 pub mod reconciler;
+pub mod scheduler;
 pub mod server;
 pub mod tls;
 
