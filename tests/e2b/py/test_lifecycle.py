@@ -120,14 +120,25 @@ def test_is_running_follows_the_sandbox(make_sandbox):
 
 
 def test_set_timeout_of_zero_times_the_sandbox_out_now(make_sandbox, env):
-    # As on E2B (KeepAliveFor of zero): the timeout action happens at once; by default
-    # the sandbox is killed.
+    # As on E2B (KeepAliveFor of zero): the deadline is now, and the reconciler's next pass
+    # (one a second) does the timeout action as at any deadline; by default a kill.
     sbx = make_sandbox()
     sbx.set_timeout(0)
+
+    def killed():
+        try:
+            sbx.get_info()
+        except SandboxNotFoundException:
+            return True
+        return False
+
+    wait_until("the timeout to kill the sandbox", killed, timeout=10, interval=0.2)
     with pytest.raises(SandboxNotFoundException):
         sbx.get_info()
     paused = make_pausing_on_timeout(make_sandbox, env.template)
     paused.set_timeout(0)
+    wait_until("the timeout to pause the sandbox",
+               lambda: paused.get_info().state == SandboxState.PAUSED, timeout=10, interval=0.2)
     assert paused.get_info().state == SandboxState.PAUSED
     Sandbox.connect(paused.sandbox_id)
     assert paused.commands.run("echo back").stdout == "back\n"

@@ -436,6 +436,14 @@ async fn timeout_actions_and_the_timed_out_mark_survive_a_reopen() {
             db.sandbox(&a, &r.id).await.unwrap().unwrap().expires_at_ms,
             105_000
         );
+        // Expiring now moves the deadline and keeps the duration for the next renewal.
+        assert!(db.expire_now(&r.id, 101_000).await.unwrap());
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!(
+            (got.expires_at_ms, got.timeout_secs, got.timed_out_at_ms),
+            (101_000, 5, None)
+        );
+        assert!(db.renew_timeout(&r.id, 100_000).await.unwrap());
         assert!(db.mark_timed_out(&r.id, 105_000).await.unwrap());
         let before = db.sandbox(&a, &r.id).await.unwrap().unwrap();
 

@@ -315,6 +315,18 @@ impl Db {
         Ok(done.rows_affected() == 1)
     }
 
+    /// The live sandbox's deadline is `now_ms`: the reconciler's next pass does its timeout
+    /// action, as at any deadline. Its timeout (what a renewal uses) is kept. `false` if it
+    /// is not live.
+    pub async fn expire_now(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {
+        self.update_live(
+            "UPDATE sandboxes SET expires_at_ms = $1, timed_out_at_ms = NULL WHERE id = $2 AND desired_state = $3",
+            id,
+            now_ms,
+        )
+        .await
+    }
+
     /// The live sandbox runs again (resumed or started): its deadline becomes `now_ms` plus
     /// its timeout, and it is no longer timed out. `false` if it is not live.
     pub async fn renew_timeout(&self, id: &SandboxId, now_ms: i64) -> Result<bool, DbError> {

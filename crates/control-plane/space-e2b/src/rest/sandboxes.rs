@@ -272,7 +272,8 @@ pub struct TimeoutRequest {
 }
 
 /// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now; with `0`
-/// (or less) at once, as on E2B (`KeepAliveFor` of zero): its timeout action happens now.
+/// (or less) now, as on E2B (`KeepAliveFor` of zero): its deadline is now, and the
+/// reconciler's next pass (within a second) does its timeout action, as at any deadline.
 pub async fn set_timeout(
     State(st): State<E2bState>,
     tenant: AuthTenant,
@@ -284,31 +285,20 @@ pub async fn set_timeout(
         Ok(secs) if secs > 0 => {
             apply_timeout(&st, &tenant, &info.id, secs).await?;
         }
-        _ => time_out_now(&st, tenant, &info).await?,
+        _ => {
+            let now = space_control::db::now_ms();
+            if !st
+                .app
+                .db
+                .expire_now(&info.id, now)
+                .await
+                .map_err(ApiError::from)?
+            {
+                return Err(ApiError::sandbox_not_found(&info.id).into());
+            }
+        }
     }
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// What the sandbox's timeout would do, done now (as the reconciler does at the deadline:
-/// a sandbox that is paused or stopped already is left as it is, unless it is deleted).
-async fn time_out_now(st: &E2bState, tenant: AuthTenant, info: &SandboxInfo) -> RestResult<()> {
-    let app = State(st.app.clone());
-    let path = SandboxPath(info.id.clone());
-    let running = info.state == SandboxState::Running;
-    match info.on_timeout {
-        TimeoutAction::Delete => {
-            sandboxes::delete_sandbox(app, tenant, path).await?;
-        }
-        TimeoutAction::Pause if running => {
-            let _ = lifecycle::pause(app, tenant, path).await?;
-        }
-        TimeoutAction::Stop if running => {
-            let _ = lifecycle::stop(app, tenant, path).await?;
-        }
-        TimeoutAction::Pause | TimeoutAction::Stop => {}
-    }
-    tracing::info!(sandbox = %info.id, action = ?info.on_timeout, "E2B timeout of 0: timed out now");
-    Ok(())
 }
 
 async fn apply_timeout(
