@@ -1,4 +1,6 @@
-"""Exception classes the suite expects that older E2B SDK releases lack.
+"""What older E2B SDK releases name or read otherwise than the pinned one: exception
+classes, calls (`pause` and `beta_pause`), and how they read some answers. Everything is
+found by looking the class, call or code up, never by the version.
 
 Newer releases raise a subclass where older ones raise its parent (a missing file is a
 `FileNotFoundException(NotFoundException)` since 2.x, a plain `NotFoundException` in 2.9;
@@ -7,6 +9,8 @@ a sandbox gone under a request a `SandboxNotRunningException(TimeoutException)` 
 SPACE's answer is the same on the wire, the SDK's reading of it is what differs. Found by
 looking the class up, never by the version.
 """
+
+import inspect
 
 import e2b
 
@@ -45,8 +49,6 @@ def file_type(t) -> str:
 
 
 def _reads_field_presence() -> bool:
-    import inspect
-
     from e2b.sandbox_sync.commands import command_handle
 
     return "has_field(" in inspect.getsource(command_handle)
@@ -61,9 +63,9 @@ def make_pausing_on_timeout(make_sandbox, template: str):
     """A sandbox (made through conftest's `make_sandbox`) that its timeout pauses, without
     auto-resume: `lifecycle` in later releases; 2.9 sends `autoPause` (`beta_create`),
     which SPACE reads as the same rule."""
-    import inspect
+    from conftest import sdk_accepts
 
-    if "lifecycle" in inspect.signature(e2b.Sandbox.create).parameters:
+    if sdk_accepts(e2b.Sandbox.create, "lifecycle"):
         return make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": False})
     sbx = e2b.Sandbox.beta_create(template=template, timeout=600, auto_pause=True)
     make_sandbox.adopt(sbx)
@@ -71,8 +73,6 @@ def make_pausing_on_timeout(make_sandbox, template: str):
 
 
 def _reads_is_symlink() -> bool:
-    import inspect
-
     from e2b.sandbox.filesystem import filesystem
 
     return "is_symlink" in inspect.getsource(filesystem)

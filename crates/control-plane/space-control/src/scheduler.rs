@@ -140,17 +140,18 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
     }
     open.iter()
         .filter(|n| n.capacity.admit(&n.used, &req.resources).is_ok())
-        .min_by_key(|n| {
+        .map(|n| (locality(n, req.template_digest), n))
+        .min_by_key(|(locality, n)| {
             (
-                locality(n, req.template_digest),
+                *locality,
                 busiest_after(n, &req.resources),
                 n.sandboxes,
                 n.name.as_str(),
             )
         })
-        .map(|n| Placement {
+        .map(|(locality, n)| Placement {
             node: n.name.clone(),
-            locality: locality(n, req.template_digest),
+            locality,
         })
         .ok_or_else(|| NoPlacement::NoRoom {
             requested: req.resources,

@@ -109,10 +109,18 @@ pub fn write_target(path: &Path) -> Result<(PathBuf, Option<Metadata>), ApiError
 
 /// `stat` of a file written through a link, named by the path the caller gave.
 pub fn named_as(mut stat: FileStat, path: &Path) -> FileStat {
-    let asked = file_stat_name(path);
     stat.path = path.to_string_lossy().into_owned();
-    stat.name = asked;
+    stat.name = file_stat_name(path);
     stat
+}
+
+/// `mkdir -p` of `dir` with [`PARENT_DIR_MODE`]: the parents a write or a move creates.
+fn create_parents(dir: &Path) -> Result<(), ApiError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PARENT_DIR_MODE)
+        .create(dir)
+        .map_err(|e| ApiError::io("create directory", dir, &e))
 }
 
 fn file_stat_name(path: &Path) -> String {
@@ -223,11 +231,7 @@ pub fn rename(from: &Path, to: &Path) -> Result<(), ApiError> {
     // for a source that is there, so a failed move leaves nothing behind.
     if fs::symlink_metadata(from).is_ok() {
         if let Some(parent) = to.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(PARENT_DIR_MODE)
-                .create(parent)
-                .map_err(|e| ApiError::io("create directory", parent, &e))?;
+            create_parents(parent)?;
         }
     }
     match fs::rename(from, to) {
@@ -368,11 +372,7 @@ impl AtomicWriter {
                 ));
             }
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(PARENT_DIR_MODE)
-            .create(parent)
-            .map_err(|e| ApiError::io("create directory", parent, &e))?;
+        create_parents(parent)?;
         let tmp = parent.join(space_core::files::atomic_write_temp_name(
             &name.to_string_lossy(),
             rand::random::<u64>(),
