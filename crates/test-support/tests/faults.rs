@@ -136,7 +136,7 @@ async fn create_hostile(
     std::fs::write(&path, script).expect("write script");
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    let store = ts.server().state().node.store().clone();
+    let store = ts.server().local_node().store().clone();
     let kernel =
         space_images::build_kernel_bundle(&store, &space_images::KernelOpts::new(&path), &|_| {})
             .expect("hostile bundle");

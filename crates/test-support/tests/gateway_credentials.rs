@@ -290,7 +290,7 @@ async fn a_credential_is_injected_and_never_enters_the_guest() {
     .await;
     assert!(!everything.contains(SECRET));
     checkpoint(c, &id).await;
-    let node = &ts.server().state().node;
+    let node = &ts.server().local_node();
     let store = node.store();
     let mut searched = vec![store.sandbox_dir(&id), store.snapshots_dir(&id)];
     searched.dedup();

@@ -24,8 +24,7 @@ async fn sandbox(ts: &TestServer) -> (SandboxId, GuestClient) {
         .expect("create");
     let guest = ts
         .server()
-        .state()
-        .node
+        .local_node()
         .guest(&sb.id)
         .expect("guest client");
     (sb.id, guest)

@@ -96,7 +96,7 @@ async fn every_vmm_runs_as_its_own_uid_under_seccomp_in_its_namespaces_and_cgrou
     for id in [&a, &b] {
         assert_eq!(shell(&ts.client, id, "echo up", false).await.trim(), "up");
     }
-    let node = ts.server().state().node.clone();
+    let node = ts.server().local_node().clone();
     let vmms = vmms_under(&run_root(&ts));
     for id in [&a, &b] {
         assert!(
@@ -187,7 +187,7 @@ async fn escape_probes_run_in_a_vmms_jail_all_fail() {
     let b = test_sandbox(&ts.client).await;
     shell(&ts.client, &b, "echo secret > /root/b.txt && sync", true).await;
     let data = std::path::absolute(&ts.data_dir).unwrap();
-    let node_store = ts.server().state().node.store().clone();
+    let node_store = ts.server().local_node().store().clone();
     let store = node_store.root().to_owned();
     let disk_b = node_store
         .sandbox_dir(&b)

@@ -23,7 +23,7 @@ async fn create(ts: &TestServer) -> SandboxId {
 }
 
 fn node(ts: &TestServer) -> Node {
-    ts.server().state().node.clone()
+    ts.server().local_node().clone()
 }
 
 /// Runs a shell line as root to completion; returns stdout, asserting success.

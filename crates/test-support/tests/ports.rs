@@ -26,7 +26,7 @@ async fn http_server_in_the_sandbox() {
     c.start_process(&id, &ProcessSpec::shell("exec httpd -f -p 8000 -h www"))
         .await
         .expect("start httpd");
-    let node = &ts.server().state().node;
+    let node = &ts.server().local_node();
 
     let mut conn = wait_until(Duration::from_secs(30), "httpd to listen", || async {
         let guest = node.guest_waking(&id).await.expect("guest");

@@ -16,6 +16,7 @@ pub mod api;
 pub mod bootstrap;
 pub mod db;
 pub mod keys;
+pub mod nodes;
 pub mod quotas;
 pub mod reconciler;
 pub mod scheduler;

@@ -35,13 +35,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use space_core::sandbox::TimeoutAction;
-use space_core::{SandboxId, SandboxState};
-use space_node::{NodeError, PauseCause, SandboxRecord, StopCause};
+use space_core::{ErrorCode, SandboxId, SandboxState};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::AppState;
 use crate::db::{now_ms, DbError, SandboxRow};
+use crate::nodes::{NodeApi, NodeCallError, PauseCause, SandboxView, StopCause};
 
 /// How often the reconciler runs.
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -72,11 +72,11 @@ pub enum Action {
 /// orphan (creates insert the row before the node makes the record).
 pub fn plan(
     live_rows: &[SandboxRow],
-    records: &[SandboxRecord],
+    records: &[SandboxView],
     creating: &HashSet<SandboxId>,
     now_ms: i64,
 ) -> Vec<Action> {
-    let on_node: HashMap<&SandboxId, &SandboxRecord> = records
+    let on_node: HashMap<&SandboxId, &SandboxView> = records
         .iter()
         .filter(|r| r.state != SandboxState::Deleted)
         .map(|r| (&r.id, r))
@@ -143,6 +143,9 @@ pub enum ReconcileError {
     /// The database failed.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// A node failed a call the pass depends on.
+    #[error(transparent)]
+    Node(#[from] NodeCallError),
 }
 
 impl Reconciler {
@@ -174,21 +177,28 @@ impl Reconciler {
     /// on re-check are left out).
     pub async fn run_once(&self) -> Result<Vec<Action>, ReconcileError> {
         let st = &self.state;
-        let records = st.node.sandboxes();
-        // Rows placed on other nodes are theirs to reconcile.
-        let node = st.node.name().to_owned();
-        let rows: Vec<SandboxRow> = st
-            .db
-            .live_sandboxes()
-            .await?
-            .into_iter()
-            .filter(|r| r.node == node)
-            .collect();
-        let creating = st.creating.snapshot();
         let mut done = Vec::new();
-        for action in plan(&rows, &records, &creating, now_ms()) {
-            if self.execute(&action).await? {
-                done.push(action);
+        for node in st.nodes.all() {
+            // A node that cannot say is skipped this pass: its sandboxes are not gone.
+            let records = match node.sandboxes().await {
+                Ok(records) => records,
+                Err(e) => {
+                    tracing::warn!(node = node.name(), error = %e, "node unavailable; not reconciling it this pass");
+                    continue;
+                }
+            };
+            let rows: Vec<SandboxRow> = st
+                .db
+                .live_sandboxes()
+                .await?
+                .into_iter()
+                .filter(|r| r.node == node.name())
+                .collect();
+            let creating = st.creating.snapshot();
+            for action in plan(&rows, &records, &creating, now_ms()) {
+                if self.execute(node.as_ref(), &action).await? {
+                    done.push(action);
+                }
             }
         }
         Ok(done)
@@ -211,7 +221,7 @@ impl Reconciler {
         }
     }
 
-    async fn execute(&self, action: &Action) -> Result<bool, ReconcileError> {
+    async fn execute(&self, node: &dyn NodeApi, action: &Action) -> Result<bool, ReconcileError> {
         let st = &self.state;
         match action {
             Action::Expire(id) => {
@@ -219,7 +229,7 @@ impl Reconciler {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; deleting");
                     self.log(id, "sandbox.timeout.delete").await;
                 }
-                self.delete_on_node(id).await;
+                self.delete_on_node(node, id).await;
                 Ok(true)
             }
             Action::PauseExpired(id) | Action::StopExpired(id) => {
@@ -229,11 +239,11 @@ impl Reconciler {
                 let outcome = if matches!(action, Action::PauseExpired(_)) {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; pausing");
                     self.log(id, "sandbox.timeout.pause").await;
-                    st.node.pause_sandbox(id, PauseCause::Timeout).await
+                    node.pause(id, PauseCause::Timeout).await
                 } else {
                     tracing::info!(sandbox = %id, "sandbox timeout expired; stopping");
                     self.log(id, "sandbox.timeout.stop").await;
-                    st.node.stop_sandbox(id, StopCause::Timeout).await
+                    node.stop(id, StopCause::Timeout).await
                 };
                 self.timed_out(id, outcome.map(drop)).await
             }
@@ -245,7 +255,11 @@ impl Reconciler {
                 Ok(marked)
             }
             Action::RenewTimeout(id) => {
-                if !st.node.sandbox(id).is_some_and(|r| r.state.serves_guest()) {
+                if !node
+                    .sandbox(id)
+                    .await?
+                    .is_some_and(|r| r.state.serves_guest())
+                {
                     return Ok(false);
                 }
                 let renewed = st.db.renew_timeout(id, now_ms()).await?;
@@ -258,9 +272,9 @@ impl Reconciler {
                 // Re-check against fresh state: a create may have finished since the
                 // snapshot (its record appears before it leaves the in-flight set).
                 if st.creating.contains(id)
-                    || st
-                        .node
+                    || node
                         .sandbox(id)
+                        .await?
                         .is_some_and(|r| r.state != SandboxState::Deleted)
                 {
                     return Ok(false);
@@ -281,7 +295,7 @@ impl Reconciler {
                     return Ok(false);
                 }
                 tracing::info!(sandbox = %id, "deleting sandbox that is not wanted (orphan)");
-                self.delete_on_node(id).await;
+                self.delete_on_node(node, id).await;
                 Ok(true)
             }
         }
@@ -308,11 +322,12 @@ impl Reconciler {
     async fn timed_out(
         &self,
         id: &SandboxId,
-        outcome: Result<(), NodeError>,
+        outcome: Result<(), NodeCallError>,
     ) -> Result<bool, ReconcileError> {
         match outcome {
             Ok(()) => Ok(self.state.db.mark_timed_out(id, now_ms()).await?),
-            Err(NodeError::Lifecycle(_)) => Ok(false),
+            // Its state changed meanwhile (a lifecycle conflict): planned again next pass.
+            Err(e) if e.code() == ErrorCode::Conflict => Ok(false),
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, "the timeout's action failed; retrying next pass");
                 Ok(false)
@@ -320,13 +335,9 @@ impl Reconciler {
         }
     }
 
-    async fn delete_on_node(&self, id: &SandboxId) {
-        match self.state.node.delete_sandbox(id).await {
-            Ok(()) => {}
-            Err(e) if crate::api::sandboxes::already_deleted(&e) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %id, error = %e, "node delete failed; retrying next pass")
-            }
+    async fn delete_on_node(&self, node: &dyn NodeApi, id: &SandboxId) {
+        if let Err(e) = node.delete(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "node delete failed; retrying next pass")
         }
     }
 
@@ -402,14 +413,15 @@ mod tests {
         }
     }
 
-    fn record(id: &SandboxId, state: SandboxState) -> SandboxRecord {
-        SandboxRecord::new(
+    fn record(id: &SandboxId, state: SandboxState) -> SandboxView {
+        space_node::SandboxRecord::new(
             id.clone(),
             "base".into(),
             "d".into(),
             Resources::default(),
             state,
         )
+        .view()
     }
 
     #[test]
@@ -442,7 +454,7 @@ mod tests {
             let rows = vec![row(2000)];
             let mut rec = record(&rows[0].id, state);
             if state == SandboxState::Paused {
-                rec.paused_by = Some(space_node::PauseCause::Idle);
+                rec.paused_by = Some(PauseCause::Idle);
             }
             assert_eq!(
                 plan(&rows, &[rec], &HashSet::new(), 1000),
@@ -542,7 +554,7 @@ mod tests {
         let mut r = row_on_timeout(1000, TimeoutAction::Pause);
         let id = r.id.clone();
         let mut rec = record(&id, SandboxState::Running);
-        let pass = |r: &SandboxRow, rec: &SandboxRecord, now| {
+        let pass = |r: &SandboxRow, rec: &SandboxView, now| {
             plan(
                 std::slice::from_ref(r),
                 std::slice::from_ref(rec),

@@ -1,9 +1,7 @@
 //! Where a new sandbox goes: the placement rule of the many-node control plane (issue 14),
 //! decided from what the nodes last reported. Pure: the caller reads the nodes (their
-//! heartbeats, in the database) and records the placement; nothing here does I/O, so every
-//! rule is unit-tested here. Not called yet: the single local node admits its creates
-//! itself; the create path places through it once nodes register and heartbeat (issue 14,
-//! next increments).
+//! status) and records the placement; nothing here does I/O, so every rule is unit-tested
+//! here. [`crate::nodes::Nodes::place`] is the caller.
 //!
 //! The rules, in order:
 //! 1. Only a [`NodeState::Ready`] node takes placements: a cordoned one takes none, a lost
@@ -18,10 +16,9 @@
 //!    then the one with fewer sandboxes, then the smaller name (so a decision is
 //!    reproducible).
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use space_core::resources::{NodeCapacity, Resources};
 use space_core::ErrorCode;
+use space_node_proto::NodeStatus;
 
 /// Whether a node takes placements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,16 +38,8 @@ pub struct NodeView {
     pub name: String,
     /// Whether it takes placements.
     pub state: NodeState,
-    /// What it may give to sandboxes in all.
-    pub capacity: NodeCapacity,
-    /// What its sandboxes hold now.
-    pub used: NodeCapacity,
-    /// How many sandboxes it holds.
-    pub sandboxes: u32,
-    /// Templates (by digest) whose memory image it has.
-    pub memory_images: BTreeSet<String>,
-    /// Ready warm-pool members per template digest.
-    pub pool_ready: BTreeMap<String, u32>,
+    /// What it reported of itself.
+    pub status: NodeStatus,
 }
 
 /// What is to be placed.
@@ -139,13 +128,18 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
         });
     }
     open.iter()
-        .filter(|n| n.capacity.admit(&n.used, &req.resources).is_ok())
+        .filter(|n| {
+            n.status
+                .capacity
+                .admit(&n.status.used, &req.resources)
+                .is_ok()
+        })
         .map(|n| (locality(n, req.template_digest), n))
         .min_by_key(|(locality, n)| {
             (
                 *locality,
                 busiest_after(n, &req.resources),
-                n.sandboxes,
+                n.status.sandboxes,
                 n.name.as_str(),
             )
         })
@@ -160,9 +154,14 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
 }
 
 fn locality(node: &NodeView, template_digest: &str) -> Locality {
-    if node.pool_ready.get(template_digest).is_some_and(|n| *n > 0) {
+    if node
+        .status
+        .pool_ready
+        .get(template_digest)
+        .is_some_and(|n| *n > 0)
+    {
         Locality::WarmPool
-    } else if node.memory_images.contains(template_digest) {
+    } else if node.status.memory_images.contains(template_digest) {
         Locality::MemoryImage
     } else {
         Locality::Cold
@@ -181,19 +180,19 @@ fn busiest_after(node: &NodeView, add: &Resources) -> u64 {
     };
     [
         share(
-            node.used.vcpus.into(),
+            node.status.used.vcpus.into(),
             add.vcpus.into(),
-            node.capacity.vcpus.into(),
+            node.status.capacity.vcpus.into(),
         ),
         share(
-            node.used.memory_mib,
+            node.status.used.memory_mib,
             add.memory_mib.into(),
-            node.capacity.memory_mib,
+            node.status.capacity.memory_mib,
         ),
         share(
-            node.used.disk_mib,
+            node.status.used.disk_mib,
             add.disk_mib.into(),
-            node.capacity.disk_mib,
+            node.status.capacity.disk_mib,
         ),
     ]
     .into_iter()
@@ -203,9 +202,17 @@ fn busiest_after(node: &NodeView, add: &Resources) -> u64 {
 
 fn most_free(nodes: &[&NodeView]) -> NodeCapacity {
     let free = |n: &NodeView| NodeCapacity {
-        vcpus: n.capacity.vcpus.saturating_sub(n.used.vcpus),
-        memory_mib: n.capacity.memory_mib.saturating_sub(n.used.memory_mib),
-        disk_mib: n.capacity.disk_mib.saturating_sub(n.used.disk_mib),
+        vcpus: n.status.capacity.vcpus.saturating_sub(n.status.used.vcpus),
+        memory_mib: n
+            .status
+            .capacity
+            .memory_mib
+            .saturating_sub(n.status.used.memory_mib),
+        disk_mib: n
+            .status
+            .capacity
+            .disk_mib
+            .saturating_sub(n.status.used.disk_mib),
     };
     nodes.iter().map(|n| free(n)).fold(
         NodeCapacity {
@@ -244,11 +251,13 @@ mod tests {
         NodeView {
             name: name.to_owned(),
             state: NodeState::Ready,
-            capacity: cap(16, 16 * 1024, 100 * 1024),
-            used,
-            sandboxes: 0,
-            memory_images: BTreeSet::new(),
-            pool_ready: BTreeMap::new(),
+            status: NodeStatus {
+                capacity: cap(16, 16 * 1024, 100 * 1024),
+                used,
+                sandboxes: 0,
+                memory_images: Default::default(),
+                pool_ready: Default::default(),
+            },
         }
     }
 
@@ -280,16 +289,16 @@ mod tests {
         // Equal loads: fewer sandboxes, then the name.
         let mut twins = [idle("y"), idle("x")];
         assert_eq!(placed(&twins), "x");
-        twins[1].sandboxes = 3;
+        twins[1].status.sandboxes = 3;
         assert_eq!(placed(&twins), "y");
     }
 
     #[test]
     fn template_locality_comes_before_spread() {
         let mut warm = node("busy-warm", cap(12, 12 * 1024, 0));
-        warm.pool_ready.insert(T.to_owned(), 1);
+        warm.status.pool_ready.insert(T.to_owned(), 1);
         let mut imaged = node("imaged", cap(6, 6 * 1024, 0));
-        imaged.memory_images.insert(T.to_owned());
+        imaged.status.memory_images.insert(T.to_owned());
         let cold = idle("cold");
         let got = place(&[cold.clone(), imaged.clone(), warm.clone()], &req(&[])).unwrap();
         assert_eq!(
@@ -297,7 +306,7 @@ mod tests {
             ("busy-warm", Locality::WarmPool)
         );
         // A pool with no ready member is no better than none.
-        warm.pool_ready.insert(T.to_owned(), 0);
+        warm.status.pool_ready.insert(T.to_owned(), 0);
         let got = place(&[cold.clone(), imaged, warm], &req(&[])).unwrap();
         assert_eq!(
             (got.node.as_str(), got.locality),
@@ -305,7 +314,7 @@ mod tests {
         );
         // Another template's image does not count.
         let mut other = idle("other");
-        other.memory_images.insert("sha256:other".to_owned());
+        other.status.memory_images.insert("sha256:other".to_owned());
         let got = place(&[other], &req(&[])).unwrap();
         assert_eq!(got.locality, Locality::Cold);
     }
@@ -365,7 +374,7 @@ mod tests {
     #[test]
     fn a_node_reporting_no_capacity_takes_nothing_and_the_reason_reads_well() {
         let mut empty = idle("empty");
-        empty.capacity = cap(0, 0, 0);
+        empty.status.capacity = cap(0, 0, 0);
         let err = place(&[empty], &req(&[])).unwrap_err();
         assert_eq!(
             err.to_string(),

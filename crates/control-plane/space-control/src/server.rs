@@ -10,6 +10,9 @@ use anyhow::Context as _;
 use axum::serve::Listener as _;
 use axum::Router;
 use space_node::{Node, NodeConfig};
+
+use crate::nodes::local::LocalNode;
+use crate::nodes::Nodes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -115,6 +118,8 @@ pub struct Server {
     first_api_key: Option<String>,
     api_key_file: PathBuf,
     state: AppState,
+    /// The node this process runs (the single-machine default).
+    local: Node,
     stop: watch::Sender<bool>,
     http: Option<JoinHandle<std::io::Result<()>>>,
     https: Option<JoinHandle<std::io::Result<()>>>,
@@ -147,11 +152,13 @@ impl Server {
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
-        let state = AppState::new(db, node, config.max_upload_bytes)
+        let nodes = Nodes::single(Arc::new(LocalNode::new(node.clone())));
+        let state = AppState::new(db, nodes, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
         state
             .apply_connection_limits()
             .await
+            .map_err(|e| anyhow::anyhow!("{}", e.body))
             .context("applying the tenants' connection limits")?;
         let listen = config.listen;
         let listener = if config.plaintext {
@@ -206,6 +213,7 @@ impl Server {
             first_api_key,
             api_key_file: api_key_path(data_dir),
             state,
+            local: node,
             stop,
             http,
             https,
@@ -244,6 +252,11 @@ impl Server {
         &self.state
     }
 
+    /// The node this process runs (for tests and benchmarks of node internals).
+    pub fn local_node(&self) -> &Node {
+        &self.local
+    }
+
     /// Stops the HTTP server (open streams get [`SHUTDOWN_GRACE`]), the reconciler and the
     /// node's background tasks. VMs keep running.
     pub async fn shutdown(self) {
@@ -256,7 +269,7 @@ impl Server {
         if let Some(r) = self.reconciler {
             let _ = r.await;
         }
-        self.state.node.shutdown().await;
+        self.local.shutdown().await;
         self.state.db.close().await;
     }
 

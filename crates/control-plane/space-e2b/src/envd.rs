@@ -241,10 +241,11 @@ impl<T> StreamCall<'_, T> {
     /// `spec` as it is started in the caller's sandbox (see [`AppState::process_spec`]).
     ///
     /// [`AppState::process_spec`]: space_control::AppState::process_spec
-    pub fn process_spec(&self, spec: &ProcessSpec) -> Result<ProcessSpec, ConnectError> {
+    pub async fn process_spec(&self, spec: &ProcessSpec) -> Result<ProcessSpec, ConnectError> {
         self.st
             .app
-            .process_spec(&self.caller.id, spec)
+            .process_spec(&self.caller.tenant, &self.caller.id, spec)
+            .await
             .map_err(errors::unreachable)
     }
 }

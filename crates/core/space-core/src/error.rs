@@ -60,6 +60,8 @@ pub enum ErrorCode {
     QuotaExceeded,
     /// An `Idempotency-Key` was reused for a different request.
     IdempotencyKeyReused,
+    /// The node that holds the sandbox cannot be reached (or is lost): retry later.
+    NodeUnavailable,
     /// A bug or an unexpected failure on the platform side.
     Internal,
 }
@@ -80,6 +82,7 @@ impl ErrorCode {
             InsufficientCapacity => 507,
             Timeout => 504,
             SandboxFailed | PortClosed => 502,
+            NodeUnavailable => 503,
             Internal => 500,
         }
     }
@@ -108,6 +111,7 @@ impl ErrorCode {
             RateLimited => "rate_limited",
             QuotaExceeded => "quota_exceeded",
             IdempotencyKeyReused => "idempotency_key_reused",
+            NodeUnavailable => "node_unavailable",
             Internal => "internal",
         }
     }

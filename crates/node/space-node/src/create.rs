@@ -69,8 +69,12 @@ impl Node {
             egress: self.inner.cfg.egress.clone(),
             ..Inherited::default()
         };
-        req.settings
-            .apply(inherited, &self.inner.egress_ceiling, &mut record)?;
+        crate::settings::apply(
+            &req.settings,
+            inherited,
+            &self.inner.egress_ceiling,
+            &mut record,
+        )?;
         let op = self.inner.admit(record)?;
         let _guard = op.lock().await;
         match self.materialise(&req, &tpl, &resources).await {
@@ -405,7 +409,7 @@ impl Node {
     }
 
     /// What the warm pool holds.
-    pub fn pool_status(&self) -> Vec<crate::PoolStatus> {
+    pub fn pool_status(&self) -> Vec<crate::PoolShape> {
         self.inner.pool.status()
     }
 

@@ -50,8 +50,12 @@ impl Node {
             project: source.project.clone(),
             egress: source.egress.clone(),
         };
-        req.settings
-            .apply(inherited, &self.inner.egress_ceiling, &mut record)?;
+        crate::settings::apply(
+            &req.settings,
+            inherited,
+            &self.inner.egress_ceiling,
+            &mut record,
+        )?;
         let tpl = self.template_of(&record)?;
         // The snapshot's disk and memory trust the source sandbox's CA: so must its gateway.
         let ca = match (&source.sandbox_ca_pem, &req.source) {

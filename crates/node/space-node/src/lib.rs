@@ -39,93 +39,18 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use space_core::egress::EgressPolicy;
 pub use space_core::sandbox::CrashPolicy;
-use space_core::sandbox::ResourcesRequest;
 use space_core::{Resources, SandboxId, SandboxState, SnapshotId, TenantId};
 pub use space_secrets::ProjectId;
 
 pub use config::NodeConfig;
 pub use error::NodeError;
 pub use persistent::{SnapshotOwner, SnapshotSource};
-pub use pool::PoolStatus;
 pub use sandbox_manager::Node;
-pub use settings::SandboxSettings;
 pub use space_guest_client::{GuestClient, GuestError, PortStream};
-
-/// A create request as the node sees it (already authorised and validated by the control plane).
-#[derive(Debug, Clone)]
-pub struct CreateSandbox {
-    /// Chosen by the control plane.
-    pub id: SandboxId,
-    /// Template name.
-    pub template: String,
-    /// Missing fields come from the template's defaults.
-    pub resources: ResourcesRequest,
-    /// What it is given beside the template; the egress policy defaults to the node's
-    /// ([`NodeConfig::egress`]).
-    pub settings: SandboxSettings,
-}
-
-/// A create from a snapshot as the node sees it (authorised and validated by the control
-/// plane): template and resources are the snapshot's.
-#[derive(Debug, Clone)]
-pub struct CreateFromSnapshot {
-    /// Chosen by the control plane.
-    pub id: SandboxId,
-    /// The snapshot.
-    pub snapshot: SnapshotId,
-    /// The live sandbox the snapshot is one of; `None`: a persistent snapshot whose sandbox
-    /// was deleted.
-    pub source: Option<SandboxId>,
-    /// What it is given beside the snapshot: environment, project and egress policy default
-    /// to the snapshot's, and the tenant must be the snapshot's.
-    pub settings: SandboxSettings,
-}
-
-/// Why a sandbox is paused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PauseCause {
-    /// A client asked; only a client resumes it.
-    User,
-    /// It was idle longer than its `auto_pause` timeout; the next call that needs the guest
-    /// resumes it.
-    Idle,
-    /// Its timeout passed (the control plane's reconciler paused it); with the sandbox's
-    /// `auto_resume` the next call that needs the guest resumes it ([`Node::wake_timed_out`]).
-    Timeout,
-}
-
-/// Why a sandbox is stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopCause {
-    /// A client asked; only a client starts it.
-    User,
-    /// Its timeout passed (the control plane's reconciler stopped it); with the sandbox's
-    /// `auto_resume` the next call that needs the guest starts it ([`Node::wake_timed_out`]).
-    Timeout,
-}
-
-/// How the sandbox's current VM came to be.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum VmOrigin {
-    /// Booted from the template's kernel and disk.
-    #[default]
-    Boot,
-    /// Restored from the template's memory image (a warm pool member or a pool miss).
-    TemplateImage {
-        /// Taken ready from the warm pool.
-        pooled: bool,
-    },
-    /// Restored from a checkpoint of this or another sandbox.
-    Checkpoint {
-        /// The sandbox the checkpoint belongs to.
-        sandbox: SandboxId,
-        /// The checkpoint (absent for a fork's transient checkpoint).
-        snapshot: Option<SnapshotId>,
-    },
-}
+pub use space_node_proto::{
+    CreateFromSnapshot, CreateSandbox, NodeStatus, PauseCause, PoolShape, SandboxSettings,
+    SandboxView, StopCause, VmOrigin,
+};
 
 /// A sandbox as the node knows it (persisted on every transition).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,5 +163,27 @@ impl SandboxRecord {
     /// Name of the VM (and of its run directory) backing the sandbox.
     pub fn vm_name(&self) -> &str {
         self.vm_name.as_deref().unwrap_or(self.id.as_str())
+    }
+
+    /// What the control plane sees of it.
+    pub fn view(&self) -> SandboxView {
+        SandboxView {
+            id: self.id.clone(),
+            template: self.template.clone(),
+            template_digest: self.template_digest.clone(),
+            resources: self.resources,
+            state: self.state,
+            failure_reason: self.failure_reason.clone(),
+            created_at_ms: self.created_at_ms,
+            create_latency_ms: self.create_latency_ms,
+            origin: self.origin.clone(),
+            on_crash: self.on_crash,
+            auto_pause_secs: self.auto_pause_secs,
+            paused_by: self.paused_by,
+            stopped_by: self.stopped_by,
+            tenant: self.tenant.clone(),
+            project: self.project.clone(),
+            egress: self.egress.clone(),
+        }
     }
 }

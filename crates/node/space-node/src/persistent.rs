@@ -18,15 +18,7 @@ use space_storage::{SnapshotPaths, SnapshotSizes};
 use crate::sandbox_manager::{internal, Inner};
 use crate::{Node, NodeError, ProjectId};
 
-/// What the control plane adds to a persistent snapshot: whose it is, and the labels the
-/// sandbox had when it was taken.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotOwner {
-    /// The sandbox's tenant.
-    pub tenant: TenantId,
-    /// The sandbox's labels.
-    pub labels: BTreeMap<String, String>,
-}
+pub use space_node_proto::SnapshotOwner;
 
 /// The sandbox a snapshot was taken of, as it was then: everything a new sandbox started
 /// from the snapshot needs. Holds secrets (env values, the CA key): its Debug output leaves
@@ -59,6 +51,21 @@ pub struct SnapshotSource {
     /// its memory holds; `None` if it had none.
     #[serde(default)]
     pub sandbox_ca_pem: Option<String>,
+}
+
+impl SnapshotSource {
+    /// What the control plane may see of it (no environment values, no CA key).
+    pub fn origin(&self) -> space_node_proto::SnapshotOrigin {
+        space_node_proto::SnapshotOrigin {
+            sandbox_id: self.sandbox_id.clone(),
+            tenant: self.tenant.clone(),
+            template: self.template.clone(),
+            template_digest: self.template_digest.clone(),
+            resources: self.resources,
+            env_keys: self.env.keys().cloned().collect(),
+            labels: self.labels.clone(),
+        }
+    }
 }
 
 impl fmt::Debug for SnapshotSource {

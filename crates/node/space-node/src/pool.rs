@@ -7,6 +7,7 @@
 //! runs short of memory. Members are not sandboxes: they have no record, and a node that
 //! restarts kills them as orphans and fills the pool again.
 
+use space_node_proto::PoolShape;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -31,16 +32,6 @@ pub(crate) struct Member {
     pub disk: PathBuf,
     pub run_dir: PathBuf,
     pub image: MemoryImage,
-}
-
-/// What the pool holds for one template shape.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct PoolStatus {
-    pub template: String,
-    pub resources: Resources,
-    pub ready: usize,
-    pub filling: usize,
-    pub target: usize,
 }
 
 /// What the pool keeps warm for one image key.
@@ -179,12 +170,13 @@ impl Pool {
     }
 
     /// Ready members per template name and shape.
-    pub(crate) fn status(&self) -> Vec<PoolStatus> {
-        let mut out: Vec<PoolStatus> = self
+    pub(crate) fn status(&self) -> Vec<PoolShape> {
+        let mut out: Vec<PoolShape> = self
             .lock()
             .values()
-            .map(|s| PoolStatus {
+            .map(|s| PoolShape {
                 template: s.template.name.clone(),
+                template_digest: s.template.digest.clone(),
                 resources: s.resources,
                 ready: s.members.len(),
                 filling: s.filling,

@@ -216,6 +216,38 @@ impl Node {
         used_by(&self.inner.lock())
     }
 
+    /// What the node reports of itself: capacity, use, and how warm it is per template.
+    pub async fn status(&self) -> Result<crate::NodeStatus, NodeError> {
+        let (used, sandboxes) = {
+            let map = self.inner.lock();
+            let live = map
+                .values()
+                .filter(|e| e.record.state != SandboxState::Deleted)
+                .count();
+            (used_by(&map), u32::try_from(live).unwrap_or(u32::MAX))
+        };
+        let mut pool_ready = std::collections::BTreeMap::new();
+        for shape in self.pool_status() {
+            *pool_ready.entry(shape.template_digest).or_insert(0u32) +=
+                u32::try_from(shape.ready).unwrap_or(u32::MAX);
+        }
+        let store = self.inner.store.clone();
+        let memory_images =
+            tokio::task::spawn_blocking(move || crate::image::image_dir(&store).list())
+                .await
+                .map_err(|e| NodeError::Internal(format!("memory image listing task: {e}")))??
+                .into_iter()
+                .map(|image| image.key.template_digest)
+                .collect();
+        Ok(crate::NodeStatus {
+            capacity: self.inner.capacity,
+            used,
+            sandboxes,
+            memory_images,
+            pool_ready,
+        })
+    }
+
     /// Templates on this node.
     pub fn templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
         self.inner

@@ -6,32 +6,9 @@
 use std::collections::BTreeMap;
 
 use space_core::egress::{EgressCeiling, EgressPolicy};
-use space_core::sandbox::CrashPolicy;
-use space_core::{SnapshotSchedule, TenantId};
 use space_secrets::ProjectId;
 
-use crate::{NodeError, SandboxRecord};
-
-/// What a create gives a new sandbox beside what it starts from (a template or a
-/// snapshot). What is left unset comes from there: [`Inherited`].
-#[derive(Debug, Clone)]
-pub struct SandboxSettings {
-    /// Environment for every process, added to (or replacing) the inherited one.
-    pub env: BTreeMap<String, String>,
-    /// What to do when the VMM dies.
-    pub on_crash: CrashPolicy,
-    /// Pause the sandbox after this long without activity; `None` = never.
-    pub auto_pause_secs: Option<u64>,
-    /// Automatic snapshots; `None` = the default schedule.
-    pub snapshots: Option<SnapshotSchedule>,
-    /// The owner (credential scopes and audit entries name it); from a snapshot, it must be
-    /// the snapshot's.
-    pub tenant: TenantId,
-    /// The project within the tenant (credential scopes); `None` = the inherited one.
-    pub project: Option<ProjectId>,
-    /// What may leave the sandbox; `None` = the inherited policy.
-    pub egress: Option<EgressPolicy>,
-}
+use crate::{NodeError, SandboxRecord, SandboxSettings};
 
 /// What a new sandbox inherits where its settings say nothing: from a template, nothing but
 /// the node's default egress policy; from a snapshot, its source sandbox's.
@@ -42,40 +19,39 @@ pub(crate) struct Inherited {
     pub egress: EgressPolicy,
 }
 
-impl SandboxSettings {
-    /// Validates the settings over what the sandbox inherits (its egress policy within the
-    /// operator's `ceiling`) and writes them into its `record`; on an error the record is
-    /// left as it was.
-    pub(crate) fn apply(
-        &self,
-        inherited: Inherited,
-        ceiling: &EgressCeiling,
-        record: &mut SandboxRecord,
-    ) -> Result<(), NodeError> {
-        let mut env = inherited.env;
-        env.extend(self.env.clone());
-        space_core::process::validate_env(&env)
-            .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
-        let egress = self.egress.clone().unwrap_or(inherited.egress);
-        ceiling.check(&egress)?;
-        let schedule = self.snapshots.clone().unwrap_or_default();
-        schedule
-            .validate()
-            .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
-        record.env = env;
-        record.on_crash = self.on_crash;
-        record.auto_pause_secs = self.auto_pause_secs;
-        record.snapshots = schedule;
-        record.tenant = Some(self.tenant.clone());
-        record.project = self.project.clone().or(inherited.project);
-        record.egress = egress;
-        Ok(())
-    }
+/// Validates the `settings` over what the sandbox inherits (its egress policy within the
+/// operator's `ceiling`) and writes them into its `record`; on an error the record is
+/// left as it was.
+pub(crate) fn apply(
+    settings: &SandboxSettings,
+    inherited: Inherited,
+    ceiling: &EgressCeiling,
+    record: &mut SandboxRecord,
+) -> Result<(), NodeError> {
+    let mut env = inherited.env;
+    env.extend(settings.env.clone());
+    space_core::process::validate_env(&env)
+        .map_err(|k| NodeError::Invalid(format!("bad environment variable {k:?}")))?;
+    let egress = settings.egress.clone().unwrap_or(inherited.egress);
+    ceiling.check(&egress)?;
+    let schedule = settings.snapshots.clone().unwrap_or_default();
+    schedule
+        .validate()
+        .map_err(|e| NodeError::Invalid(format!("bad snapshot schedule: {e}")))?;
+    record.env = env;
+    record.on_crash = settings.on_crash;
+    record.auto_pause_secs = settings.auto_pause_secs;
+    record.snapshots = schedule;
+    record.tenant = Some(settings.tenant.clone());
+    record.project = settings.project.clone().or(inherited.project);
+    record.egress = egress;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use space_core::{Resources, SandboxId, SandboxState};
+    use space_core::sandbox::CrashPolicy;
+    use space_core::{Resources, SandboxId, SandboxState, SnapshotSchedule, TenantId};
 
     use super::*;
 
@@ -110,8 +86,7 @@ mod tests {
         };
         let s = settings();
         let mut rec = record();
-        s.apply(inherited.clone(), &EgressCeiling::default(), &mut rec)
-            .expect("valid");
+        apply(&s, inherited.clone(), &EgressCeiling::default(), &mut rec).expect("valid");
         assert_eq!(rec.env["A"], "mine");
         assert_eq!(rec.env["B"], "kept");
         assert_eq!(rec.project, inherited.project);
@@ -125,8 +100,7 @@ mod tests {
             egress: Some(EgressPolicy::default()),
             ..settings()
         };
-        own.apply(inherited, &EgressCeiling::default(), &mut rec)
-            .expect("valid");
+        apply(&own, inherited, &EgressCeiling::default(), &mut rec).expect("valid");
         assert_eq!(rec.project, own.project);
         assert_eq!(Some(rec.egress), own.egress);
     }
@@ -140,18 +114,14 @@ mod tests {
             ..settings()
         };
         let ceiling = EgressCeiling::default();
-        let err = bad_env
-            .apply(Inherited::default(), &ceiling, &mut rec)
-            .unwrap_err();
+        let err = apply(&bad_env, Inherited::default(), &ceiling, &mut rec).unwrap_err();
         assert!(matches!(err, NodeError::Invalid(m) if m.contains("NOT=OK")));
         // An inherited variable is checked too: the merged environment is what runs.
         let inherited = Inherited {
             env: BTreeMap::from([("".into(), "x".into())]),
             ..Inherited::default()
         };
-        assert!(settings()
-            .apply(inherited, &EgressCeiling::default(), &mut rec)
-            .is_err());
+        assert!(apply(&settings(), inherited, &EgressCeiling::default(), &mut rec).is_err());
         let bad_schedule = SandboxSettings {
             snapshots: Some(SnapshotSchedule {
                 disk_every_secs: Some(1),
@@ -159,9 +129,7 @@ mod tests {
             }),
             ..settings()
         };
-        let err = bad_schedule
-            .apply(Inherited::default(), &ceiling, &mut rec)
-            .unwrap_err();
+        let err = apply(&bad_schedule, Inherited::default(), &ceiling, &mut rec).unwrap_err();
         assert!(matches!(err, NodeError::Invalid(m) if m.contains("schedule")));
         // A policy beyond the operator's ceiling (loopback, unless granted).
         let beyond = SandboxSettings {
@@ -173,9 +141,7 @@ mod tests {
             }),
             ..settings()
         };
-        let err = beyond
-            .apply(Inherited::default(), &ceiling, &mut rec)
-            .unwrap_err();
+        let err = apply(&beyond, Inherited::default(), &ceiling, &mut rec).unwrap_err();
         assert!(matches!(err, NodeError::BeyondCeiling(_)), "{err}");
         assert_eq!(err.code(), space_core::ErrorCode::EgressBeyondCeiling);
         assert_eq!(rec, before);

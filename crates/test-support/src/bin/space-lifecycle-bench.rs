@@ -94,7 +94,7 @@ fn pss_mib(pids: &[u32]) -> f64 {
 /// Space used in the store's file system, after a sync: btrfs frees deleted files' extents
 /// only when the transaction commits, so an unsynced figure counts files already gone.
 fn store_used_mib(ts: &TestServer) -> f64 {
-    let root = ts.server().state().node.store().root().to_owned();
+    let root = ts.server().local_node().store().root().to_owned();
     if let Ok(dir) = std::fs::File::open(&root) {
         let _ = nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir));
     }
@@ -235,7 +235,7 @@ async fn jail_pair(pool: usize, cmp: Comparison) -> (Vec<TestServer>, Vec<Node>)
     }
     let nodes = sides
         .iter()
-        .map(|ts| ts.server().state().node.clone())
+        .map(|ts| ts.server().local_node().clone())
         .collect();
     (sides, nodes)
 }
@@ -340,7 +340,7 @@ async fn side_by_side(cmp: Comparison) {
 async fn create_from_pool() {
     // The production default (tests run without a pool).
     let ts = server(|c| c.node.pool_size = space_node::config::DEFAULT_POOL_SIZE).await;
-    let node = ts.server().state().node.clone();
+    let node = ts.server().local_node().clone();
     // The first create builds the template's memory image; the pool then fills.
     let first = ts
         .client
@@ -450,7 +450,7 @@ async fn create_cold() -> f64 {
 
 async fn operations() {
     let ts = server(|_| {}).await;
-    let node = ts.server().state().node.clone();
+    let node = ts.server().local_node().clone();
 
     // Disk snapshots of a 1 GiB and an 8 GiB disk, each with a counter running.
     let mut p50s = Vec::new();
@@ -633,7 +633,7 @@ async fn memory_of_idle_sandboxes() {
             });
         })
         .await;
-        let node = ts.server().state().node.clone();
+        let node = ts.server().local_node().clone();
         let mut pids = Vec::new();
         for _ in 0..IDLE_VMS {
             let sb = ts

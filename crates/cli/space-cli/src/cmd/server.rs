@@ -172,7 +172,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         }
         None => println!("API key: in {key_file} (created on first start), or make one with `space key create --tenant NAME`"),
     }
-    let templates = server.state().node.templates().unwrap_or_default();
+    let templates = server.local_node().templates().unwrap_or_default();
     println!();
     println!("Try it:");
     if !url.ends_with(":7070") || !url.contains("127.0.0.1") {

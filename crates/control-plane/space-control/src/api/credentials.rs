@@ -9,12 +9,10 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use space_core::{ErrorBody, ErrorCode, SandboxId, TenantId};
+use space_core::{ErrorBody, SandboxId, TenantId};
 use space_secrets::rule::CredentialRule;
 use space_secrets::secret::SecretValue;
-use space_secrets::{
-    AuditEvent, AuditFilter, Credential, CredentialId, CredentialName, ManagerError, Scope,
-};
+use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, CredentialName, Scope};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::AuthTenant;
@@ -120,21 +118,6 @@ fn info(c: Credential) -> CredentialInfo {
     }
 }
 
-impl From<ManagerError> for ApiError {
-    fn from(e: ManagerError) -> Self {
-        match e {
-            ManagerError::Invalid(_) | ManagerError::Value(_) => ApiError::invalid(e.to_string()),
-            ManagerError::Duplicate { .. } => {
-                ApiError::new(ErrorCode::AlreadyExists, e.to_string())
-            }
-            ManagerError::NotFound(id) => ApiError::not_found(format!("credential {id} not found")),
-            ManagerError::TooMany => ApiError::new(ErrorCode::Conflict, e.to_string()),
-            // Backend errors never carry a value (space-secrets' invariant).
-            ManagerError::Backend(_) => ApiError::internal(e),
-        }
-    }
-}
-
 /// The `{id}` of `/v1/credentials/{id}`, parsed.
 pub struct CredentialPath(pub CredentialId);
 
@@ -152,11 +135,12 @@ impl<S: Send + Sync> FromRequestParts<S> for CredentialPath {
 }
 
 /// The caller's credential `id`, or 404 (also for another tenant's).
-fn owned(st: &AppState, tenant: &TenantId, id: &CredentialId) -> ApiResult<Credential> {
-    st.node
+async fn owned(st: &AppState, tenant: &TenantId, id: &CredentialId) -> ApiResult<Credential> {
+    st.nodes
         .credentials()
-        .get(id)
-        .filter(|c| c.scope.tenant() == tenant)
+        .await?
+        .into_iter()
+        .find(|c| &c.id == id && c.scope.tenant() == tenant)
         .ok_or_else(|| ApiError::not_found(format!("credential {id} not found")))
 }
 
@@ -204,7 +188,7 @@ async fn store(
     value: String,
 ) -> ApiResult<Json<CredentialInfo>> {
     let value = SecretValue::new(value).map_err(|e| ApiError::invalid(e.to_string()))?;
-    st.node.credentials().put(credential.clone(), value).await?;
+    st.nodes.put_credential(&credential, &value).await?;
     Ok(Json(info(credential)))
 }
 
@@ -265,7 +249,7 @@ pub async fn replace_credential(
     CredentialPath(id): CredentialPath,
     ApiJson(req): ApiJson<CredentialRequest>,
 ) -> ApiResult<Json<CredentialInfo>> {
-    let old = owned(&st, &tenant.id, &id)?;
+    let old = owned(&st, &tenant.id, &id).await?;
     let credential = credential_of(&st, &tenant.id, id, old.created_at_ms, &req).await?;
     store(&st, credential, req.value).await
 }
@@ -284,16 +268,16 @@ pub async fn replace_credential(
 pub async fn list_credentials(
     State(st): State<AppState>,
     tenant: AuthTenant,
-) -> Json<CredentialList> {
+) -> ApiResult<Json<CredentialList>> {
     let credentials = st
-        .node
+        .nodes
         .credentials()
-        .list()
+        .await?
         .into_iter()
         .filter(|c| c.scope.tenant() == &tenant.id)
         .map(info)
         .collect();
-    Json(CredentialList { credentials })
+    Ok(Json(CredentialList { credentials }))
 }
 
 /// One credential (metadata only).
@@ -314,7 +298,7 @@ pub async fn get_credential(
     tenant: AuthTenant,
     CredentialPath(id): CredentialPath,
 ) -> ApiResult<Json<CredentialInfo>> {
-    owned(&st, &tenant.id, &id).map(|c| Json(info(c)))
+    owned(&st, &tenant.id, &id).await.map(|c| Json(info(c)))
 }
 
 /// Delete a credential: from now on no request gets it.
@@ -335,8 +319,8 @@ pub async fn delete_credential(
     tenant: AuthTenant,
     CredentialPath(id): CredentialPath,
 ) -> ApiResult<StatusCode> {
-    owned(&st, &tenant.id, &id)?;
-    st.node.credentials().delete(&id).await?;
+    owned(&st, &tenant.id, &id).await?;
+    st.nodes.delete_credential(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -394,10 +378,6 @@ pub async fn audit(
             .unwrap_or(100)
             .min(space_secrets::audit::MAX_AUDIT_QUERY_LIMIT),
     };
-    let node = st.node.clone();
-    // The log is a file: read it off the runtime threads.
-    let events = tokio::task::spawn_blocking(move || node.audit(&filter))
-        .await
-        .map_err(ApiError::internal)??;
+    let events = st.nodes.audit(&filter).await?;
     Ok(Json(AuditList { events }))
 }

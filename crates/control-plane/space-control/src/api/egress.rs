@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use space_core::egress::EgressPolicy;
-use space_core::ErrorBody;
+use space_core::{ErrorBody, ErrorCode};
 
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
@@ -33,12 +33,13 @@ pub async fn get_sandbox_egress(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.live_sandbox(&tenant.id, &id).await?;
-    let record = st
-        .node
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let view = st
+        .node_of(&row)?
         .sandbox(&id)
+        .await?
         .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
-    Ok(Json(record.egress))
+    Ok(Json(view.egress))
 }
 
 /// Replace the sandbox's egress policy. Takes effect at once, in a running sandbox too:
@@ -64,10 +65,10 @@ pub async fn set_sandbox_egress(
     SandboxPath(id): SandboxPath,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.live_sandbox(&tenant.id, &id).await?;
-    let record = st.node.set_egress_policy(&id, policy)?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let view = st.node_of(&row)?.set_egress_policy(&id, policy).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, "egress policy replaced");
-    Ok(Json(record.egress))
+    Ok(Json(view.egress))
 }
 
 /// The tenant's default egress policy for new sandboxes (404 when it has none and new
@@ -113,10 +114,11 @@ pub async fn set_tenant_egress(
     tenant: AuthTenant,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.node
+    st.nodes
+        .any()?
         .egress_ceiling()
         .check(&policy)
-        .map_err(space_node::NodeError::from)?;
+        .map_err(|e| ApiError::new(ErrorCode::EgressBeyondCeiling, e.to_string()))?;
     st.db
         .set_tenant_egress_policy(&tenant.id, Some(&policy))
         .await?;

@@ -7,7 +7,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use space_core::{ErrorBody, ErrorCode, SandboxId};
-use space_node::{GuestError, NodeError};
+use space_guest_client::GuestError;
+use space_node_proto::NodeCallError;
 
 use crate::db::DbError;
 
@@ -125,26 +126,38 @@ impl From<DbError> for ApiError {
     }
 }
 
-impl From<NodeError> for ApiError {
-    fn from(e: NodeError) -> Self {
-        match &e {
-            NodeError::Internal(_) => ApiError::internal(&e),
-            NodeError::Guest(g) => {
-                // The message came from (or through) the guest: bound and clean it.
-                let body = g.to_error_body().sanitised();
-                ApiError::new(body.code, body.message)
+impl From<NodeCallError> for ApiError {
+    fn from(e: NodeCallError) -> Self {
+        match e {
+            NodeCallError::Internal { .. } => ApiError::internal(&e),
+            NodeCallError::Unavailable {
+                ref node,
+                ref reason,
+            } => {
+                // The reason may name addresses and certificates: logged, not sent.
+                tracing::warn!(node, reason, "node unavailable");
+                ApiError::new(
+                    ErrorCode::NodeUnavailable,
+                    format!("the sandbox's node ({node}) cannot be reached now; retry later"),
+                )
             }
-            _ => {
-                let body = e.body();
-                ApiError::new(body.code, body.message)
-            }
+            NodeCallError::Refused { body } => ApiError::new(body.code, body.message),
+            other => ApiError::new(other.code(), other.to_string()),
         }
     }
 }
 
 impl From<GuestError> for ApiError {
     fn from(e: GuestError) -> Self {
-        ApiError::from(NodeError::Guest(e))
+        // The message came from (or through) the guest: bound and clean it.
+        let body = e.to_error_body().sanitised();
+        ApiError::new(body.code, body.message)
+    }
+}
+
+impl From<crate::scheduler::NoPlacement> for ApiError {
+    fn from(e: crate::scheduler::NoPlacement) -> Self {
+        ApiError::new(e.code(), e.to_string())
     }
 }
 
@@ -165,9 +178,11 @@ mod tests {
             507
         );
         assert_eq!(
-            ApiError::from(NodeError::TemplateNotFound("t".into()))
-                .body
-                .message,
+            ApiError::from(NodeCallError::TemplateNotFound {
+                template: "t".into()
+            })
+            .body
+            .message,
             "template 't' not found"
         );
     }

@@ -19,14 +19,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use futures::StreamExt;
 use serde::Deserialize;
 use space_core::sandbox::{
     validate_labels, EventList, ForkRequest, PoolShape, PoolStatusList, RollbackRequest,
     SandboxInfo, SandboxList, MAX_FORK_COUNT,
 };
 use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState, TenantId};
-use space_node::{Node, NodeError, PauseCause, SandboxRecord, StopCause};
-use tokio::sync::broadcast;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -38,6 +37,10 @@ use super::sandboxes::{
 };
 use super::{AppState, InFlightGuard};
 use crate::db::{now_ms, SandboxRow, SandboxSpec};
+use crate::nodes::{
+    EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult, PauseCause, SandboxView, StopCause,
+};
+use std::sync::Arc;
 
 /// How often a followed event stream sends a keep-alive (an empty line, which NDJSON
 /// readers skip) and checks that its sandbox still exists.
@@ -65,12 +68,12 @@ async fn operate<F, Fut>(
     op: F,
 ) -> ApiResult<Json<SandboxInfo>>
 where
-    F: FnOnce(Node, SandboxId) -> Fut,
-    Fut: std::future::Future<Output = Result<SandboxRecord, NodeError>> + Send + 'static,
+    F: FnOnce(Arc<dyn NodeApi>, SandboxId) -> Fut,
+    Fut: std::future::Future<Output = NodeResult<SandboxView>> + Send + 'static,
 {
     let mut row = st.live_sandbox(&tenant.id, &id).await?;
     let task_state = st.clone();
-    let work = op(st.node.clone(), id.clone());
+    let work = op(st.node_of(&row)?, id.clone());
     // The renewal is part of the task: a client that hangs up cannot leave a sandbox that
     // runs again without its new deadline.
     let record = tokio::spawn(async move {
@@ -111,7 +114,7 @@ pub async fn pause(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
-        node.pause_sandbox(&id, PauseCause::User).await
+        node.pause(&id, PauseCause::User).await
     })
     .await
 }
@@ -139,7 +142,7 @@ pub async fn resume(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
-        node.resume_sandbox(&id).await
+        node.resume(&id).await
     })
     .await
 }
@@ -166,7 +169,7 @@ pub async fn stop(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
-        node.stop_sandbox(&id, StopCause::User).await
+        node.stop(&id, StopCause::User).await
     })
     .await
 }
@@ -194,7 +197,7 @@ pub async fn start(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
-        node.start_sandbox(&id).await
+        node.start(&id).await
     })
     .await
 }
@@ -271,9 +274,11 @@ pub async fn fork(
     }
     validate_labels(&req.labels).map_err(ApiError::invalid)?;
     let parent_row = st.live_sandbox(&tenant.id, &parent).await?;
-    let parent_rec = st
-        .node
+    // Children are made from the parent's memory and disk: on the parent's node.
+    let node = st.node_of(&parent_row)?;
+    let parent_rec = node
         .sandbox(&parent)
+        .await?
         .filter(|r| r.state != SandboxState::Deleted)
         .ok_or_else(|| ApiError::sandbox_not_found(&parent))?;
     let mut labels = parent_row.labels.clone();
@@ -290,7 +295,7 @@ pub async fn fork(
         let row = new_row(
             SandboxId::generate(),
             &tenant.id,
-            &st,
+            node.name(),
             NewRow {
                 template: parent_row.template.clone(),
                 template_digest: parent_rec.template_digest.clone(),
@@ -311,7 +316,7 @@ pub async fn fork(
             Ok(g) => guards.push(g),
             Err(e) => {
                 for r in &rows {
-                    discard(&st, &r.id).await?;
+                    discard(&st, r).await?;
                 }
                 return Err(e);
             }
@@ -323,10 +328,7 @@ pub async fn fork(
     let task_state = st.clone();
     let task = tokio::spawn(async move {
         let ids: Vec<SandboxId> = rows.iter().map(|r| r.id.clone()).collect();
-        let result = task_state
-            .node
-            .fork(&parent, &ids, req.snapshot.as_ref())
-            .await;
+        let result = node.fork(&parent, &ids, req.snapshot.as_ref()).await;
         let outcome = finish_fork(&task_state, rows, result, started).await;
         drop(guards);
         outcome
@@ -339,29 +341,29 @@ pub async fn fork(
 async fn finish_fork(
     st: &AppState,
     rows: Vec<SandboxRow>,
-    result: Result<Vec<SandboxRecord>, NodeError>,
+    result: NodeResult<Vec<SandboxView>>,
     started: Instant,
 ) -> ApiResult<Vec<SandboxInfo>> {
     let records = match result {
         Ok(r) => r,
         Err(e) => {
             for row in &rows {
-                discard(st, &row.id).await?;
+                discard(st, row).await?;
             }
             return Err(e.into());
         }
     };
     let mut children = Vec::new();
     let mut failure = None;
-    for row in rows {
+    for row in &rows {
         let record = records
             .iter()
             .find(|r| r.id == row.id)
             .cloned()
-            .ok_or_else(|| {
-                NodeError::Internal(format!("the node returned no record for child {}", row.id))
+            .ok_or_else(|| NodeCallError::Internal {
+                detail: format!("the node returned no record for child {}", row.id),
             });
-        match finish_create(st, row, record, started).await {
+        match finish_create(st, row.clone(), record, started).await {
             Ok(info) => children.push(info),
             Err(e) => {
                 failure.get_or_insert(e);
@@ -369,8 +371,11 @@ async fn finish_fork(
         }
     }
     if let Some(e) = failure {
-        for child in &children {
-            discard(st, &child.id).await?;
+        for row in rows
+            .iter()
+            .filter(|r| children.iter().any(|c| c.id == r.id))
+        {
+            discard(st, row).await?;
         }
         return Err(e);
     }
@@ -394,16 +399,16 @@ pub async fn event_log(
     tenant: &TenantId,
     id: &SandboxId,
 ) -> ApiResult<Vec<LifecycleEntry>> {
-    st.find_sandbox(tenant, id).await?;
-    past_events(st, id)
+    let row = st.find_sandbox(tenant, id).await?;
+    past_events(st.node_of(&row)?.as_ref(), id).await
 }
 
 /// What the node's log holds for `id`. Deleted sandboxes keep their log for auditing (while
 /// the node keeps their record); one the node has no record of has an empty log.
-fn past_events(st: &AppState, id: &SandboxId) -> ApiResult<Vec<LifecycleEntry>> {
-    match st.node.events(id) {
+async fn past_events(node: &dyn NodeApi, id: &SandboxId) -> ApiResult<Vec<LifecycleEntry>> {
+    match node.events(id).await {
         Ok(events) => Ok(events),
-        Err(NodeError::SandboxNotFound(_)) => Ok(Vec::new()),
+        Err(NodeCallError::SandboxNotFound { .. }) => Ok(Vec::new()),
         Err(e) => Err(e.into()),
     }
 }
@@ -432,20 +437,22 @@ pub async fn events(
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult<Response> {
-    st.find_sandbox(&tenant.id, &id).await?;
-    // Subscribe before reading the log: nothing falls between the two.
-    let rx = st.node.subscribe_events();
-    let past = past_events(&st, &id)?;
+    let row = st.find_sandbox(&tenant.id, &id).await?;
+    let node = st.node_of(&row)?;
     if !q.follow.unwrap_or(false) {
+        let past = past_events(node.as_ref(), &id).await?;
         return Ok(Json(EventList { events: past }).into_response());
     }
+    // Subscribe before reading the log: nothing falls between the two.
+    let rx = node.subscribe_events().await?;
+    let past = past_events(node.as_ref(), &id).await?;
     let ended = past.last().is_some_and(|e| e.to == SandboxState::Deleted)
-        || st
-            .node
+        || node
             .sandbox(&id)
+            .await?
             .is_none_or(|r| r.state == SandboxState::Deleted);
     let follow = Follow {
-        node: st.node.clone(),
+        node,
         id,
         backlog: past.iter().cloned().collect(),
         maybe_seen: Some(past),
@@ -472,7 +479,7 @@ pub async fn events(
 
 /// State of a followed event stream.
 struct Follow {
-    node: Node,
+    node: Arc<dyn NodeApi>,
     id: SandboxId,
     /// Entries to send before waiting for new ones.
     backlog: VecDeque<LifecycleEntry>,
@@ -480,7 +487,7 @@ struct Follow {
     /// broadcast while the log was read, and are skipped. Cleared at the first new entry.
     maybe_seen: Option<Vec<LifecycleEntry>>,
     last_sent: Option<LifecycleEntry>,
-    rx: broadcast::Receiver<LifecycleEntry>,
+    rx: EventFeed,
     heartbeat: tokio::time::Interval,
     /// No more entries will come: send the backlog, then end.
     done: bool,
@@ -504,8 +511,8 @@ impl Follow {
                 return None;
             }
             tokio::select! {
-                got = self.rx.recv() => match got {
-                    Ok(entry) if entry.sandbox_id == self.id => {
+                got = self.rx.next() => match got {
+                    Some(EventNotice::Entry(entry)) if entry.sandbox_id == self.id => {
                         if let Some(seen) = &self.maybe_seen {
                             if seen.contains(&entry) {
                                 continue;
@@ -514,18 +521,20 @@ impl Follow {
                         }
                         self.backlog.push_back(entry);
                     }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(),
-                    Err(broadcast::error::RecvError::Closed) => self.done = true,
+                    Some(EventNotice::Entry(_)) => {}
+                    Some(EventNotice::Lagged) => self.catch_up().await,
+                    None => self.done = true,
                 },
                 _ = self.heartbeat.tick() => {
+                    // A node that cannot say is no reason to end the stream.
                     if self
                         .node
                         .sandbox(&self.id)
-                        .is_none_or(|r| r.state == SandboxState::Deleted)
+                        .await
+                        .is_ok_and(|r| r.is_none_or(|r| r.state == SandboxState::Deleted))
                     {
                         // Gone without a final entry reaching us: send what the log has.
-                        self.catch_up();
+                        self.catch_up().await;
                         self.done = true;
                         continue;
                     }
@@ -539,8 +548,8 @@ impl Follow {
 
     /// Too many entries went by (this follower lagged): re-read the log and queue what came
     /// after the last entry sent.
-    fn catch_up(&mut self) {
-        let log = self.node.events(&self.id).unwrap_or_default();
+    async fn catch_up(&mut self) {
+        let log = self.node.events(&self.id).await.unwrap_or_default();
         let already = self.backlog.len();
         let start = match &self.last_sent {
             Some(last) => log.iter().rposition(|e| e == last).map_or(0, |i| i + 1),
@@ -570,9 +579,11 @@ pub async fn pool(
     tenant: AuthTenant,
 ) -> ApiResult<Json<PoolStatusList>> {
     tenant.require_operator()?;
-    let pools = st
-        .node
-        .pool_status()
+    let mut pools = Vec::new();
+    for node in st.nodes.all() {
+        pools.extend(node.pool_status().await?);
+    }
+    let pools = pools
         .into_iter()
         .map(|p| PoolShape {
             template: p.template,

@@ -50,8 +50,8 @@ pub async fn metrics(
     if start > end {
         return Err(ApiError::invalid("start_ms is after end_ms"));
     }
-    st.live_sandbox(&tenant.id, &id).await?;
-    let mut metrics = st.node.metrics(&id)?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let mut metrics = st.node_of(&row)?.metrics(&id).await?;
     metrics.retain(|m| (start..=end).contains(&m.timestamp_ms));
     Ok(Json(SandboxMetrics { metrics }))
 }

@@ -32,7 +32,9 @@ use axum::response::IntoResponse;
 use axum::Router;
 use space_core::process::ProcessSpec;
 use space_core::{ErrorCode, SandboxId, SandboxState, TenantId};
-use space_node::{GuestClient, Node, PauseCause};
+use space_guest_client::GuestClient;
+
+use crate::nodes::{NodeApi, Nodes, PauseCause};
 
 use crate::db::{Db, DesiredState, SandboxRow};
 use error::ApiError;
@@ -45,8 +47,8 @@ pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1024 * 1024 * 1024;
 pub struct AppState {
     /// Desired state, tenants, keys.
     pub db: Db,
-    /// The local node (live state, guests).
-    pub node: Node,
+    /// The nodes sandboxes run on (live state, guests).
+    pub nodes: Nodes,
     /// Largest file upload accepted.
     pub max_upload_bytes: u64,
     /// Sandboxes whose creation is under way in this process.
@@ -56,11 +58,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State for a node and a database.
-    pub fn new(db: Db, node: Node, max_upload_bytes: u64) -> Self {
+    /// State for a set of nodes and a database.
+    pub fn new(db: Db, nodes: Nodes, max_upload_bytes: u64) -> Self {
         Self {
             db,
-            node,
+            nodes,
             max_upload_bytes,
             creating: InFlight::default(),
             quotas: crate::quotas::Quotas::new(space_core::quota::TenantQuota::embedded_default()),
@@ -85,6 +87,11 @@ impl AppState {
             .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 
+    /// The node that holds the sandbox of `row`.
+    pub fn node_of(&self, row: &SandboxRow) -> Result<Arc<dyn NodeApi>, ApiError> {
+        Ok(self.nodes.get(&row.node)?.clone())
+    }
+
     /// A tenant's sandbox that has not been deleted, or 404.
     pub async fn live_sandbox(
         &self,
@@ -107,13 +114,14 @@ impl AppState {
         let row = self.live_sandbox(tenant, id).await?;
         // In its own task: a client that hangs up must not cancel a resume half-way.
         let st = self.clone();
+        let node = self.node_of(&row)?;
         let id = id.clone();
         tokio::spawn(async move {
-            let timed_out = row.auto_resume && st.node.wake_timed_out(&id).await?;
-            let idle = st.node.sandbox(&id).is_some_and(|r| {
+            let timed_out = row.auto_resume && node.wake_timed_out(&id).await?;
+            let idle = node.sandbox(&id).await?.is_some_and(|r| {
                 r.state == SandboxState::Paused && r.paused_by == Some(PauseCause::Idle)
             });
-            let guest = st.node.guest_waking(&id).await?;
+            let guest = node.guest(&id).await?;
             if timed_out || idle {
                 st.db.renew_timeout(&id, crate::db::now_ms()).await?;
                 tracing::info!(sandbox = %id, timed_out, "woke the sandbox; its deadline is renewed");
@@ -129,13 +137,15 @@ impl AppState {
     /// `spec` as it is started in sandbox `id`: with what the node adds to every process's
     /// environment (the sandbox's credential placeholders, as they are now), below the
     /// spec's own variables. Every process start goes through here.
-    pub fn process_spec(
+    pub async fn process_spec(
         &self,
+        tenant: &TenantId,
         id: &SandboxId,
         spec: &ProcessSpec,
     ) -> Result<ProcessSpec, ApiError> {
+        let row = self.live_sandbox(tenant, id).await?;
         let mut spec = spec.clone();
-        for (name, value) in self.node.process_env(id)? {
+        for (name, value) in self.node_of(&row)?.process_env(id).await? {
             spec.env.entry(name).or_insert(value);
         }
         Ok(spec)

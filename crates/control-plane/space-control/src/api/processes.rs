@@ -79,7 +79,9 @@ pub async fn start_process(
 ) -> ApiResult<(StatusCode, Json<ProcessInfo>)> {
     validate_spec(&spec)?;
     let guest = st.guest(&tenant.id, &id).await?;
-    let info = guest.start_process(&st.process_spec(&id, &spec)?).await?;
+    let info = guest
+        .start_process(&st.process_spec(&tenant.id, &id, &spec).await?)
+        .await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -292,7 +294,9 @@ pub async fn exec(
 ) -> ApiResult<Response> {
     validate_spec(&spec)?;
     let guest = st.guest(&tenant.id, &id).await?;
-    let info = guest.start_process(&st.process_spec(&id, &spec)?).await?;
+    let info = guest
+        .start_process(&st.process_spec(&tenant.id, &id, &spec).await?)
+        .await?;
     let events = guest.output(info.id, None).await?;
     // Guarantee the contract "first event is `started`" whatever the guest replays first.
     let (first, rest) = events.into_future().await;

@@ -58,18 +58,27 @@ impl AppState {
 
     /// Tells the node the tenant's limit of open egress connections (its gateways enforce
     /// it): the effective one if the tenant has a quota of its own (`own`), else the default.
-    pub(crate) fn apply_connection_limit(&self, tenant: &TenantId, own: Option<&TenantQuota>) {
+    pub(crate) async fn apply_connection_limit(
+        &self,
+        tenant: &TenantId,
+        own: Option<&TenantQuota>,
+    ) -> ApiResult<()> {
         let limit = own.map(|q| q.over(&self.quotas.defaults).max_connections);
-        self.node.set_tenant_connections(tenant, limit);
+        for node in self.nodes.all() {
+            node.set_tenant_connections(tenant, limit).await?;
+        }
+        Ok(())
     }
 
     /// At start: the operator's default connection limit and every tenant's own, on the
     /// node.
-    pub async fn apply_connection_limits(&self) -> Result<(), crate::db::DbError> {
-        self.node
-            .set_default_tenant_connections(self.quotas.defaults.max_connections);
+    pub async fn apply_connection_limits(&self) -> ApiResult<()> {
+        for node in self.nodes.all() {
+            node.set_default_connections(self.quotas.defaults.max_connections)
+                .await?;
+        }
         for (tenant, quota) in self.db.tenant_quotas().await? {
-            self.apply_connection_limit(&tenant, Some(&quota));
+            self.apply_connection_limit(&tenant, Some(&quota)).await?;
         }
         Ok(())
     }
@@ -78,7 +87,7 @@ impl AppState {
     /// (from the node), snapshot bytes (its snapshots' logical sizes, and those being taken).
     pub async fn usage_of(&self, tenant: &TenantId) -> ApiResult<QuotaUsage> {
         let mut usage = self.sandbox_usage(tenant).await?;
-        usage.credentials = self.credentials_of(tenant);
+        usage.credentials = self.credentials_of(tenant).await?;
         usage.snapshot_bytes = self.snapshot_bytes_of(tenant).await?;
         Ok(usage)
     }
@@ -96,13 +105,14 @@ impl AppState {
         })
     }
 
-    fn credentials_of(&self, tenant: &TenantId) -> u64 {
-        self.node
+    async fn credentials_of(&self, tenant: &TenantId) -> ApiResult<u64> {
+        Ok(self
+            .nodes
             .credentials()
-            .list()
+            .await?
             .iter()
             .filter(|c| c.scope.tenant() == tenant)
-            .count() as u64
+            .count() as u64)
     }
 
     async fn snapshot_bytes_of(&self, tenant: &TenantId) -> ApiResult<u64> {
@@ -147,7 +157,7 @@ impl AppState {
     pub async fn admit_credential(&self, tenant: &TenantId) -> ApiResult<()> {
         let quota = self.quota_of(tenant).await?;
         let usage = QuotaUsage {
-            credentials: self.credentials_of(tenant),
+            credentials: self.credentials_of(tenant).await?,
             ..Default::default()
         };
         usage.admit(&quota, &[(QuotaLimit::Credentials, 1)])?;
@@ -285,7 +295,7 @@ pub async fn set_tenant_quota(
     quota.validate().map_err(ApiError::invalid)?;
     st.db.set_tenant_quota(&id, Some(&quota)).await?;
     st.quotas.forget_cached(&id);
-    st.apply_connection_limit(&id, Some(&quota));
+    st.apply_connection_limit(&id, Some(&quota)).await?;
     tracing::info!(tenant = %name, ?quota, "tenant quota set");
     report(&st, &id, name).await.map(Json)
 }
@@ -311,7 +321,7 @@ pub async fn clear_tenant_quota(
     let id = named_tenant(&st, &caller, &name).await?;
     st.db.set_tenant_quota(&id, None).await?;
     st.quotas.forget_cached(&id);
-    st.apply_connection_limit(&id, None);
+    st.apply_connection_limit(&id, None).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

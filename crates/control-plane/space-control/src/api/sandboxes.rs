@@ -24,10 +24,8 @@ use space_core::sandbox::{
 use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
-use space_node::{
-    CreateFromSnapshot, CreateSandbox, NodeError, PauseCause, ProjectId, SandboxRecord,
-    SandboxSettings, StopCause, VmOrigin,
-};
+use space_secrets::ProjectId;
+use std::collections::HashMap;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -35,6 +33,10 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery, SandboxPath};
 use super::{AppState, InFlightGuard};
 use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
+use crate::nodes::{
+    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeResult, PauseCause, SandboxSettings,
+    SandboxView, StopCause, VmOrigin,
+};
 use space_core::error::excerpt;
 
 /// Timeout when a create request gives none.
@@ -46,11 +48,7 @@ pub const MAX_CONSOLE_BYTES: usize = 1024 * 1024;
 
 /// The API view of a sandbox: the desired state from the database merged with the node's
 /// live record. `creating` says the create call is still under way in this process.
-pub fn sandbox_info(
-    row: &SandboxRow,
-    record: Option<&SandboxRecord>,
-    creating: bool,
-) -> SandboxInfo {
+pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxView>, creating: bool) -> SandboxInfo {
     let (state, failure_reason) = match (row.desired_state, record) {
         (DesiredState::Deleted, Some(r)) if r.state != SandboxState::Deleted => {
             (SandboxState::Deleting, None)
@@ -127,13 +125,31 @@ pub fn origin(o: &VmOrigin) -> SandboxOrigin {
     }
 }
 
-/// A row merged with the node's record as it is now.
-pub fn info_now(st: &AppState, row: &SandboxRow) -> SandboxInfo {
-    sandbox_info(
+/// A row merged with its node's view of the sandbox as it is now.
+pub async fn info_now(st: &AppState, row: &SandboxRow) -> ApiResult<SandboxInfo> {
+    let view = st.node_of(row)?.sandbox(&row.id).await?;
+    Ok(sandbox_info(
         row,
-        st.node.sandbox(&row.id).as_ref(),
+        view.as_ref(),
         st.creating.contains(&row.id),
-    )
+    ))
+}
+
+/// Rows merged with their nodes' views, in the rows' order: one call per node, not per row.
+pub async fn infos_now(st: &AppState, rows: &[&SandboxRow]) -> ApiResult<Vec<SandboxInfo>> {
+    let mut names: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut views: HashMap<SandboxId, SandboxView> = HashMap::new();
+    for name in names {
+        for view in st.nodes.get(name)?.sandboxes().await? {
+            views.insert(view.id.clone(), view);
+        }
+    }
+    Ok(rows
+        .iter()
+        .map(|row| sandbox_info(row, views.get(&row.id), st.creating.contains(&row.id)))
+        .collect())
 }
 
 /// Checks the parts of a create request that need no template.
@@ -232,26 +248,24 @@ pub async fn create_sandbox(
     if !validate_template_name(&req.template) {
         return Err(template_not_found(&req.template));
     }
-    let node = st.node.clone();
-    let name = req.template.clone();
-    let template = tokio::task::spawn_blocking(move || node.template(&name))
-        .await
-        .map_err(ApiError::internal)?;
-    let template = match template {
+    let template = match st.nodes.template(&req.template).await {
         Ok(t) => t,
-        Err(NodeError::TemplateNotFound(_)) => return Err(template_not_found(&req.template)),
+        Err(NodeCallError::TemplateNotFound { .. }) => {
+            return Err(template_not_found(&req.template))
+        }
         Err(e) => return Err(e.into()),
     };
     let resources = req.resources.resolve(template.default_resources);
     resources
         .validate(template.image_size_mib)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let node = st.nodes.place(resources, &template.digest, &[]).await?;
 
     let id = SandboxId::generate();
     let row = new_row(
         id.clone(),
         &tenant.id,
-        &st,
+        node.name(),
         NewRow {
             template: template.name.clone(),
             template_digest: template.digest.clone(),
@@ -285,7 +299,6 @@ pub async fn create_sandbox(
         },
         settings,
     };
-    let node = st.node.clone();
     let info = create_in_task(st, row, guard, started, async move {
         node.create_sandbox(create).await
     })
@@ -316,7 +329,7 @@ async fn create_in_task<F>(
     create: F,
 ) -> ApiResult<SandboxInfo>
 where
-    F: std::future::Future<Output = Result<SandboxRecord, NodeError>> + Send + 'static,
+    F: std::future::Future<Output = NodeResult<SandboxView>> + Send + 'static,
 {
     let task = tokio::spawn(async move {
         let result = create.await;
@@ -344,28 +357,30 @@ async fn create_from_snapshot(
     let found = super::snapshots::find_snapshot(st, &tenant.id, &snapshot).await?;
     let mut labels = match &found.sandbox {
         Some(row) => row.labels.clone(),
-        None => found.source.labels.clone(),
+        None => found.origin.labels.clone(),
     };
     labels.extend(req.labels.clone());
     validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
-    let mut env_keys: Vec<String> = found.source.env.keys().cloned().collect();
+    let mut env_keys: Vec<String> = found.origin.env_keys.clone();
     env_keys.extend(
         req.env
             .keys()
-            .filter(|k| !found.source.env.contains_key(*k))
+            .filter(|k| !found.origin.env_keys.contains(*k))
             .cloned(),
     );
     env_keys.sort();
+    // The snapshot's files are on the node that took it: the sandbox is made there.
+    let node = found.node.clone();
     let id = SandboxId::generate();
     let row = new_row(
         id.clone(),
         &tenant.id,
-        st,
+        node.name(),
         NewRow {
-            template: found.source.template.clone(),
-            template_digest: found.source.template_digest.clone(),
+            template: found.origin.template.clone(),
+            template_digest: found.origin.template_digest.clone(),
             spec: SandboxSpec {
-                resources: found.source.resources,
+                resources: found.origin.resources,
                 env_keys,
                 forked_from: None,
                 from_snapshot: Some(snapshot.clone()),
@@ -385,9 +400,8 @@ async fn create_from_snapshot(
     };
     let guard = begin_create(st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, %snapshot, "creating sandbox from a snapshot");
-    let node = st.node.clone();
     create_in_task(st.clone(), row, guard, started, async move {
-        node.create_sandbox_from_snapshot(create).await
+        node.create_from_snapshot(create).await
     })
     .await
 }
@@ -410,15 +424,15 @@ pub struct NewRow {
     pub auto_resume: bool,
 }
 
-/// The desired-state row of a sandbox about to be made on this node.
-pub fn new_row(id: SandboxId, tenant: &TenantId, st: &AppState, new: NewRow) -> SandboxRow {
+/// The desired-state row of a sandbox about to be made on the node called `node`.
+pub fn new_row(id: SandboxId, tenant: &TenantId, node: &str, new: NewRow) -> SandboxRow {
     let now = now_ms();
     let timeout_secs = new.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
     let timeout_ms = i64::try_from(timeout_secs * 1000).unwrap_or(i64::MAX);
     SandboxRow {
         id,
         tenant_id: tenant.clone(),
-        node: st.node.name().to_owned(),
+        node: node.to_owned(),
         template: new.template,
         template_digest: new.template_digest,
         spec: new.spec,
@@ -454,7 +468,7 @@ pub async fn begin_create(st: &AppState, row: &SandboxRow) -> ApiResult<InFlight
 pub async fn finish_create(
     st: &AppState,
     mut row: SandboxRow,
-    result: Result<SandboxRecord, NodeError>,
+    result: NodeResult<SandboxView>,
     started: Instant,
 ) -> ApiResult<SandboxInfo> {
     let latency = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -486,32 +500,18 @@ pub async fn finish_create(
         Err(e) => ApiError::from(e),
     };
     tracing::warn!(sandbox = %row.id, error = %failure.body, "sandbox creation failed");
-    discard(st, &row.id).await?;
+    discard(st, &row).await?;
     Err(failure)
 }
 
 /// Nothing is left half-made: the row stops being desired and the node releases whatever
 /// it allocated (the reconciler retries if the node side fails).
-pub async fn discard(st: &AppState, id: &SandboxId) -> ApiResult<()> {
-    st.db.mark_deleted(id, now_ms()).await?;
-    match st.node.delete_sandbox(id).await {
-        Ok(()) => {}
-        Err(e) if already_deleted(&e) => {}
-        Err(e) => {
-            tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create failed; the reconciler will retry")
-        }
+pub async fn discard(st: &AppState, row: &SandboxRow) -> ApiResult<()> {
+    st.db.mark_deleted(&row.id, now_ms()).await?;
+    if let Err(e) = st.node_of(row)?.delete(&row.id).await {
+        tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry")
     }
     Ok(())
-}
-
-/// A node delete that failed because the sandbox is gone already (unknown, or deleted by
-/// a concurrent delete between the node's check and its transition).
-pub fn already_deleted(e: &NodeError) -> bool {
-    match e {
-        NodeError::SandboxNotFound(_) => true,
-        NodeError::Lifecycle(l) => l.state == SandboxState::Deleted,
-        _ => false,
-    }
 }
 
 /// Filters of `GET /v1/sandboxes` (the query is parsed by hand: `label` repeats).
@@ -591,7 +591,7 @@ pub async fn list_sandboxes(
         Some(_) => SandboxFilter::Live,
     };
     let rows = st.db.sandboxes(&tenant.id, filter).await?;
-    let sandboxes = rows
+    let matching: Vec<&SandboxRow> = rows
         .iter()
         .filter(|row| {
             query
@@ -599,7 +599,10 @@ pub async fn list_sandboxes(
                 .iter()
                 .all(|(k, v)| row.labels.get(k) == Some(v))
         })
-        .map(|row| info_now(&st, row))
+        .collect();
+    let sandboxes = infos_now(&st, &matching)
+        .await?
+        .into_iter()
         .filter(|info| query.state.is_none_or(|s| info.state == s))
         .collect();
     Ok(Json(SandboxList { sandboxes }))
@@ -625,7 +628,7 @@ pub async fn get_sandbox(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     let row = st.find_sandbox(&tenant.id, &id).await?;
-    Ok(Json(info_now(&st, &row)))
+    Ok(Json(info_now(&st, &row).await?))
 }
 
 /// Delete a sandbox: the VM is stopped and its disk removed.
@@ -647,18 +650,17 @@ pub async fn delete_sandbox(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<StatusCode> {
-    st.live_sandbox(&tenant.id, &id).await?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
     if !st.db.mark_deleted(&id, now_ms()).await? {
         // Someone else (another request, the TTL) won the race.
         return Err(ApiError::sandbox_not_found(&id));
     }
     tracing::info!(sandbox = %id, tenant = %tenant.name, "deleting sandbox");
-    let node = st.node.clone();
+    let node = st.node_of(&row)?;
     let task_id = id.clone();
-    let result = tokio::spawn(async move { node.delete_sandbox(&task_id).await }).await;
+    let result = tokio::spawn(async move { node.delete(&task_id).await }).await;
     match result {
         Ok(Ok(())) => {}
-        Ok(Err(e)) if already_deleted(&e) => {}
         // The desired state is recorded; the reconciler retries the node side.
         Ok(Err(e)) => {
             tracing::warn!(sandbox = %id, error = %e, "node delete failed; the reconciler will retry")
@@ -699,7 +701,7 @@ pub async fn set_timeout(
         return Err(ApiError::sandbox_not_found(&id));
     }
     let row = st.find_sandbox(&tenant.id, &id).await?;
-    Ok(Json(info_now(&st, &row)))
+    Ok(Json(info_now(&st, &row).await?))
 }
 
 /// Revoke every access token handed out for the sandbox (the E2B surface's envd and
@@ -765,11 +767,8 @@ pub async fn console(
             "bytes must be between 1 and {MAX_CONSOLE_BYTES}"
         )));
     }
-    st.live_sandbox(&tenant.id, &id).await?;
-    let node = st.node.clone();
-    let text = tokio::task::spawn_blocking(move || node.console_tail(&id, bytes))
-        .await
-        .map_err(ApiError::internal)??;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let text = st.node_of(&row)?.console_tail(&id, bytes).await?;
     Ok((
         [(CONTENT_TYPE, "text/plain; charset=utf-8")],
         Body::from(text),
@@ -813,8 +812,8 @@ mod tests {
         }
     }
 
-    fn record(row: &SandboxRow, state: SandboxState) -> SandboxRecord {
-        SandboxRecord {
+    fn record(row: &SandboxRow, state: SandboxState) -> SandboxView {
+        SandboxView {
             id: row.id.clone(),
             template: row.template.clone(),
             template_digest: "d2".into(),
@@ -826,14 +825,14 @@ mod tests {
             failure_reason: (state == SandboxState::Failed).then(|| "boom".into()),
             created_at_ms: 1,
             create_latency_ms: Some(3),
-            vmm_pid: Some(1),
-            ..SandboxRecord::new(
-                row.id.clone(),
-                row.template.clone(),
-                "d2".into(),
-                Resources::default(),
-                state,
-            )
+            origin: VmOrigin::Boot,
+            on_crash: Default::default(),
+            auto_pause_secs: None,
+            paused_by: None,
+            stopped_by: None,
+            tenant: None,
+            project: None,
+            egress: Default::default(),
         }
     }
 

@@ -16,10 +16,8 @@ use axum::Json;
 use serde::Deserialize;
 use space_core::sandbox::{CreateSnapshotRequest, SnapshotList, SnapshotTaken};
 use space_core::snapshot::{DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT};
-use space_core::{
-    ErrorBody, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, SnapshotTrigger, TenantId,
-};
-use space_node::{SnapshotOwner, SnapshotSource};
+use space_core::{ErrorBody, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, TenantId};
+use std::sync::Arc;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
@@ -30,6 +28,7 @@ use super::extract::{
 };
 use super::AppState;
 use crate::db::{SandboxFilter, SandboxRow};
+use crate::nodes::{NodeApi, NodeCallError, SnapshotOrigin, SnapshotOwner, SnapshotRequest};
 
 /// The sandbox's snapshots, oldest first, with their current sizes.
 #[utoipa::path(
@@ -50,8 +49,8 @@ pub async fn list_snapshots(
     tenant: AuthTenant,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SnapshotList>> {
-    st.live_sandbox(&tenant.id, &id).await?;
-    let snapshots = st.node.snapshots(&id).await?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let snapshots = st.node_of(&row)?.snapshots(&id).await?;
     Ok(Json(SnapshotList { snapshots }))
 }
 
@@ -97,29 +96,17 @@ pub async fn create_snapshot(
         tenant: row.tenant_id.clone(),
         labels: row.labels.clone(),
     });
-    let node = st.node.clone();
+    let node = st.node_of(&row)?;
+    let request = SnapshotRequest {
+        kind: req.kind,
+        label: req.label,
+        persistent: owner,
+    };
     // In its own task: a client that hangs up does not abandon a half-taken snapshot.
     let taken = tokio::spawn(async move {
         // Held until the snapshot is taken (and listed) or failed.
         let _reservation = reservation;
-        match req.kind {
-            SnapshotKind::Disk => node
-                .snapshot_disk(&id, req.label, SnapshotTrigger::Manual, owner)
-                .await
-                .map(|snapshot| SnapshotTaken {
-                    snapshot,
-                    guest_pause_ms: None,
-                }),
-            SnapshotKind::Checkpoint => node
-                .checkpoint(&id, req.label, SnapshotTrigger::Manual, owner)
-                .await
-                .map(|t| SnapshotTaken {
-                    snapshot: t.info,
-                    guest_pause_ms: t
-                        .guest_pause
-                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                }),
-        }
+        node.take_snapshot(&id, request).await
     })
     .await
     .map_err(ApiError::internal)??;
@@ -148,8 +135,8 @@ pub async fn delete_snapshot(
     tenant: AuthTenant,
     SnapshotPath(id, snap): SnapshotPath,
 ) -> ApiResult<StatusCode> {
-    st.live_sandbox(&tenant.id, &id).await?;
-    let node = st.node.clone();
+    let row = st.live_sandbox(&tenant.id, &id).await?;
+    let node = st.node_of(&row)?;
     tokio::spawn(async move { node.delete_snapshot(&id, &snap).await })
         .await
         .map_err(ApiError::internal)??;
@@ -200,21 +187,24 @@ pub async fn diff_snapshots(
             "limit must be between 1 and {MAX_DIFF_LIMIT}, got {limit}"
         )));
     }
-    st.live_sandbox(&tenant.id, &id).await?;
+    let row = st.live_sandbox(&tenant.id, &id).await?;
     let _permit = st.diff_permit(&tenant.id).await?;
-    Ok(Json(st.node.diff_snapshots(&id, &from, &to, limit).await?))
+    let node = st.node_of(&row)?;
+    Ok(Json(node.diff_snapshots(&id, &from, &to, limit).await?))
 }
 
 /// A snapshot of a tenant's, and where it is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FoundSnapshot {
     /// The snapshot.
     pub info: SnapshotInfo,
-    /// What a sandbox made from it needs.
-    pub source: SnapshotSource,
+    /// The sandbox it was taken of, as a sandbox made from it inherits it.
+    pub origin: SnapshotOrigin,
     /// The live sandbox it is one of; `None`: a persistent snapshot whose sandbox was
     /// deleted.
     pub sandbox: Option<SandboxRow>,
+    /// The node that holds its files.
+    pub node: Arc<dyn NodeApi>,
 }
 
 /// The tenant's snapshot `snap`, of a live sandbox of its or persistent and its; `404`
@@ -224,31 +214,33 @@ pub async fn find_snapshot(
     tenant: &TenantId,
     snap: &SnapshotId,
 ) -> ApiResult<FoundSnapshot> {
-    if let Some((info, source)) = st.node.persistent_snapshot(snap).await? {
-        if source.tenant.as_ref() == Some(tenant) {
-            return Ok(FoundSnapshot {
-                info,
-                source,
-                sandbox: None,
-            });
-        }
-        return Err(ApiError::snapshot_not_found(snap));
-    }
-    for row in st.db.sandboxes(tenant, SandboxFilter::Live).await? {
-        if row.node != st.node.name() {
-            continue;
-        }
-        match st.node.snapshot_source(&row.id, snap).await {
-            Ok(Some((info, source))) => {
+    for node in st.nodes.all() {
+        if let Some((info, origin)) = node.persistent_snapshot(snap).await? {
+            if origin.tenant.as_ref() == Some(tenant) {
                 return Ok(FoundSnapshot {
                     info,
-                    source,
+                    origin,
+                    sandbox: None,
+                    node: node.clone(),
+                });
+            }
+            return Err(ApiError::snapshot_not_found(snap));
+        }
+    }
+    for row in st.db.sandboxes(tenant, SandboxFilter::Live).await? {
+        let node = st.node_of(&row)?;
+        match node.snapshot_origin(&row.id, snap).await {
+            Ok(Some((info, origin))) => {
+                return Ok(FoundSnapshot {
+                    info,
+                    origin,
                     sandbox: Some(row),
+                    node,
                 })
             }
             Ok(None) => {}
             // Deleted meanwhile: then it is not this one's.
-            Err(space_node::NodeError::SandboxNotFound(_)) => {}
+            Err(NodeCallError::SandboxNotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -307,25 +299,25 @@ pub async fn list_tenant_snapshots(
 }
 
 impl AppState {
-    /// Every snapshot of `tenant`'s: of its live sandboxes on this node, and its persistent
-    /// ones whose sandbox was deleted.
+    /// Every snapshot of `tenant`'s: of its live sandboxes, and its persistent ones whose
+    /// sandbox was deleted.
     pub async fn tenant_snapshots(&self, tenant: &TenantId) -> ApiResult<Vec<SnapshotInfo>> {
         let mut snapshots: Vec<SnapshotInfo> = Vec::new();
         for row in self.db.sandboxes(tenant, SandboxFilter::Live).await? {
-            if row.node != self.node.name() {
-                continue;
-            }
-            match self.node.snapshots(&row.id).await {
+            match self.node_of(&row)?.snapshots(&row.id).await {
                 Ok(list) => snapshots.extend(list),
                 // Deleted meanwhile (its persistent snapshots are listed below).
-                Err(space_node::NodeError::SandboxNotFound(_)) => {}
+                Err(NodeCallError::SandboxNotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        for (info, source) in self.node.persistent_snapshots().await? {
-            if source.tenant.as_ref() == Some(tenant) && !snapshots.iter().any(|s| s.id == info.id)
-            {
-                snapshots.push(info);
+        for node in self.nodes.all() {
+            for (info, origin) in node.persistent_snapshots().await? {
+                if origin.tenant.as_ref() == Some(tenant)
+                    && !snapshots.iter().any(|s| s.id == info.id)
+                {
+                    snapshots.push(info);
+                }
             }
         }
         Ok(snapshots)
@@ -375,7 +367,7 @@ pub async fn delete_tenant_snapshot(
     SnapshotIdPath(snap): SnapshotIdPath,
 ) -> ApiResult<StatusCode> {
     let found = find_snapshot(&st, &tenant.id, &snap).await?;
-    let node = st.node.clone();
+    let node = found.node.clone();
     tokio::spawn(async move {
         match found.sandbox {
             Some(row) => node.delete_snapshot(&row.id, &snap).await,

@@ -24,11 +24,15 @@ pub async fn list_templates(
     State(st): State<AppState>,
     _tenant: AuthTenant,
 ) -> ApiResult<Json<Vec<TemplateInfo>>> {
-    let node = st.node.clone();
-    // The node reads its template store from disk: keep that off the async workers.
-    let mut templates = tokio::task::spawn_blocking(move || node.templates())
-        .await
-        .map_err(super::error::ApiError::internal)??;
+    // Every node's, once each (nodes of one cluster are given the same templates).
+    let mut templates: Vec<TemplateInfo> = Vec::new();
+    for node in st.nodes.all() {
+        for t in node.templates().await? {
+            if !templates.iter().any(|have| have.digest == t.digest) {
+                templates.push(t);
+            }
+        }
+    }
     templates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Json(templates))
 }

@@ -201,7 +201,7 @@ pub async fn start(st: &E2bState, caller: EnvdCaller, req: Request) -> Response 
     server_stream(st, caller, req, |c: StreamCall<StartRequest>| async move {
         let spec = spec_of(&c.message, c.caller.user.clone(), c.deadline)?;
         let guest = c.guest().await?;
-        let spec = c.process_spec(&spec)?;
+        let spec = c.process_spec(&spec).await?;
         let info = guest.start_process(&spec).await.map_err(guest_error)?;
         let events = guest.output(info.id, None).await.map_err(guest_error)?;
         Ok(follow(info.pid, events, &c.headers, c.deadline))

@@ -166,9 +166,10 @@ async fn listed(st: &E2bState, tenant: &AuthTenant) -> RestResult<Vec<SandboxInf
         .sandboxes(&tenant.id, space_control::db::SandboxFilter::Live)
         .await
         .map_err(ApiError::from)?;
-    let mut infos: Vec<SandboxInfo> = rows
-        .iter()
-        .map(|row| sandboxes::info_now(&st.app, row))
+    let rows: Vec<&space_control::db::SandboxRow> = rows.iter().collect();
+    let mut infos: Vec<SandboxInfo> = sandboxes::infos_now(&st.app, &rows)
+        .await?
+        .into_iter()
         .filter(|info| WireState::of_sandbox(info).is_some())
         .collect();
     infos.sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
