@@ -11,7 +11,6 @@ use axum::serve::Listener as _;
 use axum::Router;
 use space_node::{Node, NodeConfig};
 
-use crate::nodes::local::LocalNode;
 use crate::nodes::Nodes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -152,7 +151,7 @@ impl Server {
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
-        let nodes = Nodes::single(Arc::new(LocalNode::new(node.clone())));
+        let nodes = Nodes::single(Arc::new(node.clone()));
         let state = AppState::new(db, nodes, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
         state

@@ -192,7 +192,7 @@ pub(crate) async fn unary<T, R, F, Fut>(
 where
     T: serde::de::DeserializeOwned,
     R: serde::Serialize,
-    F: FnOnce(space_node::GuestClient, Option<String>, T) -> Fut,
+    F: FnOnce(space_guest_client::GuestClient, Option<String>, T) -> Fut,
     Fut: std::future::Future<Output = Result<R, ConnectError>>,
 {
     use crate::connect::server::{Unary, UnaryResponse};
@@ -215,7 +215,7 @@ where
 pub(crate) async fn guest(
     st: &E2bState,
     caller: &access::EnvdCaller,
-) -> Result<space_node::GuestClient, ConnectError> {
+) -> Result<space_guest_client::GuestClient, ConnectError> {
     st.app
         .guest(&caller.tenant, &caller.id)
         .await
@@ -234,7 +234,7 @@ pub(crate) struct StreamCall<'a, T> {
 
 impl<T> StreamCall<'_, T> {
     /// The caller's guest ([`guest`]); asked for only once the request is known to be good.
-    pub async fn guest(&self) -> Result<space_node::GuestClient, ConnectError> {
+    pub async fn guest(&self) -> Result<space_guest_client::GuestClient, ConnectError> {
         guest(self.st, &self.caller).await
     }
 

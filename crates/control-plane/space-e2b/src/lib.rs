@@ -13,7 +13,7 @@
 //! - [`token`]: each sandbox's envd access token, derived from a node key.
 //!
 //! Architecture invariant (as for `space-control`): this crate reaches guests only through
-//! `space_node::Node`, via SPACE's application state; it holds no state of its own that a
+//! `space_guest_client::Node`, via SPACE's application state; it holds no state of its own that a
 //! restart would lose (tokens are derived, not stored).
 
 pub mod connect;

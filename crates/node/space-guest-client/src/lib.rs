@@ -23,6 +23,7 @@ mod ports;
 pub mod prefixed;
 mod processes;
 mod query;
+mod relay;
 mod stream;
 mod transport;
 
@@ -38,6 +39,7 @@ use tokio::time::Instant;
 pub use error::GuestError;
 pub use options::{ClientOptions, MAX_ERROR_BODY, MAX_LISTING_BODY};
 pub use ports::PortStream;
+pub use relay::{ready_of, NodeConnection, RelayedResponse};
 pub use space_guest_proto::handshake::Ready;
 pub use space_guest_proto::{Activity, GuestConfig, GuestMetrics, Health, IdentityRequest};
 

@@ -30,6 +30,13 @@ impl Target {
         }
     }
 
+    /// A target whose path and query are already encoded (a request being relayed).
+    pub(crate) fn encoded(path_and_query: impl Into<String>) -> Self {
+        let s = path_and_query.into();
+        let has_query = s.contains('?');
+        Self { s, has_query }
+    }
+
     /// Adds `key=value`, value encoded.
     pub fn param(mut self, key: &str, value: &str) -> Self {
         self.s.push(if self.has_query { '&' } else { '?' });

@@ -137,11 +137,23 @@ pub(crate) fn watch_events(
     recv: RecvStream,
     closed: ClosedRx,
 ) -> BoxStream<'static, Result<WatchEvent, GuestError>> {
-    let state = Lines::new(recv, closed, MAX_WATCH_LINE);
-    stream::unfold(Some(state), |state| async move {
+    ndjson(recv, closed, MAX_WATCH_LINE, "watch stream")
+}
+
+/// The body as `T`s, one NDJSON line each (at most `max` bytes; blank lines are skipped),
+/// until the peer ends it; an oversize or unparsable line yields one
+/// [`GuestError::Protocol`] and ends it. `what` names the stream in errors.
+pub(crate) fn ndjson<T: serde::de::DeserializeOwned + Send + 'static>(
+    recv: RecvStream,
+    closed: ClosedRx,
+    max: usize,
+    what: &'static str,
+) -> BoxStream<'static, Result<T, GuestError>> {
+    let state = Lines::new(recv, closed, max);
+    stream::unfold(Some(state), move |state| async move {
         let mut state = state?;
         loop {
-            let line = match state.next("watch stream").await {
+            let line = match state.next(what).await {
                 Ok(Some(line)) => line,
                 Ok(None) => return None,
                 Err(e) => return Some((Err(e), None)),
@@ -149,10 +161,10 @@ pub(crate) fn watch_events(
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return match serde_json::from_slice::<WatchEvent>(&line) {
+            return match serde_json::from_slice::<T>(&line) {
                 Ok(ev) => Some((Ok(ev), Some(state))),
                 Err(e) => Some((
-                    Err(GuestError::protocol(format!("bad watch event: {e}"))),
+                    Err(GuestError::protocol(format!("{what}: bad line: {e}"))),
                     None,
                 )),
             };

@@ -46,6 +46,9 @@ pub(crate) struct Transport {
     /// Tells the connection task to end the connection now (see [`Transport::close`]).
     close: std::sync::Arc<watch::Sender<bool>>,
     pub(crate) opts: ClientOptions,
+    /// Put before every request path: a guest reached through a node agent's relay
+    /// (`/node/v1/sandboxes/{id}/guest`); `None` on the channel itself.
+    pub(crate) prefix: Option<std::sync::Arc<str>>,
 }
 
 /// Starts HTTP/2 (prior knowledge) on `io` and spawns the task that drives it.
@@ -92,6 +95,7 @@ where
         closed,
         close: std::sync::Arc::new(close),
         opts,
+        prefix: None,
     })
 }
 
@@ -391,7 +395,7 @@ impl Transport {
     }
 
     /// Waits for a stream slot and sends the request head.
-    async fn send_head(
+    pub(crate) async fn send_head(
         &self,
         method: Method,
         target: &Target,
@@ -401,7 +405,11 @@ impl Transport {
         if let Some(e) = self.closed_reason() {
             return Err(e);
         }
-        let mut builder = Request::builder().method(method).uri(target.uri());
+        let uri = match &self.prefix {
+            Some(prefix) => format!("http://node{prefix}{}", target.as_str()),
+            None => target.uri(),
+        };
+        let mut builder = Request::builder().method(method).uri(uri);
         if !content_type.is_empty() {
             builder = builder.header(http::header::CONTENT_TYPE, content_type);
         }
@@ -450,7 +458,7 @@ impl Transport {
         Ok(buf.freeze())
     }
 
-    async fn with_timeout<T>(
+    pub(crate) async fn with_timeout<T>(
         &self,
         limit: Duration,
         what: &str,
@@ -526,7 +534,7 @@ enum Sent {
     BodyDone(ResponseFuture),
 }
 
-enum PumpError {
+pub(crate) enum PumpError {
     /// The caller's body stream failed.
     Caller(io::Error),
     /// h2 refused to send.
@@ -538,7 +546,7 @@ enum PumpError {
 
 /// Sends `body` on `send` as the guest grants window, then ends the stream. Holds at most
 /// one caller chunk plus `MAX_SEND_BUFFER` in h2.
-async fn pump(
+pub(crate) async fn pump(
     send: &mut SendStream<Bytes>,
     mut body: BoxStream<'static, Result<Bytes, io::Error>>,
 ) -> Result<(), PumpError> {

@@ -10,10 +10,12 @@
 //! of the single-machine default and the wire format between machines. The
 //! [`PROTOCOL_VERSION`] changes whenever a type here changes incompatibly.
 
+pub mod api;
 mod error;
 mod node;
 mod sandbox;
 mod snapshot;
+pub mod wire;
 
 pub use error::NodeCallError;
 pub use node::NodeStatus;

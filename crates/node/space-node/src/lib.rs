@@ -11,6 +11,7 @@
 //! sandboxes; the control plane reaches a guest only through [`Node::guest`]; nothing here
 //! performs a privileged operation except through the node manager.
 
+mod api;
 pub mod config;
 mod create;
 mod credentials;
@@ -42,6 +43,7 @@ pub use space_core::sandbox::CrashPolicy;
 use space_core::{Resources, SandboxId, SandboxState, SnapshotId, TenantId};
 pub use space_secrets::ProjectId;
 
+pub use api::call_error;
 pub use config::NodeConfig;
 pub use error::NodeError;
 pub use persistent::{SnapshotOwner, SnapshotSource};

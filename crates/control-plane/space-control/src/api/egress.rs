@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use space_core::egress::EgressPolicy;
-use space_core::{ErrorBody, ErrorCode};
+use space_core::ErrorBody;
 
 use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
@@ -114,11 +114,7 @@ pub async fn set_tenant_egress(
     tenant: AuthTenant,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.nodes
-        .any()?
-        .egress_ceiling()
-        .check(&policy)
-        .map_err(|e| ApiError::new(ErrorCode::EgressBeyondCeiling, e.to_string()))?;
+    st.nodes.any()?.check_egress_policy(&policy).await?;
     st.db
         .set_tenant_egress_policy(&tenant.id, Some(&policy))
         .await?;

@@ -1,5 +1,5 @@
 //! A sandbox's resource use over time: the samples the node takes while it runs
-//! (`space_node::metrics`), optionally cut to a time range.
+//! (`space_guest_client::metrics`), optionally cut to a time range.
 
 use axum::extract::State;
 use axum::Json;

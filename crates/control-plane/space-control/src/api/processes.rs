@@ -18,7 +18,7 @@ use space_core::process::{
     OutputEvent, ProcessInfo, ProcessSpec, ProcessSpecError, PtySize, SignalRequest,
 };
 use space_core::ErrorBody;
-use space_node::GuestError;
+use space_guest_client::GuestError;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;

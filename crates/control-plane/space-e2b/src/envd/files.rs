@@ -29,7 +29,7 @@ use space_control::api::extract::content_length;
 use space_control::api::files::{drain, limit_stream, MAX_DRAIN_BYTES};
 use space_control::db::now_ms;
 use space_core::ErrorCode;
-use space_node::GuestClient;
+use space_guest_client::GuestClient;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::access::{self, EnvdCaller, EnvdTarget, Proof};

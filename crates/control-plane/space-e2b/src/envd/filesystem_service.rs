@@ -19,7 +19,7 @@ use space_control::api::error::ApiError;
 use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::files::{FileKind, FileStat, MkdirRequest, RenameRequest, MAX_LIST_DEPTH};
 use space_core::ErrorCode;
-use space_node::{GuestClient, GuestError};
+use space_guest_client::{GuestClient, GuestError};
 
 use super::access::EnvdCaller;
 use super::errors::connect_error;

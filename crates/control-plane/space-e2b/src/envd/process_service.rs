@@ -20,7 +20,7 @@ use space_core::process::{
     ExitStatus, OutputEvent, OutputStream, ProcessId, ProcessInfo as SpaceProcess, ProcessSpec,
     PtySize,
 };
-use space_node::{GuestClient, GuestError};
+use space_guest_client::{GuestClient, GuestError};
 
 use super::access::EnvdCaller;
 use super::errors::connect_error;

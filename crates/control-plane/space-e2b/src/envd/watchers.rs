@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use space_core::files::watch::{FileChange, WatchEvent};
 use space_core::SandboxId;
-use space_node::GuestError;
+use space_guest_client::GuestError;
 
 use super::filesystem::{EventType, FilesystemEvent};
 use super::filesystem_service::entry;

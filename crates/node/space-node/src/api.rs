@@ -1,12 +1,13 @@
-//! [`NodeApi`] for the node in this process (the single-machine default): calls
-//! `space_node::Node` directly and turns its records and errors into what the control plane
-//! may see. The one place the control plane touches `space_node` types.
+//! [`NodeApi`] for [`Node`]: what the control plane may ask of this node, whether it runs
+//! in the control plane's process (the single-machine default) or behind the node agent.
+//! Turns records and errors into what the control plane may see: views without node
+//! internals, errors without paths.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use space_core::egress::{EgressCeiling, EgressPolicy};
+use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
 use space_core::snapshot::SnapshotTrigger;
 use space_core::template::TemplateInfo;
@@ -14,49 +15,31 @@ use space_core::{
     ErrorCode, LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind,
     TenantId,
 };
-use space_guest_client::GuestClient;
-use space_node::{GuestError, Node, NodeError};
+use space_guest_client::{GuestClient, GuestError};
+use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
+use space_node_proto::{
+    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
+    SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+};
 use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, ManagerError};
 use tokio::sync::broadcast;
 
-use super::{
-    CreateFromSnapshot, CreateSandbox, EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult,
-    NodeStatus, PauseCause, PoolShape, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken,
-    StopCause,
-};
+use crate::{Node, NodeError};
 
-/// The node running in this process.
-#[derive(Clone)]
-pub struct LocalNode {
-    node: Node,
-}
-
-impl LocalNode {
-    /// Wraps the node.
-    pub fn new(node: Node) -> LocalNode {
-        LocalNode { node }
-    }
-
-    /// The node itself (for the server's composition and for tests of node internals).
-    pub fn node(&self) -> &Node {
-        &self.node
-    }
-
-    /// Runs blocking node work (file reads) off the async threads.
-    async fn blocking<T, F>(&self, f: F) -> NodeResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(Node) -> Result<T, NodeError> + Send + 'static,
-    {
-        let node = self.node.clone();
-        tokio::task::spawn_blocking(move || f(node))
-            .await
-            .map_err(|e| NodeCallError::Internal {
-                detail: format!("node task: {e}"),
-            })?
-            .map_err(call_error)
-    }
+/// Runs blocking node work (file reads) off the async threads.
+async fn blocking<T, F>(node: &Node, f: F) -> NodeResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(Node) -> Result<T, NodeError> + Send + 'static,
+{
+    let node = node.clone();
+    tokio::task::spawn_blocking(move || f(node))
+        .await
+        .map_err(|e| NodeCallError::Internal {
+            detail: format!("node task: {e}"),
+        })?
+        .map_err(call_error)
 }
 
 /// A node error as the control plane may see it: what a caller tells apart stays apart,
@@ -102,49 +85,47 @@ fn credential_error(e: ManagerError) -> NodeCallError {
     NodeCallError::refused(code, message)
 }
 
-fn views(records: Vec<space_node::SandboxRecord>) -> Vec<SandboxView> {
-    records
-        .iter()
-        .map(space_node::SandboxRecord::view)
-        .collect()
+fn views(records: Vec<crate::SandboxRecord>) -> Vec<SandboxView> {
+    records.iter().map(crate::SandboxRecord::view).collect()
 }
 
 fn with_origins(
-    list: Vec<(SnapshotInfo, space_node::SnapshotSource)>,
+    list: Vec<(SnapshotInfo, crate::SnapshotSource)>,
 ) -> Vec<(SnapshotInfo, SnapshotOrigin)> {
     list.into_iter().map(|(i, s)| (i, s.origin())).collect()
 }
 
 #[async_trait]
-impl NodeApi for LocalNode {
+impl NodeApi for Node {
     fn name(&self) -> &str {
-        self.node.name()
+        self.name()
     }
 
-    fn egress_ceiling(&self) -> &EgressCeiling {
-        self.node.egress_ceiling()
+    async fn check_egress_policy(&self, policy: &EgressPolicy) -> NodeResult<()> {
+        self.egress_ceiling()
+            .check(policy)
+            .map_err(|e| call_error(NodeError::BeyondCeiling(e)))
     }
 
     async fn status(&self) -> NodeResult<NodeStatus> {
-        self.node.status().await.map_err(call_error)
+        self.status().await.map_err(call_error)
     }
 
     async fn sandbox(&self, id: &SandboxId) -> NodeResult<Option<SandboxView>> {
-        Ok(self.node.sandbox(id).map(|r| r.view()))
+        Ok(self.sandbox(id).map(|r| r.view()))
     }
 
     async fn sandboxes(&self) -> NodeResult<Vec<SandboxView>> {
-        Ok(views(self.node.sandboxes()))
+        Ok(views(self.sandboxes()))
     }
 
     async fn create_sandbox(&self, req: CreateSandbox) -> NodeResult<SandboxView> {
-        let record = self.node.create_sandbox(req).await.map_err(call_error)?;
+        let record = self.create_sandbox(req).await.map_err(call_error)?;
         Ok(record.view())
     }
 
     async fn create_from_snapshot(&self, req: CreateFromSnapshot) -> NodeResult<SandboxView> {
         let record = self
-            .node
             .create_sandbox_from_snapshot(req)
             .await
             .map_err(call_error)?;
@@ -158,7 +139,6 @@ impl NodeApi for LocalNode {
         from: Option<&SnapshotId>,
     ) -> NodeResult<Vec<SandboxView>> {
         let records = self
-            .node
             .fork(parent, children, from)
             .await
             .map_err(call_error)?;
@@ -166,66 +146,64 @@ impl NodeApi for LocalNode {
     }
 
     async fn pause(&self, id: &SandboxId, cause: PauseCause) -> NodeResult<SandboxView> {
-        let r = self
-            .node
-            .pause_sandbox(id, cause)
-            .await
-            .map_err(call_error)?;
+        let r = self.pause_sandbox(id, cause).await.map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn resume(&self, id: &SandboxId) -> NodeResult<SandboxView> {
-        let r = self.node.resume_sandbox(id).await.map_err(call_error)?;
+        let r = self.resume_sandbox(id).await.map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn stop(&self, id: &SandboxId, cause: StopCause) -> NodeResult<SandboxView> {
-        let r = self
-            .node
-            .stop_sandbox(id, cause)
-            .await
-            .map_err(call_error)?;
+        let r = self.stop_sandbox(id, cause).await.map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn start(&self, id: &SandboxId) -> NodeResult<SandboxView> {
-        let r = self.node.start_sandbox(id).await.map_err(call_error)?;
+        let r = self.start_sandbox(id).await.map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn rollback(&self, id: &SandboxId, to: &SnapshotId) -> NodeResult<SandboxView> {
-        let r = self.node.rollback(id, to).await.map_err(call_error)?;
+        let r = self.rollback(id, to).await.map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn delete(&self, id: &SandboxId) -> NodeResult<()> {
-        self.node.delete_sandbox(id).await.map_err(call_error)
+        match self.delete_sandbox(id).await {
+            Ok(()) => Ok(()),
+            // Gone already (unknown, or deleted by a concurrent delete between the node's
+            // check and its transition): a delete is idempotent.
+            Err(NodeError::SandboxNotFound(_)) => Ok(()),
+            Err(NodeError::Lifecycle(l)) if l.state == space_core::SandboxState::Deleted => Ok(()),
+            Err(e) => Err(call_error(e)),
+        }
     }
 
     async fn wake_timed_out(&self, id: &SandboxId) -> NodeResult<bool> {
-        self.node.wake_timed_out(id).await.map_err(call_error)
+        self.wake_timed_out(id).await.map_err(call_error)
     }
 
     async fn guest(&self, id: &SandboxId) -> NodeResult<GuestClient> {
-        self.node.guest_waking(id).await.map_err(call_error)
+        self.guest_waking(id).await.map_err(call_error)
     }
 
     async fn process_env(&self, id: &SandboxId) -> NodeResult<BTreeMap<String, String>> {
-        self.node.process_env(id).map_err(call_error)
+        self.process_env(id).map_err(call_error)
     }
 
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<String> {
         let id = id.clone();
-        self.blocking(move |node| node.console_tail(&id, max_bytes))
-            .await
+        blocking(self, move |node| node.console_tail(&id, max_bytes)).await
     }
 
     async fn events(&self, id: &SandboxId) -> NodeResult<Vec<LifecycleEntry>> {
-        self.node.events(id).map_err(call_error)
+        self.events(id).map_err(call_error)
     }
 
     async fn subscribe_events(&self) -> NodeResult<EventFeed> {
-        let rx = self.node.subscribe_events();
+        let rx = self.subscribe_events();
         let feed = futures::stream::unfold(rx, |mut rx| async move {
             match rx.recv().await {
                 Ok(entry) => Some((EventNotice::Entry(entry), rx)),
@@ -237,7 +215,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn metrics(&self, id: &SandboxId) -> NodeResult<Vec<SandboxMetric>> {
-        self.node.metrics(id).map_err(call_error)
+        self.metrics(id).map_err(call_error)
     }
 
     async fn set_egress_policy(
@@ -245,15 +223,12 @@ impl NodeApi for LocalNode {
         id: &SandboxId,
         policy: EgressPolicy,
     ) -> NodeResult<SandboxView> {
-        let r = self
-            .node
-            .set_egress_policy(id, policy)
-            .map_err(call_error)?;
+        let r = self.set_egress_policy(id, policy).map_err(call_error)?;
         Ok(r.view())
     }
 
     async fn set_default_connections(&self, limit: Option<u64>) -> NodeResult<()> {
-        self.node.set_default_tenant_connections(limit);
+        self.set_default_tenant_connections(limit);
         Ok(())
     }
 
@@ -262,12 +237,12 @@ impl NodeApi for LocalNode {
         tenant: &TenantId,
         limit: Option<Option<u64>>,
     ) -> NodeResult<()> {
-        self.node.set_tenant_connections(tenant, limit);
+        self.set_tenant_connections(tenant, limit);
         Ok(())
     }
 
     async fn snapshots(&self, id: &SandboxId) -> NodeResult<Vec<SnapshotInfo>> {
-        self.node.snapshots(id).await.map_err(call_error)
+        self.snapshots(id).await.map_err(call_error)
     }
 
     async fn take_snapshot(
@@ -277,7 +252,6 @@ impl NodeApi for LocalNode {
     ) -> NodeResult<SnapshotTaken> {
         match req.kind {
             SnapshotKind::Disk => self
-                .node
                 .snapshot_disk(id, req.label, SnapshotTrigger::Manual, req.persistent)
                 .await
                 .map(|snapshot| SnapshotTaken {
@@ -285,7 +259,6 @@ impl NodeApi for LocalNode {
                     guest_pause_ms: None,
                 }),
             SnapshotKind::Checkpoint => self
-                .node
                 .checkpoint(id, req.label, SnapshotTrigger::Manual, req.persistent)
                 .await
                 .map(|t| SnapshotTaken {
@@ -299,10 +272,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn delete_snapshot(&self, id: &SandboxId, snap: &SnapshotId) -> NodeResult<()> {
-        self.node
-            .delete_snapshot(id, snap)
-            .await
-            .map_err(call_error)
+        self.delete_snapshot(id, snap).await.map_err(call_error)
     }
 
     async fn diff_snapshots(
@@ -312,8 +282,7 @@ impl NodeApi for LocalNode {
         to: &SnapshotId,
         limit: usize,
     ) -> NodeResult<SnapshotDiff> {
-        self.node
-            .diff_snapshots(id, from, to, limit)
+        self.diff_snapshots(id, from, to, limit)
             .await
             .map_err(call_error)
     }
@@ -323,16 +292,12 @@ impl NodeApi for LocalNode {
         id: &SandboxId,
         snap: &SnapshotId,
     ) -> NodeResult<Option<(SnapshotInfo, SnapshotOrigin)>> {
-        let found = self
-            .node
-            .snapshot_source(id, snap)
-            .await
-            .map_err(call_error)?;
+        let found = self.snapshot_source(id, snap).await.map_err(call_error)?;
         Ok(found.map(|(i, s)| (i, s.origin())))
     }
 
     async fn persistent_snapshots(&self) -> NodeResult<Vec<(SnapshotInfo, SnapshotOrigin)>> {
-        let list = self.node.persistent_snapshots().await.map_err(call_error)?;
+        let list = self.persistent_snapshots().await.map_err(call_error)?;
         Ok(with_origins(list))
     }
 
@@ -340,56 +305,49 @@ impl NodeApi for LocalNode {
         &self,
         snap: &SnapshotId,
     ) -> NodeResult<Option<(SnapshotInfo, SnapshotOrigin)>> {
-        let found = self
-            .node
-            .persistent_snapshot(snap)
-            .await
-            .map_err(call_error)?;
+        let found = self.persistent_snapshot(snap).await.map_err(call_error)?;
         Ok(found.map(|(i, s)| (i, s.origin())))
     }
 
     async fn delete_persistent_snapshot(&self, snap: &SnapshotId) -> NodeResult<()> {
-        self.node
-            .delete_persistent_snapshot(snap)
+        self.delete_persistent_snapshot(snap)
             .await
             .map_err(call_error)
     }
 
     async fn templates(&self) -> NodeResult<Vec<TemplateInfo>> {
-        self.blocking(|node| node.templates()).await
+        blocking(self, |node| node.templates()).await
     }
 
     async fn template(&self, name: &str) -> NodeResult<TemplateInfo> {
         let name = name.to_owned();
-        self.blocking(move |node| node.template(&name)).await
+        blocking(self, move |node| node.template(&name)).await
     }
 
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>> {
-        Ok(self.node.pool_status())
+        Ok(self.pool_status())
     }
 
     async fn credentials(&self) -> NodeResult<Vec<Credential>> {
-        Ok(self.node.credentials().list())
+        Ok(self.credentials().list())
     }
 
     async fn put_credential(&self, credential: Credential, value: SecretValue) -> NodeResult<()> {
-        self.node
-            .credentials()
+        self.credentials()
             .put(credential, value)
             .await
             .map_err(credential_error)
     }
 
     async fn delete_credential(&self, id: &CredentialId) -> NodeResult<()> {
-        self.node
-            .credentials()
+        self.credentials()
             .delete(id)
             .await
             .map_err(credential_error)
     }
 
     async fn audit(&self, filter: AuditFilter) -> NodeResult<Vec<AuditEvent>> {
-        self.blocking(move |node| node.audit(&filter)).await
+        blocking(self, move |node| node.audit(&filter)).await
     }
 }
 

@@ -1,0 +1,162 @@
+//! [`NodeApi`]: everything the control plane asks of a node, as one trait. The node
+//! implements it in-process (`space_node::Node`, the single-machine default); the control
+//! plane's remote client implements it over the network, calling the node agent, which
+//! serves it for its `Node`. Both sides see the same types, so a remote node's answers
+//! read exactly like a local one's.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use space_core::egress::EgressPolicy;
+use space_core::metrics::SandboxMetric;
+use space_core::template::TemplateInfo;
+use space_core::{LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, TenantId};
+use space_guest_client::GuestClient;
+use space_secrets::secret::SecretValue;
+use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
+
+use crate::{
+    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
+    SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+};
+
+/// Result of a node call.
+pub type NodeResult<T> = Result<T, NodeCallError>;
+
+/// What a follower of a node's lifecycle events receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventNotice {
+    /// A transition of one of the node's sandboxes.
+    Entry(LifecycleEntry),
+    /// Entries went by that this follower missed (it was too slow): re-read the log.
+    Lagged,
+}
+
+/// Every lifecycle transition on a node from the moment of subscribing; ends when the node
+/// goes away.
+pub type EventFeed = BoxStream<'static, EventNotice>;
+
+/// Everything the control plane asks of a node. Ids and values in requests have been
+/// authorised and validated by the control plane; the node checks them again.
+#[async_trait]
+pub trait NodeApi: Send + Sync + 'static {
+    /// The node's name (what a sandbox row's `node` holds).
+    fn name(&self) -> &str;
+    /// Whether `policy` lies within the operator's egress ceiling as this node enforces it
+    /// (refused with `egress_beyond_ceiling`, naming the rule, if not).
+    async fn check_egress_policy(&self, policy: &EgressPolicy) -> NodeResult<()>;
+    /// What the node reports of itself (capacity, use, warmth per template).
+    async fn status(&self) -> NodeResult<NodeStatus>;
+
+    // Sandboxes.
+    /// A sandbox's view, `None` if the node has no record of it.
+    async fn sandbox(&self, id: &SandboxId) -> NodeResult<Option<SandboxView>>;
+    /// Every sandbox the node has a record of.
+    async fn sandboxes(&self) -> NodeResult<Vec<SandboxView>>;
+    /// Creates a sandbox from a template; returns once its daemon is ready.
+    async fn create_sandbox(&self, req: CreateSandbox) -> NodeResult<SandboxView>;
+    /// Creates a sandbox from a snapshot.
+    async fn create_from_snapshot(&self, req: CreateFromSnapshot) -> NodeResult<SandboxView>;
+    /// Forks `parent` (now, or from its checkpoint `from`) into `children`.
+    async fn fork(
+        &self,
+        parent: &SandboxId,
+        children: &[SandboxId],
+        from: Option<&SnapshotId>,
+    ) -> NodeResult<Vec<SandboxView>>;
+    /// Pauses a running sandbox.
+    async fn pause(&self, id: &SandboxId, cause: PauseCause) -> NodeResult<SandboxView>;
+    /// Resumes a paused sandbox.
+    async fn resume(&self, id: &SandboxId) -> NodeResult<SandboxView>;
+    /// Stops a sandbox (disk kept).
+    async fn stop(&self, id: &SandboxId, cause: StopCause) -> NodeResult<SandboxView>;
+    /// Starts a stopped sandbox.
+    async fn start(&self, id: &SandboxId) -> NodeResult<SandboxView>;
+    /// Takes a sandbox back to one of its snapshots.
+    async fn rollback(&self, id: &SandboxId, to: &SnapshotId) -> NodeResult<SandboxView>;
+    /// Deletes a sandbox and everything of it (its persistent snapshots excepted); one that
+    /// is gone already is no error (a delete is idempotent).
+    async fn delete(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Resumes (or starts) a sandbox its timeout paused (or stopped); whether it did.
+    async fn wake_timed_out(&self, id: &SandboxId) -> NodeResult<bool>;
+    /// The channel to a sandbox's daemon; one that idleness paused is resumed first.
+    async fn guest(&self, id: &SandboxId) -> NodeResult<GuestClient>;
+    /// What the node adds to every process's environment (credential placeholders).
+    async fn process_env(&self, id: &SandboxId) -> NodeResult<BTreeMap<String, String>>;
+    /// The end of the sandbox's serial console, at most `max_bytes`.
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<String>;
+    /// The sandbox's lifecycle log, oldest first.
+    async fn events(&self, id: &SandboxId) -> NodeResult<Vec<LifecycleEntry>>;
+    /// Lifecycle transitions of every sandbox of the node from now on.
+    async fn subscribe_events(&self) -> NodeResult<EventFeed>;
+    /// The sandbox's resource samples.
+    async fn metrics(&self, id: &SandboxId) -> NodeResult<Vec<SandboxMetric>>;
+    /// Replaces a sandbox's egress policy, live.
+    async fn set_egress_policy(
+        &self,
+        id: &SandboxId,
+        policy: EgressPolicy,
+    ) -> NodeResult<SandboxView>;
+    /// The cap on open egress connections of a tenant without one of its own.
+    async fn set_default_connections(&self, limit: Option<u64>) -> NodeResult<()>;
+    /// A tenant's own cap on open egress connections (`None`: back to the default).
+    async fn set_tenant_connections(
+        &self,
+        tenant: &TenantId,
+        limit: Option<Option<u64>>,
+    ) -> NodeResult<()>;
+
+    // Snapshots.
+    /// A sandbox's snapshots, oldest first.
+    async fn snapshots(&self, id: &SandboxId) -> NodeResult<Vec<SnapshotInfo>>;
+    /// Takes a snapshot of a sandbox.
+    async fn take_snapshot(
+        &self,
+        id: &SandboxId,
+        req: SnapshotRequest,
+    ) -> NodeResult<SnapshotTaken>;
+    /// Deletes one of a sandbox's snapshots.
+    async fn delete_snapshot(&self, id: &SandboxId, snap: &SnapshotId) -> NodeResult<()>;
+    /// What changed between two of a sandbox's disk states.
+    async fn diff_snapshots(
+        &self,
+        id: &SandboxId,
+        from: &SnapshotId,
+        to: &SnapshotId,
+        limit: usize,
+    ) -> NodeResult<SnapshotDiff>;
+    /// One of a live sandbox's snapshots with where it came from, `None` if it has no such.
+    async fn snapshot_origin(
+        &self,
+        id: &SandboxId,
+        snap: &SnapshotId,
+    ) -> NodeResult<Option<(SnapshotInfo, SnapshotOrigin)>>;
+    /// The persistent snapshots whose sandbox was deleted.
+    async fn persistent_snapshots(&self) -> NodeResult<Vec<(SnapshotInfo, SnapshotOrigin)>>;
+    /// One persistent snapshot whose sandbox was deleted.
+    async fn persistent_snapshot(
+        &self,
+        snap: &SnapshotId,
+    ) -> NodeResult<Option<(SnapshotInfo, SnapshotOrigin)>>;
+    /// Deletes a persistent snapshot whose sandbox was deleted.
+    async fn delete_persistent_snapshot(&self, snap: &SnapshotId) -> NodeResult<()>;
+
+    // Templates and the warm pool.
+    /// The templates the node has.
+    async fn templates(&self) -> NodeResult<Vec<TemplateInfo>>;
+    /// One template.
+    async fn template(&self, name: &str) -> NodeResult<TemplateInfo>;
+    /// What the warm pool holds.
+    async fn pool_status(&self) -> NodeResult<Vec<PoolShape>>;
+
+    // Credentials (values go in, never come out).
+    /// Every credential the node holds (metadata only).
+    async fn credentials(&self) -> NodeResult<Vec<Credential>>;
+    /// Creates or replaces a credential.
+    async fn put_credential(&self, credential: Credential, value: SecretValue) -> NodeResult<()>;
+    /// Deletes a credential.
+    async fn delete_credential(&self, id: &CredentialId) -> NodeResult<()>;
+    /// The node's credential decisions matching `filter`, newest first.
+    async fn audit(&self, filter: AuditFilter) -> NodeResult<Vec<AuditEvent>>;
+}
