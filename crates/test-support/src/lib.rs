@@ -11,6 +11,7 @@
 mod child;
 pub mod e2b;
 pub mod leaks;
+pub mod node_agent;
 pub mod node_manager;
 pub mod sandbox_manager;
 mod wait;

@@ -21,7 +21,7 @@ pub mod quotas;
 pub mod reconciler;
 pub mod scheduler;
 pub mod server;
-pub mod tls;
+pub use space_tls as tls;
 
 pub use api::{build_app, AppState};
 pub use server::{serve, ApiSurface, Server, ServerConfig, SurfaceContext};

@@ -12,6 +12,7 @@
 
 pub mod api;
 mod error;
+pub mod identity;
 mod node;
 mod sandbox;
 mod snapshot;

@@ -1,5 +1,7 @@
-//! The server's optional TLS listener: the same application as the plaintext one, over
-//! TLS, with a certificate the operator provides (PEM files). It exists for clients that
+//! TLS listeners with bounded handshakes: the control plane's optional HTTPS listener (the
+//! same application as the plaintext one, with a certificate the operator provides in PEM
+//! files), and the node agent's mutual-TLS listener ([`TlsListener::new`] with its own
+//! rustls configuration). It exists for clients that
 //! only speak HTTPS to a host name: the E2B SDKs reach a sandbox's envd and ports at
 //! `https://{port}-{sandbox id}.{domain}` unless `E2B_SANDBOX_URL` is set, so serving them
 //! without a proxy in front takes a wildcard certificate for `*.{domain}` here.
@@ -111,7 +113,7 @@ impl TlsListener {
     }
 
     /// Serves handshakes on `listener` with `config` from now on.
-    fn new(listener: TcpListener, config: rustls::ServerConfig) -> io::Result<Self> {
+    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let (tx, ready) = mpsc::channel(READY_QUEUE);
