@@ -81,3 +81,16 @@ impl AgentFixture {
         }
     }
 }
+
+/// `data` as an upload body of 256 KiB chunks.
+pub fn upload_body(
+    data: &bytes::Bytes,
+) -> futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>> {
+    use futures::StreamExt;
+    const CHUNK: usize = 256 * 1024;
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..data.len())
+        .step_by(CHUNK)
+        .map(|i| Ok(data.slice(i..(i + CHUNK).min(data.len()))))
+        .collect();
+    futures::stream::iter(chunks).boxed()
+}

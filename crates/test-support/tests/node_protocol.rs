@@ -18,18 +18,13 @@ use space_node_proto::identity::{ClusterCa, PeerRole, PEER_VALIDITY};
 use space_node_proto::{
     CreateSandbox, NodeCallError, PauseCause, SandboxSettings, SnapshotRequest,
 };
-use test_support::node_agent::AgentFixture;
+use test_support::node_agent::{upload_body, AgentFixture};
 use test_support::{TestServer, TEST_TEMPLATE};
 
 fn settings() -> SandboxSettings {
     SandboxSettings {
         env: BTreeMap::from([("GREETING".into(), "hello".into())]),
-        on_crash: Default::default(),
-        auto_pause_secs: None,
-        snapshots: None,
-        tenant: TenantId::generate(),
-        project: None,
-        egress: None,
+        ..SandboxSettings::new(TenantId::generate())
     }
 }
 
@@ -98,17 +93,13 @@ async fn a_sandbox_lives_its_life_through_the_node_agent() {
 
     // A 4 MiB file up and down, streamed both ways.
     let data: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let chunks: Vec<Result<Bytes, std::io::Error>> = data
-        .chunks(256 * 1024)
-        .map(|c| Ok(Bytes::copy_from_slice(c)))
-        .collect();
     let stat = guest
         .write_file(
             "/home/user/big.bin",
             None,
             None,
             &BTreeMap::new(),
-            futures::stream::iter(chunks).boxed(),
+            upload_body(&Bytes::from(data.clone())),
         )
         .await
         .expect("write through the relay");

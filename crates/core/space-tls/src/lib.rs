@@ -151,6 +151,9 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Small request and answer frames go out at once: with Nagle's algorithm a reply
+        // written in two pieces waits for the peer's delayed ACK (~40 ms).
+        let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let ready = ready.clone();
         tokio::spawn(async move {

@@ -114,6 +114,21 @@ pub struct SandboxSettings {
     pub egress: Option<EgressPolicy>,
 }
 
+impl SandboxSettings {
+    /// Settings for `tenant` that give nothing beyond what the sandbox inherits.
+    pub fn new(tenant: TenantId) -> SandboxSettings {
+        SandboxSettings {
+            env: BTreeMap::new(),
+            on_crash: CrashPolicy::default(),
+            auto_pause_secs: None,
+            snapshots: None,
+            tenant,
+            project: None,
+            egress: None,
+        }
+    }
+}
+
 /// A create request as the node sees it (already authorised and validated by the control
 /// plane).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
