@@ -177,24 +177,26 @@ impl Reconciler {
     /// on re-check are left out).
     pub async fn run_once(&self) -> Result<Vec<Action>, ReconcileError> {
         let st = &self.state;
-        let mut done = Vec::new();
+        // Every node's records before the rows (see `plan`).
+        let mut on_nodes = Vec::new();
         for node in st.nodes.all() {
-            // A node that cannot say is skipped this pass: its sandboxes are not gone.
-            let records = match node.sandboxes().await {
-                Ok(records) => records,
+            match node.sandboxes().await {
+                Ok(records) => on_nodes.push((node, records)),
+                // A node that cannot say is skipped this pass: its sandboxes are not gone.
                 Err(e) => {
                     tracing::warn!(node = node.name(), error = %e, "node unavailable; not reconciling it this pass");
-                    continue;
                 }
-            };
-            let rows: Vec<SandboxRow> = st
-                .db
-                .live_sandboxes()
-                .await?
-                .into_iter()
+            }
+        }
+        let live = st.db.live_sandboxes().await?;
+        let creating = st.creating.snapshot();
+        let mut done = Vec::new();
+        for (node, records) in on_nodes {
+            let rows: Vec<SandboxRow> = live
+                .iter()
                 .filter(|r| r.node == node.name())
+                .cloned()
                 .collect();
-            let creating = st.creating.snapshot();
             for action in plan(&rows, &records, &creating, now_ms()) {
                 if self.execute(node.as_ref(), &action).await? {
                     done.push(action);

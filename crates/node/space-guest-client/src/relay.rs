@@ -63,11 +63,6 @@ impl NodeConnection {
         self.transport.closed_reason().is_some()
     }
 
-    /// Ends the connection now, failing every stream on it.
-    pub fn close(&self) {
-        self.transport.close();
-    }
-
     /// A guest client whose requests go to `prefix` + the guest route (the agent's relay
     /// route for one sandbox), with the daemon's `ready` as the agent reported it.
     pub fn guest(&self, prefix: String, ready: Ready) -> GuestClient {

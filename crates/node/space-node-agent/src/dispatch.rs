@@ -65,7 +65,7 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
         R::Template { name } => reply(api.template(&name).await),
         R::PoolStatus => reply(api.pool_status().await),
         R::Credentials => reply(api.credentials().await),
-        R::PutCredential { credential, value } => match SecretValue::new(value.0.clone()) {
+        R::PutCredential { credential, value } => match SecretValue::new(value.0) {
             Ok(value) => reply(api.put_credential(credential, value).await),
             Err(e) => reply::<()>(Err(NodeCallError::refused(
                 space_core::ErrorCode::InvalidRequest,

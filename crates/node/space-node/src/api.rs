@@ -44,7 +44,7 @@ where
 
 /// A node error as the control plane may see it: what a caller tells apart stays apart,
 /// a guest's message is bounded and cleaned, node internals become `Internal`.
-pub fn call_error(e: NodeError) -> NodeCallError {
+fn call_error(e: NodeError) -> NodeCallError {
     match e {
         NodeError::SandboxNotFound(sandbox) => NodeCallError::SandboxNotFound { sandbox },
         NodeError::SnapshotNotFound(snapshot) => NodeCallError::SnapshotNotFound { snapshot },
@@ -58,7 +58,7 @@ pub fn call_error(e: NodeError) -> NodeCallError {
 }
 
 /// A guest's error (its message came from the guest: bounded and cleaned).
-pub fn guest_error(g: &GuestError) -> NodeCallError {
+fn guest_error(g: &GuestError) -> NodeCallError {
     NodeCallError::Refused {
         body: g.to_error_body().sanitised(),
     }

@@ -43,7 +43,6 @@ pub use space_core::sandbox::CrashPolicy;
 use space_core::{Resources, SandboxId, SandboxState, SnapshotId, TenantId};
 pub use space_secrets::ProjectId;
 
-pub use api::call_error;
 pub use config::NodeConfig;
 pub use error::NodeError;
 pub use persistent::{SnapshotOwner, SnapshotSource};

@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -40,7 +41,6 @@ use crate::db::{now_ms, SandboxRow, SandboxSpec};
 use crate::nodes::{
     EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult, PauseCause, SandboxView, StopCause,
 };
-use std::sync::Arc;
 
 /// How often a followed event stream sends a keep-alive (an empty line, which NDJSON
 /// readers skip) and checks that its sandbox still exists.

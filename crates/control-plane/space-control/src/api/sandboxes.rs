@@ -7,6 +7,7 @@
 //! crash in between leaves a row the reconciler resolves; node calls run in their own task,
 //! so a client that hangs up cannot cancel a half-done create or delete.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -25,7 +26,6 @@ use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
 use space_core::{ErrorBody, ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
 use space_secrets::ProjectId;
-use std::collections::HashMap;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;

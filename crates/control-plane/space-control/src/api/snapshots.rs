@@ -10,6 +10,8 @@
 //! forking from one are lifecycle operations ([`super::lifecycle`]); creating a sandbox
 //! from one is a create ([`super::sandboxes`]).
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -17,7 +19,6 @@ use serde::Deserialize;
 use space_core::sandbox::{CreateSnapshotRequest, SnapshotList, SnapshotTaken};
 use space_core::snapshot::{DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT};
 use space_core::{ErrorBody, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind, TenantId};
-use std::sync::Arc;
 use utoipa::IntoParams;
 
 use super::auth::AuthTenant;
