@@ -9,6 +9,7 @@
 //! - [`wait_until`] and the leak checks the suite ends with.
 
 mod child;
+pub mod cluster;
 pub mod e2b;
 pub mod leaks;
 pub mod node_agent;

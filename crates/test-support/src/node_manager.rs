@@ -57,20 +57,24 @@ pub fn stop_for_data_dir(data_dir: &Path) {
     drop(nm);
 }
 
-/// The `space` binary of this build: beside the running program (a benchmark in
-/// `<target>/<profile>/`) or one level up (a test in `<target>/<profile>/deps/`); cargo
-/// builds it for space-cli's tests.
+/// The `space` binary of this build (cargo builds it for space-cli's tests).
 pub fn space_binary() -> PathBuf {
+    built_binary("space")
+}
+
+/// A binary `name` of this build: beside the running program (a benchmark in
+/// `<target>/<profile>/`) or one level up (a test in `<target>/<profile>/deps/`).
+pub fn built_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().expect("exe directory");
     let found = [Some(dir), dir.parent()]
         .into_iter()
         .flatten()
-        .map(|d| d.join("space"))
+        .map(|d| d.join(name))
         .find(|p| p.is_file());
     found.unwrap_or_else(|| {
         panic!(
-            "no space binary beside {} — build it: cargo build -p space-cli",
+            "no {name} binary beside {} — build the workspace: cargo build --workspace",
             exe.display()
         )
     })

@@ -17,9 +17,40 @@ use test_support::{new_data_dir, test_server_config, TestServer, TEST_TEMPLATE};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// A server in a child process.
-async fn spawn_server(data_dir: &Path) -> (Child, SpaceClient) {
-    let log = std::fs::File::create(data_dir.join("child-server.log")).expect("log");
+/// A server in a child process. Its log is printed if the test fails while it is held, so a
+/// failure in CI (where the data directory is gone afterwards) can be told apart.
+struct ChildServer {
+    process: Child,
+    log: PathBuf,
+}
+
+impl ChildServer {
+    /// `kill -9`, and waits for it to be gone.
+    async fn kill(&mut self) {
+        self.process.start_kill().expect("kill -9 the server");
+        let _ = self.process.wait().await;
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(200).collect();
+            eprintln!(
+                "--- last lines of the child server's log ({}):",
+                self.log.display()
+            );
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+async fn spawn_server(data_dir: &Path) -> (ChildServer, SpaceClient) {
+    let log_path = data_dir.join("child-server.log");
+    let log = std::fs::File::create(&log_path).expect("log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_space-test-server"))
         .arg(data_dir)
         .stdout(Stdio::piped())
@@ -42,6 +73,10 @@ async fn spawn_server(data_dir: &Path) -> (Child, SpaceClient) {
         }
     }
     let client = SpaceClient::new(&url.expect("url"), key).expect("client");
+    let child = ChildServer {
+        process: child,
+        log: log_path,
+    };
     (child, client)
 }
 
@@ -123,8 +158,7 @@ async fn kill_during(op: Op, after: Duration) {
         })
     };
     tokio::time::sleep(after).await;
-    child.start_kill().expect("kill -9 the server");
-    let _ = child.wait().await;
+    child.kill().await;
     op_task.abort();
 
     let ts = TestServer::start_on(data_dir.clone(), config).await;
@@ -261,8 +295,7 @@ async fn kill9_while_a_delete_moves_persistent_snapshots() {
     while entries(&moved_to).is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(200));
     }
-    child.start_kill().expect("kill -9 the server");
-    let _ = child.wait().await;
+    child.kill().await;
     delete.abort();
     let (there, left) = (entries(&moved_to).len(), entries(&moved_from).len());
     eprintln!("killed with {there} snapshot(s) moved and {left} entries left in the sandbox");

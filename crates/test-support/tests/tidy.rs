@@ -220,7 +220,11 @@ fn the_systemd_units_load() {
         std::fs::write(&copy, text).expect("write unit");
         paths.push(copy);
     }
-    assert_eq!(paths.len(), 2, "the node manager's unit and the server's");
+    assert_eq!(
+        paths.len(),
+        4,
+        "the node manager's, the server's, a cluster replica's and a cluster node's units"
+    );
     let out = std::process::Command::new("systemd-analyze")
         .arg("verify")
         .args(&paths)

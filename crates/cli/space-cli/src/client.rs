@@ -1013,6 +1013,38 @@ impl SpaceClient {
         .await
     }
 
+    /// `GET /v1/nodes`.
+    pub async fn nodes(&self) -> ClientResult<space_core::cluster::NodeList> {
+        Self::json(self.request(Method::GET, "/v1/nodes")).await
+    }
+
+    /// `POST /v1/nodes/join-tokens`.
+    pub async fn create_join_token(
+        &self,
+        req: &space_core::cluster::CreateJoinTokenRequest,
+    ) -> ClientResult<space_core::cluster::JoinTokenCreated> {
+        Self::json(
+            self.request(Method::POST, "/v1/nodes/join-tokens")
+                .json(req),
+        )
+        .await
+    }
+
+    /// `POST /v1/nodes/{name}/cordon` (`cordoned`) or `/uncordon`.
+    pub async fn set_node_cordoned(
+        &self,
+        name: &str,
+        cordoned: bool,
+    ) -> ClientResult<space_core::cluster::NodeInfo> {
+        let verb = if cordoned { "cordon" } else { "uncordon" };
+        Self::json(self.request(Method::POST, &format!("/v1/nodes/{}/{verb}", encode(name)))).await
+    }
+
+    /// `DELETE /v1/nodes/{name}`.
+    pub async fn remove_node(&self, name: &str) -> ClientResult<()> {
+        Self::empty(self.request(Method::DELETE, &format!("/v1/nodes/{}", encode(name)))).await
+    }
+
     /// `GET /v1/audit`: a page of the caller's action log.
     pub async fn audit_log(&self, params: &AuditLogParams) -> ClientResult<AuditLog> {
         Self::json(self.request(Method::GET, "/v1/audit").query(params)).await

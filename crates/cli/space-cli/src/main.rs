@@ -52,10 +52,17 @@ pub struct Global {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the control plane and a local node.
-    Server(cmd::server::ServerArgs),
+    Server(Box<cmd::server::ServerArgs>),
     /// Run the node manager: the node's only root process, doing the privileged work of
     /// the sandbox manager (`space server --node-manager`).
     NodeManager(cmd::node_manager::NodeManagerArgs),
+    /// The cluster CA (once per cluster, on a control-plane host).
+    #[command(subcommand)]
+    Cluster(cmd::cluster::ClusterCmd),
+    /// A node of a cluster: join and run it (on the node), list, tokens, cordon (the
+    /// operator's).
+    #[command(subcommand)]
+    Node(cmd::node::NodeCmd),
     /// Templates: list (API), build and remove (local store).
     #[command(subcommand)]
     Template(cmd::template::TemplateCmd),
@@ -140,7 +147,12 @@ pub fn print_error(err: &anyhow::Error) {
 async fn main() {
     let cli = Cli::parse();
     init_logging(
-        if matches!(cli.command, Command::Server(_) | Command::NodeManager(_)) {
+        if matches!(
+            cli.command,
+            Command::Server(_)
+                | Command::NodeManager(_)
+                | Command::Node(cmd::node::NodeCmd::Run { .. })
+        ) {
             "info"
         } else {
             "warn"
@@ -148,8 +160,10 @@ async fn main() {
     );
     let g = cli.global;
     let result = match cli.command {
-        Command::Server(a) => cmd::server::run(&g, a).await,
+        Command::Server(a) => cmd::server::run(&g, *a).await,
         Command::NodeManager(a) => cmd::node_manager::run(&g, a).await,
+        Command::Cluster(c) => cmd::cluster::run(&g, c).await,
+        Command::Node(c) => cmd::node::run(&g, c).await,
         Command::Template(c) => cmd::template::run(&g, c).await,
         Command::Sandbox(c) => cmd::sandbox::run(&g, c).await,
         Command::Snapshot(c) => cmd::snapshot::run(&g, c).await,

@@ -325,6 +325,41 @@ pub fn pool(list: &[PoolShape]) {
     println!("{t}");
 }
 
+/// Nodes of a cluster.
+pub fn nodes(list: &[space_core::cluster::NodeInfo]) {
+    let mut t = table(&[
+        "NAME",
+        "STATE",
+        "ADDRESS",
+        "GEN",
+        "SANDBOXES",
+        "USED / CAPACITY",
+    ]);
+    for n in list {
+        let state = match n.state {
+            space_core::cluster::NodeState::Ready => "ready",
+            space_core::cluster::NodeState::Cordoned => "cordoned",
+            space_core::cluster::NodeState::Lost => "lost",
+        };
+        let room = match (n.used, n.capacity) {
+            (Some(u), Some(c)) => format!(
+                "{}/{} vCPU, {}/{} MiB",
+                u.vcpus, c.vcpus, u.memory_mib, c.memory_mib
+            ),
+            _ => "-".into(),
+        };
+        t.add_row(vec![
+            n.name.clone(),
+            state.into(),
+            n.address.clone(),
+            n.generation.to_string(),
+            n.sandboxes.map_or_else(|| "-".into(), |s| s.to_string()),
+            room,
+        ]);
+    }
+    println!("{t}");
+}
+
 /// The first 12 characters of a digest.
 pub fn short(digest: &str) -> &str {
     let d = digest.strip_prefix("sha256:").unwrap_or(digest);

@@ -1,6 +1,7 @@
 //! Control plane: HTTP API, authentication, database, reconciler.
 //!
 //! - [`api`]: the `/v1` HTTP API (axum) and its OpenAPI document.
+//! - [`cluster`]: the cluster CA, the membership service nodes call, the liveness sweep.
 //! - [`db`]: desired state, tenants and API keys (SQLite or PostgreSQL).
 //! - [`reconciler`]: converges the node's live state to the desired state (TTL, orphans).
 //! - [`scheduler`]: where a new sandbox goes among nodes (pure placement rules).
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod bootstrap;
+pub mod cluster;
 pub mod db;
 pub mod keys;
 pub mod nodes;

@@ -84,7 +84,7 @@ pub fn plan(
     let wanted: HashSet<&SandboxId> = live_rows.iter().map(|r| &r.id).collect();
     let mut actions = Vec::new();
     for row in live_rows {
-        if creating.contains(&row.id) {
+        if creating.contains(&row.id) || create_unfinished(row, now_ms) {
             continue;
         }
         let state = on_node.get(&row.id).map(|r| r.state);
@@ -97,6 +97,19 @@ pub fn plan(
     }
     actions.sort();
     actions
+}
+
+/// How long a row whose create has not finished is taken for one under way (by any
+/// replica: the in-flight set is this process's only): the longest a node call may take,
+/// and a margin. A replica that died in the middle leaves such a row; after this the row
+/// is planned like any other (kept if the node made the sandbox, marked gone if not).
+pub const CREATE_GRACE: Duration = Duration::from_secs(16 * 60);
+
+/// Whether `row`'s create is still under way somewhere (it has no create latency yet: the
+/// replica that runs it records one when it finishes).
+fn create_unfinished(row: &SandboxRow, now_ms: i64) -> bool {
+    let grace_ms = i64::try_from(CREATE_GRACE.as_millis()).unwrap_or(i64::MAX);
+    row.create_latency_ms.is_none() && now_ms.saturating_sub(row.created_at_ms) < grace_ms
 }
 
 /// What one live row needs, given its sandbox's state on the node (`None`: no record).
@@ -189,18 +202,39 @@ impl Reconciler {
             }
         }
         let live = st.db.live_sandboxes().await?;
-        let creating = st.creating.snapshot();
         let mut done = Vec::new();
         for (node, records) in on_nodes {
-            let rows: Vec<SandboxRow> = live
-                .iter()
-                .filter(|r| r.node == node.name())
-                .cloned()
-                .collect();
-            for action in plan(&rows, &records, &creating, now_ms()) {
-                if self.execute(node.as_ref(), &action).await? {
-                    done.push(action);
-                }
+            done.extend(self.converge(node.as_ref(), &records, &live).await?);
+        }
+        Ok(done)
+    }
+
+    /// One pass over one node, whatever its state (a lost node rejoining is reconciled
+    /// before it is let serve): its sandboxes that should be gone are deleted, timeouts
+    /// that passed while it was away are acted on. A node that cannot answer fails it.
+    pub async fn reconcile_node(&self, node: &dyn NodeApi) -> Result<Vec<Action>, ReconcileError> {
+        let records = node.sandboxes().await?;
+        let live = self.state.db.live_sandboxes().await?;
+        self.converge(node, &records, &live).await
+    }
+
+    /// Plans over `node`'s `records` and the live rows placed on it, and acts.
+    async fn converge(
+        &self,
+        node: &dyn NodeApi,
+        records: &[SandboxView],
+        live: &[SandboxRow],
+    ) -> Result<Vec<Action>, ReconcileError> {
+        let rows: Vec<SandboxRow> = live
+            .iter()
+            .filter(|r| r.node == node.name())
+            .cloned()
+            .collect();
+        let creating = self.state.creating.snapshot();
+        let mut done = Vec::new();
+        for action in plan(&rows, records, &creating, now_ms()) {
+            if self.execute(node, &action).await? {
+                done.push(action);
             }
         }
         Ok(done)
@@ -403,7 +437,7 @@ mod tests {
             auto_resume: false,
             timed_out_at_ms: None,
             deleted_at_ms: None,
-            create_latency_ms: None,
+            create_latency_ms: Some(1),
             tokens: Default::default(),
         }
     }

@@ -20,16 +20,8 @@ use space_core::resources::{NodeCapacity, Resources};
 use space_core::ErrorCode;
 use space_node_proto::NodeStatus;
 
-/// Whether a node takes placements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeState {
-    /// Heartbeating, and open to new sandboxes.
-    Ready,
-    /// Heartbeating, but closed to new sandboxes by the operator (cordoned or draining).
-    Cordoned,
-    /// Missed its heartbeats: its sandboxes are lost until it returns and reconciles.
-    Lost,
-}
+/// Whether a node takes placements (the API's node state).
+pub use space_core::cluster::NodeState;
 
 /// A node as its last heartbeat described it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +30,14 @@ pub struct NodeView {
     pub name: String,
     /// Whether it takes placements.
     pub state: NodeState,
-    /// What it reported of itself.
-    pub status: NodeStatus,
+    /// What it reported of itself (`None`: it did not say; it is not placed on).
+    pub status: Option<NodeStatus>,
+}
+
+/// A node open to this placement, with what it reported.
+struct Open<'a> {
+    name: &'a str,
+    status: &'a NodeStatus,
 }
 
 /// What is to be placed.
@@ -115,9 +113,15 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
     if nodes.is_empty() {
         return Err(NoPlacement::NoNodes);
     }
-    let open: Vec<&NodeView> = nodes
+    let open: Vec<Open<'_>> = nodes
         .iter()
         .filter(|n| n.state == NodeState::Ready && !req.excluded.contains(&n.name))
+        .filter_map(|n| {
+            n.status.as_ref().map(|status| Open {
+                name: &n.name,
+                status,
+            })
+        })
         .collect();
     if open.is_empty() {
         let count = |s: NodeState| nodes.iter().filter(|n| n.state == s).count();
@@ -140,11 +144,11 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
                 *locality,
                 busiest_after(n, &req.resources),
                 n.status.sandboxes,
-                n.name.as_str(),
+                n.name,
             )
         })
         .map(|(locality, n)| Placement {
-            node: n.name.clone(),
+            node: n.name.to_owned(),
             locality,
         })
         .ok_or_else(|| NoPlacement::NoRoom {
@@ -153,7 +157,7 @@ pub fn place(nodes: &[NodeView], req: &PlacementRequest<'_>) -> Result<Placement
         })
 }
 
-fn locality(node: &NodeView, template_digest: &str) -> Locality {
+fn locality(node: &Open<'_>, template_digest: &str) -> Locality {
     if node
         .status
         .pool_ready
@@ -170,7 +174,7 @@ fn locality(node: &NodeView, template_digest: &str) -> Locality {
 
 /// The use of the node's busiest resource once `add` is placed, in parts per million
 /// (integers, so equal loads compare equal).
-fn busiest_after(node: &NodeView, add: &Resources) -> u64 {
+fn busiest_after(node: &Open<'_>, add: &Resources) -> u64 {
     // A resource the node has none of is full.
     let share = |used: u64, add: u64, total: u64| {
         used.saturating_add(add)
@@ -200,8 +204,8 @@ fn busiest_after(node: &NodeView, add: &Resources) -> u64 {
     .unwrap_or(u64::MAX)
 }
 
-fn most_free(nodes: &[&NodeView]) -> NodeCapacity {
-    let free = |n: &NodeView| NodeCapacity {
+fn most_free(nodes: &[Open<'_>]) -> NodeCapacity {
+    let free = |n: &Open<'_>| NodeCapacity {
         vcpus: n.status.capacity.vcpus.saturating_sub(n.status.used.vcpus),
         memory_mib: n
             .status
@@ -214,7 +218,7 @@ fn most_free(nodes: &[&NodeView]) -> NodeCapacity {
             .disk_mib
             .saturating_sub(n.status.used.disk_mib),
     };
-    nodes.iter().map(|n| free(n)).fold(
+    nodes.iter().map(free).fold(
         NodeCapacity {
             vcpus: 0,
             memory_mib: 0,
@@ -251,13 +255,13 @@ mod tests {
         NodeView {
             name: name.to_owned(),
             state: NodeState::Ready,
-            status: NodeStatus {
+            status: Some(NodeStatus {
                 capacity: cap(16, 16 * 1024, 100 * 1024),
                 used,
                 sandboxes: 0,
                 memory_images: Default::default(),
                 pool_ready: Default::default(),
-            },
+            }),
         }
     }
 
@@ -289,16 +293,25 @@ mod tests {
         // Equal loads: fewer sandboxes, then the name.
         let mut twins = [idle("y"), idle("x")];
         assert_eq!(placed(&twins), "x");
-        twins[1].status.sandboxes = 3;
+        twins[1].status.as_mut().unwrap().sandboxes = 3;
         assert_eq!(placed(&twins), "y");
     }
 
     #[test]
     fn template_locality_comes_before_spread() {
         let mut warm = node("busy-warm", cap(12, 12 * 1024, 0));
-        warm.status.pool_ready.insert(T.to_owned(), 1);
+        warm.status
+            .as_mut()
+            .unwrap()
+            .pool_ready
+            .insert(T.to_owned(), 1);
         let mut imaged = node("imaged", cap(6, 6 * 1024, 0));
-        imaged.status.memory_images.insert(T.to_owned());
+        imaged
+            .status
+            .as_mut()
+            .unwrap()
+            .memory_images
+            .insert(T.to_owned());
         let cold = idle("cold");
         let got = place(&[cold.clone(), imaged.clone(), warm.clone()], &req(&[])).unwrap();
         assert_eq!(
@@ -306,7 +319,11 @@ mod tests {
             ("busy-warm", Locality::WarmPool)
         );
         // A pool with no ready member is no better than none.
-        warm.status.pool_ready.insert(T.to_owned(), 0);
+        warm.status
+            .as_mut()
+            .unwrap()
+            .pool_ready
+            .insert(T.to_owned(), 0);
         let got = place(&[cold.clone(), imaged, warm], &req(&[])).unwrap();
         assert_eq!(
             (got.node.as_str(), got.locality),
@@ -314,7 +331,12 @@ mod tests {
         );
         // Another template's image does not count.
         let mut other = idle("other");
-        other.status.memory_images.insert("sha256:other".to_owned());
+        other
+            .status
+            .as_mut()
+            .unwrap()
+            .memory_images
+            .insert("sha256:other".to_owned());
         let got = place(&[other], &req(&[])).unwrap();
         assert_eq!(got.locality, Locality::Cold);
     }
@@ -374,7 +396,7 @@ mod tests {
     #[test]
     fn a_node_reporting_no_capacity_takes_nothing_and_the_reason_reads_well() {
         let mut empty = idle("empty");
-        empty.status.capacity = cap(0, 0, 0);
+        empty.status.as_mut().unwrap().capacity = cap(0, 0, 0);
         let err = place(&[empty], &req(&[])).unwrap_err();
         assert_eq!(
             err.to_string(),

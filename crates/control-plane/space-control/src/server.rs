@@ -11,6 +11,9 @@ use axum::serve::Listener as _;
 use axum::Router;
 use space_node::{Node, NodeConfig};
 
+use crate::cluster::authority::Authority;
+use crate::cluster::membership::Membership;
+use crate::cluster::ClusterConfig;
 use crate::nodes::Nodes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -60,8 +63,11 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// `sqlite:PATH` or `postgres://...`; `None` = `sqlite://<data_dir>/control.db`.
     pub database_url: Option<String>,
-    /// The local node.
+    /// The local node (the single-machine default; not used with `cluster`).
     pub node: NodeConfig,
+    /// Run as a replica of a cluster: no node of its own, the nodes of the database's
+    /// membership, reached through their agents. `None`: the single-machine default.
+    pub cluster: Option<ClusterConfig>,
     /// Largest file upload accepted.
     pub max_upload_bytes: u64,
     /// Run the reconciler (TTL, orphans); tests that stage inconsistent state turn it off.
@@ -90,6 +96,7 @@ impl ServerConfig {
                 .parse()
                 .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
             node: NodeConfig::new(data_dir.clone()),
+            cluster: None,
             data_dir,
             database_url: None,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
@@ -117,12 +124,16 @@ pub struct Server {
     first_api_key: Option<String>,
     api_key_file: PathBuf,
     state: AppState,
-    /// The node this process runs (the single-machine default).
-    local: Node,
+    /// The node this process runs (the single-machine default; `None` in a cluster).
+    local: Option<Node>,
     stop: watch::Sender<bool>,
     http: Option<JoinHandle<std::io::Result<()>>>,
     https: Option<JoinHandle<std::io::Result<()>>>,
     reconciler: Option<JoinHandle<()>>,
+    /// The cluster listener and the liveness sweep (a cluster replica only).
+    cluster_http: Option<JoinHandle<std::io::Result<()>>>,
+    sweeper: Option<JoinHandle<()>>,
+    cluster_addr: Option<SocketAddr>,
 }
 
 impl Server {
@@ -137,6 +148,9 @@ impl Server {
         // SQLite made a new database file by the umask: private at once (its journal files
         // take its mode).
         secure_data_dir(&config.data_dir)?;
+        if config.cluster.is_some() {
+            return Self::start_inner(&config, db, None).await;
+        }
         let node = Node::start(config.node.clone())
             .await
             .context("starting the node")?;
@@ -147,13 +161,44 @@ impl Server {
     /// one node between servers this way); `config.node` and `config.database_url` are not
     /// used.
     pub async fn start_with(config: &ServerConfig, db: Db, node: Node) -> anyhow::Result<Server> {
+        Self::start_inner(config, db, Some(node)).await
+    }
+
+    async fn start_inner(
+        config: &ServerConfig,
+        db: Db,
+        local: Option<Node>,
+    ) -> anyhow::Result<Server> {
         secure_data_dir(&config.data_dir)?;
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
         crate::api::idempotency::release_abandoned_at_start(&db).await;
-        let nodes = Nodes::single(Arc::new(node.clone()));
-        let state = AppState::new(db, nodes, config.max_upload_bytes)
+        let authority = match &config.cluster {
+            Some(c) => Some(
+                Authority::new(
+                    crate::cluster::authority::load(&c.ca_dir)
+                        .context("reading the cluster CA (made by `space cluster init`)")?,
+                )
+                .context("issuing this replica's cluster identities")?,
+            ),
+            None => None,
+        };
+        let nodes = match (&local, &authority) {
+            (Some(node), _) => Nodes::single(Arc::new(node.clone())),
+            (None, Some(authority)) => {
+                let nodes = Nodes::cluster(authority.dialer.clone());
+                nodes.refresh(&db.nodes().await.context("reading the cluster's nodes")?);
+                nodes
+            }
+            (None, None) => {
+                anyhow::bail!("a server without a node of its own must be a cluster replica")
+            }
+        };
+        let mut state = AppState::new(db, nodes, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
+        if let Some(authority) = &authority {
+            state.cluster_ca_fingerprint = Some(authority.ca.fingerprint()?);
+        }
         state
             .apply_connection_limits()
             .await
@@ -198,8 +243,30 @@ impl Server {
                 .with_context(|| format!("setting up {surface:?}"))?;
         }
         let (stop, stop_rx) = watch::channel(false);
+        let reconciler_of = Reconciler::new(state.clone(), config.audit_retention);
+        let (mut cluster_http, mut sweeper, mut cluster_addr) = (None, None, None);
+        if let (Some(c), Some(authority)) = (&config.cluster, authority) {
+            let tcp = TcpListener::bind(c.listen)
+                .await
+                .with_context(|| format!("cluster listener on {}", c.listen))?;
+            cluster_addr = Some(tcp.local_addr()?);
+            let tls = TlsListener::new(tcp, (*authority.listener).clone())?;
+            let membership = Membership::new(state.clone(), authority, reconciler_of.clone());
+            cluster_http = Some(space_tls::serve_with_peers(
+                tls,
+                crate::cluster::listener::router(membership),
+                stop_rx.clone(),
+            ));
+            sweeper = Some(crate::cluster::spawn_sweeper(
+                state.db.clone(),
+                state.nodes.clone(),
+                c,
+                stop_rx.clone(),
+            ));
+            tracing::info!(listen = ?cluster_addr, "cluster listener up");
+        }
         let reconciler = if config.run_reconciler {
-            Some(Reconciler::new(state.clone(), config.audit_retention).spawn(stop_rx.clone()))
+            Some(reconciler_of.spawn(stop_rx.clone()))
         } else {
             None
         };
@@ -212,11 +279,14 @@ impl Server {
             first_api_key,
             api_key_file: api_key_path(data_dir),
             state,
-            local: node,
+            local,
             stop,
             http,
             https,
             reconciler,
+            cluster_http,
+            sweeper,
+            cluster_addr,
         })
     }
 
@@ -252,8 +322,18 @@ impl Server {
     }
 
     /// The node this process runs (for tests and benchmarks of node internals).
+    ///
+    /// # Panics
+    /// On a cluster replica, which runs no node: a test's mistake.
     pub fn local_node(&self) -> &Node {
-        &self.local
+        self.local
+            .as_ref()
+            .expect("local_node() of a cluster replica (it runs no node)")
+    }
+
+    /// Where the cluster listener is (a cluster replica only).
+    pub fn cluster_addr(&self) -> Option<SocketAddr> {
+        self.cluster_addr
     }
 
     /// Stops the HTTP server (open streams get [`SHUTDOWN_GRACE`]), the reconciler and the
@@ -262,13 +342,23 @@ impl Server {
         let _ = self.stop.send(true);
         // Both listeners drain at once, within one grace period.
         let grace = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-        for http in self.http.into_iter().chain(self.https) {
+        for http in self
+            .http
+            .into_iter()
+            .chain(self.https)
+            .chain(self.cluster_http)
+        {
             finish_http(http, grace).await;
         }
         if let Some(r) = self.reconciler {
             let _ = r.await;
         }
-        self.local.shutdown().await;
+        if let Some(s) = self.sweeper {
+            let _ = s.await;
+        }
+        if let Some(local) = self.local {
+            local.shutdown().await;
+        }
         self.state.db.close().await;
     }
 
@@ -298,7 +388,7 @@ async fn finish_http(mut http: JoinHandle<std::io::Result<()>>, deadline: tokio:
 pub fn spawn_http<L>(
     listener: L,
     app: Router,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>>
 where
     L: axum::serve::Listener,
@@ -306,13 +396,7 @@ where
 {
     tokio::spawn(async move {
         axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
+            .with_graceful_shutdown(space_tls::stopped(stop))
             .await
     })
 }

@@ -50,7 +50,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -681,5 +681,185 @@ async fn the_action_log_is_one_verifiable_chain_per_tenant() {
             verify(a.id.as_str(), Some(&anchor), &kept),
             Ok(kept.len() as u64)
         );
+    }
+}
+
+#[tokio::test]
+async fn join_tokens_are_spent_once_and_nodes_are_fenced_by_generation() {
+    use space_control::db::{JoinTokenError, MembershipError, NewNode, NodeLiveness, RemoveNode};
+    use space_core::{NodeCapacity, SandboxState};
+    use space_node_proto::NodeStatus;
+    let status = NodeStatus {
+        capacity: NodeCapacity {
+            vcpus: 4,
+            memory_mib: 4096,
+            disk_mib: 10_000,
+        },
+        used: NodeCapacity {
+            vcpus: 0,
+            memory_mib: 0,
+            disk_mib: 0,
+        },
+        sandboxes: 0,
+        memory_images: Default::default(),
+        pool_ready: Default::default(),
+    };
+    for t in common::test_dbs().await {
+        let (db, label) = (&t.db, t.label);
+        let far = space_control::db::now_ms() + 60_000;
+        db.create_join_token("t1", "hash1", far).await.unwrap();
+        db.create_join_token("t2", "hash2", 1).await.unwrap();
+        let n1 = NewNode {
+            name: "n1",
+            address: "10.0.0.1:7443",
+            cert_fingerprint: "sha256:c1",
+        };
+        // Wrong secret and unknown id read the same; an expired token; spent once only,
+        // even by two joins at once; a refused join records nothing.
+        assert_eq!(
+            db.join_node("t1", "nope", &n1).await.unwrap(),
+            Err(JoinTokenError::Invalid),
+            "{label}"
+        );
+        assert_eq!(
+            db.join_node("zz", "hash1", &n1).await.unwrap(),
+            Err(JoinTokenError::Invalid)
+        );
+        assert_eq!(
+            db.join_node("t2", "hash2", &n1).await.unwrap(),
+            Err(JoinTokenError::Expired)
+        );
+        assert!(db.node("n1").await.unwrap().is_none());
+        let (a, b) = tokio::join!(
+            db.join_node("t1", "hash1", &n1),
+            db.join_node("t1", "hash1", &n1)
+        );
+        let outcomes = [a.unwrap(), b.unwrap()];
+        assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "{label}");
+        assert!(outcomes.contains(&Err(JoinTokenError::Used)));
+        let listed = db.join_tokens().await.unwrap();
+        assert!(listed.iter().any(|t| t.id == "t1" && t.used.is_some()));
+
+        // A node joins at generation 1 and heartbeats; sandboxes not placed on it are left.
+        let row_n1 = db.node("n1").await.unwrap().unwrap();
+        assert_eq!(
+            (row_n1.generation, row_n1.liveness, row_n1.cordoned),
+            (1, NodeLiveness::Ready, false)
+        );
+        let tenant = db.create_tenant("acme").await.unwrap();
+        let mut mine = row(&tenant.id, 1, &[]);
+        mine.node = "n1".into();
+        let mut theirs = row(&tenant.id, 2, &[]);
+        theirs.node = "n2".into();
+        db.insert_sandbox(&mine).await.unwrap();
+        db.insert_sandbox(&theirs).await.unwrap();
+        let claims = [
+            (mine.id.clone(), SandboxState::Running),
+            (theirs.id.clone(), SandboxState::Paused),
+        ];
+        let not_yours = db
+            .node_heartbeat("n1", 1, "sha256:c1", &status, &claims)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(not_yours, vec![theirs.id.clone()], "{label}");
+        assert_eq!(
+            db.node("n1").await.unwrap().unwrap().status,
+            Some(status.clone())
+        );
+        // Another certificate, an unknown node, a wrong generation: not counted.
+        assert_eq!(
+            db.node_heartbeat("n1", 1, "sha256:other", &status, &[])
+                .await
+                .unwrap(),
+            Err(MembershipError::StaleCertificate("n1".into()))
+        );
+        assert_eq!(
+            db.node_heartbeat("n9", 1, "sha256:c1", &status, &[])
+                .await
+                .unwrap(),
+            Err(MembershipError::UnknownNode("n9".into()))
+        );
+        assert!(matches!(
+            db.node_heartbeat("n1", 7, "sha256:c1", &status, &[])
+                .await
+                .unwrap(),
+            Err(MembershipError::Fenced { current: 1, .. })
+        ));
+
+        // Declared lost once (a second sweep finds nothing), generation bumped: its
+        // heartbeats are fenced until it rejoins, and a rejoin is finished once.
+        assert_eq!(
+            db.mark_lost_nodes(far).await.unwrap(),
+            vec!["n1".to_owned()]
+        );
+        assert!(db.mark_lost_nodes(far).await.unwrap().is_empty());
+        let lost = db.node("n1").await.unwrap().unwrap();
+        assert_eq!((lost.liveness, lost.generation), (NodeLiveness::Lost, 2));
+        assert!(matches!(
+            db.node_heartbeat("n1", 1, "sha256:c1", &status, &[])
+                .await
+                .unwrap(),
+            Err(MembershipError::Fenced {
+                presented: 1,
+                current: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            db.check_rejoin("n1", 1, "sha256:other").await.unwrap(),
+            Err(MembershipError::StaleCertificate(_))
+        ));
+        let back = db
+            .check_rejoin("n1", 1, "sha256:c1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(db.finish_rejoin("n1", back.generation).await.unwrap());
+        assert!(!db.finish_rejoin("n1", back.generation).await.unwrap());
+        assert!(db
+            .node_heartbeat("n1", 2, "sha256:c1", &status, &[])
+            .await
+            .unwrap()
+            .is_ok());
+        // Ready again: nothing to rejoin.
+        assert!(db
+            .check_rejoin("n1", 2, "sha256:c1")
+            .await
+            .unwrap()
+            .is_err());
+
+        // Joining again (a new token) replaces the certificate, fences the old generation.
+        db.create_join_token("t3", "hash3", far).await.unwrap();
+        let again = db
+            .join_node(
+                "t3",
+                "hash3",
+                &NewNode {
+                    cert_fingerprint: "sha256:c2",
+                    ..n1.clone()
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.generation, 3);
+        assert!(db
+            .node_heartbeat("n1", 2, "sha256:c1", &status, &[])
+            .await
+            .unwrap()
+            .is_err());
+
+        // Cordon; removal only once it holds nothing.
+        assert!(db.set_node_cordoned("n1", true).await.unwrap());
+        assert!(db.node("n1").await.unwrap().unwrap().cordoned);
+        assert!(!db.set_node_cordoned("n9", true).await.unwrap());
+        assert_eq!(
+            db.remove_node("n1").await.unwrap(),
+            RemoveNode::HoldsSandboxes(1)
+        );
+        db.mark_deleted(&mine.id, 10).await.unwrap();
+        assert_eq!(db.remove_node("n1").await.unwrap(), RemoveNode::Removed);
+        assert_eq!(db.remove_node("n1").await.unwrap(), RemoveNode::NotFound);
     }
 }

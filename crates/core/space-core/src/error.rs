@@ -62,6 +62,9 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     /// The node that holds the sandbox cannot be reached (or is lost): retry later.
     NodeUnavailable,
+    /// A node spoke with a generation it no longer has (it was declared lost, or joined
+    /// again, since): it must rejoin before it is heard.
+    NodeFenced,
     /// A bug or an unexpected failure on the platform side.
     Internal,
 }
@@ -75,7 +78,7 @@ impl ErrorCode {
             Unauthenticated => 401,
             Forbidden | PermissionDenied | QuotaExceeded => 403,
             NotFound => 404,
-            Conflict | AlreadyExists => 409,
+            Conflict | AlreadyExists | NodeFenced => 409,
             PayloadTooLarge => 413,
             ExecFailed | IdempotencyKeyReused => 422,
             TooManyRequests | RateLimited => 429,
@@ -112,6 +115,7 @@ impl ErrorCode {
             QuotaExceeded => "quota_exceeded",
             IdempotencyKeyReused => "idempotency_key_reused",
             NodeUnavailable => "node_unavailable",
+            NodeFenced => "node_fenced",
             Internal => "internal",
         }
     }

@@ -46,6 +46,10 @@ pub enum SandboxState {
     /// Broke (VM exited, daemon crashed, guest misbehaved); the reason is recorded. Only
     /// `delete` (or a rollback to one of its snapshots) is allowed from here.
     Failed,
+    /// The node that holds it missed its heartbeats: what it is doing is unknown until the
+    /// node rejoins and is reconciled. The control plane's view only: no node records it,
+    /// and no transition leads to or from it.
+    Lost,
 }
 
 /// Something that happens to a sandbox.
@@ -168,7 +172,7 @@ pub const TRANSITIONS: &[(SandboxState, SandboxEvent, SandboxState)] = &[
 ];
 
 /// Every state, in lifecycle order.
-pub const ALL_STATES: [SandboxState; 14] = [
+pub const ALL_STATES: [SandboxState; 15] = [
     S::Creating,
     S::Running,
     S::Pausing,
@@ -183,6 +187,7 @@ pub const ALL_STATES: [SandboxState; 14] = [
     S::Deleting,
     S::Deleted,
     S::Failed,
+    S::Lost,
 ];
 
 impl SandboxState {
@@ -249,6 +254,7 @@ impl SandboxState {
             S::Deleting => "deleting",
             S::Deleted => "deleted",
             S::Failed => "failed",
+            S::Lost => "lost",
         }
     }
 

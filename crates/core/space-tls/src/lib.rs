@@ -186,6 +186,58 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// Who is at the other end of a TLS connection: its address and the leaf of the
+/// certificate chain the handshake verified (`None` if it presented none, where the
+/// server's verifier allows that). Handlers read it as `ConnectInfo<TlsPeer>` and decide
+/// what the certificate lets the peer do.
+#[derive(Debug, Clone)]
+pub struct TlsPeer {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its verified leaf certificate (DER).
+    pub leaf: Option<rustls::pki_types::CertificateDer<'static>>,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for TlsPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let (_, tls) = stream.io().get_ref();
+        TlsPeer {
+            addr: *stream.remote_addr(),
+            leaf: tls
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| c.clone().into_owned()),
+        }
+    }
+}
+
+/// Serves `app` on `listener`, each request knowing its [`TlsPeer`], until `stop` turns
+/// true (open connections are then let finish: the caller bounds how long it waits).
+pub fn serve_with_peers(
+    listener: TlsListener,
+    app: axum::Router,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<io::Result<()>> {
+    let app = app.into_make_service_with_connect_info::<TlsPeer>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped(stop))
+            .await
+    })
+}
+
+/// Resolves once `stop` turns true (or its sender is gone): the graceful-shutdown signal
+/// of every server here.
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

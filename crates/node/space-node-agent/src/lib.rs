@@ -13,6 +13,7 @@
 //! The agent holds no state of its own: it is the node's [`NodeApi`] on the network.
 
 pub mod dispatch;
+pub mod membership;
 pub mod peer;
 pub mod relay;
 
@@ -86,7 +87,20 @@ async fn call(State(st): State<AgentState>, body: Body) -> Response {
             )
         }
     };
-    let answer = dispatch::dispatch(st.node.as_ref(), req).await;
+    // In a task of its own: a control plane that hangs up (or dies) must not cancel a
+    // create or a checkpoint half-way; the node finishes it and the reconciler sees it.
+    let node = st.node.clone();
+    let answer =
+        match tokio::spawn(async move { dispatch::dispatch(node.as_ref(), req).await }).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                return protocol_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ErrorCode::Internal,
+                    format!("the node call task failed: {e}"),
+                )
+            }
+        };
     (
         [(header::CONTENT_TYPE, "application/json")],
         Bytes::from(answer),
@@ -122,18 +136,60 @@ async fn events(State(st): State<AgentState>) -> Response {
 pub fn spawn(
     node: Arc<dyn NodeApi>,
     listener: TlsListener,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
-    let app = router(AgentState { node }).into_make_service_with_connect_info::<peer::Peer>();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
-            .await
-    })
+    space_tls::serve_with_peers(listener, router(AgentState { node }), stop)
+}
+
+/// A node serving the cluster: its agent on a mutual-TLS listener and its heartbeats to
+/// the control plane (what `space node run` runs around the node).
+pub struct NodeAgent {
+    addr: std::net::SocketAddr,
+    stop: watch::Sender<bool>,
+    agent: JoinHandle<std::io::Result<()>>,
+    heartbeat: JoinHandle<()>,
+}
+
+impl NodeAgent {
+    /// Serves `node`, which joined as `joined`, on `listen`, and heartbeats every
+    /// `heartbeat`.
+    pub async fn start(
+        node: Arc<dyn NodeApi>,
+        joined: membership::Joined,
+        listen: std::net::SocketAddr,
+        heartbeat: std::time::Duration,
+    ) -> Result<NodeAgent, membership::MembershipError> {
+        let tls = space_node_proto::identity::server_config(&joined.identity, &joined.ca_pem)?;
+        let io = |source| membership::MembershipError::Io {
+            path: std::path::PathBuf::from(listen.to_string()),
+            source,
+        };
+        let tcp = tokio::net::TcpListener::bind(listen).await.map_err(io)?;
+        let addr = tcp.local_addr().map_err(io)?;
+        let listener = TlsListener::new(tcp, tls).map_err(io)?;
+        let (stop, stop_rx) = watch::channel(false);
+        let agent = spawn(node.clone(), listener, stop_rx.clone());
+        let heartbeat = membership::spawn_heartbeat(joined, node, heartbeat, stop_rx).await?;
+        Ok(NodeAgent {
+            addr,
+            stop,
+            agent,
+            heartbeat,
+        })
+    }
+
+    /// Where the agent listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Stops heartbeating and serving: open connections get `grace`, then are cut.
+    pub async fn shutdown(mut self, grace: std::time::Duration) {
+        let _ = self.stop.send(true);
+        let _ = (&mut self.heartbeat).await;
+        if tokio::time::timeout(grace, &mut self.agent).await.is_err() {
+            tracing::info!("agent connections did not finish in time; closing them");
+            self.agent.abort();
+        }
+    }
 }

@@ -46,6 +46,11 @@ pub enum NodeCallError {
         node: String,
         /// Why.
         reason: String,
+        /// The request may have reached the node (and the node may have acted on it):
+        /// `false` only when it certainly did not (no connection, or the node is lost), the
+        /// one case a create may be retried on another node.
+        #[serde(default)]
+        sent: bool,
     },
 }
 
@@ -66,6 +71,17 @@ impl NodeCallError {
             NodeCallError::Refused { body } => body.code,
             NodeCallError::Internal { .. } => ErrorCode::Internal,
             NodeCallError::Unavailable { .. } => ErrorCode::NodeUnavailable,
+        }
+    }
+
+    /// Whether the node certainly did nothing with the request, so it may go to another
+    /// node: it never reached the node, or the node refused it for room (its capacity was
+    /// taken since the status placement read).
+    pub fn not_acted_on(&self) -> bool {
+        match self {
+            NodeCallError::Unavailable { sent, .. } => !sent,
+            NodeCallError::Refused { body } => body.code == ErrorCode::InsufficientCapacity,
+            _ => false,
         }
     }
 
@@ -97,7 +113,9 @@ mod tests {
         let e = NodeCallError::Unavailable {
             node: "n2".into(),
             reason: "connection refused".into(),
+            sent: false,
         };
+        assert!(e.not_acted_on());
         assert_eq!(e.code().http_status(), 503);
     }
 }

@@ -199,37 +199,111 @@ impl ClusterCa {
         now: SystemTime,
         lifetime: Duration,
     ) -> Result<Identity, IdentityError> {
-        let dns = match role {
-            PeerRole::Node(name) => {
-                check_node_name(name)?;
-                vec![node_dns_name(name)]
-            }
-            PeerRole::ControlPlane => Vec::new(),
-        };
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::new(dns)?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, role.uri());
-        params.distinguished_name = dn;
-        params.subject_alt_names.push(SanType::URI(
-            role.uri()
-                .try_into()
-                .map_err(|e| IdentityError::Malformed(format!("role URI: {e}")))?,
-        ));
-        params.is_ca = IsCa::NoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        (params.not_before, params.not_after) = validity(now, lifetime)?;
-        let cert = params.signed_by(&key, &self.issuer, &self.key)?;
+        let cert = leaf_params(role, now, lifetime)?.signed_by(&key, &self.issuer, &self.key)?;
         Ok(Identity {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
     }
+
+    /// A certificate for node `name` over the public key of `csr_pem` (the key never left
+    /// the node). The request's signature is checked (the requester holds the key); what it
+    /// asks for beyond its key is ignored: names, role and dates are this CA's.
+    pub fn sign_node_request(
+        &self,
+        csr_pem: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Result<String, IdentityError> {
+        if csr_pem.len() > MAX_CSR_PEM {
+            return Err(IdentityError::Malformed(format!(
+                "a certificate request is at most {MAX_CSR_PEM} bytes"
+            )));
+        }
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| IdentityError::Malformed(format!("certificate request: {e}")))?;
+        csr.params = leaf_params(
+            &PeerRole::Node(name.to_owned()),
+            SystemTime::now(),
+            lifetime,
+        )?;
+        Ok(csr.signed_by(&self.issuer, &self.key)?.pem())
+    }
+
+    /// The CA certificate's fingerprint (what a join token pins).
+    pub fn fingerprint(&self) -> Result<String, IdentityError> {
+        ca_fingerprint(&self.cert_pem)
+    }
+}
+
+/// Longest certificate request accepted.
+pub const MAX_CSR_PEM: usize = 16 * 1024;
+
+/// The parameters of a leaf for `role`: its role URI, a node's DNS name (the control
+/// plane's for the control plane), usable as client and server.
+fn leaf_params(
+    role: &PeerRole,
+    now: SystemTime,
+    lifetime: Duration,
+) -> Result<CertificateParams, IdentityError> {
+    let dns = match role {
+        PeerRole::Node(name) => {
+            check_node_name(name)?;
+            node_dns_name(name)
+        }
+        PeerRole::ControlPlane => CONTROL_PLANE_DNS_NAME.to_owned(),
+    };
+    let mut params = CertificateParams::new(vec![dns])?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, role.uri());
+    params.distinguished_name = dn;
+    params.subject_alt_names.push(SanType::URI(
+        role.uri()
+            .try_into()
+            .map_err(|e| IdentityError::Malformed(format!("role URI: {e}")))?,
+    ));
+    params.is_ca = IsCa::NoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    (params.not_before, params.not_after) = validity(now, lifetime)?;
+    Ok(params)
+}
+
+/// The DNS name a control-plane certificate holds (nodes check it when they dial the
+/// control plane's cluster listener).
+pub const CONTROL_PLANE_DNS_NAME: &str = "control-plane.space.cluster";
+
+/// A node's key pair and its certificate request for `name`: the key stays on the node.
+pub fn node_key_and_request(name: &str) -> Result<(String, String), IdentityError> {
+    check_node_name(name)?;
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+    let params = CertificateParams::new(vec![node_dns_name(name)])?;
+    let csr = params.serialize_request(&key)?;
+    Ok((key.serialize_pem(), csr.pem()?))
+}
+
+/// `sha256:<hex>` of the first certificate of `pem` (its DER).
+pub fn ca_fingerprint(pem: &str) -> Result<String, IdentityError> {
+    let cert = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .ok_or_else(|| IdentityError::Malformed("PEM holds no certificate".into()))?
+        .map_err(|e| IdentityError::Malformed(format!("certificate PEM: {e}")))?;
+    Ok(fingerprint_der(&cert))
+}
+
+fn fingerprint_der(der: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(der)))
+}
+
+/// The certificate fingerprint of a peer's leaf (DER), as [`ca_fingerprint`] writes it.
+pub fn cert_fingerprint(der: &[u8]) -> String {
+    fingerprint_der(der)
 }
 
 /// The role of a peer's certificate (the leaf, DER), as its URI SAN names it.
@@ -307,6 +381,132 @@ pub fn client_config(id: &Identity, ca_pem: &str) -> Result<rustls::ClientConfig
         .with_client_auth_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)
+}
+
+/// The control plane's cluster listener: its identity (leaf and CA, so a joining node can
+/// check the CA against its token's pin), client certificates checked against the cluster
+/// CA when given but not required (a joining node has none yet; every route but the join
+/// requires one), HTTP/2 or HTTP/1.1.
+pub fn cluster_server_config(
+    id: &Identity,
+    ca_pem: &str,
+) -> Result<rustls::ServerConfig, IdentityError> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(ca_pem)?),
+        provider(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| IdentityError::Malformed(format!("client verifier: {e}")))?;
+    let (mut chain, key) = chain_and_key(id)?;
+    chain.extend(
+        CertificateDer::pem_slice_iter(ca_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| IdentityError::Malformed(format!("CA PEM: {e}")))?,
+    );
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// A node's TLS towards the control plane's cluster listener once it has joined: its
+/// identity, the cluster CA as the only trust anchor.
+pub fn node_client_config(
+    id: &Identity,
+    ca_pem: &str,
+) -> Result<rustls::ClientConfig, IdentityError> {
+    let (chain, key) = chain_and_key(id)?;
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca_pem)?)
+        .with_client_auth_cert(chain, key)?)
+}
+
+/// A joining node's TLS: it has no CA yet, only the fingerprint its join token pins. The
+/// server must present, after its leaf, a CA certificate with that fingerprint, and the
+/// leaf must verify against that CA for [`CONTROL_PLANE_DNS_NAME`] (chain, dates, name):
+/// whoever cannot is not this cluster's control plane, and never sees the token.
+pub fn join_client_config(ca_fingerprint: &str) -> Result<rustls::ClientConfig, IdentityError> {
+    let verifier = PinnedCaVerifier {
+        fingerprint: ca_fingerprint.to_owned(),
+        provider: provider(),
+    };
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth())
+}
+
+/// See [`join_client_config`].
+#[derive(Debug)]
+struct PinnedCaVerifier {
+    fingerprint: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| fingerprint_der(c) == self.fingerprint)
+            .ok_or_else(|| {
+                rustls::Error::General("the server's CA is not the one the join token names".into())
+            })?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            self.provider.clone(),
+        )
+        .build()
+        .map_err(|e| rustls::Error::General(format!("verifier: {e}")))?;
+        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 fn validity(

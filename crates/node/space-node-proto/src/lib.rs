@@ -11,6 +11,7 @@
 //! [`PROTOCOL_VERSION`] changes whenever a type here changes incompatibly.
 
 pub mod api;
+pub mod cluster;
 mod error;
 pub mod identity;
 mod node;

@@ -2,11 +2,13 @@
 
 pub mod audit;
 pub mod bench;
+pub mod cluster;
 pub mod credential;
 pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod key;
+pub mod node;
 pub mod node_manager;
 pub mod pool;
 pub mod quota;

@@ -8,27 +8,15 @@ use space_control::{Server, ServerConfig};
 
 use crate::Global;
 
-/// Options of `space server`.
+/// What the node of this process is like (`space server`'s local node, `space node run`).
 #[derive(Args, Debug)]
-pub struct ServerArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = space_control::server::DEFAULT_LISTEN)]
-    listen: SocketAddr,
-    /// Database: sqlite:PATH or postgres://... (default: SQLite in the data directory).
-    #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
+pub struct NodeArgs {
     /// Accelerator (default: KVM when the CPU has hardware virtualisation, else TCG).
     #[arg(long, value_parser = ["kvm", "tcg"])]
     accel: Option<String>,
-    /// Largest file upload, bytes.
-    #[arg(long, default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
-    max_upload_bytes: u64,
     /// Warm VMs kept ready per template shape (0: none; creates then restore or boot).
     #[arg(long)]
     pool_size: Option<usize>,
-    /// Node name shown in sandbox records.
-    #[arg(long)]
-    node_name: Option<String>,
     /// Give sandboxes no network card at all. By default each VM has one, in a namespace of
     /// its own behind the egress gateway, and each sandbox's egress policy decides what leaves.
     #[arg(long)]
@@ -49,6 +37,60 @@ pub struct ServerArgs {
     /// store (git-credential-helper style; see docs).
     #[arg(long, value_name = "PROGRAM")]
     credential_helper: Option<std::path::PathBuf>,
+    /// The socket of this node's `space node-manager`, which then does every privileged
+    /// operation (default: this process does them, and must be root).
+    #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
+    node_manager: Option<std::path::PathBuf>,
+}
+
+impl NodeArgs {
+    /// Applies the options to a node's configuration.
+    pub fn apply(self, node: &mut space_node::NodeConfig) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.node_manager.is_some() || nix::unistd::geteuid().is_root(),
+            "without --node-manager, the node does its privileged work itself (the store's \
+             mount, network namespaces, VMM jails) and must run as root: start `space \
+             node-manager --client {}` as root and pass its socket with --node-manager",
+            nix::unistd::getuid()
+        );
+        node.accel = self.accel;
+        if let Some(n) = self.pool_size {
+            node.pool_size = n;
+        }
+        node.sandbox_network = !self.no_sandbox_network;
+        if let Some(path) = &self.egress_default {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            node.egress = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
+        }
+        node.egress_grants = self.egress_grant;
+        node.upstream_dns = self.upstream_dns;
+        node.node_manager = self.node_manager;
+        if let Some(program) = self.credential_helper {
+            node.credentials = space_node::config::CredentialBackend::Command(
+                space_secrets::CommandConfig::new(program),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Options of `space server`.
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = space_control::server::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Database: sqlite:PATH or postgres://... (default: SQLite in the data directory).
+    #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Largest file upload, bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
+    max_upload_bytes: u64,
+    /// Node name shown in sandbox records.
+    #[arg(long)]
+    node_name: Option<String>,
     /// The domain sandbox hosts of the E2B-compatible API are named under
     /// (`{port}-{sandbox id}.DOMAIN`, what the E2B SDKs' `get_host(port)` returns); may carry
     /// a port. Point E2B_DOMAIN at it, and E2B_API_URL and E2B_SANDBOX_URL at this server.
@@ -91,21 +133,23 @@ pub struct ServerArgs {
     /// tenant's own (`space quota set`) overrides it field by field.
     #[arg(long, value_name = "FILE")]
     default_quota: Option<std::path::PathBuf>,
-    /// The socket of this node's `space node-manager`, which then does every privileged
-    /// operation (default: this process does them, and must be root).
-    #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
-    node_manager: Option<std::path::PathBuf>,
+    /// Run as a replica of a cluster: no node of its own, the nodes that joined (see
+    /// `space cluster init`, `space node join`). The directory holds the cluster CA; give
+    /// every replica the same one, and the same --database-url (PostgreSQL).
+    #[arg(long, value_name = "DIR", requires = "cluster_listen")]
+    cluster_dir: Option<std::path::PathBuf>,
+    /// Where nodes reach this replica's membership service (with --cluster-dir).
+    #[arg(long, value_name = "ADDR", requires = "cluster_dir")]
+    cluster_listen: Option<SocketAddr>,
+    /// A node silent this long is declared lost, with its sandboxes (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = space_control::cluster::DEFAULT_HEARTBEAT_TIMEOUT.as_secs())]
+    heartbeat_timeout_secs: u64,
+    #[command(flatten)]
+    node: NodeArgs,
 }
 
 /// Runs the server.
 pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
-    anyhow::ensure!(
-        a.node_manager.is_some() || nix::unistd::geteuid().is_root(),
-        "without --node-manager, space server does the node's privileged work itself (the \
-         store's mount, network namespaces, VMM jails) and must run as root: start \
-         `space node-manager --client {}` as root and pass its socket with --node-manager",
-        nix::unistd::getuid()
-    );
     let mut cfg = ServerConfig::new(&g.data_dir);
     cfg.listen = a.listen;
     cfg.database_url = a.database_url;
@@ -125,27 +169,15 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         own.validate().map_err(anyhow::Error::msg)?;
         cfg.default_quota = own.over(&space_core::quota::TenantQuota::embedded_default());
     }
-    cfg.node.accel = a.accel;
-    if let Some(n) = a.pool_size {
-        cfg.node.pool_size = n;
-    }
     if let Some(name) = a.node_name {
         cfg.node.node_name = name;
     }
-    cfg.node.sandbox_network = !a.no_sandbox_network;
-    if let Some(path) = &a.egress_default {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        cfg.node.egress = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
-    }
-    cfg.node.egress_grants = a.egress_grant;
-    cfg.node.upstream_dns = a.upstream_dns;
-    cfg.node.node_manager = a.node_manager;
-    if let Some(program) = a.credential_helper {
-        cfg.node.credentials = space_node::config::CredentialBackend::Command(
-            space_secrets::CommandConfig::new(program),
-        );
+    if let (Some(dir), Some(listen)) = (a.cluster_dir, a.cluster_listen) {
+        let mut cluster = space_control::cluster::ClusterConfig::new(dir, listen);
+        cluster.heartbeat_timeout = std::time::Duration::from_secs(a.heartbeat_timeout_secs.max(1));
+        cfg.cluster = Some(cluster);
+    } else {
+        a.node.apply(&mut cfg.node)?;
     }
     if a.e2b_private_ports {
         tracing::warn!("--e2b-private-ports is obsolete: sandbox ports are private by default");
@@ -171,6 +203,14 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
             println!("  {key}");
         }
         None => println!("API key: in {key_file} (created on first start), or make one with `space key create --tenant NAME`"),
+    }
+    if let Some(addr) = server.cluster_addr() {
+        println!(
+            "Cluster replica: nodes join at {addr} (space node token create; space node join)"
+        );
+        println!();
+        server.run_until_signal().await?;
+        return Ok(0);
     }
     let templates = server.local_node().templates().unwrap_or_default();
     println!();

@@ -35,7 +35,8 @@ pub async fn get_sandbox_egress(
 ) -> ApiResult<Json<EgressPolicy>> {
     let row = st.live_sandbox(&tenant.id, &id).await?;
     let view = st
-        .node_of(&row)?
+        .node_of(&row)
+        .await?
         .sandbox(&id)
         .await?
         .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
@@ -66,7 +67,11 @@ pub async fn set_sandbox_egress(
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
     let row = st.live_sandbox(&tenant.id, &id).await?;
-    let view = st.node_of(&row)?.set_egress_policy(&id, policy).await?;
+    let view = st
+        .node_of(&row)
+        .await?
+        .set_egress_policy(&id, policy)
+        .await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, "egress policy replaced");
     Ok(Json(view.egress))
 }

@@ -133,6 +133,7 @@ impl From<NodeCallError> for ApiError {
             NodeCallError::Unavailable {
                 ref node,
                 ref reason,
+                ..
             } => {
                 // The reason may name addresses and certificates: logged, not sent.
                 tracing::warn!(node, reason, "node unavailable");

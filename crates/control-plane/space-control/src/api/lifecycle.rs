@@ -73,7 +73,7 @@ where
 {
     let mut row = st.live_sandbox(&tenant.id, &id).await?;
     let task_state = st.clone();
-    let work = op(st.node_of(&row)?, id.clone());
+    let work = op(st.node_of(&row).await?, id.clone());
     // The renewal is part of the task: a client that hangs up cannot leave a sandbox that
     // runs again without its new deadline.
     let record = tokio::spawn(async move {
@@ -275,7 +275,7 @@ pub async fn fork(
     validate_labels(&req.labels).map_err(ApiError::invalid)?;
     let parent_row = st.live_sandbox(&tenant.id, &parent).await?;
     // Children are made from the parent's memory and disk: on the parent's node.
-    let node = st.node_of(&parent_row)?;
+    let node = st.node_of(&parent_row).await?;
     let parent_rec = node
         .sandbox(&parent)
         .await?
@@ -400,7 +400,7 @@ pub async fn event_log(
     id: &SandboxId,
 ) -> ApiResult<Vec<LifecycleEntry>> {
     let row = st.find_sandbox(tenant, id).await?;
-    past_events(st.node_of(&row)?.as_ref(), id).await
+    past_events(st.node_of(&row).await?.as_ref(), id).await
 }
 
 /// What the node's log holds for `id`. Deleted sandboxes keep their log for auditing (while
@@ -438,7 +438,7 @@ pub async fn events(
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult<Response> {
     let row = st.find_sandbox(&tenant.id, &id).await?;
-    let node = st.node_of(&row)?;
+    let node = st.node_of(&row).await?;
     if !q.follow.unwrap_or(false) {
         let past = past_events(node.as_ref(), &id).await?;
         return Ok(Json(EventList { events: past }).into_response());

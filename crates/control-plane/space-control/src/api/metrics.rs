@@ -51,7 +51,7 @@ pub async fn metrics(
         return Err(ApiError::invalid("start_ms is after end_ms"));
     }
     let row = st.live_sandbox(&tenant.id, &id).await?;
-    let mut metrics = st.node_of(&row)?.metrics(&id).await?;
+    let mut metrics = st.node_of(&row).await?.metrics(&id).await?;
     metrics.retain(|m| (start..=end).contains(&m.timestamp_ms));
     Ok(Json(SandboxMetrics { metrics }))
 }

@@ -16,6 +16,7 @@ pub mod files;
 pub mod idempotency;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nodes;
 pub mod openapi;
 pub mod processes;
 pub mod quota;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub creating: InFlight,
     /// Tenants' quotas and request rates.
     pub quotas: crate::quotas::Quotas,
+    /// The cluster CA's fingerprint, on a cluster replica (join tokens pin it).
+    pub cluster_ca_fingerprint: Option<String>,
 }
 
 impl AppState {
@@ -66,6 +69,7 @@ impl AppState {
             max_upload_bytes,
             creating: InFlight::default(),
             quotas: crate::quotas::Quotas::new(space_core::quota::TenantQuota::embedded_default()),
+            cluster_ca_fingerprint: None,
         }
     }
 
@@ -88,8 +92,24 @@ impl AppState {
     }
 
     /// The node that holds the sandbox of `row`.
-    pub fn node_of(&self, row: &SandboxRow) -> Result<Arc<dyn NodeApi>, ApiError> {
-        Ok(self.nodes.get(&row.node)?.clone())
+    pub async fn node_of(&self, row: &SandboxRow) -> Result<Arc<dyn NodeApi>, ApiError> {
+        self.refresh_if_unavailable(&row.node).await?;
+        Ok(self.nodes.get(&row.node)?)
+    }
+
+    /// In a cluster, reloads the node set when this replica believes node `name` lost or
+    /// unknown: another replica may have let it back (or in) a moment ago, and a sandbox
+    /// must not be refused for a stale cache. Ready nodes cost nothing.
+    pub async fn refresh_if_unavailable(&self, name: &str) -> Result<(), ApiError> {
+        if self.nodes.is_cluster()
+            && matches!(
+                self.nodes.state(name),
+                None | Some(crate::scheduler::NodeState::Lost)
+            )
+        {
+            self.nodes.refresh(&self.db.nodes().await?);
+        }
+        Ok(())
     }
 
     /// A tenant's sandbox that has not been deleted, or 404.
@@ -114,7 +134,7 @@ impl AppState {
         let row = self.live_sandbox(tenant, id).await?;
         // In its own task: a client that hangs up must not cancel a resume half-way.
         let st = self.clone();
-        let node = self.node_of(&row)?;
+        let node = self.node_of(&row).await?;
         let id = id.clone();
         tokio::spawn(async move {
             let timed_out = row.auto_resume && node.wake_timed_out(&id).await?;
@@ -145,7 +165,7 @@ impl AppState {
     ) -> Result<ProcessSpec, ApiError> {
         let row = self.live_sandbox(tenant, id).await?;
         let mut spec = spec.clone();
-        for (name, value) in self.node_of(&row)?.process_env(id).await? {
+        for (name, value) in self.node_of(&row).await?.process_env(id).await? {
             spec.env.entry(name).or_insert(value);
         }
         Ok(spec)

@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    action_log, audit, auth, credentials, egress, files, idempotency, lifecycle, metrics,
+    action_log, audit, auth, credentials, egress, files, idempotency, lifecycle, metrics, nodes,
     processes, quota, sandboxes, snapshots, templates, AppState,
 };
 
@@ -44,6 +44,7 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
         (name = "files", description = "Files inside a sandbox"),
         (name = "egress", description = "What may leave a sandbox: per-sandbox egress policies and the tenant's default"),
         (name = "credentials", description = "Secrets the egress gateway injects into sandbox requests (write-only values) and their audit log"),
+        (name = "nodes", description = "The cluster's nodes and the one-time tokens that join them (the operator's tenant)"),
     ),
     components(schemas(space_core::ErrorBody, space_core::ErrorCode))
 )]
@@ -153,6 +154,11 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(credentials::audit))
         .routes(routes!(audit::audit_log))
+        .routes(routes!(nodes::list_nodes))
+        .routes(routes!(nodes::create_join_token))
+        .routes(routes!(nodes::cordon_node))
+        .routes(routes!(nodes::uncordon_node))
+        .routes(routes!(nodes::remove_node))
         .routes(routes!(quota::my_quota))
         .routes(routes!(
             quota::get_tenant_quota,

@@ -8,6 +8,7 @@
 //! so a client that hangs up cannot cancel a half-done create or delete.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -34,9 +35,10 @@ use super::extract::{ApiJson, ApiQuery, SandboxPath};
 use super::{AppState, InFlightGuard};
 use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
 use crate::nodes::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeResult, PauseCause, SandboxSettings,
-    SandboxView, StopCause, VmOrigin,
+    CreateFromSnapshot, CreateSandbox, NodeApi, NodeCallError, NodeResult, PauseCause,
+    SandboxSettings, SandboxView, StopCause, VmOrigin,
 };
+use crate::scheduler::NodeState;
 use space_core::error::excerpt;
 
 /// Timeout when a create request gives none.
@@ -127,7 +129,11 @@ pub fn origin(o: &VmOrigin) -> SandboxOrigin {
 
 /// A row merged with its node's view of the sandbox as it is now.
 pub async fn info_now(st: &AppState, row: &SandboxRow) -> ApiResult<SandboxInfo> {
-    let view = st.node_of(row)?.sandbox(&row.id).await?;
+    st.refresh_if_unavailable(&row.node).await?;
+    if st.nodes.state(&row.node) == Some(NodeState::Lost) {
+        return Ok(lost_info(row));
+    }
+    let view = st.node_of(row).await?.sandbox(&row.id).await?;
     Ok(sandbox_info(
         row,
         view.as_ref(),
@@ -142,14 +148,35 @@ pub async fn infos_now(st: &AppState, rows: &[&SandboxRow]) -> ApiResult<Vec<San
     names.dedup();
     let mut views: HashMap<SandboxId, SandboxView> = HashMap::new();
     for name in names {
+        st.refresh_if_unavailable(name).await?;
+        if st.nodes.state(name) == Some(NodeState::Lost) {
+            continue;
+        }
         for view in st.nodes.get(name)?.sandboxes().await? {
             views.insert(view.id.clone(), view);
         }
     }
     Ok(rows
         .iter()
-        .map(|row| sandbox_info(row, views.get(&row.id), st.creating.contains(&row.id)))
+        .map(|row| match st.nodes.state(&row.node) {
+            Some(NodeState::Lost) => lost_info(row),
+            _ => sandbox_info(row, views.get(&row.id), st.creating.contains(&row.id)),
+        })
         .collect())
+}
+
+/// A sandbox whose node is lost: `lost` (or deleted, if that is what its row says), as
+/// its row describes it.
+fn lost_info(row: &SandboxRow) -> SandboxInfo {
+    let mut info = sandbox_info(row, None, false);
+    if row.desired_state != DesiredState::Deleted {
+        info.state = SandboxState::Lost;
+        info.failure_reason = Some(format!(
+            "its node {} is lost (it missed its heartbeats); the sandbox is back when the node rejoins",
+            row.node
+        ));
+    }
+    info
 }
 
 /// Checks the parts of a create request that need no template.
@@ -259,6 +286,11 @@ pub async fn create_sandbox(
     resources
         .validate(template.image_size_mib)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if st.nodes.is_cluster() {
+        // Placement reads membership as the database has it now: a node cordoned or lost
+        // through another replica a moment ago is not chosen.
+        st.nodes.refresh(&st.db.nodes().await?);
+    }
     let node = st.nodes.place(resources, &template.digest, &[]).await?;
 
     let id = SandboxId::generate();
@@ -299,11 +331,47 @@ pub async fn create_sandbox(
         },
         settings,
     };
+    let placement = st.clone();
+    let digest = template.digest.clone();
     let info = create_in_task(st, row, guard, started, async move {
-        node.create_sandbox(create).await
+        create_on(&placement, node, create, resources, &digest).await
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Creates on `node`; if the create certainly did nothing there (the node could not be
+/// reached, or had no room after all), places it once more without that node and creates
+/// there. Never twice: a create that may have reached its node is not retried.
+async fn create_on(
+    st: &AppState,
+    node: Arc<dyn NodeApi>,
+    create: CreateSandbox,
+    resources: space_core::Resources,
+    template_digest: &str,
+) -> NodeResult<SandboxView> {
+    let first = match node.create_sandbox(create.clone()).await {
+        Err(e) if e.not_acted_on() => e,
+        other => return other,
+    };
+    let excluded = [node.name().to_owned()];
+    let Ok(other) = st.nodes.place(resources, template_digest, &excluded).await else {
+        return Err(first);
+    };
+    match st
+        .db
+        .move_placement(&create.id, node.name(), other.name())
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => return Err(first),
+        Err(e) => {
+            tracing::warn!(sandbox = %create.id, error = %e, "cannot move the placement; not retrying");
+            return Err(first);
+        }
+    }
+    tracing::warn!(sandbox = %create.id, from = node.name(), to = other.name(), error = %first, "create did not reach its node; retrying on another");
+    other.create_sandbox(create).await
 }
 
 /// What the node gives a new sandbox, from the create request (for both kinds of create).
@@ -500,6 +568,10 @@ pub async fn finish_create(
         Err(e) => ApiError::from(e),
     };
     tracing::warn!(sandbox = %row.id, error = %failure.body, "sandbox creation failed");
+    // The create may have been retried on another node: discard it where the row says.
+    if let Ok(Some(now)) = st.db.sandbox_any_tenant(&row.id).await {
+        row.node = now.node;
+    }
     discard(st, &row).await?;
     Err(failure)
 }
@@ -508,7 +580,7 @@ pub async fn finish_create(
 /// it allocated (the reconciler retries if the node side fails).
 pub async fn discard(st: &AppState, row: &SandboxRow) -> ApiResult<()> {
     st.db.mark_deleted(&row.id, now_ms()).await?;
-    if let Err(e) = st.node_of(row)?.delete(&row.id).await {
+    if let Err(e) = st.node_of(row).await?.delete(&row.id).await {
         tracing::warn!(sandbox = %row.id, error = %e, "cleanup after failed create failed; the reconciler will retry")
     }
     Ok(())
@@ -656,7 +728,15 @@ pub async fn delete_sandbox(
         return Err(ApiError::sandbox_not_found(&id));
     }
     tracing::info!(sandbox = %id, tenant = %tenant.name, "deleting sandbox");
-    let node = st.node_of(&row)?;
+    let node = match st.node_of(&row).await {
+        Ok(node) => node,
+        // Its node is lost or unreachable: the delete is recorded, and the node deletes the
+        // VM when it is reconciled (at its rejoin, or the reconciler's next pass).
+        Err(e) => {
+            tracing::warn!(sandbox = %id, node = %row.node, error = %e.body.message, "node unavailable; the delete finishes when it is reconciled");
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    };
     let task_id = id.clone();
     let result = tokio::spawn(async move { node.delete(&task_id).await }).await;
     match result {
@@ -768,7 +848,7 @@ pub async fn console(
         )));
     }
     let row = st.live_sandbox(&tenant.id, &id).await?;
-    let text = st.node_of(&row)?.console_tail(&id, bytes).await?;
+    let text = st.node_of(&row).await?.console_tail(&id, bytes).await?;
     Ok((
         [(CONTENT_TYPE, "text/plain; charset=utf-8")],
         Body::from(text),

@@ -51,7 +51,7 @@ pub async fn list_snapshots(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SnapshotList>> {
     let row = st.live_sandbox(&tenant.id, &id).await?;
-    let snapshots = st.node_of(&row)?.snapshots(&id).await?;
+    let snapshots = st.node_of(&row).await?.snapshots(&id).await?;
     Ok(Json(SnapshotList { snapshots }))
 }
 
@@ -97,7 +97,7 @@ pub async fn create_snapshot(
         tenant: row.tenant_id.clone(),
         labels: row.labels.clone(),
     });
-    let node = st.node_of(&row)?;
+    let node = st.node_of(&row).await?;
     let request = SnapshotRequest {
         kind: req.kind,
         label: req.label,
@@ -137,7 +137,7 @@ pub async fn delete_snapshot(
     SnapshotPath(id, snap): SnapshotPath,
 ) -> ApiResult<StatusCode> {
     let row = st.live_sandbox(&tenant.id, &id).await?;
-    let node = st.node_of(&row)?;
+    let node = st.node_of(&row).await?;
     tokio::spawn(async move { node.delete_snapshot(&id, &snap).await })
         .await
         .map_err(ApiError::internal)??;
@@ -190,7 +190,7 @@ pub async fn diff_snapshots(
     }
     let row = st.live_sandbox(&tenant.id, &id).await?;
     let _permit = st.diff_permit(&tenant.id).await?;
-    let node = st.node_of(&row)?;
+    let node = st.node_of(&row).await?;
     Ok(Json(node.diff_snapshots(&id, &from, &to, limit).await?))
 }
 
@@ -229,7 +229,7 @@ pub async fn find_snapshot(
         }
     }
     for row in st.db.sandboxes(tenant, SandboxFilter::Live).await? {
-        let node = st.node_of(&row)?;
+        let node = st.node_of(&row).await?;
         match node.snapshot_origin(&row.id, snap).await {
             Ok(Some((info, origin))) => {
                 return Ok(FoundSnapshot {
@@ -305,7 +305,7 @@ impl AppState {
     pub async fn tenant_snapshots(&self, tenant: &TenantId) -> ApiResult<Vec<SnapshotInfo>> {
         let mut snapshots: Vec<SnapshotInfo> = Vec::new();
         for row in self.db.sandboxes(tenant, SandboxFilter::Live).await? {
-            match self.node_of(&row)?.snapshots(&row.id).await {
+            match self.node_of(&row).await?.snapshots(&row.id).await {
                 Ok(list) => snapshots.extend(list),
                 // Deleted meanwhile (its persistent snapshots are listed below).
                 Err(NodeCallError::SandboxNotFound { .. }) => {}

@@ -162,6 +162,42 @@ pub const MIGRATIONS: &[Migration] = &[
                 updated_at_ms BIGINT NOT NULL
             )"],
     },
+    // Cluster membership (`db::nodes`). A node's `generation` is bumped when it is
+    // declared lost: what it says with an older one is refused (fencing). `cordoned` is
+    // the operator's (no new placements), apart from liveness. `status` is the JSON
+    // `NodeStatus` of its last heartbeat. Join tokens: only the secret's sha256 is kept;
+    // `used_at_ms` set once, by the join that spent it. A sandbox's `live_state` is the
+    // state its node last reported (heartbeat, or the answer to a call), for listings that
+    // do not ask every node.
+    Migration {
+        version: 8,
+        description: "nodes, join tokens, sandboxes' live states",
+        statements: &[
+            "CREATE TABLE nodes (
+                name TEXT PRIMARY KEY,
+                address TEXT NOT NULL,
+                generation BIGINT NOT NULL,
+                liveness TEXT NOT NULL,
+                cordoned BIGINT NOT NULL DEFAULT 0,
+                cert_fingerprint TEXT NOT NULL,
+                status TEXT,
+                joined_at_ms BIGINT NOT NULL,
+                heartbeat_at_ms BIGINT NOT NULL,
+                lost_at_ms BIGINT
+            )",
+            "CREATE TABLE node_join_tokens (
+                id TEXT PRIMARY KEY,
+                secret_hash TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                expires_at_ms BIGINT NOT NULL,
+                used_at_ms BIGINT,
+                used_by TEXT
+            )",
+            "ALTER TABLE sandboxes ADD COLUMN live_state TEXT",
+            "ALTER TABLE sandboxes ADD COLUMN live_state_at_ms BIGINT",
+            "CREATE INDEX sandboxes_node ON sandboxes (node, desired_state)",
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 mod audit;
 mod idempotency;
 pub mod migrations;
+mod nodes;
 mod quotas;
 mod sandboxes;
 mod tenants;
@@ -25,6 +26,9 @@ use sqlx::{AnyPool, Connection, Executor};
 
 pub use audit::{AuditQuery, NewAuditRecord, MAX_AUDIT_FIELD, MAX_AUDIT_PAGE};
 pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
+pub use nodes::{
+    JoinTokenError, JoinTokenInfo, MembershipError, NewNode, NodeLiveness, NodeRow, RemoveNode,
+};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 

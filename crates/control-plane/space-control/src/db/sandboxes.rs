@@ -397,6 +397,24 @@ impl Db {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Moves a sandbox that is being created from node `from` to node `to` (its create
+    /// never reached `from`); `false` if its row names another node by now.
+    pub async fn move_placement(
+        &self,
+        id: &SandboxId,
+        from: &str,
+        to: &str,
+    ) -> Result<bool, DbError> {
+        let moved = sqlx::query("UPDATE sandboxes SET node = $1 WHERE id = $2 AND node = $3 AND desired_state = 'running'")
+            .bind(to)
+            .bind(id.as_str())
+            .bind(from)
+            .execute(self.pool())
+            .await?
+            .rows_affected();
+        Ok(moved == 1)
+    }
+
     /// Records what the node reported once the sandbox was created.
     pub async fn set_created(
         &self,

@@ -11,10 +11,10 @@
 pub mod remote;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use space_core::template::TemplateInfo;
-use space_core::{NodeCapacity, Resources};
+use space_core::Resources;
 pub use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
 pub use space_node_proto::{
     CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
@@ -24,80 +24,180 @@ pub use space_node_proto::{
 use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
 
-const NO_CAPACITY: NodeCapacity = NodeCapacity {
-    vcpus: 0,
-    memory_mib: 0,
-    disk_mib: 0,
-};
-
+use crate::db::{NodeLiveness, NodeRow};
 use crate::scheduler::{self, NoPlacement, NodeState, NodeView, PlacementRequest};
 
-/// The nodes the control plane places sandboxes on, by name. Cheap to clone.
+/// One member of the set.
+#[derive(Clone)]
+struct Member {
+    api: Arc<dyn NodeApi>,
+    state: NodeState,
+    /// Where its agent is (remote nodes only): a new address is a new client.
+    address: Option<String>,
+}
+
+/// How the control plane dials node agents (its client identity and the cluster CA).
+pub type NodeDialer = Arc<rustls::ClientConfig>;
+
+/// The nodes the control plane places sandboxes on, by name. Cheap to clone; every clone
+/// sees the same membership.
+///
+/// Two shapes: [`Nodes::single`], the one in-process node of the single-machine default
+/// (always ready, no membership rows), and [`Nodes::cluster`], the nodes of the database's
+/// `nodes` table, kept current by [`Nodes::refresh`] (each replica refreshes its own copy
+/// every few seconds: the database is the truth).
 #[derive(Clone)]
 pub struct Nodes {
-    by_name: Arc<BTreeMap<String, Arc<dyn NodeApi>>>,
+    members: Arc<RwLock<BTreeMap<String, Member>>>,
+    /// `Some` for a cluster: how new members are dialled.
+    dialer: Option<NodeDialer>,
 }
 
 impl Nodes {
     /// The set of exactly one node (the single-machine default).
     pub fn single(node: Arc<dyn NodeApi>) -> Nodes {
+        let member = Member {
+            api: node.clone(),
+            state: NodeState::Ready,
+            address: None,
+        };
         Nodes {
-            by_name: Arc::new(BTreeMap::from([(node.name().to_owned(), node)])),
+            members: Arc::new(RwLock::new(BTreeMap::from([(
+                node.name().to_owned(),
+                member,
+            )]))),
+            dialer: None,
         }
     }
 
-    /// The node called `name`; a name no node has is `node_unavailable` (its node left).
-    pub fn get(&self, name: &str) -> NodeResult<&Arc<dyn NodeApi>> {
-        self.by_name
-            .get(name)
-            .ok_or_else(|| NodeCallError::Unavailable {
-                node: name.to_owned(),
-                reason: "no such node is registered".into(),
-            })
+    /// The nodes of a cluster, none until the first [`Nodes::refresh`].
+    pub fn cluster(dialer: NodeDialer) -> Nodes {
+        Nodes {
+            members: Default::default(),
+            dialer: Some(dialer),
+        }
     }
 
-    /// Every node, by name.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn NodeApi>> {
-        self.by_name.values()
+    /// Whether this is a cluster's set (membership from the database).
+    pub fn is_cluster(&self) -> bool {
+        self.dialer.is_some()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Member>> {
+        // A panic while holding the lock leaves a map that is still whole: carry on.
+        self.members.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes the set the nodes of `rows` (a cluster only): new nodes get a client, a node
+    /// whose address changed a new one, removed nodes are dropped, and every node takes
+    /// the state its row says (lost before cordoned before ready).
+    pub fn refresh(&self, rows: &[NodeRow]) {
+        let Some(dialer) = &self.dialer else {
+            return;
+        };
+        let mut members = self.members.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = BTreeMap::new();
+        for row in rows {
+            let state = match (row.liveness, row.cordoned) {
+                (NodeLiveness::Lost, _) => NodeState::Lost,
+                (NodeLiveness::Ready, true) => NodeState::Cordoned,
+                (NodeLiveness::Ready, false) => NodeState::Ready,
+            };
+            let api = match members.get(&row.name) {
+                Some(m) if m.address.as_deref() == Some(row.address.as_str()) => m.api.clone(),
+                _ => match remote::RemoteNode::for_node(&row.name, &row.address, dialer.clone()) {
+                    Ok(node) => Arc::new(node) as Arc<dyn NodeApi>,
+                    Err(e) => {
+                        tracing::warn!(node = %row.name, error = %e, "cannot address node; leaving it out");
+                        continue;
+                    }
+                },
+            };
+            next.insert(
+                row.name.clone(),
+                Member {
+                    api,
+                    state,
+                    address: Some(row.address.clone()),
+                },
+            );
+        }
+        *members = next;
+    }
+
+    /// The node called `name`, to call; a lost node or a name no node has is
+    /// `node_unavailable`.
+    pub fn get(&self, name: &str) -> NodeResult<Arc<dyn NodeApi>> {
+        let unavailable = |reason: &str| NodeCallError::Unavailable {
+            node: name.to_owned(),
+            reason: reason.to_owned(),
+            sent: false,
+        };
+        match self.read().get(name) {
+            None => Err(unavailable("no such node is registered")),
+            Some(m) if m.state == NodeState::Lost => Err(unavailable(
+                "the node is lost (it missed its heartbeats); its sandboxes are back when it rejoins",
+            )),
+            Some(m) => Ok(m.api.clone()),
+        }
+    }
+
+    /// The node called `name` whatever its state (the rejoin reconciles a lost node).
+    pub fn get_any_state(&self, name: &str) -> Option<Arc<dyn NodeApi>> {
+        self.read().get(name).map(|m| m.api.clone())
+    }
+
+    /// The state of node `name`, if it is a member.
+    pub fn state(&self, name: &str) -> Option<NodeState> {
+        self.read().get(name).map(|m| m.state)
+    }
+
+    /// Every node that can be called (not lost), by name.
+    pub fn all(&self) -> Vec<Arc<dyn NodeApi>> {
+        self.read()
+            .values()
+            .filter(|m| m.state != NodeState::Lost)
+            .map(|m| m.api.clone())
+            .collect()
     }
 
     /// The node a new sandbox of `resources` from the template `template_digest` goes to,
-    /// by the scheduler's rules over what each node reports now; `excluded` names nodes
-    /// that already failed this create. A node that cannot say is left out (as lost).
+    /// by the scheduler's rules over what each ready node reports now; `excluded` names
+    /// nodes that already failed this create. A ready node that cannot say is left out
+    /// (as lost); cordoned and lost nodes are not asked.
     pub async fn place(
         &self,
         resources: Resources,
         template_digest: &str,
         excluded: &[String],
     ) -> Result<Arc<dyn NodeApi>, NoPlacement> {
-        let statuses = futures::future::join_all(self.all().map(|n| async move {
-            let status = n.status().await;
-            (n, status)
+        let members: Vec<(String, Member)> = self
+            .read()
+            .iter()
+            .map(|(n, m)| (n.clone(), m.clone()))
+            .collect();
+        let statuses = futures::future::join_all(members.iter().map(|(_, m)| async move {
+            match m.state {
+                NodeState::Ready => Some(m.api.status().await),
+                NodeState::Cordoned | NodeState::Lost => None,
+            }
         }))
         .await;
         let mut views = Vec::with_capacity(statuses.len());
-        for (node, status) in statuses {
-            match status {
-                Ok(status) => views.push(NodeView {
-                    name: node.name().to_owned(),
-                    state: NodeState::Ready,
-                    status,
-                }),
-                Err(e) => {
-                    tracing::warn!(node = node.name(), error = %e, "node status unavailable; not placing there");
-                    views.push(NodeView {
-                        name: node.name().to_owned(),
-                        state: NodeState::Lost,
-                        status: NodeStatus {
-                            capacity: NO_CAPACITY,
-                            used: NO_CAPACITY,
-                            sandboxes: 0,
-                            memory_images: Default::default(),
-                            pool_ready: Default::default(),
-                        },
-                    });
+        for ((name, member), status) in members.iter().zip(statuses) {
+            let (state, status) = match status {
+                Some(Ok(status)) => (NodeState::Ready, Some(status)),
+                Some(Err(e)) => {
+                    tracing::warn!(node = %name, error = %e, "node status unavailable; not placing there");
+                    (NodeState::Lost, None)
                 }
-            }
+                None => (member.state, None),
+            };
+            views.push(NodeView {
+                name: name.clone(),
+                state,
+                status,
+            });
         }
         let req = PlacementRequest {
             resources,
@@ -106,9 +206,10 @@ impl Nodes {
         };
         let placement = scheduler::place(&views, &req)?;
         tracing::debug!(node = %placement.node, locality = ?placement.locality, "placed");
-        self.by_name
-            .get(&placement.node)
-            .cloned()
+        members
+            .into_iter()
+            .find(|(n, _)| *n == placement.node)
+            .map(|(_, m)| m.api)
             .ok_or(NoPlacement::NoNodes)
     }
 
@@ -132,11 +233,15 @@ impl Nodes {
 
     /// Any one node, for what every node answers alike (the operator's egress ceiling, the
     /// templates every node is given).
-    pub fn any(&self) -> NodeResult<&Arc<dyn NodeApi>> {
-        self.all().next().ok_or_else(|| NodeCallError::Unavailable {
-            node: String::new(),
-            reason: "no node is registered".into(),
-        })
+    pub fn any(&self) -> NodeResult<Arc<dyn NodeApi>> {
+        self.all()
+            .into_iter()
+            .next()
+            .ok_or_else(|| NodeCallError::Unavailable {
+                node: String::new(),
+                reason: "no node is registered".into(),
+                sent: false,
+            })
     }
 
     // Credentials are held by every node (its gateways inject them): written to each, read

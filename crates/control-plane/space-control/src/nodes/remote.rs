@@ -73,10 +73,30 @@ impl RemoteNode {
         }
     }
 
+    /// Node `name` of the cluster, whose agent listens at `addr` (`host:port`), dialled
+    /// with `tls` and expected to prove it is that node (its certificate's DNS name).
+    pub fn for_node(
+        name: &str,
+        addr: &str,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<RemoteNode, space_node_proto::identity::IdentityError> {
+        space_node_proto::identity::check_node_name(name)?;
+        let server_name = ServerName::try_from(space_node_proto::identity::node_dns_name(name))
+            .map_err(|e| space_node_proto::identity::IdentityError::Malformed(e.to_string()))?;
+        Ok(RemoteNode::new(NodeAddress {
+            name: name.to_owned(),
+            addr: addr.to_owned(),
+            server_name,
+            tls,
+        }))
+    }
+
+    /// The node could not be reached: the request was not sent.
     fn unavailable(&self, reason: impl std::fmt::Display) -> NodeCallError {
         NodeCallError::Unavailable {
             node: self.address.name.clone(),
             reason: reason.to_string(),
+            sent: false,
         }
     }
 
@@ -131,7 +151,12 @@ impl RemoteNode {
             GuestError::Remote { body, .. } if body.code.http_status() < 500 => {
                 NodeCallError::Refused { body }
             }
-            other => self.unavailable(other),
+            // Sent, but no answer in protocol: the node may have acted on it.
+            other => NodeCallError::Unavailable {
+                node: self.address.name.clone(),
+                reason: other.to_string(),
+                sent: true,
+            },
         }
     }
 }

@@ -24,7 +24,7 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::EgressBeyondCeiling => Code::InvalidArgument,
         ErrorCode::PermissionDenied | ErrorCode::Forbidden => Code::PermissionDenied,
         ErrorCode::QuotaExceeded | ErrorCode::RateLimited => Code::ResourceExhausted,
-        ErrorCode::Conflict => Code::FailedPrecondition,
+        ErrorCode::Conflict | ErrorCode::NodeFenced => Code::FailedPrecondition,
         ErrorCode::PayloadTooLarge
         | ErrorCode::TooManyRequests
         | ErrorCode::InsufficientCapacity => Code::ResourceExhausted,

@@ -1,0 +1,447 @@
+//! A whole cluster on one machine: control-plane replicas in this process against one
+//! database (PostgreSQL when `SPACE_TEST_POSTGRES_URL` is set, else an SQLite file), and
+//! node processes (`space-test-node`), each in a network namespace of its own with its own
+//! data directory and store, joined with one-time tokens like `space node join`.
+//!
+//! Each node's namespace has one veth to the host: the node is `10.231.K.2`, the host
+//! `10.231.K.1`; the replicas' cluster listeners listen on every host address, their APIs
+//! on loopback.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use space_cli::client::SpaceClient;
+use space_control::cluster::ClusterConfig;
+use space_control::{Server, ServerConfig};
+use space_core::cluster::{CreateJoinTokenRequest, NodeState};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::{cleanup_data_dir, init_logging, new_data_dir, wait_until};
+
+/// How long a node may be silent before it is declared lost (short: the tests wait for it).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(4);
+/// The agent's port inside each node's namespace.
+const AGENT_PORT: u16 = 7443;
+
+/// The next subnet: distinct across the tests of one process, and offset by the pid so two
+/// test binaries at once do not collide.
+fn next_subnet() -> u8 {
+    static NEXT: AtomicU8 = AtomicU8::new(0);
+    let base = (std::process::id() % 16) as u8 * 12;
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) % 12) + 10
+}
+
+fn ip(args: &[&str]) {
+    let ok = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "ip {args:?}");
+}
+
+/// A network namespace with a veth to the host.
+pub struct NodeNetwork {
+    /// The namespace.
+    pub netns: String,
+    /// The host's end, as the node reaches it.
+    pub host_ip: String,
+    /// The node's address.
+    pub node_ip: String,
+}
+
+impl NodeNetwork {
+    fn create() -> NodeNetwork {
+        let k = next_subnet();
+        let netns = format!("spt-node-{}-{k}", std::process::id());
+        let _ = space_net::datapath::netns::delete(&netns);
+        space_net::datapath::netns::create(&netns).expect("node namespace");
+        let net = NodeNetwork {
+            netns: netns.clone(),
+            host_ip: format!("10.231.{k}.1"),
+            node_ip: format!("10.231.{k}.2"),
+        };
+        let host_if = format!("sptn{}h{k}", std::process::id() % 1000);
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &host_if])
+            .status();
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", net.host_ip),
+            "dev",
+            &host_if,
+        ]);
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&[
+            "-n",
+            &netns,
+            "addr",
+            "add",
+            &format!("{}/30", net.node_ip),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &netns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        net
+    }
+}
+
+impl Drop for NodeNetwork {
+    fn drop(&mut self) {
+        // The veth goes with the namespace.
+        let _ = space_net::datapath::netns::delete(&self.netns);
+    }
+}
+
+/// A node process.
+pub struct TestNode {
+    /// Its name.
+    pub name: String,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// Its namespace.
+    pub network: NodeNetwork,
+    process: Option<Child>,
+    log: PathBuf,
+}
+
+impl TestNode {
+    /// Where its agent is.
+    pub fn agent_addr(&self) -> String {
+        format!("{}:{AGENT_PORT}", self.network.node_ip)
+    }
+
+    /// The node's process id.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        let pid = self
+            .process
+            .as_ref()
+            .and_then(Child::id)
+            .expect("node process runs");
+        nix::unistd::Pid::from_raw(pid as i32)
+    }
+
+    /// Freezes it (SIGSTOP): no heartbeats, no answers, VMs untouched.
+    pub fn freeze(&self) {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// Lets it run again (SIGCONT).
+    pub fn thaw(&self) {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    }
+
+    /// Its cluster identity directory.
+    pub fn identity_dir(&self) -> PathBuf {
+        self.data_dir.join("node-identity")
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            self.thaw_quietly(&p);
+            if let Some(pid) = p.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            if tokio::time::timeout(Duration::from_secs(20), p.wait())
+                .await
+                .is_err()
+            {
+                let _ = p.start_kill();
+                let _ = p.wait().await;
+            }
+        }
+    }
+
+    fn thaw_quietly(&self, p: &Child) {
+        if let Some(pid) = p.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            self.thaw_quietly(&p);
+            let _ = p.start_kill();
+        }
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- last lines of node {}'s log:", self.name);
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+        cleanup_data_dir(&self.data_dir);
+    }
+}
+
+/// A PostgreSQL database for one test, dropped afterwards; `None` without a server.
+struct PgDatabase {
+    admin_url: String,
+    name: String,
+}
+
+impl PgDatabase {
+    async fn create() -> Option<(String, PgDatabase)> {
+        let admin_url = std::env::var("SPACE_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|s| !s.is_empty())?;
+        let name = format!(
+            "space_cluster_{}",
+            space_core::SandboxId::generate()
+                .as_str()
+                .trim_start_matches("sbx-")
+        );
+        admin(&admin_url, &format!("CREATE DATABASE {name}")).await;
+        let (base, query) = admin_url
+            .split_once('?')
+            .map_or((admin_url.as_str(), None), |(b, q)| (b, Some(q)));
+        let root = base.rfind('/').map_or(base, |i| &base[..i]);
+        let url = match query {
+            Some(q) => format!("{root}/{name}?{q}"),
+            None => format!("{root}/{name}"),
+        };
+        Some((url, PgDatabase { admin_url, name }))
+    }
+}
+
+async fn admin(url: &str, sql: &str) {
+    use sqlx::Connection as _;
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(url)
+        .await
+        .expect("connect to the test PostgreSQL");
+    sqlx::query(sql)
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let _ = conn.close().await;
+}
+
+/// A cluster: replicas, nodes, one database.
+pub struct Cluster {
+    /// The replicas (`replicas[0]` bootstrapped the operator's key).
+    pub replicas: Vec<Server>,
+    /// A client of each replica, as the operator.
+    pub clients: Vec<SpaceClient>,
+    /// The nodes.
+    pub nodes: Vec<TestNode>,
+    /// The operator's API key.
+    pub api_key: String,
+    /// Which database (`postgres` or `sqlite`).
+    pub backend: &'static str,
+    ca_dir: tempfile::TempDir,
+    replica_dirs: Vec<PathBuf>,
+    db_url: String,
+    _sqlite_dir: Option<tempfile::TempDir>,
+    pg: Option<PgDatabase>,
+}
+
+impl Cluster {
+    /// `replicas` control-plane replicas and `nodes` joined nodes, all ready.
+    pub async fn start(replicas: usize, nodes: usize) -> Cluster {
+        init_logging();
+        let ca_dir = tempfile::tempdir().expect("temp dir");
+        space_control::cluster::authority::init(&ca_dir.path().join("ca")).expect("cluster CA");
+        let (db_url, backend, sqlite_dir, pg) = match PgDatabase::create().await {
+            Some((url, pg)) => (url, "postgres", None, Some(pg)),
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = space_control::db::default_sqlite_url(dir.path());
+                (url, "sqlite", Some(dir), None)
+            }
+        };
+        let mut cluster = Cluster {
+            replicas: Vec::new(),
+            clients: Vec::new(),
+            nodes: Vec::new(),
+            api_key: String::new(),
+            backend,
+            ca_dir,
+            replica_dirs: Vec::new(),
+            db_url,
+            _sqlite_dir: sqlite_dir,
+            pg,
+        };
+        for _ in 0..replicas {
+            cluster.add_replica().await;
+        }
+        for i in 0..nodes {
+            cluster
+                .add_node(&format!("node-{}", (b'a' + i as u8) as char))
+                .await;
+        }
+        cluster
+            .wait_nodes(nodes, |n| n.state == NodeState::Ready)
+            .await;
+        cluster
+    }
+
+    /// The config of a replica on `data_dir`.
+    fn replica_config(&self, data_dir: &Path) -> ServerConfig {
+        let mut cfg = ServerConfig::new(data_dir);
+        cfg.listen = "127.0.0.1:0".parse().expect("literal");
+        cfg.database_url = Some(self.db_url.clone());
+        let mut cluster = ClusterConfig::new(
+            self.ca_dir.path().join("ca"),
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+        );
+        cluster.heartbeat_timeout = HEARTBEAT_TIMEOUT;
+        cluster.sweep_interval = Duration::from_millis(500);
+        cfg.cluster = Some(cluster);
+        cfg
+    }
+
+    /// Starts another replica.
+    pub async fn add_replica(&mut self) {
+        let dir = new_data_dir();
+        let server = Server::start(self.replica_config(&dir))
+            .await
+            .unwrap_or_else(|e| panic!("replica start: {e:#}"));
+        if let Some(k) = server.first_api_key() {
+            self.api_key = k.to_owned();
+        }
+        let client = SpaceClient::new(&server.url(), Some(self.api_key.clone())).expect("client");
+        self.replicas.push(server);
+        self.clients.push(client);
+        self.replica_dirs.push(dir);
+    }
+
+    /// A new one-time join token.
+    pub async fn join_token(&self) -> String {
+        self.clients[0]
+            .create_join_token(&CreateJoinTokenRequest::default())
+            .await
+            .expect("join token")
+            .token
+    }
+
+    /// Where nodes reach replica `i` from their namespace `net`.
+    pub fn cluster_addr(&self, i: usize, net: &NodeNetwork) -> String {
+        let port = self.replicas[i]
+            .cluster_addr()
+            .expect("cluster listener")
+            .port();
+        format!("{}:{port}", net.host_ip)
+    }
+
+    /// Starts node `name` in a namespace of its own, joined with a new token through the
+    /// first replica; returns once it serves.
+    pub async fn add_node(&mut self, name: &str) {
+        let network = NodeNetwork::create();
+        let data_dir = new_data_dir();
+        let token = self.join_token().await;
+        let control_plane = self.cluster_addr(self.nodes.len() % self.replicas.len(), &network);
+        let log = data_dir.join("node.log");
+        let mut node = TestNode {
+            name: name.to_owned(),
+            data_dir,
+            network,
+            process: None,
+            log,
+        };
+        let advertise = node.agent_addr();
+        let log_file = std::fs::File::create(&node.log).expect("node log");
+        // nsenter, not `ip netns exec`: that remounts /sys for the namespace, and the
+        // node's VMM jails need the host's cgroup hierarchy under /sys/fs/cgroup.
+        let mut child = Command::new("nsenter")
+            .arg(format!(
+                "--net={}",
+                space_net::datapath::netns::path(&node.network.netns).display()
+            ))
+            .arg(crate::node_manager::built_binary("space-test-node"))
+            .arg(&node.data_dir)
+            .args([&control_plane, &token, name, &advertise])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn node");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        node.process = Some(child);
+        let ready = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await;
+        match ready {
+            Ok(Ok(Some(line))) if line == "READY" => {}
+            other => panic!("node {name} did not start ({other:?}):\n{}", node.log()),
+        }
+        self.nodes.push(node);
+    }
+
+    /// Waits until the cluster lists `count` nodes all matching `ok`.
+    pub async fn wait_nodes(
+        &self,
+        count: usize,
+        ok: impl Fn(&space_core::cluster::NodeInfo) -> bool,
+    ) -> Vec<space_core::cluster::NodeInfo> {
+        wait_until(Duration::from_secs(60), "the cluster's nodes", || async {
+            let list = self.clients[0].nodes().await.ok()?;
+            (list.nodes.len() == count && list.nodes.iter().all(&ok)).then_some(list.nodes)
+        })
+        .await
+    }
+
+    /// The directory of the cluster CA.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.ca_dir.path().join("ca")
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> &TestNode {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Deletes every sandbox, stops the nodes and the replicas, drops the database.
+    pub async fn stop(mut self) {
+        if let Ok(list) = self.clients[0].list_sandboxes(&[]).await {
+            for sb in list.sandboxes {
+                let _ = self.clients[0].delete_sandbox(sb.id.as_str()).await;
+            }
+        }
+        for node in &mut self.nodes {
+            node.stop().await;
+        }
+        self.nodes.clear();
+        for server in self.replicas.drain(..) {
+            server.shutdown().await;
+        }
+        if let Some(pg) = self.pg.take() {
+            admin(
+                &pg.admin_url,
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", pg.name),
+            )
+            .await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for dir in &self.replica_dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
