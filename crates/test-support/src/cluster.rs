@@ -239,6 +239,51 @@ async fn admin(url: &str, sql: &str) {
     let _ = conn.close().await;
 }
 
+/// The config of a test replica on `data_dir`, of the cluster whose CA is in `ca_dir`, on
+/// the database at `db_url`.
+pub fn replica_config(data_dir: &Path, ca_dir: &Path, db_url: &str) -> ServerConfig {
+    let mut cfg = ServerConfig::new(data_dir);
+    cfg.listen = "127.0.0.1:0".parse().expect("literal");
+    cfg.database_url = Some(db_url.to_owned());
+    let mut cluster = ClusterConfig::new(ca_dir, SocketAddr::from(([0, 0, 0, 0], 0)));
+    cluster.heartbeat_timeout = HEARTBEAT_TIMEOUT;
+    cluster.sweep_interval = Duration::from_millis(500);
+    cfg.cluster = Some(cluster);
+    cfg
+}
+
+/// A replica in a child process, to be killed with SIGKILL.
+pub struct ChildReplica {
+    process: Child,
+    /// A client of it, as the operator.
+    pub client: SpaceClient,
+    log: PathBuf,
+    data_dir: PathBuf,
+}
+
+impl ChildReplica {
+    /// `kill -9`, and waits for it to be gone.
+    pub async fn kill(&mut self) {
+        let _ = self.process.start_kill();
+        let _ = self.process.wait().await;
+    }
+}
+
+impl Drop for ChildReplica {
+    fn drop(&mut self) {
+        let _ = self.process.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- last lines of the child replica's log:");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
 /// A cluster: replicas, nodes, one database.
 pub struct Cluster {
     /// The replicas (`replicas[0]` bootstrapped the operator's key).
@@ -298,25 +343,10 @@ impl Cluster {
         cluster
     }
 
-    /// The config of a replica on `data_dir`.
-    fn replica_config(&self, data_dir: &Path) -> ServerConfig {
-        let mut cfg = ServerConfig::new(data_dir);
-        cfg.listen = "127.0.0.1:0".parse().expect("literal");
-        cfg.database_url = Some(self.db_url.clone());
-        let mut cluster = ClusterConfig::new(
-            self.ca_dir.path().join("ca"),
-            SocketAddr::from(([0, 0, 0, 0], 0)),
-        );
-        cluster.heartbeat_timeout = HEARTBEAT_TIMEOUT;
-        cluster.sweep_interval = Duration::from_millis(500);
-        cfg.cluster = Some(cluster);
-        cfg
-    }
-
     /// Starts another replica.
     pub async fn add_replica(&mut self) {
         let dir = new_data_dir();
-        let server = Server::start(self.replica_config(&dir))
+        let server = Server::start(replica_config(&dir, &self.ca_dir(), &self.db_url))
             .await
             .unwrap_or_else(|e| panic!("replica start: {e:#}"));
         if let Some(k) = server.first_api_key() {
@@ -326,6 +356,41 @@ impl Cluster {
         self.replicas.push(server);
         self.clients.push(client);
         self.replica_dirs.push(dir);
+    }
+
+    /// A replica in a child process (`space-test-server --replica`), for kill -9.
+    pub async fn child_replica(&self) -> ChildReplica {
+        let data_dir = new_data_dir();
+        let log = data_dir.join("replica.log");
+        let log_file = std::fs::File::create(&log).expect("replica log");
+        let mut process = Command::new(crate::node_manager::built_binary("space-test-server"))
+            .arg(&data_dir)
+            .arg("--replica")
+            .arg(self.ca_dir())
+            .arg(&self.db_url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn replica");
+        let mut lines = BufReader::new(process.stdout.take().expect("stdout")).lines();
+        let mut url = None;
+        while url.is_none() {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .expect("replica starts")
+                .expect("read")
+                .expect("replica printed its address");
+            url = line.strip_prefix("URL ").map(str::to_owned);
+        }
+        let client =
+            SpaceClient::new(&url.expect("url"), Some(self.api_key.clone())).expect("client");
+        ChildReplica {
+            process,
+            client,
+            log,
+            data_dir,
+        }
     }
 
     /// A new one-time join token.

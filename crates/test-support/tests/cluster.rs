@@ -406,3 +406,105 @@ async fn forged_reused_and_misdirected_membership_is_refused_and_changes_nothing
 fn cluster_ca(cluster: &Cluster) -> ClusterCa {
     space_control::cluster::authority::load(&cluster.ca_dir()).expect("CA")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_killed_mid_operations_loses_nothing() {
+    let cluster = Cluster::start(1, 2).await;
+    let a = &cluster.clients[0];
+    let to_delete = a
+        .create_sandbox(&create_request())
+        .await
+        .expect("create")
+        .id;
+    let to_pause = a
+        .create_sandbox(&create_request())
+        .await
+        .expect("create")
+        .id;
+    let mut child = cluster.child_replica().await;
+    let c = child.client.clone();
+    // Creates, a delete and a pause through the child replica, killed while they run.
+    let mut work = Vec::new();
+    for _ in 0..3 {
+        let c = c.clone();
+        work.push(tokio::spawn(async move {
+            c.create_sandbox(&create_request()).await.map(|s| s.id).ok()
+        }));
+    }
+    let deleting = {
+        let (c, id) = (c.clone(), to_delete.clone());
+        tokio::spawn(async move { c.delete_sandbox(id.as_str()).await.is_ok() })
+    };
+    let pausing = {
+        let (c, id) = (c.clone(), to_pause.clone());
+        tokio::spawn(async move { c.pause_sandbox(&id).await.is_ok() })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    child.kill().await;
+    for w in work {
+        let _ = w.await;
+    }
+    let _ = deleting.await;
+    let _ = pausing.await;
+
+    // The surviving replica sees one consistent cluster: every sandbox a node holds has a
+    // live row, none twice; creates the dead replica left are adopted once they run; the
+    // delete it recorded is finished on the node; the paused one is paused or running.
+    let state = cluster.replicas[0].state();
+    let converged = wait_until(
+        Duration::from_secs(120),
+        "the cluster to converge",
+        || async {
+            let live = state.db.live_sandboxes().await.ok()?;
+            let mut on_nodes = Vec::new();
+            for name in ["node-a", "node-b"] {
+                let node = state.nodes.get(name).ok()?;
+                on_nodes.extend(
+                    node.sandboxes()
+                        .await
+                        .ok()?
+                        .into_iter()
+                        .filter(|v| v.state != SandboxState::Deleted)
+                        .map(|v| (v.id, v.state)),
+                );
+            }
+            let ids: BTreeSet<_> = on_nodes.iter().map(|(id, _)| id.clone()).collect();
+            let rows: BTreeSet<_> = live.iter().map(|r| r.id.clone()).collect();
+            let stable = on_nodes
+                .iter()
+                .all(|(_, s)| matches!(s, SandboxState::Running | SandboxState::Paused));
+            let recorded = live
+                .iter()
+                .filter(|r| ids.contains(&r.id))
+                .all(|r| r.create_latency_ms.is_some());
+            (ids.len() == on_nodes.len() && ids.is_subset(&rows) && stable && recorded)
+                .then_some((live, ids))
+        },
+    )
+    .await;
+    let (live, on_nodes) = converged;
+    let deleted = state
+        .db
+        .sandbox_any_tenant(&to_delete)
+        .await
+        .unwrap()
+        .expect("row kept");
+    if deleted.desired_state == space_control::db::DesiredState::Deleted {
+        assert!(
+            !on_nodes.contains(&to_delete),
+            "the delete was finished on its node"
+        );
+    }
+    let paused = a.sandbox(&to_pause).await.expect("get");
+    assert!(
+        matches!(paused.state, SandboxState::Paused | SandboxState::Running),
+        "{paused:?}"
+    );
+    // A live row without a sandbox on a node is a create that never reached one: shown
+    // as creating (until the grace passes), never as a duplicate.
+    for row in live.iter().filter(|r| !on_nodes.contains(&r.id)) {
+        let info = a.sandbox(&row.id).await.expect("get");
+        assert_eq!(info.state, SandboxState::Creating, "{info:?}");
+    }
+    cluster.stop().await;
+}

@@ -63,6 +63,9 @@ pub enum Action {
     MarkGone(SandboxId),
     /// The node has it but the database does not want it: delete on the node.
     DeleteOrphan(SandboxId),
+    /// Its create finished on the node but no replica recorded it (the one that ran it
+    /// died): record it as that replica would have.
+    AdoptCreated(SandboxId),
 }
 
 /// Decides what to do. `live_rows` are the rows with desired state `running` (all tenants);
@@ -84,11 +87,23 @@ pub fn plan(
     let wanted: HashSet<&SandboxId> = live_rows.iter().map(|r| &r.id).collect();
     let mut actions = Vec::new();
     for row in live_rows {
-        if creating.contains(&row.id) || create_unfinished(row, now_ms) {
+        if creating.contains(&row.id) {
             continue;
         }
-        let state = on_node.get(&row.id).map(|r| r.state);
-        actions.extend(plan_row(row, state, now_ms));
+        let record = on_node.get(&row.id);
+        if row.create_latency_ms.is_none() {
+            // Not recorded as created: a create under way on some replica (left alone) or
+            // one whose replica died after the node made it (adopted once it runs).
+            match record.map(|r| r.state) {
+                Some(SandboxState::Running) => {
+                    actions.push(Action::AdoptCreated(row.id.clone()));
+                    continue;
+                }
+                _ if create_unfinished(row, now_ms) => continue,
+                _ => {}
+            }
+        }
+        actions.extend(plan_row(row, record.map(|r| r.state), now_ms));
     }
     for id in on_node.keys() {
         if !wanted.contains(*id) && !creating.contains(*id) {
@@ -107,7 +122,7 @@ pub const CREATE_GRACE: Duration = Duration::from_secs(16 * 60);
 
 /// Whether `row`'s create is still under way somewhere (it has no create latency yet: the
 /// replica that runs it records one when it finishes).
-fn create_unfinished(row: &SandboxRow, now_ms: i64) -> bool {
+pub fn create_unfinished(row: &SandboxRow, now_ms: i64) -> bool {
     let grace_ms = i64::try_from(CREATE_GRACE.as_millis()).unwrap_or(i64::MAX);
     row.create_latency_ms.is_none() && now_ms.saturating_sub(row.created_at_ms) < grace_ms
 }
@@ -303,6 +318,25 @@ impl Reconciler {
                     tracing::info!(sandbox = %id, "timed-out sandbox runs again; its deadline is renewed");
                 }
                 Ok(renewed)
+            }
+            Action::AdoptCreated(id) => {
+                let Some(record) = node.sandbox(id).await? else {
+                    return Ok(false);
+                };
+                let Some(mut row) = st.db.sandbox_any_tenant(id).await? else {
+                    return Ok(false);
+                };
+                if row.create_latency_ms.is_some() || st.creating.contains(id) {
+                    return Ok(false);
+                }
+                row.spec.resources = record.resources;
+                // Its real latency died with the replica: from its row to now, an upper bound.
+                let latency = now_ms().saturating_sub(row.created_at_ms).max(0);
+                st.db
+                    .set_created(id, &record.template_digest, &row.spec, latency)
+                    .await?;
+                tracing::info!(sandbox = %id, node = node.name(), "adopted a create whose replica did not finish it");
+                Ok(true)
             }
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the
@@ -714,6 +748,44 @@ mod tests {
         let records = vec![record(&orphan, SandboxState::Creating)];
         let creating: HashSet<_> = [rows[0].id.clone(), orphan].into_iter().collect();
         assert_eq!(plan(&rows, &records, &creating, 1000), vec![]);
+    }
+
+    #[test]
+    fn creates_another_replica_runs_are_left_alone_then_adopted() {
+        // Not recorded as created, no record yet: under way somewhere; left alone until
+        // the grace has passed, then gone like any row without a record.
+        let unfinished = SandboxRow {
+            create_latency_ms: None,
+            created_at_ms: 1000,
+            ..row(i64::MAX)
+        };
+        let none = HashSet::new();
+        assert_eq!(
+            plan(std::slice::from_ref(&unfinished), &[], &none, 2000),
+            vec![]
+        );
+        let late = 1000 + i64::try_from(CREATE_GRACE.as_millis()).unwrap();
+        assert_eq!(
+            plan(std::slice::from_ref(&unfinished), &[], &none, late),
+            vec![Action::MarkGone(unfinished.id.clone())]
+        );
+        // Still creating on the node: left alone; running: adopted.
+        let creating = vec![record(&unfinished.id, SandboxState::Creating)];
+        assert_eq!(
+            plan(std::slice::from_ref(&unfinished), &creating, &none, 2000),
+            vec![]
+        );
+        let running = vec![record(&unfinished.id, SandboxState::Running)];
+        assert_eq!(
+            plan(std::slice::from_ref(&unfinished), &running, &none, 2000),
+            vec![Action::AdoptCreated(unfinished.id.clone())]
+        );
+        // This replica's own create is its own to record.
+        let mine: HashSet<_> = [unfinished.id.clone()].into_iter().collect();
+        assert_eq!(
+            plan(std::slice::from_ref(&unfinished), &running, &mine, 2000),
+            vec![]
+        );
     }
 
     #[test]

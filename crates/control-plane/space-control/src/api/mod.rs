@@ -97,6 +97,16 @@ impl AppState {
         Ok(self.nodes.get(&row.node)?)
     }
 
+    /// After node `name` did not answer: whether the database has declared it lost (another
+    /// replica's sweep may have, a moment ago); reloads the node set to know.
+    pub async fn lost_since_asked(&self, name: &str) -> Result<bool, ApiError> {
+        if !self.nodes.is_cluster() {
+            return Ok(false);
+        }
+        self.nodes.refresh(&self.db.nodes().await?);
+        Ok(self.nodes.state(name) == Some(crate::scheduler::NodeState::Lost))
+    }
+
     /// In a cluster, reloads the node set when this replica believes node `name` lost or
     /// unknown: another replica may have let it back (or in) a moment ago, and a sandbox
     /// must not be refused for a stale cache. Ready nodes cost nothing.

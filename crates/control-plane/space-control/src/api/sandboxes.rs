@@ -133,12 +133,23 @@ pub async fn info_now(st: &AppState, row: &SandboxRow) -> ApiResult<SandboxInfo>
     if st.nodes.state(&row.node) == Some(NodeState::Lost) {
         return Ok(lost_info(row));
     }
-    let view = st.node_of(row).await?.sandbox(&row.id).await?;
-    Ok(sandbox_info(
-        row,
-        view.as_ref(),
-        st.creating.contains(&row.id),
-    ))
+    let view = match st.node_of(row).await?.sandbox(&row.id).await {
+        Ok(view) => view,
+        Err(e @ NodeCallError::Unavailable { .. }) => {
+            return match st.lost_since_asked(&row.node).await? {
+                true => Ok(lost_info(row)),
+                false => Err(e.into()),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(sandbox_info(row, view.as_ref(), creating_anywhere(st, row)))
+}
+
+/// Whether `row`'s create is under way, in this replica or (not yet recorded as done,
+/// within the grace) another.
+fn creating_anywhere(st: &AppState, row: &SandboxRow) -> bool {
+    st.creating.contains(&row.id) || crate::reconciler::create_unfinished(row, now_ms())
 }
 
 /// Rows merged with their nodes' views, in the rows' order: one call per node, not per row.
@@ -152,15 +163,18 @@ pub async fn infos_now(st: &AppState, rows: &[&SandboxRow]) -> ApiResult<Vec<San
         if st.nodes.state(name) == Some(NodeState::Lost) {
             continue;
         }
-        for view in st.nodes.get(name)?.sandboxes().await? {
-            views.insert(view.id.clone(), view);
+        match st.nodes.get(name)?.sandboxes().await {
+            Ok(list) => views.extend(list.into_iter().map(|v| (v.id.clone(), v))),
+            // Declared lost by another replica meanwhile: its rows read `lost` below.
+            Err(NodeCallError::Unavailable { .. }) if st.lost_since_asked(name).await? => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(rows
         .iter()
         .map(|row| match st.nodes.state(&row.node) {
             Some(NodeState::Lost) => lost_info(row),
-            _ => sandbox_info(row, views.get(&row.id), st.creating.contains(&row.id)),
+            _ => sandbox_info(row, views.get(&row.id), creating_anywhere(st, row)),
         })
         .collect())
 }
