@@ -249,6 +249,12 @@ pub fn replica_config(data_dir: &Path, ca_dir: &Path, db_url: &str) -> ServerCon
     cluster.heartbeat_timeout = HEARTBEAT_TIMEOUT;
     cluster.sweep_interval = Duration::from_millis(500);
     cfg.cluster = Some(cluster);
+    cfg.surface = Some(std::sync::Arc::new(space_e2b::E2bApi::new(
+        space_e2b::E2bConfig {
+            domain: crate::e2b::TEST_DOMAIN.to_owned(),
+            ..space_e2b::E2bConfig::default()
+        },
+    )));
     cfg
 }
 

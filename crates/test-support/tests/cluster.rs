@@ -29,6 +29,63 @@ async fn sandboxes_spread_serve_through_either_replica_and_survive_a_lost_node()
     eprintln!("cluster on {}", cluster.backend);
     let (a, b) = (&cluster.clients[0], &cluster.clients[1]);
 
+    // The E2B surface of either replica reaches a sandbox on any node: created through
+    // one replica's E2B API, its envd (processes, files) answered through the other's.
+    let http = reqwest::Client::new();
+    let e2b_key = cluster.api_key.replacen("space_", "e2b_", 1);
+    let created: serde_json::Value = http
+        .post(format!("{}/sandboxes", cluster.replicas[0].url()))
+        .header("X-API-Key", &e2b_key)
+        .json(&serde_json::json!({"templateID": TEST_TEMPLATE}))
+        .send()
+        .await
+        .expect("E2B create")
+        .json()
+        .await
+        .expect("json");
+    let e2b_id = created["sandboxID"].as_str().expect("sandboxID").to_owned();
+    let token = created["envdAccessToken"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let listed = http
+        .post(format!(
+            "{}/process.Process/List",
+            cluster.replicas[1].url()
+        ))
+        .header("E2b-Sandbox-Id", &e2b_id)
+        .header("X-Access-Token", &token)
+        .header("Content-Type", "application/json")
+        .header("Connect-Protocol-Version", "1")
+        .body("{}")
+        .send()
+        .await
+        .expect("envd list");
+    assert_eq!(listed.status(), 200, "{:?}", listed.text().await);
+    let e2b_sb: space_core::SandboxId = e2b_id.parse().expect("id");
+    b.write_file(
+        &e2b_sb,
+        "/home/user/e2b.txt",
+        None,
+        None,
+        b"through E2B".to_vec(),
+    )
+    .await
+    .expect("write");
+    let read = http
+        .get(format!(
+            "{}/files?path=/home/user/e2b.txt&username=user",
+            cluster.replicas[1].url()
+        ))
+        .header("E2b-Sandbox-Id", &e2b_id)
+        .header("X-Access-Token", &token)
+        .send()
+        .await
+        .expect("envd read");
+    assert_eq!(read.status(), 200);
+    assert_eq!(read.bytes().await.expect("body").as_ref(), b"through E2B");
+    a.delete_sandbox(e2b_id.as_str()).await.expect("delete");
+
     // Placement prefers a node that has the template's memory image (a restore, not a
     // boot). Warm each node once, with the other two cordoned: the create goes to the one
     // open node, whichever replica it reaches.

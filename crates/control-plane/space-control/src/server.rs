@@ -51,6 +51,10 @@ pub struct SurfaceContext<'a> {
     pub addr: SocketAddr,
     /// The address of its TLS listener, if it has one (see [`ServerConfig::tls`]).
     pub tls_addr: Option<SocketAddr>,
+    /// On a cluster replica, the key file every replica shares for signing tokens
+    /// (`space cluster init` makes it): a token one replica hands out must verify on
+    /// another. `None`: the surface keeps its own key in the data directory.
+    pub shared_token_key: Option<PathBuf>,
 }
 
 /// How to run the server.
@@ -239,6 +243,10 @@ impl Server {
                     data_dir,
                     addr,
                     tls_addr,
+                    shared_token_key: config.cluster.as_ref().map(|c| {
+                        c.ca_dir
+                            .join(crate::cluster::authority::SHARED_TOKEN_KEY_FILE)
+                    }),
                 })
                 .with_context(|| format!("setting up {surface:?}"))?;
         }

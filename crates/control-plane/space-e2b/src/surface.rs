@@ -92,7 +92,17 @@ impl E2bApi {
 
 impl ApiSurface for E2bApi {
     fn wrap(&self, ctx: SurfaceContext<'_>) -> anyhow::Result<Router> {
-        let key = space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?;
+        // A cluster's replicas share one key (every replica verifies what any handed out);
+        // it must exist already (`space cluster init` makes it): one made here would be this
+        // replica's alone.
+        let key = match &ctx.shared_token_key {
+            Some(path) => space_secrets::keyfile::load_key(path).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e} (the cluster directory's token key, made by `space cluster init`)"
+                )
+            })?,
+            None => space_secrets::keyfile::load_or_create_key(&ctx.data_dir.join(TOKEN_KEY_FILE))?,
+        };
         let config = E2bConfig {
             domain: self.config.advertised_domain(ctx.addr, ctx.tls_addr),
             ..self.config.clone()

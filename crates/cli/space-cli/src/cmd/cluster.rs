@@ -9,7 +9,8 @@ use crate::Global;
 /// `space cluster …`.
 #[derive(Subcommand, Debug)]
 pub enum ClusterCmd {
-    /// Makes a new cluster CA in DIR (the certificate, and its key mode 0600). Give every
+    /// Makes a new cluster CA in DIR (the certificate, its key, and the key replicas sign
+    /// API tokens with, both mode 0600). Give every
     /// control-plane replica a copy (`space server --cluster-dir DIR`); nodes never see
     /// the key.
     Init {
@@ -30,7 +31,7 @@ pub async fn run(g: &Global, c: ClusterCmd) -> anyhow::Result<u8> {
         ClusterCmd::Init { dir } => {
             let dir = dir.unwrap_or_else(|| default_dir(g));
             let ca = space_control::cluster::authority::init(&dir)?;
-            println!("cluster CA made in {}", dir.display());
+            println!("cluster CA and shared token key made in {}", dir.display());
             println!("  fingerprint {}", ca.fingerprint()?);
             println!(
                 "run every control-plane replica with --cluster-dir {} --cluster-listen ADDR",

@@ -17,6 +17,9 @@ use space_node_proto::identity::{
 pub const CA_CERT_FILE: &str = "ca.pem";
 /// The CA's private key in the cluster directory (0600).
 pub const CA_KEY_FILE: &str = "ca.key";
+/// The key API surfaces sign their tokens with, the same on every replica (0600): the E2B
+/// surface's envd and traffic tokens, handed out by one replica, verified by any.
+pub const SHARED_TOKEN_KEY_FILE: &str = "token.key";
 
 /// Why the cluster directory cannot be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +80,11 @@ pub fn init(dir: &Path) -> Result<ClusterCa, AuthorityError> {
         .and_then(|()| key.sync_all())
         .map_err(io(&key_path))?;
     std::fs::write(&cert_path, id.cert_pem.as_bytes()).map_err(io(&cert_path))?;
+    let token_key = dir.join(SHARED_TOKEN_KEY_FILE);
+    space_secrets::keyfile::load_or_create_key(&token_key).map_err(|e| AuthorityError::Io {
+        path: token_key.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     Ok(ca)
 }
 
@@ -147,5 +155,6 @@ mod tests {
             Err(AuthorityError::KeyExposed { mode: 0o640, .. })
         ));
         assert!(Authority::new(again).is_ok());
+        assert!(space_secrets::keyfile::load_key(&dir.join(SHARED_TOKEN_KEY_FILE)).is_ok());
     }
 }
