@@ -6,8 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use futures::StreamExt;
 use space_core::cluster::NodeState;
-use space_core::sandbox::CreateSandboxRequest;
+use space_core::files::watch::{WatchEvent, WatchRequest};
+use space_core::process::{ProcessSpec, PtySize};
+use space_core::sandbox::{CreateSandboxRequest, ForkRequest};
 use space_core::{ErrorCode, SandboxState};
 use space_node_proto::cluster::{
     Heartbeat, HeartbeatReply, JoinToken, LiveSandbox, HEARTBEAT_PATH,
@@ -139,6 +142,120 @@ async fn sandboxes_spread_serve_through_either_replica_and_survive_a_lost_node()
             .expect("read");
         assert_eq!(back.len(), body.len());
     }
+    // Watches, PTYs, ports and forks through the other replica too.
+    let id = &ids[0];
+    shell(a, id, "mkdir -p /home/user/watched", false).await;
+    let mut events = b
+        .watch(
+            id,
+            &WatchRequest {
+                path: "/home/user/watched".into(),
+                recursive: false,
+                user: None,
+            },
+        )
+        .await
+        .expect("watch through the other replica");
+    assert_eq!(
+        events.next().await.expect("started").expect("event"),
+        WatchEvent::Started { seq: 1 }
+    );
+    a.write_file(id, "/home/user/watched/new.txt", None, None, b"x".to_vec())
+        .await
+        .expect("write");
+    let seen = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(ev) = events.next().await {
+            if let Ok(WatchEvent::Change { name, .. }) = ev {
+                if name == "new.txt" {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await
+    .expect("a change within 30 s");
+    assert!(seen, "the watch saw the write");
+    let tty = b
+        .run(
+            id,
+            &ProcessSpec {
+                shell: Some("tty".into()),
+                pty: Some(PtySize { rows: 24, cols: 80 }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pty process");
+    assert!(
+        String::from_utf8_lossy(&tty.stdout).contains("/dev/pts"),
+        "{:?}",
+        String::from_utf8_lossy(&tty.stdout)
+    );
+    shell(
+        a,
+        id,
+        "mkdir -p www && echo 'port through a replica' > www/index.html",
+        false,
+    )
+    .await;
+    a.start_process(id, &ProcessSpec::shell("exec httpd -f -p 8000 -h www"))
+        .await
+        .expect("httpd");
+    let replica_port = cluster.replicas[1].addr().port();
+    let replica_url = cluster.replicas[1].url();
+    let body = wait_until(
+        Duration::from_secs(30),
+        "the port through the other replica",
+        || {
+            let (http, key, url) = (http.clone(), e2b_key.clone(), replica_url.clone());
+            async move {
+                let r = http
+                    .get(format!("{url}/index.html"))
+                    .header(
+                        "Host",
+                        format!(
+                            "8000-{id}.{}:{replica_port}",
+                            test_support::e2b::TEST_DOMAIN
+                        ),
+                    )
+                    .header("X-API-Key", key)
+                    .send()
+                    .await
+                    .ok()?;
+                (r.status() == 200).then_some(())?;
+                r.text().await.ok()
+            }
+        },
+    )
+    .await;
+    assert_eq!(body.trim(), "port through a replica");
+    let children = b
+        .fork(
+            id,
+            &ForkRequest {
+                count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("fork through the other replica");
+    let child = &children.sandboxes[0];
+    assert_eq!(
+        child.node,
+        a.sandbox(id).await.unwrap().node,
+        "children stay with their parent"
+    );
+    assert_eq!(
+        shell(a, &child.id, "cat www/index.html", false)
+            .await
+            .trim(),
+        "port through a replica"
+    );
+    a.delete_sandbox(child.id.as_str())
+        .await
+        .expect("delete child");
+
     // Lifecycle through the other replica.
     b.pause_sandbox(&ids[0]).await.expect("pause");
     assert_eq!(
@@ -504,9 +621,11 @@ async fn a_replica_killed_mid_operations_loses_nothing() {
     let _ = deleting.await;
     let _ = pausing.await;
 
-    // The surviving replica sees one consistent cluster: every sandbox a node holds has a
-    // live row, none twice; creates the dead replica left are adopted once they run; the
-    // delete it recorded is finished on the node; the paused one is paused or running.
+    // The surviving replica sees one consistent cluster once the dead one's heartbeat has
+    // lapsed: every sandbox a node holds has a live row, none twice; every live row has its
+    // sandbox (creates the dead replica left are adopted if the node made them, undone if
+    // not: none stays `creating`); the delete it recorded is finished on the node; the
+    // paused one is paused or running.
     let state = cluster.replicas[0].state();
     let converged = wait_until(
         Duration::from_secs(120),
@@ -530,16 +649,13 @@ async fn a_replica_killed_mid_operations_loses_nothing() {
             let stable = on_nodes
                 .iter()
                 .all(|(_, s)| matches!(s, SandboxState::Running | SandboxState::Paused));
-            let recorded = live
-                .iter()
-                .filter(|r| ids.contains(&r.id))
-                .all(|r| r.create_latency_ms.is_some());
-            (ids.len() == on_nodes.len() && ids.is_subset(&rows) && stable && recorded)
+            let recorded = live.iter().all(|r| r.create_latency_ms.is_some());
+            (ids.len() == on_nodes.len() && ids == rows && stable && recorded)
                 .then_some((live, ids))
         },
     )
     .await;
-    let (live, on_nodes) = converged;
+    let (_live, on_nodes) = converged;
     let deleted = state
         .db
         .sandbox_any_tenant(&to_delete)
@@ -557,11 +673,201 @@ async fn a_replica_killed_mid_operations_loses_nothing() {
         matches!(paused.state, SandboxState::Paused | SandboxState::Running),
         "{paused:?}"
     );
-    // A live row without a sandbox on a node is a create that never reached one: shown
-    // as creating (until the grace passes), never as a duplicate.
-    for row in live.iter().filter(|r| !on_nodes.contains(&r.id)) {
-        let info = a.sandbox(&row.id).await.expect("get");
-        assert_eq!(info.state, SandboxState::Creating, "{info:?}");
+    // The dead replica is forgotten; the survivor leads.
+    let replicas = wait_until(
+        Duration::from_secs(60),
+        "the dead replica to be forgotten",
+        || async {
+            let rows = state.db.replicas().await.ok()?;
+            (rows.len() == 1).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(&replicas[0].id, state.replica.id());
+    assert!(state.replica.leads().await);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_share_quotas_request_rates_and_the_lead() {
+    let mut cluster = Cluster::start(2, 1).await;
+    let db = cluster.replicas[0].state().db.clone();
+    let tenant = db.create_tenant("shared").await.expect("tenant");
+    let key = db
+        .create_api_key(&tenant.id)
+        .await
+        .expect("key")
+        .plaintext
+        .0;
+    let rate_key = db
+        .create_api_key(&tenant.id)
+        .await
+        .expect("key")
+        .plaintext
+        .0;
+    let through = |i: usize, key: &str| {
+        space_cli::client::SpaceClient::new(&cluster.replicas[i].url(), Some(key.to_owned()))
+            .expect("client")
+    };
+    cluster.clients[0]
+        .set_tenant_quota(
+            "shared",
+            &space_core::quota::TenantQuota {
+                max_sandboxes: Some(1),
+                requests_per_sec: Some(1),
+                request_burst: Some(4),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("quota");
+
+    // One sandbox allowed: two creates at once, one through each replica, and exactly one
+    // is admitted (the tenant's admission lock is the database's, not a replica's).
+    let (c0, c1) = (through(0, &key), through(1, &key));
+    let req = create_request();
+    let (r0, r1) = tokio::join!(c0.create_sandbox(&req), c1.create_sandbox(&req));
+    let outcomes = [r0, r1];
+    let made: Vec<_> = outcomes.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(made.len(), 1, "{outcomes:?}");
+    let refused = outcomes
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("one refused");
+    assert_eq!(refused.code(), Some(ErrorCode::QuotaExceeded), "{refused}");
+
+    if cluster.backend != "postgres" {
+        // SQLite serves one replica: request buckets and the lead are that replica's.
+        eprintln!("on SQLite: not checking shared request buckets and the lead");
+        cluster.stop().await;
+        return;
     }
+    // One request bucket per key, whichever replica takes the request: a burst of four
+    // spread over both replicas, then 429 on either.
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let r = reqwest::Client::new()
+            .get(format!("{}/v1/sandboxes", cluster.replicas[i % 2].url()))
+            .bearer_auth(&rate_key)
+            .send()
+            .await
+            .expect("send");
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(&statuses[..4], &[200, 200, 200, 200], "{statuses:?}");
+    assert_eq!(&statuses[4..], &[429, 429], "{statuses:?}");
+
+    // One leader at a time; when it leaves, the other takes over.
+    let leads: Vec<bool> = futures::future::join_all(
+        cluster
+            .replicas
+            .iter()
+            .map(|r| async move { r.state().replica.leads().await }),
+    )
+    .await;
+    assert_eq!(leads.iter().filter(|l| **l).count(), 1, "{leads:?}");
+    let leader = leads.iter().position(|l| *l).expect("a leader");
+    let follower = cluster.replicas[1 - leader].state().replica.clone();
+    cluster.clients.remove(leader);
+    cluster.replicas.remove(leader).shutdown().await;
+    wait_until(
+        Duration::from_secs(30),
+        "the other replica to lead",
+        || async { follower.leads().await.then_some(()) },
+    )
+    .await;
+    let tenant_client =
+        space_cli::client::SpaceClient::new(&cluster.replicas[0].url(), Some(key.clone()))
+            .expect("client");
+    for sb in made {
+        tenant_client
+            .delete_sandbox(sb.id.as_str())
+            .await
+            .expect("delete");
+    }
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credentials_reach_every_node_whenever_it_joined() {
+    use space_control::api::credentials::{CredentialRequest, CredentialScope};
+    let mut cluster = Cluster::start(2, 1).await;
+    let (a, b) = (cluster.clients[0].clone(), cluster.clients[1].clone());
+    let request = |name: &str| CredentialRequest {
+        name: name.into(),
+        scope: CredentialScope::Tenant,
+        rule: serde_json::from_value(serde_json::json!({
+            "hosts": ["api.example.com"],
+            "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+        }))
+        .expect("rule"),
+        expires_at_ms: None,
+        value: format!("sk-{name}-0001"),
+    };
+    let first = a
+        .create_credential(&request("first"))
+        .await
+        .expect("create through one replica");
+    // Listed through the other replica (the catalog is the database's).
+    let listed = b.credentials().await.expect("list");
+    assert_eq!(listed.credentials.len(), 1);
+    assert_eq!(listed.credentials[0].id, first.id);
+
+    // A node that joins afterwards is synced at its first heartbeats.
+    cluster.add_node("node-b").await;
+    let state = cluster.replicas[0].state().clone();
+    let held = |name: &'static str| {
+        let state = state.clone();
+        async move {
+            let node = state.nodes.get(name).ok()?;
+            let ids: BTreeSet<String> = node
+                .credentials()
+                .await
+                .ok()?
+                .into_iter()
+                .map(|c| c.id.to_string())
+                .collect();
+            let revision = node.status().await.ok()?.credentials_revision;
+            Some((ids, revision))
+        }
+    };
+    let catalog = || async { state.db.credential_revision().await.ok() };
+    wait_until(
+        Duration::from_secs(60),
+        "node-b to get the credential",
+        || async {
+            let (ids, rev) = held("node-b").await?;
+            (ids.contains(&first.id) && Some(rev) == catalog().await).then_some(())
+        },
+    )
+    .await;
+
+    // A change a node misses (frozen) reaches it when it is back: the deleted credential
+    // goes, the new one comes; the other node took both at once.
+    cluster.node("node-a").freeze();
+    let second = b
+        .create_credential(&request("second"))
+        .await
+        .expect("create while a node is away");
+    a.delete_credential(&first.id).await.expect("delete");
+    let (ids, _) = held("node-b").await.expect("node-b answers");
+    assert!(
+        ids.contains(&second.id) && !ids.contains(&first.id),
+        "{ids:?}"
+    );
+    cluster.node("node-a").thaw();
+    wait_until(Duration::from_secs(90), "node-a to be synced", || async {
+        let (ids, rev) = held("node-a").await?;
+        (ids.contains(&second.id) && !ids.contains(&first.id) && Some(rev) == catalog().await)
+            .then_some(())
+    })
+    .await;
+    // Bad input is refused and changes nothing: a duplicate name, a bad rule.
+    let err = a
+        .create_credential(&request("second"))
+        .await
+        .expect_err("a name is unique in its scope");
+    assert_eq!(err.code(), Some(ErrorCode::AlreadyExists), "{err}");
+    assert_eq!(b.credentials().await.expect("list").credentials.len(), 1);
     cluster.stop().await;
 }

@@ -87,3 +87,80 @@ async fn restart_readopts_running_and_fails_dead() {
         .all(|d| !d.starts_with(&ts.data_dir)));
     ts.stop().await;
 }
+
+/// A node upgraded from the version that kept credentials only on the node: at the first
+/// start with the catalog, they move into it (listed, usable), and the node is synced; a
+/// credential of a tenant the database does not know is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credentials_kept_by_the_node_move_into_the_catalog_once() {
+    use space_secrets::{Credential, CredentialId, Scope, SecretValue};
+    let ts = TestServer::start().await;
+    let st = ts.server().state().clone();
+    let tenant = st
+        .db
+        .tenant_by_name("default")
+        .await
+        .expect("db")
+        .expect("the operator's tenant")
+        .id;
+    let rule = serde_json::from_value(serde_json::json!({
+        "hosts": ["api.example.com"],
+        "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+    }))
+    .expect("rule");
+    let made = |tenant: space_core::TenantId, name: &str| Credential {
+        id: CredentialId::generate(),
+        name: name.parse().expect("name"),
+        scope: Scope::Tenant { tenant },
+        rule: Clone::clone(&rule),
+        created_at_ms: 1,
+        expires_at_ms: None,
+    };
+    let old = made(tenant, "from-before");
+    let stranger = made(space_core::TenantId::generate(), "unknown-tenant");
+    // As the old version stored them: on the node, with no catalog revision yet.
+    let node = ts.server().local_node().clone();
+    for c in [&old, &stranger] {
+        node.credentials()
+            .put(
+                c.clone(),
+                SecretValue::new("sk-old-0001".into()).expect("value"),
+            )
+            .await
+            .expect("put on the node");
+    }
+    assert_eq!(st.db.credential_revision().await.expect("rev"), 0);
+    let (dir, config) = ts.stop_keep_vms().await;
+    let ts = TestServer::start_on(dir, config).await;
+    let listed = ts.client.credentials().await.expect("list");
+    let ids: Vec<String> = listed.credentials.iter().map(|c| c.id.clone()).collect();
+    assert_eq!(ids, vec![old.id.to_string()]);
+    let on_node: Vec<CredentialId> = ts
+        .server()
+        .local_node()
+        .credentials()
+        .list()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(
+        on_node,
+        vec![old.id.clone()],
+        "the node is synced with the catalog"
+    );
+    // Once only: deleting it through the API is not undone by the next start.
+    ts.client
+        .delete_credential(&old.id.to_string())
+        .await
+        .expect("delete");
+    let (dir, config) = ts.stop_keep_vms().await;
+    let ts = TestServer::start_on(dir, config).await;
+    assert!(ts
+        .client
+        .credentials()
+        .await
+        .expect("list")
+        .credentials
+        .is_empty());
+    ts.stop().await;
+}

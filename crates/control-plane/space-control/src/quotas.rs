@@ -1,12 +1,18 @@
 //! Enforcing tenants' quotas and request rates (the limits themselves, and the pure checks,
-//! are [`space_core::quota`]):
+//! are [`space_core::quota`]). Everything that must hold across control-plane replicas is
+//! in the database:
 //! - [`Quotas::admission`] serialises a tenant's admissions (create, fork, snapshot,
-//!   credential) so that two requests cannot both pass a check only one of them fits;
-//! - [`Quotas::diff_permit`] caps a tenant's concurrent snapshot diffs;
-//! - [`Quotas::take_request`] is each API key's token bucket.
+//!   credential, diff) across replicas (`Db::admission_lock`), so that two requests cannot
+//!   both pass a check only one of them fits;
+//! - what work under way holds of a quota (a snapshot's bytes until it is listed, a diff
+//!   being computed) is a row naming this replica ([`QuotaHold`]), given back when the work
+//!   ends or forgotten with the replica if it dies;
+//! - [`Quotas::take_request`] is each API key's token bucket: a row every replica takes
+//!   from (`Db::take_request`) on PostgreSQL; on SQLite, which serves one replica, the
+//!   replica's memory (a database write per request would buy nothing there).
 //!
-//! One control-plane process holds these in memory (a restart forgets the buckets: a burst
-//! again, not more). With several replicas (issue 14) admissions move to the database.
+//! Only the cache of each tenant's quota in effect (for the per-request rate check, a
+//! few seconds old at most) is this process's own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,13 +20,14 @@ use std::time::Duration;
 
 use space_core::quota::TenantQuota;
 use space_core::TenantId;
-use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+
+use crate::db::{AdmissionLock, Backend, Db, DbError, QuotaHoldKind, RateDecision, ReplicaId};
 
 /// Buckets kept before idle ones are dropped.
 const MAX_BUCKETS: usize = 10_000;
 /// A bucket idle this long is full again anyway: dropping it changes nothing.
-const BUCKET_IDLE: Duration = Duration::from_secs(600);
+pub const BUCKET_IDLE: Duration = Duration::from_secs(600);
 
 /// A token bucket: `burst` tokens, refilled at `rate` per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,23 +60,21 @@ impl TokenBucket {
     }
 }
 
-/// The control plane's quota state. Cheap to clone.
+/// The control plane's quota enforcement. Cheap to clone.
 #[derive(Clone)]
 pub struct Quotas {
     /// The operator's defaults, under every tenant's own quota.
     pub defaults: TenantQuota,
+    db: Db,
+    replica: ReplicaId,
     shared: Arc<Shared>,
 }
 
 #[derive(Default)]
 struct Shared {
-    admissions: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
-    /// Bytes of each tenant's snapshots being taken (not listed yet).
-    snapshot_reserved: Mutex<HashMap<TenantId, u64>>,
     /// Each tenant's quota in effect, as last read, for the per-request rate check.
     cached: Mutex<HashMap<TenantId, (Instant, TenantQuota)>>,
-    /// Each tenant's diff permits, with the limit they were made for.
-    diffs: Mutex<HashMap<TenantId, (u64, Arc<Semaphore>)>>,
+    /// The request buckets of a single replica (SQLite).
     buckets: Mutex<HashMap<String, TokenBucket>>,
 }
 
@@ -79,41 +84,54 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Quotas {
-    /// Quotas with the operator's `defaults`.
-    pub fn new(defaults: TenantQuota) -> Self {
+    /// Quotas with the operator's `defaults`, held as `replica`.
+    pub fn new(db: Db, replica: ReplicaId, defaults: TenantQuota) -> Self {
         Quotas {
             defaults,
+            db,
+            replica,
             shared: Arc::default(),
         }
     }
 
     /// Held while one of `tenant`'s admissions checks and takes what it asks for.
-    pub async fn admission(&self, tenant: &TenantId) -> OwnedMutexGuard<()> {
-        let m = lock(&self.shared.admissions)
-            .entry(tenant.clone())
-            .or_default()
-            .clone();
-        m.lock_owned().await
+    pub async fn admission(&self, tenant: &TenantId) -> Result<AdmissionLock, DbError> {
+        self.db.admission_lock(tenant).await
     }
 
-    /// Reserves `bytes` of `tenant`'s snapshot quota until the reservation is dropped.
-    pub fn reserve_snapshot(&self, tenant: &TenantId, bytes: u64) -> SnapshotReservation {
-        let mut reserved = lock(&self.shared.snapshot_reserved);
-        let r = reserved.entry(tenant.clone()).or_default();
-        *r = r.saturating_add(bytes);
-        SnapshotReservation {
-            shared: Arc::clone(&self.shared),
-            tenant: tenant.clone(),
-            bytes,
-        }
+    /// Holds `bytes` of `tenant`'s snapshot quota until the hold is dropped. Call under the
+    /// tenant's admission.
+    pub async fn reserve_snapshot(
+        &self,
+        tenant: &TenantId,
+        bytes: u64,
+    ) -> Result<QuotaHold, DbError> {
+        self.hold(tenant, QuotaHoldKind::SnapshotBytes, bytes).await
     }
 
-    /// The bytes `tenant` has reserved for snapshots being taken.
-    pub fn snapshot_reserved(&self, tenant: &TenantId) -> u64 {
-        lock(&self.shared.snapshot_reserved)
-            .get(tenant)
-            .copied()
-            .unwrap_or(0)
+    /// The bytes `tenant` holds for snapshots being taken, on every replica.
+    pub async fn snapshot_reserved(&self, tenant: &TenantId) -> Result<u64, DbError> {
+        Ok(self
+            .db
+            .quota_held(tenant, QuotaHoldKind::SnapshotBytes)
+            .await?
+            .0)
+    }
+
+    async fn hold(
+        &self,
+        tenant: &TenantId,
+        kind: QuotaHoldKind,
+        amount: u64,
+    ) -> Result<QuotaHold, DbError> {
+        let id = self
+            .db
+            .hold_quota(tenant, kind, amount, &self.replica)
+            .await?;
+        Ok(QuotaHold {
+            db: self.db.clone(),
+            id: Some(id),
+        })
     }
 
     /// `tenant`'s quota as cached less than `ttl` ago.
@@ -138,54 +156,69 @@ impl Quotas {
         lock(&self.shared.cached).remove(tenant);
     }
 
-    /// A permit for one of `tenant`'s diffs, at most `max` at once; `None` when all are taken.
-    pub fn diff_permit(&self, tenant: &TenantId, max: u64) -> Option<OwnedSemaphorePermit> {
-        let permits = usize::try_from(max)
-            .unwrap_or(usize::MAX)
-            .min(Semaphore::MAX_PERMITS);
-        let sem = {
-            let mut diffs = lock(&self.shared.diffs);
-            let entry = diffs
-                .entry(tenant.clone())
-                .or_insert_with(|| (max, Arc::new(Semaphore::new(permits))));
-            if entry.0 != max {
-                // The limit changed: new permits from now on (diffs running keep theirs).
-                *entry = (max, Arc::new(Semaphore::new(permits)));
-            }
-            entry.1.clone()
-        };
-        sem.try_acquire_owned().ok()
+    /// A hold for one of `tenant`'s diffs, at most `max` at once across every replica;
+    /// `None` when all are taken.
+    pub async fn diff_permit(
+        &self,
+        tenant: &TenantId,
+        max: u64,
+    ) -> Result<Option<QuotaHold>, DbError> {
+        let _admission = self.admission(tenant).await?;
+        let (_, running) = self.db.quota_held(tenant, QuotaHoldKind::Diff).await?;
+        if running >= max {
+            return Ok(None);
+        }
+        self.hold(tenant, QuotaHoldKind::Diff, 1).await.map(Some)
     }
 
     /// Takes one request of API key `key_id` from its bucket, or says how long to wait.
-    pub fn take_request(&self, key_id: &str, rate: u64, burst: u64) -> Result<(), Duration> {
+    pub async fn take_request(
+        &self,
+        key_id: &str,
+        rate: u64,
+        burst: u64,
+    ) -> Result<RateDecision, DbError> {
+        if self.db.backend() == Backend::Postgres {
+            return self.db.take_request(key_id, rate, burst).await;
+        }
         let now = Instant::now();
         let mut buckets = lock(&self.shared.buckets);
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key_id) {
             buckets.retain(|_, b| now.saturating_duration_since(b.last) < BUCKET_IDLE);
         }
-        buckets
-            .entry(key_id.to_owned())
-            .or_insert_with(|| TokenBucket::full(burst, now))
-            .take(rate, burst, now)
+        Ok(
+            match buckets
+                .entry(key_id.to_owned())
+                .or_insert_with(|| TokenBucket::full(burst, now))
+                .take(rate, burst, now)
+            {
+                Ok(()) => RateDecision::Allowed,
+                Err(wait) => RateDecision::Limited(wait),
+            },
+        )
     }
 }
 
-/// Bytes of a tenant's snapshot quota held for a snapshot being taken; given back on drop.
-pub struct SnapshotReservation {
-    shared: Arc<Shared>,
-    tenant: TenantId,
-    bytes: u64,
+/// Quota a replica holds for work under way (a snapshot's bytes, a diff): a database row
+/// naming the replica, deleted when this is dropped. If the replica dies first, the leader
+/// forgets the row with the replica.
+pub struct QuotaHold {
+    db: Db,
+    id: Option<String>,
 }
 
-impl Drop for SnapshotReservation {
+impl Drop for QuotaHold {
     fn drop(&mut self) {
-        let mut reserved = lock(&self.shared.snapshot_reserved);
-        if let Some(r) = reserved.get_mut(&self.tenant) {
-            *r = r.saturating_sub(self.bytes);
-            if *r == 0 {
-                reserved.remove(&self.tenant);
-            }
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let db = self.db.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = db.release_quota_hold(&id).await {
+                    tracing::warn!(hold = %id, error = %e, "could not give a quota hold back; it goes with this replica");
+                }
+            });
         }
     }
 }
@@ -210,32 +243,5 @@ mod tests {
             assert_eq!(b.take(2, 3, later), Ok(()));
         }
         assert!(b.take(2, 3, later).is_err());
-    }
-
-    #[tokio::test]
-    async fn diffs_are_capped_per_tenant() {
-        let q = Quotas::new(TenantQuota::default());
-        let (a, b) = (TenantId::generate(), TenantId::generate());
-        let first = q.diff_permit(&a, 1).expect("first");
-        assert!(q.diff_permit(&a, 1).is_none());
-        assert!(
-            q.diff_permit(&b, 1).is_some(),
-            "another tenant's are its own"
-        );
-        drop(first);
-        assert!(q.diff_permit(&a, 1).is_some());
-    }
-
-    #[test]
-    fn snapshot_reservations_are_given_back() {
-        let q = Quotas::new(TenantQuota::default());
-        let t = TenantId::generate();
-        let one = q.reserve_snapshot(&t, 10);
-        let two = q.reserve_snapshot(&t, 5);
-        assert_eq!(q.snapshot_reserved(&t), 15);
-        drop(one);
-        assert_eq!(q.snapshot_reserved(&t), 5);
-        drop(two);
-        assert_eq!(q.snapshot_reserved(&t), 0);
     }
 }

@@ -1,6 +1,6 @@
-//! The reconciler: converges the node's live state to the database's desired state.
+//! The reconciler: converges the nodes' live state to the database's desired state.
 //!
-//! Every second it compares the live rows (desired `running`) with the node's records and
+//! It runs on the leading replica only (`crate::replica`). Every second it compares the live rows (desired `running`) with the node's records and
 //! acts. The decision is a pure function, [`plan`]; [`Reconciler::run_once`] executes it.
 //! Every action is idempotent, so running it at any time, twice, or after a crash is safe:
 //!
@@ -21,9 +21,14 @@
 //! - **DeleteOrphan**: a node record with no live row (a crash between the two steps of a
 //!   create or delete) is deleted on the node.
 //!
-//! Sandboxes whose create call is still running in this process are left alone, and so is a
-//! sandbox in the middle of an operation when its `pause` or `stop` is due (the next pass
-//! acts once the operation has finished).
+//! - **AdoptCreated**: the replica running a create died (or the create outlived
+//!   [`CREATE_GRACE`]) and the node made the sandbox: recorded as that replica would have.
+//!   If the node never made it, the create is undone (**MarkGone**); if the node failed
+//!   it, it is deleted (**Expire**); while the node still creates it, it is left alone.
+//!
+//! Creates that a live replica is running are left alone (the row names the replica), and
+//! so is a sandbox in the middle of an operation when its `pause` or `stop` is due (the
+//! next pass acts once the operation has finished).
 //!
 //! A sandbox's live state (running, paused by a client, idleness or its timeout, stopped, in
 //! the middle of a snapshot or rollback, failed) is the node's business, not drift: the
@@ -40,7 +45,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::AppState;
-use crate::db::{now_ms, DbError, SandboxRow};
+use crate::db::{now_ms, DbError, ReplicaId, SandboxRow};
 use crate::nodes::{NodeApi, NodeCallError, PauseCause, SandboxView, StopCause};
 
 /// How often the reconciler runs.
@@ -69,14 +74,14 @@ pub enum Action {
 }
 
 /// Decides what to do. `live_rows` are the rows with desired state `running` (all tenants);
-/// `records` the node's records; `creating` the ids whose create call is under way.
+/// `records` the node's records; `live_replicas` the control-plane replicas alive now.
 ///
 /// Read the node's records *before* the rows: then a record without a row really is an
 /// orphan (creates insert the row before the node makes the record).
 pub fn plan(
     live_rows: &[SandboxRow],
     records: &[SandboxView],
-    creating: &HashSet<SandboxId>,
+    live_replicas: &HashSet<ReplicaId>,
     now_ms: i64,
 ) -> Vec<Action> {
     let on_node: HashMap<&SandboxId, &SandboxView> = records
@@ -87,26 +92,16 @@ pub fn plan(
     let wanted: HashSet<&SandboxId> = live_rows.iter().map(|r| &r.id).collect();
     let mut actions = Vec::new();
     for row in live_rows {
-        if creating.contains(&row.id) {
-            continue;
+        let record = on_node.get(&row.id).map(|r| r.state);
+        if row.create_latency_ms.is_some() {
+            actions.extend(plan_row(row, record, now_ms));
+        } else if !create_in_flight(row, live_replicas, now_ms) {
+            actions.extend(plan_abandoned_create(row, record));
         }
-        let record = on_node.get(&row.id);
-        if row.create_latency_ms.is_none() {
-            // Not recorded as created: a create under way on some replica (left alone) or
-            // one whose replica died after the node made it (adopted once it runs).
-            match record.map(|r| r.state) {
-                Some(SandboxState::Running) => {
-                    actions.push(Action::AdoptCreated(row.id.clone()));
-                    continue;
-                }
-                _ if create_unfinished(row, now_ms) => continue,
-                _ => {}
-            }
-        }
-        actions.extend(plan_row(row, record.map(|r| r.state), now_ms));
+        // A create under way: its replica records it (or undoes it) when it ends.
     }
     for id in on_node.keys() {
-        if !wanted.contains(*id) && !creating.contains(*id) {
+        if !wanted.contains(*id) {
             actions.push(Action::DeleteOrphan((*id).clone()));
         }
     }
@@ -114,17 +109,47 @@ pub fn plan(
     actions
 }
 
-/// How long a row whose create has not finished is taken for one under way (by any
-/// replica: the in-flight set is this process's only): the longest a node call may take,
-/// and a margin. A replica that died in the middle leaves such a row; after this the row
-/// is planned like any other (kept if the node made the sandbox, marked gone if not).
+/// A create whose replica died before recording it (or that outlived [`CREATE_GRACE`]):
+/// finished if the node made the sandbox, undone if it did not, left to the node while
+/// the node is still at it.
+fn plan_abandoned_create(row: &SandboxRow, record: Option<SandboxState>) -> Option<Action> {
+    let id = row.id.clone();
+    match record {
+        Some(SandboxState::Running | SandboxState::Paused | SandboxState::Stopped) => {
+            Some(Action::AdoptCreated(id))
+        }
+        // The create never reached the node (the replica died before its call arrived,
+        // which the replica timeout leaves time for): undone.
+        None => Some(Action::MarkGone(id)),
+        Some(SandboxState::Failed) => Some(Action::Expire(id)),
+        // The node is still creating it.
+        Some(_) => None,
+    }
+}
+
+/// How long a create may run before the reconciler takes it for abandoned even though its
+/// replica still heartbeats: the longest a node call may take, and a margin.
 pub const CREATE_GRACE: Duration = Duration::from_secs(16 * 60);
 
-/// Whether `row`'s create is still under way somewhere (it has no create latency yet: the
-/// replica that runs it records one when it finishes).
+/// Whether `row`'s create is still run by a live replica (within [`CREATE_GRACE`]).
+pub fn create_in_flight(row: &SandboxRow, live_replicas: &HashSet<ReplicaId>, now_ms: i64) -> bool {
+    row.create_latency_ms.is_none()
+        && row
+            .creating_replica
+            .as_ref()
+            .is_some_and(|r| live_replicas.contains(r))
+        && within_grace(row, now_ms)
+}
+
+/// Whether `row`'s create is unfinished (not recorded yet) and within the grace: shown as
+/// `creating` until its replica, or the reconciler, records the outcome.
 pub fn create_unfinished(row: &SandboxRow, now_ms: i64) -> bool {
+    row.create_latency_ms.is_none() && within_grace(row, now_ms)
+}
+
+fn within_grace(row: &SandboxRow, now_ms: i64) -> bool {
     let grace_ms = i64::try_from(CREATE_GRACE.as_millis()).unwrap_or(i64::MAX);
-    row.create_latency_ms.is_none() && now_ms.saturating_sub(row.created_at_ms) < grace_ms
+    now_ms.saturating_sub(row.created_at_ms) < grace_ms
 }
 
 /// What one live row needs, given its sandbox's state on the node (`None`: no record).
@@ -245,9 +270,9 @@ impl Reconciler {
             .filter(|r| r.node == node.name())
             .cloned()
             .collect();
-        let creating = self.state.creating.snapshot();
+        let live_replicas = self.state.replica.live_set().await?;
         let mut done = Vec::new();
-        for action in plan(&rows, records, &creating, now_ms()) {
+        for action in plan(&rows, records, &live_replicas, now_ms()) {
             if self.execute(node, &action).await? {
                 done.push(action);
             }
@@ -326,22 +351,29 @@ impl Reconciler {
                 let Some(mut row) = st.db.sandbox_any_tenant(id).await? else {
                     return Ok(false);
                 };
-                if row.create_latency_ms.is_some() || st.creating.contains(id) {
+                if row.create_latency_ms.is_some() || self.create_in_flight(&row).await? {
                     return Ok(false);
                 }
                 row.spec.resources = record.resources;
                 // Its real latency died with the replica: from its row to now, an upper bound.
                 let latency = now_ms().saturating_sub(row.created_at_ms).max(0);
-                st.db
+                let adopted = st
+                    .db
                     .set_created(id, &record.template_digest, &row.spec, latency)
                     .await?;
-                tracing::info!(sandbox = %id, node = node.name(), "adopted a create whose replica did not finish it");
-                Ok(true)
+                if adopted {
+                    tracing::info!(sandbox = %id, node = node.name(), "adopted a create whose replica did not finish it");
+                }
+                Ok(adopted)
             }
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the
-                // snapshot (its record appears before it leaves the in-flight set).
-                if st.creating.contains(id)
+                // plan, or its replica come back.
+                let Some(row) = st.db.sandbox_any_tenant(id).await? else {
+                    return Ok(false);
+                };
+                if row.desired_state != crate::db::DesiredState::Running
+                    || self.create_in_flight(&row).await?
                     || node
                         .sandbox(id)
                         .await?
@@ -350,17 +382,20 @@ impl Reconciler {
                     return Ok(false);
                 }
                 if st.db.mark_deleted(id, now_ms()).await? {
-                    tracing::warn!(sandbox = %id, "sandbox is missing on its node; marked deleted");
+                    if row.create_latency_ms.is_none() {
+                        tracing::warn!(sandbox = %id, replica = ?row.creating_replica, "the replica creating this sandbox died before the node made it; create undone");
+                    } else {
+                        tracing::warn!(sandbox = %id, "sandbox is missing on its node; marked deleted");
+                    }
                 }
                 Ok(true)
             }
             Action::DeleteOrphan(id) => {
-                if st.creating.contains(id)
-                    || st
-                        .db
-                        .sandbox_any_tenant(id)
-                        .await?
-                        .is_some_and(|r| r.desired_state == crate::db::DesiredState::Running)
+                if st
+                    .db
+                    .sandbox_any_tenant(id)
+                    .await?
+                    .is_some_and(|r| r.desired_state == crate::db::DesiredState::Running)
                 {
                     return Ok(false);
                 }
@@ -369,6 +404,16 @@ impl Reconciler {
                 Ok(true)
             }
         }
+    }
+
+    /// Whether `row`'s create is run by a replica alive now (asked of the database afresh).
+    async fn create_in_flight(&self, row: &SandboxRow) -> Result<bool, ReconcileError> {
+        let Some(replica) = row.creating_replica.as_ref() else {
+            return Ok(false);
+        };
+        Ok(row.create_latency_ms.is_none()
+            && within_grace(row, now_ms())
+            && self.state.replica.alive(replica).await?)
     }
 
     /// Whether the row's deadline still stands and has passed (re-read: a client may have
@@ -411,31 +456,49 @@ impl Reconciler {
         }
     }
 
-    /// Runs a pass every [`INTERVAL`] until `stop` turns true.
-    pub fn spawn(self, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(INTERVAL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut next_prune = tokio::time::Instant::now();
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stop.changed() => {}
+    /// Runs a pass every [`INTERVAL`] while this replica leads (see [`crate::replica`]),
+    /// until `stop` turns true. The hourly prunes (the action log past its retention, idle
+    /// request buckets) are the leader's too.
+    pub fn spawn(self, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        let next_prune = std::sync::Arc::new(std::sync::Mutex::new(tokio::time::Instant::now()));
+        crate::background::every(INTERVAL, stop, move || {
+            let (this, next_prune) = (self.clone(), next_prune.clone());
+            async move {
+                if !this.state.replica.leads().await {
+                    return;
                 }
-                if *stop.borrow() {
-                    break;
-                }
-                if let Err(e) = self.run_once().await {
+                if let Err(e) = this.run_once().await {
                     tracing::warn!(error = %e, "reconciler pass failed");
                 }
-                if tokio::time::Instant::now() >= next_prune {
-                    next_prune += AUDIT_PRUNE_INTERVAL;
-                    if let Err(e) = self.prune_audit().await {
-                        tracing::warn!(error = %e, "pruning the action log failed");
+                let now = tokio::time::Instant::now();
+                let due = {
+                    let mut next = next_prune.lock().unwrap_or_else(|p| p.into_inner());
+                    let due = now >= *next;
+                    if due {
+                        *next = now + AUDIT_PRUNE_INTERVAL;
                     }
+                    due
+                };
+                if due {
+                    this.prune().await;
                 }
             }
         })
+    }
+
+    /// The leader's hourly prunes: the action log past its retention, idle request buckets.
+    async fn prune(&self) {
+        if let Err(e) = self.prune_audit().await {
+            tracing::warn!(error = %e, "pruning the action log failed");
+        }
+        if let Err(e) = self
+            .state
+            .db
+            .prune_rate_buckets(crate::quotas::BUCKET_IDLE)
+            .await
+        {
+            tracing::warn!(error = %e, "pruning idle request buckets failed");
+        }
     }
 }
 
@@ -472,6 +535,7 @@ mod tests {
             timed_out_at_ms: None,
             deleted_at_ms: None,
             create_latency_ms: Some(1),
+            creating_replica: None,
             tokens: Default::default(),
         }
     }
@@ -672,20 +736,33 @@ mod tests {
         }
     }
 
+    /// A row whose create replica `replica` runs, begun at 1000.
+    fn unfinished(replica: &ReplicaId) -> SandboxRow {
+        SandboxRow {
+            create_latency_ms: None,
+            created_at_ms: 1000,
+            creating_replica: Some(replica.clone()),
+            ..row(i64::MAX)
+        }
+    }
+
     #[test]
     fn fork_children_in_flight_are_left_alone() {
         // A fork inserts the children's rows before the node admits them, and the node
         // makes their `creating` records while the parent is being checkpointed.
+        let me = ReplicaId::generate();
+        let live: HashSet<_> = [me.clone()].into_iter().collect();
         let parent = row(5000);
-        let children = [row(5000), row(5000)];
+        let children = [unfinished(&me), unfinished(&me)];
         let mut rows = vec![parent.clone()];
         rows.extend(children.iter().cloned());
-        let creating: HashSet<_> = children.iter().map(|r| r.id.clone()).collect();
         let before = vec![record(&parent.id, SandboxState::Checkpointing)];
-        assert_eq!(plan(&rows, &before, &creating, 1000), vec![]);
+        assert_eq!(plan(&rows, &before, &live, 2000), vec![]);
         let mut during = before.clone();
         during.push(record(&children[0].id, SandboxState::Creating));
-        assert_eq!(plan(&rows, &during, &creating, 1000), vec![]);
+        assert_eq!(plan(&rows, &during, &live, 2000), vec![]);
+        during.push(record(&children[1].id, SandboxState::Running));
+        assert_eq!(plan(&rows, &during, &live, 2000), vec![]);
     }
 
     #[test]
@@ -742,48 +819,70 @@ mod tests {
     }
 
     #[test]
-    fn creates_in_flight_are_left_alone() {
-        let rows = vec![row(0)];
-        let orphan = SandboxId::generate();
-        let records = vec![record(&orphan, SandboxState::Creating)];
-        let creating: HashSet<_> = [rows[0].id.clone(), orphan].into_iter().collect();
-        assert_eq!(plan(&rows, &records, &creating, 1000), vec![]);
+    fn creates_a_live_replica_runs_are_left_alone() {
+        let other = ReplicaId::generate();
+        let live: HashSet<_> = [other.clone()].into_iter().collect();
+        let row = unfinished(&other);
+        for records in [
+            vec![],
+            vec![record(&row.id, SandboxState::Creating)],
+            vec![record(&row.id, SandboxState::Running)],
+            vec![record(&row.id, SandboxState::Failed)],
+        ] {
+            assert_eq!(
+                plan(std::slice::from_ref(&row), &records, &live, 2000),
+                vec![]
+            );
+        }
     }
 
     #[test]
-    fn creates_another_replica_runs_are_left_alone_then_adopted() {
-        // Not recorded as created, no record yet: under way somewhere; left alone until
-        // the grace has passed, then gone like any row without a record.
-        let unfinished = SandboxRow {
-            create_latency_ms: None,
-            created_at_ms: 1000,
-            ..row(i64::MAX)
-        };
-        let none = HashSet::new();
+    fn creates_of_a_dead_replica_are_finished_or_undone() {
+        let dead = ReplicaId::generate();
+        let live = HashSet::new();
+        let row = unfinished(&dead);
+        let id = row.id.clone();
+        let planned =
+            |records: Vec<SandboxView>| plan(std::slice::from_ref(&row), &records, &live, 2000);
+        // The node made it: adopted. It never reached the node: undone. The node failed
+        // it: deleted. The node is still at it: left to the node.
         assert_eq!(
-            plan(std::slice::from_ref(&unfinished), &[], &none, 2000),
-            vec![]
+            planned(vec![record(&id, SandboxState::Running)]),
+            vec![Action::AdoptCreated(id.clone())]
         );
+        assert_eq!(planned(vec![]), vec![Action::MarkGone(id.clone())]);
+        assert_eq!(
+            planned(vec![record(&id, SandboxState::Deleted)]),
+            vec![Action::MarkGone(id.clone())]
+        );
+        assert_eq!(
+            planned(vec![record(&id, SandboxState::Failed)]),
+            vec![Action::Expire(id.clone())]
+        );
+        assert_eq!(planned(vec![record(&id, SandboxState::Creating)]), vec![]);
+        // A row from before replicas were named (none) is a dead replica's too.
+        let anonymous = SandboxRow {
+            creating_replica: None,
+            ..row.clone()
+        };
+        assert_eq!(
+            plan(std::slice::from_ref(&anonymous), &[], &live, 2000),
+            vec![Action::MarkGone(anonymous.id.clone())]
+        );
+    }
+
+    #[test]
+    fn a_create_past_the_grace_is_abandoned_even_if_its_replica_lives() {
+        let me = ReplicaId::generate();
+        let live: HashSet<_> = [me.clone()].into_iter().collect();
+        let row = unfinished(&me);
         let late = 1000 + i64::try_from(CREATE_GRACE.as_millis()).unwrap();
         assert_eq!(
-            plan(std::slice::from_ref(&unfinished), &[], &none, late),
-            vec![Action::MarkGone(unfinished.id.clone())]
+            plan(std::slice::from_ref(&row), &[], &live, late),
+            vec![Action::MarkGone(row.id.clone())]
         );
-        // Still creating on the node: left alone; running: adopted.
-        let creating = vec![record(&unfinished.id, SandboxState::Creating)];
         assert_eq!(
-            plan(std::slice::from_ref(&unfinished), &creating, &none, 2000),
-            vec![]
-        );
-        let running = vec![record(&unfinished.id, SandboxState::Running)];
-        assert_eq!(
-            plan(std::slice::from_ref(&unfinished), &running, &none, 2000),
-            vec![Action::AdoptCreated(unfinished.id.clone())]
-        );
-        // This replica's own create is its own to record.
-        let mine: HashSet<_> = [unfinished.id.clone()].into_iter().collect();
-        assert_eq!(
-            plan(std::slice::from_ref(&unfinished), &running, &mine, 2000),
+            plan(std::slice::from_ref(&row), &[], &live, late - 1),
             vec![]
         );
     }

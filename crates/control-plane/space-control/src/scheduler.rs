@@ -261,6 +261,7 @@ mod tests {
                 sandboxes: 0,
                 memory_images: Default::default(),
                 pool_ready: Default::default(),
+                credentials_revision: 0,
             }),
         }
     }

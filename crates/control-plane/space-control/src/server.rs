@@ -134,6 +134,8 @@ pub struct Server {
     http: Option<JoinHandle<std::io::Result<()>>>,
     https: Option<JoinHandle<std::io::Result<()>>>,
     reconciler: Option<JoinHandle<()>>,
+    /// The replica's heartbeat (and, as leader, the forgetting of dead replicas).
+    heartbeat: Option<JoinHandle<()>>,
     /// The cluster listener and the liveness sweep (a cluster replica only).
     cluster_http: Option<JoinHandle<std::io::Result<()>>>,
     sweeper: Option<JoinHandle<()>>,
@@ -176,7 +178,7 @@ impl Server {
         secure_data_dir(&config.data_dir)?;
         let data_dir = config.data_dir.as_path();
         let first_api_key = bootstrap(&db, data_dir).await?;
-        crate::api::idempotency::release_abandoned_at_start(&db).await;
+        crate::api::idempotency::delete_expired_at_start(&db).await;
         let authority = match &config.cluster {
             Some(c) => Some(
                 Authority::new(
@@ -198,8 +200,26 @@ impl Server {
                 anyhow::bail!("a server without a node of its own must be a cluster replica")
             }
         };
-        let mut state = AppState::new(db, nodes, config.max_upload_bytes)
+        let credential_key = match &config.cluster {
+            Some(c) => crate::cluster::authority::shared_key(
+                &c.ca_dir,
+                crate::cluster::authority::CREDENTIAL_KEY_FILE,
+            )?,
+            None => space_secrets::keyfile::load_or_create_key(
+                &data_dir.join(CONTROL_CREDENTIAL_KEY_FILE),
+            )
+            .context("the control plane's credential key")?,
+        };
+        let replica = crate::replica::Replica::register(db.clone())
+            .await
+            .context("registering this replica")?;
+        let mut state = AppState::new(db, nodes, replica, credential_key, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
+        if let Some(node) = &local {
+            adopt_node_credentials(&state, node)
+                .await
+                .context("syncing the node's credentials with the catalog")?;
+        }
         if let Some(authority) = &authority {
             state.cluster_ca_fingerprint = Some(authority.ca.fingerprint()?);
         }
@@ -268,6 +288,7 @@ impl Server {
             sweeper = Some(crate::cluster::spawn_sweeper(
                 state.db.clone(),
                 state.nodes.clone(),
+                state.replica.clone(),
                 c,
                 stop_rx.clone(),
             ));
@@ -278,6 +299,7 @@ impl Server {
         } else {
             None
         };
+        let heartbeat = Some(state.replica.clone().spawn(stop_rx.clone()));
         let https = tls.map(|l| spawn_http(l, app.clone(), stop_rx.clone()));
         let http = listener.map(|l| spawn_http(l, app, stop_rx));
         tracing::info!(%addr, ?tls_addr, "SPACE control plane listening");
@@ -292,6 +314,7 @@ impl Server {
             http,
             https,
             reconciler,
+            heartbeat,
             cluster_http,
             sweeper,
             cluster_addr,
@@ -364,6 +387,10 @@ impl Server {
         if let Some(s) = self.sweeper {
             let _ = s.await;
         }
+        if let Some(h) = self.heartbeat {
+            let _ = h.await;
+        }
+        self.state.replica.leave().await;
         if let Some(local) = self.local {
             local.shutdown().await;
         }
@@ -425,6 +452,37 @@ pub async fn wait_for_signal() -> anyhow::Result<()> {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    Ok(())
+}
+
+/// The single-machine default's credential key (the control plane seals credential values
+/// with it in the catalog; a cluster's replicas share the cluster directory's instead).
+pub const CONTROL_CREDENTIAL_KEY_FILE: &str = "control-credentials.key";
+
+/// At the start of the single-machine default: the catalog takes the credentials the node
+/// kept on its own before the catalog existed (once: only while the catalog has never
+/// changed), then the node is synced with the catalog.
+async fn adopt_node_credentials(st: &AppState, node: &Node) -> anyhow::Result<()> {
+    if st.db.credential_revision().await? == 0 {
+        let held = node.credentials().export().await?;
+        for (credential, value) in held {
+            let tenant = credential.scope.tenant().clone();
+            if st.db.tenant(&tenant).await?.is_none() {
+                tracing::warn!(credential = %credential.id, %tenant, "a node credential of a tenant the database does not know: left out of the catalog (the sync removes it from the node)");
+                continue;
+            }
+            let stored = crate::db::StoredCredential {
+                sealed_value: st
+                    .credential_sealer
+                    .seal(&credential.id, &value)
+                    .map_err(|e| anyhow::anyhow!("{}", e.body.message))?,
+                credential,
+            };
+            st.db.put_credential(&stored, false).await?;
+            tracing::info!(credential = %stored.credential.id, "credential taken into the catalog");
+        }
+    }
+    crate::service::credentials::sync_node(st, node).await?;
     Ok(())
 }
 

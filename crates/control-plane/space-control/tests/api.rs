@@ -119,6 +119,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: Some(1),
+        creating_replica: None,
         tokens: Default::default(),
     };
     ts.db().insert_sandbox(&row).await.unwrap();

@@ -40,6 +40,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         timed_out_at_ms: None,
         deleted_at_ms: None,
         create_latency_ms: None,
+        creating_replica: None,
         tokens: Default::default(),
     }
 }
@@ -50,7 +51,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -703,6 +704,7 @@ async fn join_tokens_are_spent_once_and_nodes_are_fenced_by_generation() {
         sandboxes: 0,
         memory_images: Default::default(),
         pool_ready: Default::default(),
+        credentials_revision: 0,
     };
     for t in common::test_dbs().await {
         let (db, label) = (&t.db, t.label);
@@ -861,5 +863,289 @@ async fn join_tokens_are_spent_once_and_nodes_are_fenced_by_generation() {
         db.mark_deleted(&mine.id, 10).await.unwrap();
         assert_eq!(db.remove_node("n1").await.unwrap(), RemoveNode::Removed);
         assert_eq!(db.remove_node("n1").await.unwrap(), RemoveNode::NotFound);
+    }
+}
+
+#[tokio::test]
+async fn replicas_heartbeat_die_and_are_forgotten_with_what_they_held() {
+    use space_control::db::{IdempotencyState, NewIdempotencyKey, QuotaHoldKind, ReplicaId};
+    use std::time::Duration;
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let tenant = db.create_tenant("acme").await.unwrap().id;
+        let (a, b) = (ReplicaId::generate(), ReplicaId::generate());
+        db.register_replica(&a, "host-a").await.unwrap();
+        db.register_replica(&b, "host-b").await.unwrap();
+        assert!(db.heartbeat_replica(&a).await.unwrap(), "{}", t.label);
+        let live = db.live_replicas(Duration::from_secs(60)).await.unwrap();
+        assert!(live.contains(&a) && live.contains(&b), "{}", t.label);
+        // What b holds: snapshot bytes, a diff, an unfinished idempotent request.
+        db.hold_quota(&tenant, QuotaHoldKind::SnapshotBytes, 300, &b)
+            .await
+            .unwrap();
+        let diff = db
+            .hold_quota(&tenant, QuotaHoldKind::Diff, 1, &b)
+            .await
+            .unwrap();
+        db.hold_quota(&tenant, QuotaHoldKind::SnapshotBytes, 200, &a)
+            .await
+            .unwrap();
+        assert_eq!(
+            db.quota_held(&tenant, QuotaHoldKind::SnapshotBytes)
+                .await
+                .unwrap(),
+            (500, 2),
+            "{}",
+            t.label
+        );
+        for (key, replica) in [("k-b", &b), ("k-a", &a)] {
+            let claimed = db
+                .claim_idempotency_key(&NewIdempotencyKey {
+                    tenant_id: &tenant,
+                    key,
+                    token: key,
+                    method: "POST",
+                    path: "/v1/sandboxes",
+                    fingerprint: "f",
+                    now_ms: space_control::db::now_ms(),
+                    replica,
+                })
+                .await
+                .unwrap();
+            assert!(claimed);
+        }
+        let row = db.idempotency_key(&tenant, "k-b").await.unwrap().unwrap();
+        assert_eq!(row.replica.as_ref(), Some(&b));
+        assert_eq!(row.state, IdempotencyState::InProgress);
+        // Nobody is dead yet.
+        assert!(db
+            .forget_dead_replicas(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty());
+        // b goes silent; a heartbeats. With a timeout shorter than b's silence, b is dead.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        db.heartbeat_replica(&a).await.unwrap();
+        assert!(!db
+            .replica_alive(&b, Duration::from_millis(200))
+            .await
+            .unwrap());
+        assert!(db
+            .replica_alive(&a, Duration::from_millis(200))
+            .await
+            .unwrap());
+        let forgotten = db
+            .forget_dead_replicas(Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(forgotten, vec![b.clone()], "{}", t.label);
+        assert_eq!(
+            db.quota_held(&tenant, QuotaHoldKind::SnapshotBytes)
+                .await
+                .unwrap(),
+            (200, 1),
+            "b's holds went with it ({})",
+            t.label
+        );
+        assert_eq!(
+            db.quota_held(&tenant, QuotaHoldKind::Diff).await.unwrap(),
+            (0, 0)
+        );
+        db.release_quota_hold(&diff).await.unwrap(); // already gone: no error
+        assert!(db.idempotency_key(&tenant, "k-b").await.unwrap().is_none());
+        assert!(db.idempotency_key(&tenant, "k-a").await.unwrap().is_some());
+        // b comes back: its heartbeat finds no row, and it registers again.
+        assert!(!db.heartbeat_replica(&b).await.unwrap());
+        db.register_replica(&b, "host-b").await.unwrap();
+        assert!(db.heartbeat_replica(&b).await.unwrap());
+        // A graceful leave removes a replica and what it holds at once.
+        db.remove_replica(&a).await.unwrap();
+        assert_eq!(
+            db.quota_held(&tenant, QuotaHoldKind::SnapshotBytes)
+                .await
+                .unwrap(),
+            (0, 0)
+        );
+        let ids: Vec<ReplicaId> = db
+            .replicas()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, vec![b.clone()], "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn request_buckets_are_shared_and_refill_at_their_rate() {
+    use space_control::db::RateDecision;
+    for t in common::test_dbs().await {
+        // Two handles on one database: two replicas.
+        let other = t.reopen().await;
+        let key = format!("key-{}", t.label);
+        // Burst of 3 at 2/s, taken alternately through both.
+        for i in 0..3 {
+            let db = if i % 2 == 0 { &t.db } else { &other };
+            assert_eq!(
+                db.take_request(&key, 2, 3).await.unwrap(),
+                RateDecision::Allowed,
+                "{} request {i}",
+                t.label
+            );
+        }
+        let RateDecision::Limited(wait) = other.take_request(&key, 2, 3).await.unwrap() else {
+            panic!(
+                "the fourth request of a burst of three is limited ({})",
+                t.label
+            );
+        };
+        assert!(
+            wait <= std::time::Duration::from_millis(500),
+            "{wait:?} ({})",
+            t.label
+        );
+        tokio::time::sleep(wait + std::time::Duration::from_millis(50)).await;
+        assert_eq!(
+            t.db.take_request(&key, 2, 3).await.unwrap(),
+            RateDecision::Allowed,
+            "refilled ({})",
+            t.label
+        );
+        // Another key has a bucket of its own.
+        assert_eq!(
+            other.take_request("another", 2, 3).await.unwrap(),
+            RateDecision::Allowed
+        );
+        assert_eq!(
+            t.db.prune_rate_buckets(std::time::Duration::from_secs(3600))
+                .await
+                .unwrap(),
+            0
+        );
+        other.close().await;
+    }
+}
+
+#[tokio::test]
+async fn admission_and_leader_locks_exclude_other_replicas() {
+    use std::time::Duration;
+    for t in common::test_dbs().await {
+        let other = t.reopen().await;
+        let tenant = TenantId::generate();
+        let held = t.db.admission_lock(&tenant).await.unwrap();
+        let contender = {
+            let (other, tenant) = (other.clone(), tenant.clone());
+            tokio::spawn(async move {
+                let _lock = other.admission_lock(&tenant).await.unwrap();
+                tokio::time::Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !contender.is_finished(),
+            "{}: the second admission waits",
+            t.label
+        );
+        let released = tokio::time::Instant::now();
+        drop(held);
+        let got = tokio::time::timeout(Duration::from_secs(10), contender)
+            .await
+            .expect("the waiter gets the lock")
+            .unwrap();
+        assert!(got >= released);
+        // Another tenant's admission does not wait.
+        let a = t.db.admission_lock(&tenant).await.unwrap();
+        let b = tokio::time::timeout(
+            Duration::from_secs(5),
+            other.admission_lock(&TenantId::generate()),
+        )
+        .await
+        .expect("another tenant's lock is free")
+        .unwrap();
+        drop((a, b));
+        if t.label == "postgres" {
+            // One leader at a time; the lead passes on when its holder lets go.
+            let mut lead = t.db.try_lead().await.unwrap().expect("first leads");
+            assert!(other.try_lead().await.unwrap().is_none());
+            assert!(lead.still_held().await);
+            lead.release().await;
+            let next = other.try_lead().await.unwrap().expect("the lead passed on");
+            next.release().await;
+        }
+        other.close().await;
+    }
+}
+
+#[tokio::test]
+async fn the_credential_catalog_keeps_one_name_per_scope_and_counts_changes() {
+    use space_control::db::StoredCredential;
+    use space_secrets::{Credential, CredentialId, Scope};
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let tenant = db.create_tenant("acme").await.unwrap().id;
+        let other = db.create_tenant("other").await.unwrap().id;
+        let make = |tenant: &TenantId, name: &str| {
+            StoredCredential {
+            credential: Credential {
+                id: CredentialId::generate(),
+                name: name.parse().unwrap(),
+                scope: Scope::Tenant {
+                    tenant: tenant.clone(),
+                },
+                rule: serde_json::from_value(serde_json::json!({
+                    "hosts": ["api.example.com"],
+                    "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+                }))
+                .unwrap(),
+                created_at_ms: 1,
+                expires_at_ms: None,
+            },
+            sealed_value: "c2VhbGVk".into(),
+        }
+        };
+        assert_eq!(db.credential_revision().await.unwrap(), 0, "{}", t.label);
+        let gh = make(&tenant, "github");
+        assert_eq!(db.put_credential(&gh, false).await.unwrap(), 1);
+        // The same name in the same scope is taken; in another tenant it is not.
+        assert!(matches!(
+            db.put_credential(&make(&tenant, "github"), false).await,
+            Err(DbError::AlreadyExists(_))
+        ));
+        db.put_credential(&make(&other, "github"), false)
+            .await
+            .unwrap();
+        // Replacing keeps the id; replacing one that is gone is not found.
+        let mut renamed = gh.clone();
+        renamed.credential.name = "gh".parse().unwrap();
+        assert_eq!(db.put_credential(&renamed, true).await.unwrap(), 3);
+        assert!(matches!(
+            db.put_credential(&make(&tenant, "nope"), true).await,
+            Err(DbError::NotFound(_))
+        ));
+        let mine = db.credentials_of(&tenant).await.unwrap();
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].credential.name.as_str(), "gh");
+        assert_eq!(db.count_credentials(&other).await.unwrap(), 1);
+        // Another tenant's id is not found, not deleted.
+        assert_eq!(
+            db.delete_credential(&other, &gh.credential.id)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(db
+            .credential(&other, &gh.credential.id)
+            .await
+            .unwrap()
+            .is_none());
+        assert_eq!(
+            db.delete_credential(&tenant, &gh.credential.id)
+                .await
+                .unwrap(),
+            Some(4)
+        );
+        let (rev, all) = db.credential_catalog().await.unwrap();
+        assert_eq!((rev, all.len()), (4, 1), "{}", t.label);
     }
 }

@@ -18,11 +18,12 @@ use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use space_control::api::auth::AuthTenant;
-use space_control::api::idempotency::{
-    idempotency, release_abandoned_at_start, Idempotency, MAX_REQUEST_BODY,
+use space_control::api::idempotency::{idempotency, Idempotency, MAX_REQUEST_BODY};
+use space_control::db::{
+    now_ms, Db, IdempotencyState, NewIdempotencyKey, ReplicaId, StoredResponse,
 };
-use space_control::db::{now_ms, Db, IdempotencyState, NewIdempotencyKey, StoredResponse};
+use space_control::replica::Replica;
+use space_control::service::Caller;
 use space_core::{ErrorBody, ErrorCode, TenantId};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -129,7 +130,7 @@ async fn read(State(t): State<Toy>) -> String {
 /// Stands in for authentication: the tenant id comes from `x-tenant`.
 async fn fake_auth(mut req: Request, next: Next) -> Response {
     let id: TenantId = req.headers()["x-tenant"].to_str().unwrap().parse().unwrap();
-    req.extensions_mut().insert(AuthTenant {
+    req.extensions_mut().insert(Caller {
         id,
         name: "t".into(),
         key_id: "key-test".into(),
@@ -137,7 +138,10 @@ async fn fake_auth(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-fn app(db: &Db, toy: &Toy) -> Router {
+/// How long a replica may be silent here before the fixture's replica takes it for dead.
+const TEST_REPLICA_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn app(db: &Db, replica: &Replica, toy: &Toy) -> Router {
     Router::new()
         .route("/v1/things", post(create).get(read))
         .route("/v1/things/{id}", delete(remove))
@@ -150,7 +154,7 @@ fn app(db: &Db, toy: &Toy) -> Router {
         .route("/v1/panics", post(panics))
         .route("/v1/read", get(read))
         .route_layer(from_fn_with_state(
-            Idempotency::new(db.clone()),
+            Idempotency::new(db.clone(), replica.clone()),
             idempotency,
         ))
         .route_layer(from_fn(fake_auth))
@@ -175,8 +179,11 @@ async fn fixtures() -> Vec<Fixture> {
             calls: Arc::default(),
             gate: Arc::new(Semaphore::new(0)),
         };
+        let replica = Replica::register_with_timeout(db.clone(), TEST_REPLICA_TIMEOUT)
+            .await
+            .unwrap();
         out.push(Fixture {
-            app: app(&db, &toy),
+            app: app(&db, &replica, &toy),
             label: t.label,
             _db: t,
             db,
@@ -627,7 +634,8 @@ async fn request_bodies_with_a_key_are_bounded() {
     }
 }
 
-async fn stage(f: &Fixture, key: &str, age: Duration) -> String {
+/// A request another replica, `by`, claimed `age` ago and has not finished.
+async fn stage_by(f: &Fixture, key: &str, age: Duration, by: &ReplicaId) -> String {
     let token = format!("crashed-{key}");
     let claimed =
         f.db.claim_idempotency_key(&NewIdempotencyKey {
@@ -643,6 +651,7 @@ async fn stage(f: &Fixture, key: &str, age: Duration) -> String {
                 b"{}",
             ),
             now_ms: now_ms() - age.as_millis() as i64,
+            replica: by,
         })
         .await
         .unwrap();
@@ -650,26 +659,30 @@ async fn stage(f: &Fixture, key: &str, age: Duration) -> String {
     token
 }
 
+/// A request a replica that is alive now (registered, not heartbeating) claimed.
+async fn stage(f: &Fixture, key: &str, age: Duration) -> String {
+    let other = ReplicaId::generate();
+    f.db.register_replica(&other, "elsewhere").await.unwrap();
+    stage_by(f, key, age, &other).await
+}
+
 #[tokio::test]
 async fn abandoned_and_expired_keys_are_released() {
     for f in fixtures().await {
-        // A crash a minute ago: still looks in progress...
-        stage(&f, "young", Duration::from_secs(60)).await;
+        // Another replica runs it: in progress, however old, while that replica lives...
+        stage(&f, "running", Duration::from_secs(600)).await;
         assert_eq!(
-            f.post("/v1/things", "young", "{}").await.status,
-            StatusCode::CONFLICT
+            f.post("/v1/things", "running", "{}").await.status,
+            StatusCode::CONFLICT,
+            "{}",
+            f.label
         );
-        // ...until the server restarts.
-        release_abandoned_at_start(&f.db).await;
-        let r = f.post("/v1/things", "young", "{}").await;
+        // ...and abandoned once it is dead (its heartbeat lapsed).
+        tokio::time::sleep(TEST_REPLICA_TIMEOUT * 2).await;
+        let r = f.post("/v1/things", "running", "{}").await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", f.label);
         assert!(!r.replayed());
-
-        // A crash ten minutes ago, without a restart (another server): abandoned.
-        stage(&f, "old", Duration::from_secs(600)).await;
-        let r = f.post("/v1/things", "old", "{}").await;
-        assert_eq!(r.status, StatusCode::CREATED, "{}", f.label);
-        assert!(f.post("/v1/things", "old", "{}").await.replayed());
+        assert!(f.post("/v1/things", "running", "{}").await.replayed());
 
         // A response stored 25 hours ago is forgotten.
         let token = stage(&f, "stale", Duration::from_secs(25 * 3600)).await;
@@ -686,7 +699,7 @@ async fn abandoned_and_expired_keys_are_released() {
         let r = f.post("/v1/things", "stale", "{}").await;
         assert!(!r.replayed(), "{}", f.label);
         assert_ne!(r.body, "ancient");
-        assert_eq!(f.toy.calls(), 3, "{}", f.label);
+        assert_eq!(f.toy.calls(), 2, "{}", f.label);
     }
 }
 
@@ -703,6 +716,7 @@ async fn database_claims_are_exclusive_and_tokened() {
             path: "/",
             fingerprint: "f",
             now_ms: now_ms(),
+            replica: &ReplicaId::generate(),
         };
         assert!(
             !db.claim_idempotency_key(&again).await.unwrap(),
@@ -734,11 +748,7 @@ async fn database_claims_are_exclusive_and_tokened() {
             .unwrap());
         let row = db.idempotency_key(&f.tenant, "x").await.unwrap().unwrap();
         assert_eq!(row.response, Some(resp), "{}", f.label);
-        // Restart cleanup leaves done rows alone; expiry does not.
-        assert_eq!(
-            db.release_all_in_progress_idempotency_keys().await.unwrap(),
-            0
-        );
+        // Expiry removes done rows too.
         assert_eq!(
             db.delete_idempotency_keys_before(now_ms() + 1)
                 .await

@@ -317,6 +317,7 @@ pub fn router(st: SharedState) -> Router {
         .route_layer(middleware::from_fn_with_state(
             Idempotency::with_credentials(
                 st.app.db.clone(),
+                st.app.replica.clone(),
                 Arc::new(stored_tokens::StoredTokens(st.clone())),
             ),
             idempotency::idempotency,

@@ -47,6 +47,8 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
             reply(api.set_tenant_connections(&tenant, limit).await)
         }
         R::Snapshots { id } => reply(api.snapshots(&id).await),
+        R::TenantSnapshots { tenant } => reply(api.tenant_snapshots(&tenant).await),
+        R::CredentialsSynced { revision } => reply(api.credentials_synced(revision).await),
         R::TakeSnapshot { id, req } => reply(api.take_snapshot(&id, req).await),
         R::DeleteSnapshot { id, snapshot } => reply(api.delete_snapshot(&id, &snapshot).await),
         R::DiffSnapshots {

@@ -110,6 +110,9 @@ pub trait NodeApi: Send + Sync + 'static {
     // Snapshots.
     /// A sandbox's snapshots, oldest first.
     async fn snapshots(&self, id: &SandboxId) -> NodeResult<Vec<SnapshotInfo>>;
+    /// Every snapshot on this node of `tenant`'s: of its sandboxes here, and its persistent
+    /// ones whose sandbox was deleted (one call per node for a tenant-wide listing).
+    async fn tenant_snapshots(&self, tenant: &TenantId) -> NodeResult<Vec<SnapshotInfo>>;
     /// Takes a snapshot of a sandbox.
     async fn take_snapshot(
         &self,
@@ -157,6 +160,9 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn put_credential(&self, credential: Credential, value: SecretValue) -> NodeResult<()>;
     /// Deletes a credential.
     async fn delete_credential(&self, id: &CredentialId) -> NodeResult<()>;
+    /// Records that this node's credentials are the control plane's catalog at `revision`
+    /// (reported in its status from now on, until it restarts).
+    async fn credentials_synced(&self, revision: u64) -> NodeResult<()>;
     /// The node's credential decisions matching `filter`, newest first.
     async fn audit(&self, filter: AuditFilter) -> NodeResult<Vec<AuditEvent>>;
 }

@@ -18,4 +18,9 @@ pub struct NodeStatus {
     pub memory_images: BTreeSet<String>,
     /// Ready warm-pool members per template digest.
     pub pool_ready: BTreeMap<String, u32>,
+    /// The revision of the control plane's credential catalog its credentials were last
+    /// synced to (0: never, since it started): the control plane syncs a node that is
+    /// behind.
+    #[serde(default)]
+    pub credentials_revision: u64,
 }

@@ -107,6 +107,10 @@ pub enum NodeRequest {
     },
     /// → `Vec<SnapshotInfo>`
     Snapshots { id: SandboxId },
+    /// → `Vec<SnapshotInfo>`
+    TenantSnapshots { tenant: TenantId },
+    /// → `()`
+    CredentialsSynced { revision: u64 },
     /// → `SnapshotTaken`
     TakeSnapshot { id: SandboxId, req: SnapshotRequest },
     /// → `()`

@@ -12,8 +12,8 @@ use space_core::metrics::SandboxMetric;
 use space_core::snapshot::SnapshotTrigger;
 use space_core::template::TemplateInfo;
 use space_core::{
-    ErrorCode, LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, SnapshotKind,
-    TenantId,
+    ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId, SnapshotInfo,
+    SnapshotKind, TenantId,
 };
 use space_guest_client::{GuestClient, GuestError};
 use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
@@ -245,6 +245,28 @@ impl NodeApi for Node {
         self.snapshots(id).await.map_err(call_error)
     }
 
+    async fn tenant_snapshots(&self, tenant: &TenantId) -> NodeResult<Vec<SnapshotInfo>> {
+        let mut found: Vec<SnapshotInfo> = Vec::new();
+        let sandboxes = NodeApi::sandboxes(self).await?;
+        for view in sandboxes
+            .iter()
+            .filter(|v| v.tenant.as_ref() == Some(tenant) && v.state != SandboxState::Deleted)
+        {
+            match self.snapshots(&view.id).await {
+                Ok(list) => found.extend(list),
+                // Deleted meanwhile (its persistent snapshots are listed below).
+                Err(NodeError::SandboxNotFound(_)) => {}
+                Err(e) => return Err(call_error(e)),
+            }
+        }
+        for (info, source) in self.persistent_snapshots().await.map_err(call_error)? {
+            if source.tenant.as_ref() == Some(tenant) && !found.iter().any(|s| s.id == info.id) {
+                found.push(info);
+            }
+        }
+        Ok(found)
+    }
+
     async fn take_snapshot(
         &self,
         id: &SandboxId,
@@ -344,6 +366,14 @@ impl NodeApi for Node {
             .delete(id)
             .await
             .map_err(credential_error)
+    }
+
+    async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {
+        self.inner
+            .credentials
+            .catalog_revision
+            .store(revision, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     async fn audit(&self, filter: AuditFilter) -> NodeResult<Vec<AuditEvent>> {

@@ -23,6 +23,9 @@ use crate::NodeError;
 pub(crate) struct Credentials {
     pub(crate) manager: Arc<CredentialManager>,
     pub(crate) audit: Arc<AuditLog>,
+    /// The control plane's catalog revision the manager's set was last synced to (0 since
+    /// start: the control plane syncs the node at its next heartbeat).
+    pub(crate) catalog_revision: std::sync::atomic::AtomicU64,
 }
 
 /// Opens the backend `kind` under `data_dir`, loads every credential's metadata (failing
@@ -61,5 +64,6 @@ pub(crate) async fn open(
     Ok(Credentials {
         manager: Arc::new(manager),
         audit,
+        catalog_revision: std::sync::atomic::AtomicU64::new(0),
     })
 }

@@ -245,6 +245,11 @@ impl Node {
             sandboxes,
             memory_images,
             pool_ready,
+            credentials_revision: self
+                .inner
+                .credentials
+                .catalog_revision
+                .load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 

@@ -110,6 +110,18 @@ fn compile(credential: Credential) -> Result<Arc<Entry>, ValidationError> {
     Ok(Arc::new(Entry { credential, rule }))
 }
 
+/// Checks what [`CredentialManager::put`] checks of one credential and its value, without a
+/// manager: every field, the rule, and a header-safe value for a header injection. The
+/// control plane checks a credential this way before it enters the catalog, so a node
+/// never refuses one it is given.
+pub fn check_storable(credential: &Credential, value: &SecretValue) -> Result<(), ManagerError> {
+    let entry = compile(credential.clone())?;
+    if matches!(entry.rule.injection, CompiledInjection::Header { .. }) {
+        value.check_header_safe()?;
+    }
+    Ok(())
+}
+
 fn duplicate_of<'a>(entries: &'a [Arc<Entry>], c: &Credential) -> Option<&'a Arc<Entry>> {
     entries.iter().find(|e| {
         e.credential.id != c.id && e.credential.name == c.name && e.credential.scope == c.scope
@@ -491,6 +503,18 @@ impl CredentialManager {
                 })
             })
             .collect()
+    }
+
+    /// Every credential with its value. For one use: handing the credentials a node kept
+    /// on its own (before the control plane kept a catalog) to that catalog, in the same
+    /// process. No protocol carries a value out of a node.
+    pub async fn export(&self) -> Result<Vec<(Credential, SecretValue)>, BackendError> {
+        let mut out = Vec::new();
+        for entry in self.snapshot().iter() {
+            let value = self.backend.get(&entry.credential).await?;
+            out.push((entry.credential.clone(), value));
+        }
+        Ok(out)
     }
 
     /// A credential's value, from the cache or (once per TTL, one fetch at a time) the backend.

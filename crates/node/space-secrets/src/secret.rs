@@ -64,7 +64,7 @@ impl SecretValue {
     }
 
     /// A second copy (wiped on drop like the first), for handing to another task.
-    pub(crate) fn duplicate(&self) -> SecretValue {
+    pub fn duplicate(&self) -> SecretValue {
         let mut copy = Zeroizing::new(String::with_capacity(self.0.len()));
         copy.push_str(&self.0);
         SecretValue(copy)

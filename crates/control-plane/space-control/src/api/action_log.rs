@@ -17,9 +17,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use space_core::ErrorCode;
 
-use super::auth::AuthTenant;
 use super::idempotency::applies_to;
 use crate::db::{now_ms, Db, NewAuditRecord};
+use crate::service::Caller;
 
 /// Path parts of the data plane, whose requests are not recorded.
 const DATA_PLANE: [&str; 3] = ["/files", "/processes", "/exec"];
@@ -46,7 +46,7 @@ pub async fn record(State(db): State<Db>, req: Request, next: Next) -> Response 
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned());
-    let (Some(route), Some(auth)) = (route, req.extensions().get::<AuthTenant>().cloned()) else {
+    let (Some(route), Some(auth)) = (route, req.extensions().get::<Caller>().cloned()) else {
         return next.run(req).await;
     };
     if !is_action(req.method(), &route) {

@@ -9,11 +9,11 @@ use space_core::audit::{AuditAnchor, AuditRecord};
 use space_core::error::ErrorBody;
 use utoipa::{IntoParams, ToSchema};
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiQuery;
 use super::AppState;
 use crate::db::{AuditQuery, MAX_AUDIT_FIELD, MAX_AUDIT_PAGE};
+use crate::service::Caller;
 
 /// Filters and paging of `GET /v1/audit`.
 #[derive(Debug, Default, Serialize, Deserialize, IntoParams)]
@@ -87,7 +87,7 @@ fn bounded(what: &str, v: Option<String>) -> ApiResult<Option<String>> {
 )]
 pub async fn audit_log(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ApiQuery(p): ApiQuery<AuditLogParams>,
 ) -> ApiResult<Json<AuditLog>> {
     let limit = p.limit.unwrap_or(100);

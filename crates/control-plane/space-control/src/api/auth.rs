@@ -1,46 +1,17 @@
 //! Authentication: `Authorization: Bearer <api key>` on every `/v1` request.
 //!
 //! The middleware resolves the key to its tenant and stores it in the request; handlers take
-//! [`AuthTenant`] to scope everything they touch. Keys are never logged.
+//! [`Caller`] to scope everything they touch. Keys are never logged.
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
-use space_core::TenantId;
 
 use super::error::ApiError;
 use super::AppState;
-
-/// The authenticated caller's tenant.
-#[derive(Debug, Clone)]
-pub struct AuthTenant {
-    /// Tenant id.
-    pub id: TenantId,
-    /// Tenant name.
-    pub name: String,
-    /// The id of the API key it authenticated with (for the action log).
-    pub key_id: String,
-}
-
-impl AuthTenant {
-    /// Refuses (`403 forbidden`) unless this is the operator's tenant (`default`, made at
-    /// the first start): what shows node-wide state is for the operator only.
-    pub fn require_operator(&self) -> Result<(), ApiError> {
-        if self.name == crate::bootstrap::DEFAULT_TENANT {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                space_core::ErrorCode::Forbidden,
-                format!(
-                    "this shows node-wide state: only the operator's tenant ({}) may see it",
-                    crate::bootstrap::DEFAULT_TENANT
-                ),
-            ))
-        }
-    }
-}
+use crate::service::Caller;
 
 /// Middleware: 401 unless the request carries a valid, unrevoked key.
 pub async fn require_api_key(
@@ -61,7 +32,7 @@ pub async fn require_api_key(
         .authenticate_key(key)
         .await?
         .ok_or_else(|| ApiError::unauthenticated("unknown or revoked API key"))?;
-    req.extensions_mut().insert(AuthTenant {
+    req.extensions_mut().insert(Caller {
         id: tenant.id,
         name: tenant.name,
         key_id,
@@ -77,14 +48,14 @@ pub fn bearer_token(header: Option<&str>) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for AuthTenant {
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         // Only missing if a route escaped the middleware: refuse rather than serve unscoped.
         parts
             .extensions
-            .get::<AuthTenant>()
+            .get::<Caller>()
             .cloned()
             .ok_or_else(|| ApiError::unauthenticated("missing API key"))
     }

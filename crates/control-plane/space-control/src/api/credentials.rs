@@ -1,25 +1,25 @@
-//! Credentials (secrets the egress gateway injects into sandbox requests) and their audit
-//! log. Values are write-only: they go in with a create or replace and never come out of
-//! the API (nor into any sandbox, log or audit entry). A tenant sees and manages only its
-//! own credentials; the scope names the tenant implicitly (the caller's), optionally a
-//! project or one of its sandboxes.
+//! `/v1/credentials` (the secrets the egress gateways inject into sandbox requests:
+//! [`crate::service::credentials`]) and `/v1/audit/credentials`, their decision log. Values
+//! are write-only: they go in with a create or replace and never come out of the API (nor
+//! into any sandbox, log or audit entry). A tenant sees and manages only its own
+//! credentials; the scope names the tenant implicitly (the caller's), optionally a project
+//! or one of its sandboxes.
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use space_core::{ErrorBody, SandboxId, TenantId};
+use space_core::{ErrorBody, SandboxId};
 use space_secrets::rule::CredentialRule;
-use space_secrets::secret::SecretValue;
-use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, CredentialName, Scope};
+use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, Scope};
 use utoipa::{IntoParams, ToSchema};
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery};
-use super::sandboxes::parse_project;
 use super::AppState;
+use crate::service::credentials::{self, NewCredential, ScopeRequest};
+use crate::service::Caller;
 use space_core::error::excerpt;
 
 /// Whom a credential is for, within the caller's tenant.
@@ -118,6 +118,22 @@ fn info(c: Credential) -> CredentialInfo {
     }
 }
 
+impl CredentialRequest {
+    fn into_new(self) -> NewCredential {
+        NewCredential {
+            name: self.name,
+            scope: match self.scope {
+                CredentialScope::Tenant => ScopeRequest::Tenant,
+                CredentialScope::Project { project } => ScopeRequest::Project(project),
+                CredentialScope::Sandbox { sandbox } => ScopeRequest::Sandbox(sandbox),
+            },
+            rule: self.rule,
+            expires_at_ms: self.expires_at_ms,
+            value: self.value,
+        }
+    }
+}
+
 /// The `{id}` of `/v1/credentials/{id}`, parsed.
 pub struct CredentialPath(pub CredentialId);
 
@@ -132,64 +148,6 @@ impl<S: Send + Sync> FromRequestParts<S> for CredentialPath {
             ApiError::invalid(format!("malformed credential id {:?}", excerpt(&id, 64)))
         })
     }
-}
-
-/// The caller's credential `id`, or 404 (also for another tenant's).
-async fn owned(st: &AppState, tenant: &TenantId, id: &CredentialId) -> ApiResult<Credential> {
-    st.nodes
-        .credentials()
-        .await?
-        .into_iter()
-        .find(|c| &c.id == id && c.scope.tenant() == tenant)
-        .ok_or_else(|| ApiError::not_found(format!("credential {id} not found")))
-}
-
-/// The stored form of a request (checked: name, project, the sandbox is the caller's).
-async fn credential_of(
-    st: &AppState,
-    tenant: &TenantId,
-    id: CredentialId,
-    created_at_ms: i64,
-    req: &CredentialRequest,
-) -> ApiResult<Credential> {
-    let name: CredentialName = req
-        .name
-        .parse()
-        .map_err(|e: space_secrets::ValidationError| ApiError::invalid(e.to_string()))?;
-    let tenant = tenant.clone();
-    let scope = match &req.scope {
-        CredentialScope::Tenant => Scope::Tenant { tenant },
-        CredentialScope::Project { project } => Scope::Project {
-            tenant,
-            project: parse_project(Some(project))?
-                .ok_or_else(|| ApiError::invalid("project is empty"))?,
-        },
-        CredentialScope::Sandbox { sandbox } => {
-            st.find_sandbox(&tenant, sandbox).await?;
-            Scope::Sandbox {
-                tenant,
-                sandbox: sandbox.clone(),
-            }
-        }
-    };
-    Ok(Credential {
-        id,
-        name,
-        scope,
-        rule: req.rule.clone(),
-        created_at_ms,
-        expires_at_ms: req.expires_at_ms,
-    })
-}
-
-async fn store(
-    st: &AppState,
-    credential: Credential,
-    value: String,
-) -> ApiResult<Json<CredentialInfo>> {
-    let value = SecretValue::new(value).map_err(|e| ApiError::invalid(e.to_string()))?;
-    st.nodes.put_credential(&credential, &value).await?;
-    Ok(Json(info(credential)))
 }
 
 /// Create a credential.
@@ -209,22 +167,11 @@ async fn store(
 )]
 pub async fn create_credential(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ApiJson(req): ApiJson<CredentialRequest>,
 ) -> ApiResult<(StatusCode, Json<CredentialInfo>)> {
-    let credential = credential_of(
-        &st,
-        &tenant.id,
-        CredentialId::generate(),
-        crate::db::now_ms(),
-        &req,
-    )
-    .await?;
-    tracing::info!(tenant = %tenant.name, credential = %credential.id, name = %credential.name, "creating credential");
-    let _admission = st.quotas.admission(&tenant.id).await;
-    st.admit_credential(&tenant.id).await?;
-    let info = store(&st, credential, req.value).await?;
-    Ok((StatusCode::CREATED, info))
+    let credential = credentials::create(&st, &tenant, req.into_new()).await?;
+    Ok((StatusCode::CREATED, Json(info(credential))))
 }
 
 /// Replace a credential's name, scope, rule, expiry and value.
@@ -245,13 +192,12 @@ pub async fn create_credential(
 )]
 pub async fn replace_credential(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     CredentialPath(id): CredentialPath,
     ApiJson(req): ApiJson<CredentialRequest>,
 ) -> ApiResult<Json<CredentialInfo>> {
-    let old = owned(&st, &tenant.id, &id).await?;
-    let credential = credential_of(&st, &tenant.id, id, old.created_at_ms, &req).await?;
-    store(&st, credential, req.value).await
+    let credential = credentials::replace(&st, &tenant, &id, req.into_new()).await?;
+    Ok(Json(info(credential)))
 }
 
 /// The caller's credentials (metadata only).
@@ -267,14 +213,11 @@ pub async fn replace_credential(
 )]
 pub async fn list_credentials(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
 ) -> ApiResult<Json<CredentialList>> {
-    let credentials = st
-        .nodes
-        .credentials()
+    let credentials = credentials::list(&st, &tenant)
         .await?
         .into_iter()
-        .filter(|c| c.scope.tenant() == &tenant.id)
         .map(info)
         .collect();
     Ok(Json(CredentialList { credentials }))
@@ -295,10 +238,10 @@ pub async fn list_credentials(
 )]
 pub async fn get_credential(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     CredentialPath(id): CredentialPath,
 ) -> ApiResult<Json<CredentialInfo>> {
-    owned(&st, &tenant.id, &id).await.map(|c| Json(info(c)))
+    Ok(Json(info(credentials::get(&st, &tenant, &id).await?)))
 }
 
 /// Delete a credential: from now on no request gets it.
@@ -316,11 +259,10 @@ pub async fn get_credential(
 )]
 pub async fn delete_credential(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     CredentialPath(id): CredentialPath,
 ) -> ApiResult<StatusCode> {
-    owned(&st, &tenant.id, &id).await?;
-    st.nodes.delete_credential(&id).await?;
+    credentials::delete(&st, &tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -365,7 +307,7 @@ pub struct AuditList {
 )]
 pub async fn audit(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ApiQuery(q): ApiQuery<AuditParams>,
 ) -> ApiResult<Json<AuditList>> {
     let filter = AuditFilter {

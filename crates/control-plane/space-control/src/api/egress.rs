@@ -1,8 +1,5 @@
-//! Egress policies: each sandbox's (changed while it runs: its gateway enforces the new one
-//! from the next DNS query or connection on) and the tenant's default for new sandboxes.
-//!
-//! A sandbox's policy comes from its create request, else the tenant's default, else the
-//! node's (mode `none`: no network). Forks inherit their parent's.
+//! `/v1/sandboxes/{id}/egress` and `/v1/egress`: a sandbox's egress policy and the tenant's
+//! default ([`crate::service::egress`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,10 +7,10 @@ use axum::Json;
 use space_core::egress::EgressPolicy;
 use space_core::ErrorBody;
 
-use super::auth::AuthTenant;
-use super::error::{ApiError, ApiResult};
+use super::error::ApiResult;
 use super::extract::{ApiJson, SandboxPath};
 use super::AppState;
+use crate::service::{egress, Caller};
 
 /// The sandbox's egress policy.
 #[utoipa::path(
@@ -30,17 +27,10 @@ use super::AppState;
 )]
 pub async fn get_sandbox_egress(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<EgressPolicy>> {
-    let row = st.live_sandbox(&tenant.id, &id).await?;
-    let view = st
-        .node_of(&row)
-        .await?
-        .sandbox(&id)
-        .await?
-        .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
-    Ok(Json(view.egress))
+    Ok(Json(egress::sandbox_policy(&st, &tenant, &id).await?))
 }
 
 /// Replace the sandbox's egress policy. Takes effect at once, in a running sandbox too:
@@ -62,18 +52,13 @@ pub async fn get_sandbox_egress(
 )]
 pub async fn set_sandbox_egress(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
-    let row = st.live_sandbox(&tenant.id, &id).await?;
-    let view = st
-        .node_of(&row)
-        .await?
-        .set_egress_policy(&id, policy)
-        .await?;
-    tracing::info!(sandbox = %id, tenant = %tenant.name, "egress policy replaced");
-    Ok(Json(view.egress))
+    Ok(Json(
+        egress::set_sandbox_policy(&st, &tenant, &id, policy).await?,
+    ))
 }
 
 /// The tenant's default egress policy for new sandboxes (404 when it has none and new
@@ -91,13 +76,9 @@ pub async fn set_sandbox_egress(
 )]
 pub async fn get_tenant_egress(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.db
-        .tenant_egress_policy(&tenant.id)
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("this tenant has no default egress policy"))
+    Ok(Json(egress::tenant_policy(&st, &tenant).await?))
 }
 
 /// Set the tenant's default egress policy for sandboxes created from now on (existing
@@ -116,14 +97,10 @@ pub async fn get_tenant_egress(
 )]
 pub async fn set_tenant_egress(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
-    st.nodes.any()?.check_egress_policy(&policy).await?;
-    st.db
-        .set_tenant_egress_policy(&tenant.id, Some(&policy))
-        .await?;
-    Ok(Json(policy))
+    Ok(Json(egress::set_tenant_policy(&st, &tenant, policy).await?))
 }
 
 /// Remove the tenant's default: new sandboxes get the node's.
@@ -139,8 +116,8 @@ pub async fn set_tenant_egress(
 )]
 pub async fn clear_tenant_egress(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
 ) -> ApiResult<StatusCode> {
-    st.db.set_tenant_egress_policy(&tenant.id, None).await?;
+    egress::clear_tenant_policy(&st, &tenant).await?;
     Ok(StatusCode::NO_CONTENT)
 }

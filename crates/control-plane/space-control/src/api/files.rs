@@ -26,11 +26,11 @@ use space_core::process::validate_user_name;
 use space_core::ErrorBody;
 use utoipa::IntoParams;
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{content_length, ApiJson, ApiQuery, SandboxPath};
 use super::processes::ndjson_response;
 use super::AppState;
+use crate::service::Caller;
 use space_core::error::excerpt;
 
 /// Checks a path parameter: `invalid_path` if unacceptable.
@@ -191,7 +191,7 @@ pub struct ListQuery {
 )]
 pub async fn read_file(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> ApiResult<Response> {
@@ -228,7 +228,7 @@ pub async fn read_file(
 )]
 pub async fn write_file(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PutFileQuery>,
     headers: HeaderMap,
@@ -301,7 +301,7 @@ pub async fn drain(body: Body) {
 )]
 pub async fn remove(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> ApiResult<StatusCode> {
@@ -330,7 +330,7 @@ pub async fn remove(
 )]
 pub async fn stat(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> ApiResult<Json<FileStat>> {
@@ -355,7 +355,7 @@ pub async fn stat(
 )]
 pub async fn list(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<FileList>> {
@@ -388,7 +388,7 @@ pub async fn list(
 )]
 pub async fn mkdir(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<MkdirRequest>,
 ) -> ApiResult<Json<FileStat>> {
@@ -418,7 +418,7 @@ pub async fn mkdir(
 )]
 pub async fn rename(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<RenameRequest>,
 ) -> ApiResult<StatusCode> {
@@ -452,7 +452,7 @@ pub async fn rename(
 )]
 pub async fn watch(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(req): ApiQuery<WatchRequest>,
 ) -> ApiResult<Response> {

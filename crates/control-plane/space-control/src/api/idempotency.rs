@@ -26,9 +26,11 @@
 //!   passed through and the key released, so a retry runs the request again.
 //! - The handler runs in its own task: a client that hangs up does not cancel it, and the
 //!   retry finds the stored response (or `409` while it still runs).
-//! - Keys expire after [`KEY_TTL`]. An `in_progress` row not running in this process and
-//!   older than [`ABANDONED_AFTER`] is treated as abandoned (a crash) and replaced, and at
-//!   server start every `in_progress` row is released ([`release_abandoned_at_start`]).
+//! - Keys expire after [`KEY_TTL`]. An `in_progress` row names the replica running its
+//!   request; it is abandoned, and replaced, when that replica is dead (or is this one and
+//!   no longer runs it). The leader also forgets a dead replica's unfinished claims
+//!   (`db::replicas`). A row from before replicas were named is abandoned after
+//!   [`ABANDONED_AFTER`].
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -51,10 +53,10 @@ use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{ContentBuilder, HeaderBuilder, OpenApi, Ref, RefOr, Required};
 
-use super::auth::AuthTenant;
 use super::error::ApiError;
 use super::extract::{read_limited, MAX_JSON_BODY};
 use crate::db::{now_ms, Db, DbError, IdempotencyState, NewIdempotencyKey, StoredResponse};
+use crate::service::Caller;
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -151,6 +153,7 @@ pub trait ResponseCredentials: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Idempotency {
     db: Db,
+    replica: crate::replica::Replica,
     shared: Arc<Shared>,
     credentials: Option<Arc<dyn ResponseCredentials>>,
 }
@@ -183,10 +186,11 @@ enum Outcome {
 }
 
 impl Idempotency {
-    /// State for one server.
-    pub fn new(db: Db) -> Self {
+    /// State for one server, running requests as `replica`.
+    pub fn new(db: Db, replica: crate::replica::Replica) -> Self {
         Self {
             db,
+            replica,
             shared: Arc::new(Shared {
                 running: Mutex::new(HashSet::new()),
                 next_cleanup_ms: AtomicI64::new(0),
@@ -196,10 +200,14 @@ impl Idempotency {
     }
 
     /// State for a surface whose responses carry `credentials`.
-    pub fn with_credentials(db: Db, credentials: Arc<dyn ResponseCredentials>) -> Self {
+    pub fn with_credentials(
+        db: Db,
+        replica: crate::replica::Replica,
+        credentials: Arc<dyn ResponseCredentials>,
+    ) -> Self {
         Self {
             credentials: Some(credentials),
-            ..Self::new(db)
+            ..Self::new(db, replica)
         }
     }
 
@@ -211,17 +219,21 @@ impl Idempotency {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a row is left over from a request that will never finish.
-    fn is_abandoned(
+    /// Whether a row is left over from a request that will never finish: its replica is
+    /// dead, or is this one and does not run it.
+    async fn is_abandoned(
         &self,
-        state: IdempotencyState,
-        token: &str,
-        created_at_ms: i64,
+        row: &crate::db::IdempotencyRecord,
         now: i64,
-    ) -> bool {
-        state == IdempotencyState::InProgress
-            && created_at_ms < now - duration_ms(ABANDONED_AFTER)
-            && !self.running().contains(token)
+    ) -> Result<bool, DbError> {
+        if row.state != IdempotencyState::InProgress || self.running().contains(&row.token) {
+            return Ok(false);
+        }
+        Ok(match &row.replica {
+            Some(r) if r == self.replica.id() => true,
+            Some(r) => !self.replica.alive(r).await?,
+            None => row.created_at_ms < now - duration_ms(ABANDONED_AFTER),
+        })
     }
 
     /// Deletes expired keys, at most once per [`CLEANUP_INTERVAL`] (errors are logged).
@@ -267,6 +279,9 @@ impl Idempotency {
         // needed when other requests race on the same stale key.
         for _ in 0..4 {
             let token = new_token();
+            // Running before the row exists: a concurrent request of this replica must
+            // never take the new row for abandoned.
+            self.running().insert(token.clone());
             let claimed = self
                 .db
                 .claim_idempotency_key(&NewIdempotencyKey {
@@ -277,9 +292,13 @@ impl Idempotency {
                     path,
                     fingerprint,
                     now_ms: now,
+                    replica: self.replica.id(),
                 })
-                .await?;
-            if claimed {
+                .await;
+            if !matches!(claimed, Ok(true)) {
+                self.running().remove(&token);
+            }
+            if claimed? {
                 return Ok(Outcome::Run(Claim {
                     tenant: tenant.clone(),
                     key: key.to_owned(),
@@ -290,7 +309,7 @@ impl Idempotency {
                 continue; // released in between
             };
             let expired = row.created_at_ms < now - duration_ms(KEY_TTL);
-            if expired || self.is_abandoned(row.state, &row.token, row.created_at_ms, now) {
+            if expired || self.is_abandoned(&row, now).await? {
                 if row.state == IdempotencyState::InProgress {
                     tracing::warn!(tenant = %tenant, method = %row.method, path = %row.path, "releasing an abandoned idempotency key");
                 }
@@ -474,7 +493,7 @@ fn replay(stored: StoredResponse, body: Bytes) -> Response {
     response
 }
 
-/// The middleware (layer it inside authentication: it needs the [`AuthTenant`]).
+/// The middleware (layer it inside authentication: it needs the [`Caller`]).
 pub async fn idempotency(
     State(idem): State<Idempotency>,
     req: Request,
@@ -495,7 +514,7 @@ pub async fn idempotency(
         .to_owned();
     let tenant = req
         .extensions()
-        .get::<AuthTenant>()
+        .get::<Caller>()
         .ok_or_else(|| ApiError::unauthenticated("missing API key"))?
         .id
         .clone();
@@ -541,17 +560,9 @@ pub async fn idempotency(
     }
 }
 
-/// At server start no request is running: every `in_progress` row is left over from a
-/// crash and released; expired keys are deleted. Errors are logged.
-pub async fn release_abandoned_at_start(db: &Db) {
-    match db.release_all_in_progress_idempotency_keys().await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            released = n,
-            "released idempotency keys of requests interrupted by the last shutdown"
-        ),
-        Err(e) => tracing::warn!(error = %e, "releasing abandoned idempotency keys failed"),
-    }
+/// At server start: deletes expired keys (errors are logged). Unfinished claims of a
+/// replica that died are forgotten with it by the leader.
+pub async fn delete_expired_at_start(db: &Db) {
     if let Err(e) = db
         .delete_idempotency_keys_before(now_ms() - duration_ms(KEY_TTL))
         .await

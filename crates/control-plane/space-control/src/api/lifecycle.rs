@@ -1,6 +1,7 @@
-//! Lifecycle operations on an existing sandbox: pause and resume (memory stays resident),
-//! stop and start (cold; the disk is kept), rollback to a snapshot, fork into new
-//! sandboxes, the event log of its transitions, and the node's warm pool.
+//! `/v1/sandboxes/{id}/…` lifecycle operations: pause and resume, stop and start,
+//! rollback, fork, the event log (and its NDJSON follow stream), and the node's warm pool.
+//! Each handler parses its request, calls [`crate::service::lifecycle`] and renders the
+//! answer; the follow stream is HTTP's own.
 //!
 //! The node owns these states and persists them (see `space_node`); the database's desired
 //! state stays `running` throughout (see [`crate::db::DesiredState`]). An operation the
@@ -11,7 +12,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -23,73 +24,24 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use space_core::sandbox::{
-    validate_labels, EventList, ForkRequest, PoolShape, PoolStatusList, RollbackRequest,
-    SandboxInfo, SandboxList, MAX_FORK_COUNT,
+    EventList, ForkRequest, PoolShape, PoolStatusList, RollbackRequest, SandboxInfo, SandboxList,
 };
-use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState, TenantId};
+use space_core::{ErrorBody, LifecycleEntry, SandboxId, SandboxState};
 use utoipa::IntoParams;
 
-use super::auth::AuthTenant;
-use super::error::{ApiError, ApiResult};
+use super::error::ApiResult;
 use super::extract::{ApiJson, ApiQuery, SandboxPath};
 use super::processes::NDJSON;
-use super::sandboxes::{
-    begin_create, discard, finish_create, new_row, sandbox_info, validate_timeout, NewRow,
-};
-use super::{AppState, InFlightGuard};
-use crate::db::{now_ms, SandboxRow, SandboxSpec};
-use crate::nodes::{
-    EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult, PauseCause, SandboxView, StopCause,
-};
+use super::AppState;
+use crate::nodes::{EventFeed, EventNotice, NodeApi};
+use crate::service::lifecycle::{self, past_events};
+use crate::service::Caller;
 
 /// How often a followed event stream sends a keep-alive (an empty line, which NDJSON
 /// readers skip) and checks that its sandbox still exists.
 pub const FOLLOW_HEARTBEAT: Duration = Duration::from_secs(15);
 /// Longest a followed event stream stays open; the client reconnects for more.
 pub const MAX_FOLLOW: Duration = Duration::from_secs(24 * 3600);
-
-/// What an operation does to the sandbox's deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Deadline {
-    /// Left as it is.
-    Keep,
-    /// The sandbox runs again (resume, start): now + its timeout, also after its timeout
-    /// had paused or stopped it.
-    Renew,
-}
-
-/// Runs one node operation on a tenant's live sandbox in its own task and returns the
-/// sandbox as it is afterwards.
-async fn operate<F, Fut>(
-    st: &AppState,
-    tenant: &AuthTenant,
-    id: SandboxId,
-    deadline: Deadline,
-    op: F,
-) -> ApiResult<Json<SandboxInfo>>
-where
-    F: FnOnce(Arc<dyn NodeApi>, SandboxId) -> Fut,
-    Fut: std::future::Future<Output = NodeResult<SandboxView>> + Send + 'static,
-{
-    let mut row = st.live_sandbox(&tenant.id, &id).await?;
-    let task_state = st.clone();
-    let work = op(st.node_of(&row).await?, id.clone());
-    // The renewal is part of the task: a client that hangs up cannot leave a sandbox that
-    // runs again without its new deadline.
-    let record = tokio::spawn(async move {
-        let record = work.await?;
-        if deadline == Deadline::Renew {
-            task_state.db.renew_timeout(&id, now_ms()).await?;
-        }
-        Ok::<_, ApiError>(record)
-    })
-    .await
-    .map_err(ApiError::internal)??;
-    if deadline == Deadline::Renew {
-        row = st.find_sandbox(&tenant.id, &row.id).await?;
-    }
-    Ok(Json(sandbox_info(&row, Some(&record), false)))
-}
 
 /// Pause a running sandbox: its vCPUs stop, its memory stays resident. Only `resume` wakes
 /// it (calls that need the guest get `409`).
@@ -110,13 +62,10 @@ where
 )]
 pub async fn pause(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
-        node.pause(&id, PauseCause::User).await
-    })
-    .await
+    Ok(Json(lifecycle::pause(&st, &tenant, &id).await?))
 }
 
 /// Resume a paused sandbox (whoever paused it); returns once its daemon answers again. Its
@@ -138,13 +87,10 @@ pub async fn pause(
 )]
 pub async fn resume(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
-        node.resume(&id).await
-    })
-    .await
+    Ok(Json(lifecycle::resume(&st, &tenant, &id).await?))
 }
 
 /// Stop a running or paused sandbox: the VM goes away (processes and memory are lost), the
@@ -165,13 +111,10 @@ pub async fn resume(
 )]
 pub async fn stop(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
-        node.stop(&id, StopCause::User).await
-    })
-    .await
+    Ok(Json(lifecycle::stop(&st, &tenant, &id).await?))
 }
 
 /// Start a stopped sandbox (whoever stopped it): a cold boot on its kept disk; returns once
@@ -193,13 +136,10 @@ pub async fn stop(
 )]
 pub async fn start(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, Deadline::Renew, |node, id| async move {
-        node.start(&id).await
-    })
-    .await
+    Ok(Json(lifecycle::start(&st, &tenant, &id).await?))
 }
 
 /// Roll the sandbox back to one of its snapshots: a disk snapshot brings the old disk back
@@ -223,14 +163,13 @@ pub async fn start(
 )]
 pub async fn rollback(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<RollbackRequest>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    operate(&st, &tenant, id, Deadline::Keep, |node, id| async move {
-        node.rollback(&id, &req.snapshot).await
-    })
-    .await
+    Ok(Json(
+        lifecycle::rollback(&st, &tenant, &id, &req.snapshot).await?,
+    ))
 }
 
 /// Fork the sandbox into `count` new sandboxes, from the sandbox as it is now (it must be
@@ -258,128 +197,12 @@ pub async fn rollback(
 )]
 pub async fn fork(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(parent): SandboxPath,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> ApiResult<(StatusCode, Json<SandboxList>)> {
-    let started = Instant::now();
-    let count = req.count.unwrap_or(1);
-    if !(1..=MAX_FORK_COUNT).contains(&count) {
-        return Err(ApiError::invalid(format!(
-            "count must be between 1 and {MAX_FORK_COUNT}, got {count}"
-        )));
-    }
-    if let Some(t) = req.timeout_secs {
-        validate_timeout(t)?;
-    }
-    validate_labels(&req.labels).map_err(ApiError::invalid)?;
-    let parent_row = st.live_sandbox(&tenant.id, &parent).await?;
-    // Children are made from the parent's memory and disk: on the parent's node.
-    let node = st.node_of(&parent_row).await?;
-    let parent_rec = node
-        .sandbox(&parent)
-        .await?
-        .filter(|r| r.state != SandboxState::Deleted)
-        .ok_or_else(|| ApiError::sandbox_not_found(&parent))?;
-    let mut labels = parent_row.labels.clone();
-    labels.extend(req.labels);
-    validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
-
-    // All children or none: the quota is checked for all of them first (and again, under
-    // the admission lock, for each as its row goes in).
-    st.admit_sandboxes(&tenant.id, parent_rec.resources, u64::from(count))
-        .await?;
-    let mut rows: Vec<SandboxRow> = Vec::new();
-    let mut guards: Vec<InFlightGuard> = Vec::new();
-    for _ in 0..count {
-        let row = new_row(
-            SandboxId::generate(),
-            &tenant.id,
-            node.name(),
-            NewRow {
-                template: parent_row.template.clone(),
-                template_digest: parent_rec.template_digest.clone(),
-                spec: SandboxSpec {
-                    resources: parent_rec.resources,
-                    env_keys: parent_row.spec.env_keys.clone(),
-                    forked_from: Some(parent.clone()),
-                    from_snapshot: None,
-                    public_ports: parent_row.spec.public_ports.clone(),
-                },
-                labels: labels.clone(),
-                timeout_secs: req.timeout_secs,
-                on_timeout: parent_row.on_timeout,
-                auto_resume: parent_row.auto_resume,
-            },
-        );
-        match begin_create(&st, &row).await {
-            Ok(g) => guards.push(g),
-            Err(e) => {
-                for r in &rows {
-                    discard(&st, r).await?;
-                }
-                return Err(e);
-            }
-        }
-        rows.push(row);
-    }
-    tracing::info!(sandbox = %parent, tenant = %tenant.name, children = count, "forking sandbox");
-
-    let task_state = st.clone();
-    let task = tokio::spawn(async move {
-        let ids: Vec<SandboxId> = rows.iter().map(|r| r.id.clone()).collect();
-        let result = node.fork(&parent, &ids, req.snapshot.as_ref()).await;
-        let outcome = finish_fork(&task_state, rows, result, started).await;
-        drop(guards);
-        outcome
-    });
-    let sandboxes = task.await.map_err(ApiError::internal)??;
+    let sandboxes = lifecycle::fork(&st, &tenant, &parent, req).await?;
     Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
-}
-
-/// Records each child like a finished create; if any did not come up, deletes them all.
-async fn finish_fork(
-    st: &AppState,
-    rows: Vec<SandboxRow>,
-    result: NodeResult<Vec<SandboxView>>,
-    started: Instant,
-) -> ApiResult<Vec<SandboxInfo>> {
-    let records = match result {
-        Ok(r) => r,
-        Err(e) => {
-            for row in &rows {
-                discard(st, row).await?;
-            }
-            return Err(e.into());
-        }
-    };
-    let mut children = Vec::new();
-    let mut failure = None;
-    for row in &rows {
-        let record = records
-            .iter()
-            .find(|r| r.id == row.id)
-            .cloned()
-            .ok_or_else(|| NodeCallError::Internal {
-                detail: format!("the node returned no record for child {}", row.id),
-            });
-        match finish_create(st, row.clone(), record, started).await {
-            Ok(info) => children.push(info),
-            Err(e) => {
-                failure.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = failure {
-        for row in rows
-            .iter()
-            .filter(|r| children.iter().any(|c| c.id == r.id))
-        {
-            discard(st, row).await?;
-        }
-        return Err(e);
-    }
-    Ok(children)
 }
 
 /// Query of the events endpoint.
@@ -390,27 +213,6 @@ pub struct EventsQuery {
     /// Stream NDJSON: the past entries, then new ones as they happen, until the sandbox is
     /// deleted (or 24 h pass). Empty lines are keep-alives.
     pub follow: Option<bool>,
-}
-
-/// The lifecycle log of a sandbox the tenant may see, as `GET …/events` without `follow`
-/// returns it (other APIs' log endpoints read it here).
-pub async fn event_log(
-    st: &AppState,
-    tenant: &TenantId,
-    id: &SandboxId,
-) -> ApiResult<Vec<LifecycleEntry>> {
-    let row = st.find_sandbox(tenant, id).await?;
-    past_events(st.node_of(&row).await?.as_ref(), id).await
-}
-
-/// What the node's log holds for `id`. Deleted sandboxes keep their log for auditing (while
-/// the node keeps their record); one the node has no record of has an empty log.
-async fn past_events(node: &dyn NodeApi, id: &SandboxId) -> ApiResult<Vec<LifecycleEntry>> {
-    match node.events(id).await {
-        Ok(events) => Ok(events),
-        Err(NodeCallError::SandboxNotFound { .. }) => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// The sandbox's lifecycle transitions with their times (and details such as what a crash
@@ -433,7 +235,7 @@ async fn past_events(node: &dyn NodeApi, id: &SandboxId) -> ApiResult<Vec<Lifecy
 )]
 pub async fn events(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> ApiResult<Response> {
@@ -574,10 +376,7 @@ impl Follow {
     ),
     security(("api_key" = []))
 )]
-pub async fn pool(
-    State(st): State<AppState>,
-    tenant: AuthTenant,
-) -> ApiResult<Json<PoolStatusList>> {
+pub async fn pool(State(st): State<AppState>, tenant: Caller) -> ApiResult<Json<PoolStatusList>> {
     tenant.require_operator()?;
     let mut pools = Vec::new();
     for node in st.nodes.all() {

@@ -1,5 +1,5 @@
-//! A sandbox's resource use over time: the samples the node takes while it runs
-//! (`space_guest_client::metrics`), optionally cut to a time range.
+//! `GET /v1/sandboxes/{id}/metrics`: a sandbox's resource samples
+//! ([`crate::service::metrics`]), optionally cut to a time range.
 
 use axum::extract::State;
 use axum::Json;
@@ -8,10 +8,10 @@ use space_core::metrics::SandboxMetrics;
 use space_core::ErrorBody;
 use utoipa::IntoParams;
 
-use super::auth::AuthTenant;
-use super::error::{ApiError, ApiResult};
+use super::error::ApiResult;
 use super::extract::{ApiQuery, SandboxPath};
 use super::AppState;
+use crate::service::{metrics as service, Caller};
 
 /// Query of the metrics endpoint.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -41,17 +41,10 @@ pub struct MetricsQuery {
 )]
 pub async fn metrics(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<MetricsQuery>,
 ) -> ApiResult<Json<SandboxMetrics>> {
-    let start = q.start_ms.unwrap_or(i64::MIN);
-    let end = q.end_ms.unwrap_or(i64::MAX);
-    if start > end {
-        return Err(ApiError::invalid("start_ms is after end_ms"));
-    }
-    let row = st.live_sandbox(&tenant.id, &id).await?;
-    let mut metrics = st.node_of(&row).await?.metrics(&id).await?;
-    metrics.retain(|m| (start..=end).contains(&m.timestamp_ms));
+    let metrics = service::samples(&st, &tenant, &id, q.start_ms, q.end_ms).await?;
     Ok(Json(SandboxMetrics { metrics }))
 }

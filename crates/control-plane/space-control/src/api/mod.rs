@@ -24,8 +24,7 @@ pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -52,30 +51,50 @@ pub struct AppState {
     pub nodes: Nodes,
     /// Largest file upload accepted.
     pub max_upload_bytes: u64,
-    /// Sandboxes whose creation is under way in this process.
-    pub creating: InFlight,
+    /// This process as a replica of the control plane (its id names what it claims).
+    pub replica: crate::replica::Replica,
     /// Tenants' quotas and request rates.
     pub quotas: crate::quotas::Quotas,
     /// The cluster CA's fingerprint, on a cluster replica (join tokens pin it).
     pub cluster_ca_fingerprint: Option<String>,
+    /// Seals credential values for the catalog (the control plane's credential key).
+    pub credential_sealer: Arc<crate::service::credentials::CredentialSealer>,
+    /// The nodes whose credentials this replica is syncing now.
+    pub credential_syncs: crate::service::credentials::SyncsUnderWay,
 }
 
 impl AppState {
-    /// State for a set of nodes and a database.
-    pub fn new(db: Db, nodes: Nodes, max_upload_bytes: u64) -> Self {
+    /// State for a set of nodes and a database, as `replica`, sealing credential values
+    /// with `credential_key`.
+    pub fn new(
+        db: Db,
+        nodes: Nodes,
+        replica: crate::replica::Replica,
+        credential_key: space_secrets::keyfile::KeyBytes,
+        max_upload_bytes: u64,
+    ) -> Self {
+        let quotas = crate::quotas::Quotas::new(
+            db.clone(),
+            replica.id().clone(),
+            space_core::quota::TenantQuota::embedded_default(),
+        );
         Self {
             db,
             nodes,
             max_upload_bytes,
-            creating: InFlight::default(),
-            quotas: crate::quotas::Quotas::new(space_core::quota::TenantQuota::embedded_default()),
+            replica,
+            quotas,
             cluster_ca_fingerprint: None,
+            credential_sealer: Arc::new(crate::service::credentials::CredentialSealer::new(
+                credential_key,
+            )),
+            credential_syncs: Default::default(),
         }
     }
 
     /// The same, with `defaults` as the operator's quota for every tenant.
     pub fn with_default_quota(mut self, defaults: space_core::quota::TenantQuota) -> Self {
-        self.quotas = crate::quotas::Quotas::new(defaults);
+        self.quotas.defaults = defaults;
         self
     }
 
@@ -179,49 +198,6 @@ impl AppState {
             spec.env.entry(name).or_insert(value);
         }
         Ok(spec)
-    }
-}
-
-/// The set of sandbox ids being created right now, so the reconciler leaves them alone.
-#[derive(Clone, Default)]
-pub struct InFlight(Arc<Mutex<HashSet<SandboxId>>>);
-
-impl InFlight {
-    /// Adds `id` until the guard is dropped.
-    pub fn enter(&self, id: &SandboxId) -> InFlightGuard {
-        self.lock().insert(id.clone());
-        InFlightGuard {
-            set: self.clone(),
-            id: id.clone(),
-        }
-    }
-
-    /// Whether `id` is being created.
-    pub fn contains(&self, id: &SandboxId) -> bool {
-        self.lock().contains(id)
-    }
-
-    /// A copy of the set.
-    pub fn snapshot(&self) -> HashSet<SandboxId> {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<SandboxId>> {
-        // A panic while holding this lock cannot leave the set inconsistent (single inserts
-        // and removes), so a poisoned lock is still usable.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Removes its id from the [`InFlight`] set when dropped.
-pub struct InFlightGuard {
-    set: InFlight,
-    id: SandboxId,
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.set.lock().remove(&self.id);
     }
 }
 

@@ -14,12 +14,12 @@ use space_core::cluster::{
 use space_core::{ErrorBody, ErrorCode};
 use space_node_proto::cluster::JoinToken;
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
 use super::AppState;
 use crate::cluster::{DEFAULT_JOIN_TOKEN_TTL, MAX_JOIN_TOKEN_TTL};
 use crate::db::{now_ms, NodeLiveness, NodeRow, RemoveNode};
+use crate::service::Caller;
 
 fn info(row: &NodeRow) -> NodeInfo {
     NodeInfo {
@@ -64,10 +64,7 @@ fn no_such_node(name: &str) -> ApiError {
     ),
     security(("api_key" = []))
 )]
-pub async fn list_nodes(
-    State(st): State<AppState>,
-    caller: AuthTenant,
-) -> ApiResult<Json<NodeList>> {
+pub async fn list_nodes(State(st): State<AppState>, caller: Caller) -> ApiResult<Json<NodeList>> {
     caller.require_operator()?;
     if !st.nodes.is_cluster() {
         // The one in-process node, as it says of itself now.
@@ -108,7 +105,7 @@ pub async fn list_nodes(
 )]
 pub async fn create_join_token(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     ApiJson(req): ApiJson<CreateJoinTokenRequest>,
 ) -> ApiResult<(StatusCode, Json<JoinTokenCreated>)> {
     caller.require_operator()?;
@@ -181,7 +178,7 @@ async fn set_cordoned(st: &AppState, name: &str, cordoned: bool) -> ApiResult<Js
 )]
 pub async fn cordon_node(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<NodeInfo>> {
     caller.require_operator()?;
@@ -203,7 +200,7 @@ pub async fn cordon_node(
 )]
 pub async fn uncordon_node(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<NodeInfo>> {
     caller.require_operator()?;
@@ -227,7 +224,7 @@ pub async fn uncordon_node(
 )]
 pub async fn remove_node(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     caller.require_operator()?;

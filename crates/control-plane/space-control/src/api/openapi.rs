@@ -186,7 +186,7 @@ pub fn router_and_doc(state: AppState) -> (Router, OpenApiDoc) {
             action_log::record,
         ))
         .route_layer(middleware::from_fn_with_state(
-            idempotency::Idempotency::new(state.db.clone()),
+            idempotency::Idempotency::new(state.db.clone(), state.replica.clone()),
             idempotency::idempotency,
         ))
         .route_layer(middleware::from_fn_with_state(

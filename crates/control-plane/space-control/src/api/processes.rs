@@ -21,10 +21,10 @@ use space_core::ErrorBody;
 use space_guest_client::GuestError;
 use utoipa::IntoParams;
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery, ProcessPath, SandboxPath};
 use super::AppState;
+use crate::service::Caller;
 
 /// Content type of output streams.
 pub const NDJSON: &str = "application/x-ndjson";
@@ -73,7 +73,7 @@ pub fn ndjson_response<T: Serialize + Send + 'static>(
 )]
 pub async fn start_process(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(spec): ApiJson<ProcessSpec>,
 ) -> ApiResult<(StatusCode, Json<ProcessInfo>)> {
@@ -100,7 +100,7 @@ pub async fn start_process(
 )]
 pub async fn list_processes(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<Vec<ProcessInfo>>> {
     let guest = st.guest(&tenant.id, &id).await?;
@@ -122,7 +122,7 @@ pub async fn list_processes(
 )]
 pub async fn get_process(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ProcessPath(id, pid): ProcessPath,
 ) -> ApiResult<Json<ProcessInfo>> {
     let guest = st.guest(&tenant.id, &id).await?;
@@ -158,7 +158,7 @@ pub struct OutputQuery {
 )]
 pub async fn output(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ProcessPath(id, pid): ProcessPath,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Response> {
@@ -196,7 +196,7 @@ pub struct StdinQuery {
 )]
 pub async fn stdin(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ProcessPath(id, pid): ProcessPath,
     ApiQuery(q): ApiQuery<StdinQuery>,
     body: Body,
@@ -229,7 +229,7 @@ pub async fn stdin(
 )]
 pub async fn signal(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ProcessPath(id, pid): ProcessPath,
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> ApiResult<StatusCode> {
@@ -258,7 +258,7 @@ pub async fn signal(
 )]
 pub async fn resize(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ProcessPath(id, pid): ProcessPath,
     ApiJson(size): ApiJson<PtySize>,
 ) -> ApiResult<StatusCode> {
@@ -288,7 +288,7 @@ pub async fn resize(
 )]
 pub async fn exec(
     State(st): State<AppState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(spec): ApiJson<ProcessSpec>,
 ) -> ApiResult<Response> {

@@ -14,14 +14,13 @@ use serde::{Deserialize, Serialize};
 use space_core::error::ErrorBody;
 use space_core::quota::{QuotaExceeded, QuotaLimit, QuotaUsage, TenantQuota};
 use space_core::{ErrorCode, Resources, TenantId};
-use tokio::sync::OwnedSemaphorePermit;
 use utoipa::ToSchema;
 
-use super::auth::AuthTenant;
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
 use super::AppState;
 use crate::db::SandboxFilter;
+use crate::service::Caller;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -106,23 +105,16 @@ impl AppState {
     }
 
     async fn credentials_of(&self, tenant: &TenantId) -> ApiResult<u64> {
-        Ok(self
-            .nodes
-            .credentials()
-            .await?
-            .iter()
-            .filter(|c| c.scope.tenant() == tenant)
-            .count() as u64)
+        Ok(self.db.count_credentials(tenant).await?)
     }
 
     async fn snapshot_bytes_of(&self, tenant: &TenantId) -> ApiResult<u64> {
-        let taken: u64 = self
-            .tenant_snapshots(tenant)
+        let taken: u64 = crate::service::snapshots::tenant_snapshots(self, tenant)
             .await?
             .iter()
             .map(|s| s.total_bytes)
             .sum();
-        Ok(taken.saturating_add(self.quotas.snapshot_reserved(tenant)))
+        Ok(taken.saturating_add(self.quotas.snapshot_reserved(tenant).await?))
     }
 
     /// Admits `sandboxes` new sandboxes of `resources` each for `tenant`, or refuses with
@@ -173,8 +165,8 @@ impl AppState {
         tenant: &TenantId,
         resources: Resources,
         memory: bool,
-    ) -> ApiResult<crate::quotas::SnapshotReservation> {
-        let _admission = self.quotas.admission(tenant).await;
+    ) -> ApiResult<crate::quotas::QuotaHold> {
+        let _admission = self.quotas.admission(tenant).await?;
         let quota = self.quota_of(tenant).await?;
         let mut asked = u64::from(resources.disk_mib).saturating_mul(MIB);
         if memory {
@@ -185,15 +177,18 @@ impl AppState {
             ..Default::default()
         };
         usage.admit(&quota, &[(QuotaLimit::SnapshotBytes, asked)])?;
-        Ok(self.quotas.reserve_snapshot(tenant, asked))
+        Ok(self.quotas.reserve_snapshot(tenant, asked).await?)
     }
 
     /// A permit for one of `tenant`'s snapshot diffs, or `429 rate_limited`.
-    pub async fn diff_permit(&self, tenant: &TenantId) -> ApiResult<Option<OwnedSemaphorePermit>> {
+    pub async fn diff_permit(
+        &self,
+        tenant: &TenantId,
+    ) -> ApiResult<Option<crate::quotas::QuotaHold>> {
         let Some(max) = self.quota_of(tenant).await?.max_concurrent_diffs else {
             return Ok(None);
         };
-        match self.quotas.diff_permit(tenant, max) {
+        match self.quotas.diff_permit(tenant, max).await? {
             Some(permit) => Ok(Some(permit)),
             None => Err(ApiError::rate_limited(
                 format!(
@@ -216,10 +211,7 @@ impl AppState {
     ),
     security(("api_key" = []))
 )]
-pub async fn my_quota(
-    State(st): State<AppState>,
-    tenant: AuthTenant,
-) -> ApiResult<Json<QuotaReport>> {
+pub async fn my_quota(State(st): State<AppState>, tenant: Caller) -> ApiResult<Json<QuotaReport>> {
     report(&st, &tenant.id, tenant.name.clone()).await.map(Json)
 }
 
@@ -233,7 +225,7 @@ async fn report(st: &AppState, id: &TenantId, name: String) -> ApiResult<QuotaRe
 }
 
 /// The operator's tenant by name, or 404.
-async fn named_tenant(st: &AppState, caller: &AuthTenant, name: &str) -> ApiResult<TenantId> {
+async fn named_tenant(st: &AppState, caller: &Caller, name: &str) -> ApiResult<TenantId> {
     caller.require_operator()?;
     st.db
         .tenant_by_name(name)
@@ -262,7 +254,7 @@ async fn named_tenant(st: &AppState, caller: &AuthTenant, name: &str) -> ApiResu
 )]
 pub async fn get_tenant_quota(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<QuotaReport>> {
     let id = named_tenant(&st, &caller, &name).await?;
@@ -287,7 +279,7 @@ pub async fn get_tenant_quota(
 )]
 pub async fn set_tenant_quota(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
     ApiJson(quota): ApiJson<TenantQuota>,
 ) -> ApiResult<Json<QuotaReport>> {
@@ -315,7 +307,7 @@ pub async fn set_tenant_quota(
 )]
 pub async fn clear_tenant_quota(
     State(st): State<AppState>,
-    caller: AuthTenant,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = named_tenant(&st, &caller, &name).await?;
@@ -336,7 +328,7 @@ pub async fn rate_limit(
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let Some(auth) = req.extensions().get::<AuthTenant>().cloned() else {
+    let Some(auth) = req.extensions().get::<Caller>().cloned() else {
         return Ok(next.run(req).await);
     };
     let quota = match st.quotas.cached(&auth.id, RATE_QUOTA_TTL) {
@@ -349,7 +341,9 @@ pub async fn rate_limit(
     };
     if let Some(rate) = quota.requests_per_sec {
         let burst = quota.request_burst.unwrap_or(rate);
-        if let Err(wait) = st.quotas.take_request(&auth.key_id, rate, burst) {
+        if let crate::db::RateDecision::Limited(wait) =
+            st.quotas.take_request(&auth.key_id, rate, burst).await?
+        {
             return Err(ApiError::rate_limited(
                 format!("this API key is over its request rate ({rate}/s, bursts of {burst}); retry after the time in Retry-After"),
                 wait,

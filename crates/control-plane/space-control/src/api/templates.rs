@@ -5,9 +5,9 @@ use axum::Json;
 use space_core::template::TemplateInfo;
 use space_core::ErrorBody;
 
-use super::auth::AuthTenant;
 use super::error::ApiResult;
 use super::AppState;
+use crate::service::Caller;
 
 /// List the templates on the node.
 #[utoipa::path(
@@ -22,7 +22,7 @@ use super::AppState;
 )]
 pub async fn list_templates(
     State(st): State<AppState>,
-    _tenant: AuthTenant,
+    _tenant: Caller,
 ) -> ApiResult<Json<Vec<TemplateInfo>>> {
     // Every node's, once each (nodes of one cluster are given the same templates).
     let mut templates: Vec<TemplateInfo> = Vec::new();

@@ -20,6 +20,9 @@ pub const CA_KEY_FILE: &str = "ca.key";
 /// The key API surfaces sign their tokens with, the same on every replica (0600): the E2B
 /// surface's envd and traffic tokens, handed out by one replica, verified by any.
 pub const SHARED_TOKEN_KEY_FILE: &str = "token.key";
+/// The key every replica seals credential values with in the catalog (made by `space
+/// cluster init`, like the token key: every replica must have the same one).
+pub const CREDENTIAL_KEY_FILE: &str = "credentials.key";
 
 /// Why the cluster directory cannot be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -33,8 +36,11 @@ pub enum AuthorityError {
         source: std::io::Error,
     },
     /// `space cluster init` on a directory that has a CA already.
-    #[error("{0} already holds a cluster CA (remove it to start a new cluster)")]
+    #[error("{0} already holds a cluster CA (remove it to start a new cluster; `space cluster init --add-keys` adds the shared keys it lacks)")]
     Exists(PathBuf),
+    /// A key the replicas share is missing from the cluster directory.
+    #[error("{0} is missing: run `space cluster init --add-keys --dir DIR` on one host and copy the directory to every replica")]
+    MissingSharedKey(PathBuf),
     /// The key can be read by others than its owner: it may be known.
     #[error("{path} has mode {mode:04o}: the cluster CA key must be readable by its owner only (chmod 600)")]
     KeyExposed {
@@ -55,8 +61,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> AuthorityError + '_ {
     }
 }
 
-/// Makes a new cluster CA in `dir` (created 0700 if missing); refuses a directory that
-/// has one. Returns the CA.
+/// The keys every replica shares, made with the CA.
+pub const SHARED_KEY_FILES: &[&str] = &[SHARED_TOKEN_KEY_FILE, CREDENTIAL_KEY_FILE];
+
+/// Makes a new cluster CA in `dir` (created 0700 if missing) with the keys the replicas
+/// share; refuses a directory that has a CA. Returns the CA.
 pub fn init(dir: &Path) -> Result<ClusterCa, AuthorityError> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -80,12 +89,43 @@ pub fn init(dir: &Path) -> Result<ClusterCa, AuthorityError> {
         .and_then(|()| key.sync_all())
         .map_err(io(&key_path))?;
     std::fs::write(&cert_path, id.cert_pem.as_bytes()).map_err(io(&cert_path))?;
-    let token_key = dir.join(SHARED_TOKEN_KEY_FILE);
-    space_secrets::keyfile::load_or_create_key(&token_key).map_err(|e| AuthorityError::Io {
-        path: token_key.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    add_shared_keys(dir)?;
     Ok(ca)
+}
+
+/// Makes the shared keys `dir` lacks (a cluster directory made by an older version has no
+/// credential key); keeps the ones it has. Returns the names of those it made. Run it on
+/// one host and copy the directory to every replica: they must share the same keys.
+pub fn add_shared_keys(dir: &Path) -> Result<Vec<&'static str>, AuthorityError> {
+    let mut made = Vec::new();
+    for name in SHARED_KEY_FILES {
+        let path = dir.join(name);
+        if path.exists() {
+            continue;
+        }
+        space_secrets::keyfile::load_or_create_key(&path).map_err(|e| AuthorityError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        made.push(*name);
+    }
+    Ok(made)
+}
+
+/// A key every replica shares, from `dir`; a missing one is refused (each replica making
+/// its own would split the cluster).
+pub fn shared_key(
+    dir: &Path,
+    name: &str,
+) -> Result<space_secrets::keyfile::KeyBytes, AuthorityError> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(AuthorityError::MissingSharedKey(path));
+    }
+    space_secrets::keyfile::load_key(&path).map_err(|e| AuthorityError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })
 }
 
 /// Reads the cluster CA of `dir`.

@@ -192,6 +192,16 @@ impl Membership {
         if !not_yours.is_empty() {
             tracing::warn!(node = %name, claimed = ?not_yours, "a node reported sandboxes not placed on it; left them alone");
         }
+        // A node whose credentials are behind the catalog (it just joined or restarted, or
+        // missed a change) is synced in the background.
+        if let Some(api) = self.state.nodes.get_any_state(&name) {
+            crate::service::credentials::sync_if_behind(
+                &self.state,
+                api,
+                hb.status.credentials_revision,
+            )
+            .await;
+        }
         Ok(HeartbeatReply { not_yours })
     }
 

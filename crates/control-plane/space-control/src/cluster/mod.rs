@@ -3,11 +3,13 @@
 //! port), and the liveness sweep that declares silent nodes lost and keeps this replica's
 //! node set current.
 //!
-//! Every replica runs all of it; none holds state of its own. Membership is rows in the
-//! database and every decision is one conditional statement there (see `db::nodes`), so
-//! two replicas sweeping at once, or a node heartbeating to one while another declares it
-//! lost, resolve in the database: a node is declared lost once, its generation bumped once,
-//! and a fenced node's heartbeats are refused by whichever replica gets them.
+//! Every replica serves the membership service and none holds state of its own; the
+//! leader (`crate::replica`) declares silent nodes lost, and every replica reloads its node
+//! set. Membership is rows in the database and every decision is one conditional statement
+//! there (see `db::nodes`), so a node heartbeating to one replica while the leader declares
+//! it lost, or two replicas that both believe they lead for a moment, resolve in the
+//! database: a node is declared lost once, its generation bumped once, and a fenced node's
+//! heartbeats are refused by whichever replica gets them.
 
 pub mod authority;
 pub mod listener;
@@ -57,17 +59,21 @@ impl ClusterConfig {
     }
 }
 
-/// One sweep: declares lost the nodes silent for longer than `timeout`, then reloads the
-/// node set. Returns the nodes this sweep declared lost.
+/// One sweep: as leader, declares lost the nodes silent for longer than `timeout`; then
+/// reloads the node set (every replica). Returns the nodes this sweep declared lost.
 pub async fn sweep(
     db: &Db,
     nodes: &Nodes,
+    leader: bool,
     timeout: Duration,
 ) -> Result<Vec<String>, crate::db::DbError> {
     let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
-    let lost = db
-        .mark_lost_nodes(now_ms().saturating_sub(timeout_ms))
-        .await?;
+    let lost = if leader {
+        db.mark_lost_nodes(now_ms().saturating_sub(timeout_ms))
+            .await?
+    } else {
+        Vec::new()
+    };
     for name in &lost {
         tracing::warn!(node = %name, ?timeout, "node missed its heartbeats: declared lost, with its sandboxes");
     }
@@ -79,22 +85,16 @@ pub async fn sweep(
 pub fn spawn_sweeper(
     db: Db,
     nodes: Nodes,
+    replica: crate::replica::Replica,
     config: &ClusterConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let (interval, timeout) = (config.sweep_interval, config.heartbeat_timeout);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => {}
-            }
-            if *stop.borrow() {
-                break;
-            }
-            if let Err(e) = sweep(&db, &nodes, timeout).await {
+    let timeout = config.heartbeat_timeout;
+    crate::background::every(config.sweep_interval, stop, move || {
+        let (db, nodes, replica) = (db.clone(), nodes.clone(), replica.clone());
+        async move {
+            let leader = replica.leads().await;
+            if let Err(e) = sweep(&db, &nodes, leader, timeout).await {
                 tracing::warn!(error = %e, "cluster sweep failed; retrying");
             }
         }

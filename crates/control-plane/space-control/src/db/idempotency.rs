@@ -74,6 +74,9 @@ pub struct IdempotencyRecord {
     pub response: Option<StoredResponse>,
     /// When the key was claimed, ms since the Unix epoch.
     pub created_at_ms: i64,
+    /// The replica that runs (or ran) the request; `None` for rows from before replicas
+    /// were named.
+    pub replica: Option<super::ReplicaId>,
 }
 
 /// What a request claims a key with.
@@ -93,6 +96,8 @@ pub struct NewIdempotencyKey<'a> {
     pub fingerprint: &'a str,
     /// Now, ms since the Unix epoch.
     pub now_ms: i64,
+    /// The replica that runs the request.
+    pub replica: &'a super::ReplicaId,
 }
 
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
@@ -122,7 +127,8 @@ fn decode_body(encoding: &str, text: String) -> Result<Vec<u8>, DbError> {
 }
 
 const COLUMNS: &str = "tenant_id, idem_key, token, method, path, fingerprint, state, \
-     response_status, response_headers, response_body_encoding, response_body, created_at_ms";
+     response_status, response_headers, response_body_encoding, response_body, created_at_ms, \
+     replica";
 
 fn row_to_record(row: &AnyRow) -> Result<IdempotencyRecord, DbError> {
     let tenant: String = row.try_get("tenant_id")?;
@@ -156,6 +162,9 @@ fn row_to_record(row: &AnyRow) -> Result<IdempotencyRecord, DbError> {
         state,
         response,
         created_at_ms: row.try_get("created_at_ms")?,
+        replica: row
+            .try_get::<Option<String>, _>("replica")?
+            .map(super::ReplicaId::from_stored),
     })
 }
 
@@ -167,8 +176,8 @@ impl Db {
         new: &NewIdempotencyKey<'_>,
     ) -> Result<bool, DbError> {
         let done = sqlx::query(
-            "INSERT INTO idempotency_keys (tenant_id, idem_key, token, method, path, fingerprint, state, created_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO idempotency_keys (tenant_id, idem_key, token, method, path, fingerprint, state, created_at_ms, replica)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (tenant_id, idem_key) DO NOTHING",
         )
         .bind(new.tenant_id.as_str())
@@ -179,6 +188,7 @@ impl Db {
         .bind(new.fingerprint)
         .bind(IdempotencyState::InProgress.as_str())
         .bind(new.now_ms)
+        .bind(new.replica.as_str())
         .execute(self.pool())
         .await?;
         Ok(done.rows_affected() == 1)
@@ -260,16 +270,6 @@ impl Db {
     ) -> Result<u64, DbError> {
         let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at_ms < $1")
             .bind(created_before_ms)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Deletes every `in_progress` row: at server start, no request of this server is
-    /// running, so they are all left over from a crash. Returns how many.
-    pub async fn release_all_in_progress_idempotency_keys(&self) -> Result<u64, DbError> {
-        let done = sqlx::query("DELETE FROM idempotency_keys WHERE state = $1")
-            .bind(IdempotencyState::InProgress.as_str())
             .execute(self.pool())
             .await?;
         Ok(done.rows_affected())

@@ -198,6 +198,63 @@ pub const MIGRATIONS: &[Migration] = &[
             "CREATE INDEX sandboxes_node ON sandboxes (node, desired_state)",
         ],
     },
+    // Control-plane replicas (`db::replicas`) and what each holds while it works: the
+    // replica running a sandbox's create (cleared when the create is recorded), the one
+    // running an idempotent request, quota held for work under way; and API keys' request
+    // buckets (`db::rate`), shared by every replica. Times by the database's clock.
+    Migration {
+        version: 9,
+        description: "replicas, their claims and holds, shared request buckets",
+        statements: &[
+            "CREATE TABLE replicas (
+                id TEXT PRIMARY KEY,
+                host TEXT NOT NULL,
+                started_at_ms BIGINT NOT NULL,
+                heartbeat_at_ms BIGINT NOT NULL
+            )",
+            "ALTER TABLE sandboxes ADD COLUMN creating_replica TEXT",
+            "ALTER TABLE idempotency_keys ADD COLUMN replica TEXT",
+            "CREATE TABLE quota_holds (
+                id TEXT PRIMARY KEY,
+                tenant_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                amount BIGINT NOT NULL,
+                replica TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL
+            )",
+            "CREATE INDEX quota_holds_tenant ON quota_holds (tenant_id, kind)",
+            "CREATE INDEX quota_holds_replica ON quota_holds (replica)",
+            "CREATE TABLE rate_buckets (
+                key_id TEXT PRIMARY KEY,
+                level BIGINT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )",
+        ],
+    },
+    // The credential catalog (`db::credentials`): metadata (JSON `Credential`) and the
+    // value sealed by the control plane; one name per scope; and the catalog's revision,
+    // counting every change, that nodes report how far they were synced to.
+    Migration {
+        version: 10,
+        description: "credential catalog",
+        statements: &[
+            "CREATE TABLE credentials (
+                id TEXT PRIMARY KEY,
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                scope_key TEXT NOT NULL,
+                name TEXT NOT NULL,
+                metadata TEXT NOT NULL,
+                sealed_value TEXT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )",
+            "CREATE UNIQUE INDEX credentials_name ON credentials (tenant_id, scope_key, name)",
+            "CREATE TABLE credential_catalog (
+                id BIGINT PRIMARY KEY,
+                revision BIGINT NOT NULL
+            )",
+            "INSERT INTO credential_catalog (id, revision) VALUES (1, 0)",
+        ],
+    },
 ];
 
 #[cfg(test)]

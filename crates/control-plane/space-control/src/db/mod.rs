@@ -10,10 +10,14 @@
 //! the two.
 
 mod audit;
+mod credentials;
 mod idempotency;
+mod locks;
 pub mod migrations;
 mod nodes;
 mod quotas;
+mod rate;
+mod replicas;
 mod sandboxes;
 mod tenants;
 
@@ -25,10 +29,14 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Connection, Executor};
 
 pub use audit::{AuditQuery, NewAuditRecord, MAX_AUDIT_FIELD, MAX_AUDIT_PAGE};
+pub use credentials::StoredCredential;
 pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
+pub use locks::{AdmissionLock, LeaderLock};
 pub use nodes::{
     JoinTokenError, JoinTokenInfo, MembershipError, NewNode, NodeLiveness, NodeRow, RemoveNode,
 };
+pub use rate::RateDecision;
+pub use replicas::{QuotaHoldKind, ReplicaId, ReplicaRow};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 
@@ -74,6 +82,11 @@ pub enum Backend {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
+    /// How to open a connection of its own (the leader lock holds one).
+    options: AnyConnectOptions,
+    /// Connections that hold tenants' admission locks (PostgreSQL), apart from `pool` so
+    /// that the checks made under a lock always find a connection.
+    lock_pool: AnyPool,
     /// Serialises this process's action log appends: SQLite cannot upgrade a reading
     /// transaction to a writing one while another waits (`database is locked`), and even on
     /// PostgreSQL a race costs a retry. Other processes' appends race on the primary key.
@@ -143,11 +156,27 @@ impl Db {
                     Ok(())
                 })
             })
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
+        let lock_pool = match backend {
+            // A waiter holds its connection while it waits: at most this many admissions
+            // wait at once; more get the pool's timeout (a 503 to retry).
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(16)
+                    .min_connections(0)
+                    .idle_timeout(Duration::from_secs(60))
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(options.clone())
+                    .await?
+            }
+            Backend::Sqlite => pool.clone(),
+        };
         let db = Db {
             pool,
             backend,
+            options,
+            lock_pool,
             audit_appends: Default::default(),
         };
         db.migrate().await?;
@@ -162,10 +191,23 @@ impl Db {
     /// Closes every connection (waits for checked-out ones).
     pub async fn close(&self) {
         self.pool.close().await;
+        self.lock_pool.close().await;
     }
 
-    /// Applies every migration not yet recorded. Safe to run at every start.
+    /// Applies every migration not yet recorded. Safe to run at every start, and by
+    /// replicas starting together: they take turns (the migration lock), so each migration
+    /// is applied once.
     pub async fn migrate(&self) -> Result<(), DbError> {
+        let lock = Self::migration_lock(&self.options, self.backend).await?;
+        let applied = self.apply_migrations().await;
+        if let Some(conn) = lock {
+            // Closing the connection releases the lock.
+            let _ = sqlx::Connection::close(conn).await;
+        }
+        applied
+    }
+
+    async fn apply_migrations(&self) -> Result<(), DbError> {
         sqlx::query(migrations::CREATE_MIGRATIONS_TABLE)
             .execute(&self.pool)
             .await?;

@@ -122,6 +122,9 @@ pub struct SandboxRow {
     pub deleted_at_ms: Option<i64>,
     /// Create request to ready, ms; `None` until created.
     pub create_latency_ms: Option<i64>,
+    /// The replica running its create, until the create is recorded (or finished or undone
+    /// by the reconciler once that replica died).
+    pub creating_replica: Option<super::ReplicaId>,
     /// Its access tokens' generation and validity.
     pub tokens: SandboxTokens,
 }
@@ -141,7 +144,7 @@ const COLUMNS: &str =
     "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
                        created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms, \
                        timeout_secs, on_timeout, auto_resume, timed_out_at_ms, token_epoch, \
-                       tokens_valid_until_ms";
+                       tokens_valid_until_ms, creating_replica";
 
 /// The `SET` of a revocation of sandboxes' tokens: a new epoch, none valid until handed out
 /// again (one sandbox's, or a tenant's when its API key is revoked).
@@ -182,6 +185,9 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
             .ok_or_else(|| corrupt(format!("on_timeout {on_timeout:?}")))?,
         auto_resume: auto_resume != 0,
         timed_out_at_ms: row.try_get("timed_out_at_ms")?,
+        creating_replica: row
+            .try_get::<Option<String>, _>("creating_replica")?
+            .map(super::ReplicaId::from_stored),
         tokens: SandboxTokens {
             epoch: u64::try_from(token_epoch).map_err(corrupt)?,
             valid_until_ms: row.try_get("tokens_valid_until_ms")?,
@@ -201,7 +207,7 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
 impl Db {
     /// Records a new sandbox (before the node is asked to create it).
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
-        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)");
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)");
         sqlx::query(&sql)
             .bind(row.id.as_str())
             .bind(row.tenant_id.as_str())
@@ -221,6 +227,7 @@ impl Db {
             .bind(row.timed_out_at_ms)
             .bind(i64::try_from(row.tokens.epoch).map_err(|e| DbError::Invalid(e.to_string()))?)
             .bind(row.tokens.valid_until_ms)
+            .bind(row.creating_replica.as_ref().map(|r| r.as_str().to_owned()))
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;
@@ -415,21 +422,25 @@ impl Db {
         Ok(moved == 1)
     }
 
-    /// Records what the node reported once the sandbox was created.
+    /// Records what the node reported once the sandbox was created, and that no replica
+    /// runs its create any more. `false`: the row is no longer live (the reconciler undid
+    /// the create of a replica it took for dead, or the sandbox was deleted meanwhile), so
+    /// the create must not be reported as done.
     pub async fn set_created(
         &self,
         id: &SandboxId,
         template_digest: &str,
         spec: &SandboxSpec,
         create_latency_ms: i64,
-    ) -> Result<(), DbError> {
-        sqlx::query("UPDATE sandboxes SET template_digest = $1, spec = $2, create_latency_ms = $3 WHERE id = $4")
+    ) -> Result<bool, DbError> {
+        let done = sqlx::query("UPDATE sandboxes SET template_digest = $1, spec = $2, create_latency_ms = $3, creating_replica = NULL WHERE id = $4 AND desired_state = $5")
             .bind(template_digest)
             .bind(to_json(spec)?)
             .bind(create_latency_ms)
             .bind(id.as_str())
+            .bind(DesiredState::Running.as_str())
             .execute(self.pool())
             .await?;
-        Ok(())
+        Ok(done.rows_affected() == 1)
     }
 }

@@ -21,8 +21,7 @@ pub use space_node_proto::{
     SandboxSettings, SandboxView, SnapshotOrigin, SnapshotOwner, SnapshotRequest, SnapshotTaken,
     StopCause, VmOrigin,
 };
-use space_secrets::secret::SecretValue;
-use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
+use space_secrets::{AuditEvent, AuditFilter};
 
 use crate::db::{NodeLiveness, NodeRow};
 use crate::scheduler::{self, NoPlacement, NodeState, NodeView, PlacementRequest};
@@ -244,36 +243,8 @@ impl Nodes {
             })
     }
 
-    // Credentials are held by every node (its gateways inject them): written to each, read
-    // from any. (They move to the control plane's database with the many-nodes work.)
-
-    /// Every credential (metadata only).
-    pub async fn credentials(&self) -> NodeResult<Vec<Credential>> {
-        self.any()?.credentials().await
-    }
-
-    /// Creates or replaces a credential on every node.
-    pub async fn put_credential(
-        &self,
-        credential: &Credential,
-        value: &SecretValue,
-    ) -> NodeResult<()> {
-        for node in self.all() {
-            let copy = SecretValue::new(value.expose().to_owned()).map_err(|e| {
-                NodeCallError::refused(space_core::ErrorCode::InvalidRequest, e.to_string())
-            })?;
-            node.put_credential(credential.clone(), copy).await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes a credential from every node.
-    pub async fn delete_credential(&self, id: &CredentialId) -> NodeResult<()> {
-        for node in self.all() {
-            node.delete_credential(id).await?;
-        }
-        Ok(())
-    }
+    // Credentials are desired state in the control plane's catalog; each node holds the
+    // copies its gateways inject (`service::credentials` syncs them).
 
     /// Credential decisions matching `filter` on every node, newest first.
     pub async fn audit(&self, filter: &AuditFilter) -> NodeResult<Vec<AuditEvent>> {

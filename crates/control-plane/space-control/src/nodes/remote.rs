@@ -356,6 +356,17 @@ impl NodeApi for RemoteNode {
         self.call(NodeRequest::Snapshots { id: id.clone() }).await
     }
 
+    async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {
+        self.call(NodeRequest::CredentialsSynced { revision }).await
+    }
+
+    async fn tenant_snapshots(&self, tenant: &TenantId) -> NodeResult<Vec<SnapshotInfo>> {
+        self.call(NodeRequest::TenantSnapshots {
+            tenant: tenant.clone(),
+        })
+        .await
+    }
+
     async fn take_snapshot(
         &self,
         id: &SandboxId,

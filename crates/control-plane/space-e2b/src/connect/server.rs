@@ -417,6 +417,11 @@ pub fn client_stream_response<M: Serialize>(result: Result<M, ConnectError>) -> 
     }
 }
 
+/// The error that ends a stream at its deadline.
+pub fn deadline_passed() -> ConnectError {
+    ConnectError::new(Code::DeadlineExceeded, "the request's deadline passed")
+}
+
 /// `events` with a `keepalive()` message whenever nothing was sent for `every`, ending with
 /// `deadline_exceeded` once `deadline` passes (if one is set).
 pub fn with_keepalive_and_deadline<M, S>(
@@ -444,10 +449,7 @@ where
         tokio::select! {
             next = events.next() => next.map(|item| (item, (events, false))),
             () = tokio::time::sleep(every) => Some((Ok(keepalive()), (events, false))),
-            () = expired => Some((
-                Err(ConnectError::new(Code::DeadlineExceeded, "the request's deadline passed")),
-                (events, true),
-            )),
+            () = expired => Some((Err(deadline_passed()), (events, true))),
         }
     })
     .boxed()

@@ -31,7 +31,8 @@ use super::process::{
 };
 use super::{guest, server_stream, unary, StreamCall};
 use crate::connect::server::{
-    client_stream_response, keepalive, stream_response, with_keepalive_and_deadline, ClientStream,
+    client_stream_response, deadline_passed, keepalive, stream_response,
+    with_keepalive_and_deadline, ClientStream,
 };
 use crate::connect::{Code, ConnectError};
 use crate::state::E2bState;
@@ -152,15 +153,22 @@ pub fn event_of(ev: OutputEvent) -> Option<ProcessEvent> {
 fn process_stream(
     pid: u32,
     events: BoxStream<'static, Result<OutputEvent, GuestError>>,
+    deadline_kills: bool,
 ) -> BoxStream<'static, Result<EventResponse, ConnectError>> {
     let start = futures::stream::once(async move {
         Ok(EventResponse {
             event: ProcessEvent::Start { pid },
         })
     });
-    let rest = events.filter_map(|ev| async move {
+    let rest = events.filter_map(move |ev| async move {
         match ev {
             Ok(OutputEvent::Started { .. }) => None,
+            // The process's timeout is the request's deadline (`Start`): the guest's kill
+            // and the stream's own deadline race, and envd answers the deadline, not an
+            // end event, whichever the guest saw first.
+            Ok(OutputEvent::Exit { status, .. }) if deadline_kills && status.timed_out => {
+                Some(Err(deadline_passed()))
+            }
             Ok(ev) => event_of(ev).map(|event| Ok(EventResponse { event })),
             Err(e) => Some(Err(ConnectError::new(
                 Code::Unavailable,
@@ -181,15 +189,17 @@ fn keepalive_event() -> EventResponse {
 }
 
 /// The response of `Start` and `Connect`: the process's envd events, with keepalives at
-/// the interval the request asks for, ended at its deadline.
+/// the interval the request asks for, ended at its deadline (which, for `Start`, is also
+/// the process's timeout: `deadline_kills`).
 fn follow(
     pid: u32,
     events: BoxStream<'static, Result<OutputEvent, GuestError>>,
     headers: &axum::http::HeaderMap,
     deadline: Option<std::time::Duration>,
+    deadline_kills: bool,
 ) -> Response {
     stream_response(with_keepalive_and_deadline(
-        process_stream(pid, events),
+        process_stream(pid, events, deadline_kills),
         keepalive(headers),
         deadline,
         keepalive_event,
@@ -204,7 +214,7 @@ pub async fn start(st: &E2bState, caller: EnvdCaller, req: Request) -> Response 
         let spec = c.process_spec(&spec).await?;
         let info = guest.start_process(&spec).await.map_err(guest_error)?;
         let events = guest.output(info.id, None).await.map_err(guest_error)?;
-        Ok(follow(info.pid, events, &c.headers, c.deadline))
+        Ok(follow(info.pid, events, &c.headers, c.deadline, true))
     })
     .await
 }
@@ -247,7 +257,7 @@ pub async fn connect(st: &E2bState, caller: EnvdCaller, req: Request) -> Respons
             // envd's Connect follows the process from now on; what it printed before is not
             // sent again.
             let events = guest.output_live(process.id).await.map_err(guest_error)?;
-            Ok(follow(process.pid, events, &c.headers, c.deadline))
+            Ok(follow(process.pid, events, &c.headers, c.deadline, false))
         },
     )
     .await

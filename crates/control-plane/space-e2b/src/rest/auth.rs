@@ -1,14 +1,15 @@
 //! The E2B control API's authentication: `X-API-Key: <key>` (what both SDKs send, with no
 //! prefix), or SPACE's own `Authorization: Bearer <key>`. The key is checked against the
 //! same hashed key table as `/v1`, and the caller's tenant is put into the request as
-//! SPACE's [`AuthTenant`], so every handler and the idempotency middleware are scoped by it.
+//! SPACE's [`Caller`], so every handler and the idempotency middleware are scoped by it.
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use space_control::api::auth::{bearer_token, AuthTenant};
+use space_control::api::auth::bearer_token;
+use space_control::service::Caller;
 
 use super::error::RestError;
 use crate::state::E2bState;
@@ -41,7 +42,7 @@ pub async fn require_api_key(
         .await
         .map_err(|e| RestError::from(space_control::api::error::ApiError::from(e)))?
         .ok_or_else(|| RestError::unauthenticated("unknown or revoked API key"))?;
-    req.extensions_mut().insert(AuthTenant {
+    req.extensions_mut().insert(Caller {
         id: tenant.id,
         name: tenant.name,
         key_id,

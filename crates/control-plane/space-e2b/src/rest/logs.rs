@@ -9,8 +9,8 @@ use axum::http::Uri;
 use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
-use space_control::api::auth::AuthTenant;
-use space_control::api::lifecycle;
+use space_control::service::lifecycle;
+use space_control::service::Caller;
 use space_core::LifecycleEntry;
 
 use super::error::{RestError, RestResult};
@@ -152,7 +152,7 @@ fn parse(uri: &Uri) -> RestResult<LogQuery> {
 
 async fn lifecycle_log(
     st: &E2bState,
-    tenant: AuthTenant,
+    tenant: Caller,
     raw: &str,
 ) -> RestResult<Vec<LifecycleEntry>> {
     let id = sandbox_id(raw)?;
@@ -162,7 +162,7 @@ async fn lifecycle_log(
 /// `GET /v2/sandboxes/{id}/logs`.
 pub async fn v2(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     uri: Uri,
 ) -> RestResult<Json<Value>> {
@@ -174,7 +174,7 @@ pub async fn v2(
 /// `GET /sandboxes/{id}/logs` (deprecated).
 pub async fn v1(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     uri: Uri,
 ) -> RestResult<Json<Value>> {

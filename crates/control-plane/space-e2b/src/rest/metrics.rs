@@ -9,9 +9,8 @@ use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::Json;
 use serde::Serialize;
-use space_control::api::auth::AuthTenant;
-use space_control::api::extract::{ApiQuery, SandboxPath};
-use space_control::api::metrics::{self, MetricsQuery};
+use space_control::service::metrics;
+use space_control::service::Caller;
 use space_core::metrics::SandboxMetric;
 
 use super::error::{RestError, RestResult};
@@ -63,26 +62,19 @@ fn seconds(k: &str, v: &str) -> RestResult<i64> {
 
 async fn samples(
     st: &E2bState,
-    tenant: AuthTenant,
+    tenant: Caller,
     raw: &str,
     start_ms: Option<i64>,
     end_ms: Option<i64>,
 ) -> RestResult<Vec<SandboxMetric>> {
     let id = sandbox_id(raw)?;
-    let Json(found) = metrics::metrics(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(id),
-        ApiQuery(MetricsQuery { start_ms, end_ms }),
-    )
-    .await?;
-    Ok(found.metrics)
+    Ok(metrics::samples(&st.app, &tenant, &id, start_ms, end_ms).await?)
 }
 
 /// `GET /sandboxes/{id}/metrics?start=&end=`: the samples in that window, oldest first.
 pub async fn sandbox(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     uri: Uri,
 ) -> RestResult<Json<Vec<E2bMetric>>> {
@@ -109,7 +101,7 @@ pub struct SandboxesWithMetrics {
 /// none, or are not the caller's, are left out).
 pub async fn latest(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     uri: Uri,
 ) -> RestResult<Json<SandboxesWithMetrics>> {
     let mut ids: Vec<String> = Vec::new();

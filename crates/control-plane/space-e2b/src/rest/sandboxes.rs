@@ -10,13 +10,11 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use space_control::api::auth::AuthTenant;
 use space_control::api::error::ApiError;
-use space_control::api::extract::{ApiJson, SandboxPath};
-use space_control::api::{lifecycle, sandboxes};
-use space_core::sandbox::{
-    CreateSandboxRequest, ForkRequest, SandboxInfo, SetTimeoutRequest, TimeoutAction,
-};
+use space_control::api::extract::ApiJson;
+use space_control::service::Caller;
+use space_control::service::{egress, lifecycle, sandboxes};
+use space_core::sandbox::{CreateSandboxRequest, ForkRequest, SandboxInfo, TimeoutAction};
 use space_core::{SandboxId, SandboxState};
 
 use super::error::{RestError, RestResult};
@@ -70,7 +68,7 @@ struct AutoResume {
 /// `POST /v2/sandboxes` (and the older `POST /sandboxes`).
 pub async fn create(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     ApiJson(req): ApiJson<NewSandbox>,
 ) -> RestResult<(StatusCode, Json<Sandbox>)> {
     for field in UNSUPPORTED_CREATE_FIELDS {
@@ -124,15 +122,14 @@ pub async fn create(
         public_ports: network::public_ports(network.as_ref()),
         ..CreateSandboxRequest::default()
     };
-    let (_, Json(info)) =
-        sandboxes::create_sandbox(State(st.app.clone()), tenant, ApiJson(native)).await?;
+    let info = sandboxes::create(&st.app, &tenant, native).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&st, &info).await?)))
 }
 
 /// `GET /sandboxes/{id}`.
 pub async fn get(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
 ) -> RestResult<Json<SandboxDetail>> {
     let info = visible(&st, &tenant, &raw).await?;
@@ -148,10 +145,9 @@ fn not_found(id: &SandboxId) -> RestError {
 
 /// The sandbox `raw` names, if the caller may see it and E2B would show it (not failed or
 /// deleted).
-async fn visible(st: &E2bState, tenant: &AuthTenant, raw: &str) -> RestResult<SandboxInfo> {
+async fn visible(st: &E2bState, tenant: &Caller, raw: &str) -> RestResult<SandboxInfo> {
     let id = sandbox_id(raw)?;
-    let Json(info) =
-        sandboxes::get_sandbox(State(st.app.clone()), tenant.clone(), SandboxPath(id)).await?;
+    let info = sandboxes::get(&st.app, tenant, &id).await?;
     if WireState::of_sandbox(&info).is_none() {
         return Err(not_found(&info.id));
     }
@@ -159,30 +155,20 @@ async fn visible(st: &E2bState, tenant: &AuthTenant, raw: &str) -> RestResult<Sa
 }
 
 /// The caller's sandboxes E2B would show, newest first.
-async fn listed(st: &E2bState, tenant: &AuthTenant) -> RestResult<Vec<SandboxInfo>> {
-    let rows = st
-        .app
-        .db
-        .sandboxes(&tenant.id, space_control::db::SandboxFilter::Live)
-        .await
-        .map_err(ApiError::from)?;
-    let rows: Vec<&space_control::db::SandboxRow> = rows.iter().collect();
-    let mut infos: Vec<SandboxInfo> = sandboxes::infos_now(&st.app, &rows)
-        .await?
-        .into_iter()
-        .filter(|info| WireState::of_sandbox(info).is_some())
-        .collect();
+async fn listed(st: &E2bState, tenant: &Caller) -> RestResult<Vec<SandboxInfo>> {
+    let mut infos: Vec<SandboxInfo> =
+        sandboxes::list(&st.app, tenant, &sandboxes::ListQuery::default())
+            .await?
+            .into_iter()
+            .filter(|info| WireState::of_sandbox(info).is_some())
+            .collect();
     infos.sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
     Ok(infos)
 }
 
 /// `GET /v2/sandboxes?metadata=&state=&limit=&nextToken=`: one page, newest first; the next
 /// page's token in `x-next-token`.
-pub async fn list_v2(
-    State(st): State<E2bState>,
-    tenant: AuthTenant,
-    uri: Uri,
-) -> RestResult<Response> {
+pub async fn list_v2(State(st): State<E2bState>, tenant: Caller, uri: Uri) -> RestResult<Response> {
     let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
@@ -231,7 +217,7 @@ pub async fn list_v2(
 /// `GET /sandboxes` (deprecated): the running sandboxes, filtered by `metadata`.
 pub async fn list_v1(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     uri: Uri,
 ) -> RestResult<Json<Vec<SandboxDetail>>> {
     let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
@@ -258,11 +244,11 @@ pub async fn list_v1(
 /// `DELETE /sandboxes/{id}`: 204, or 404 (the SDKs' `kill` then returns false).
 pub async fn kill(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
 ) -> RestResult<StatusCode> {
     let id = sandbox_id(&raw)?;
-    sandboxes::delete_sandbox(State(st.app.clone()), tenant, SandboxPath(id)).await?;
+    sandboxes::delete(&st.app, &tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -277,7 +263,7 @@ pub struct TimeoutRequest {
 /// reconciler's next pass (within a second) does its timeout action, as at any deadline.
 pub async fn set_timeout(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     ApiJson(req): ApiJson<TimeoutRequest>,
 ) -> RestResult<StatusCode> {
@@ -304,18 +290,11 @@ pub async fn set_timeout(
 
 async fn apply_timeout(
     st: &E2bState,
-    tenant: &AuthTenant,
+    tenant: &Caller,
     id: &SandboxId,
     secs: u64,
 ) -> RestResult<SandboxInfo> {
-    let Json(info) = sandboxes::set_timeout(
-        State(st.app.clone()),
-        tenant.clone(),
-        SandboxPath(id.clone()),
-        ApiJson(SetTimeoutRequest { timeout_secs: secs }),
-    )
-    .await?;
-    Ok(info)
+    Ok(sandboxes::set_timeout(&st.app, tenant, id, secs).await?)
 }
 
 /// `{"duration": seconds}` of a refresh.
@@ -329,7 +308,7 @@ pub struct RefreshRequest {
 /// (never shortens it).
 pub async fn refresh(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<RefreshRequest>,
 ) -> RestResult<StatusCode> {
@@ -379,12 +358,11 @@ fn is_transient(state: SandboxState) -> bool {
 /// as E2B sees it (a sandbox idleness paused is running to E2B).
 async fn wake(
     st: &E2bState,
-    tenant: &AuthTenant,
+    tenant: &Caller,
     info: &SandboxInfo,
     memory: bool,
 ) -> RestResult<bool> {
-    let app = State(st.app.clone());
-    let path = || SandboxPath(info.id.clone());
+    let app = &st.app;
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
     let mut info = info.clone();
     while is_transient(info.state) {
@@ -400,15 +378,15 @@ async fn wake(
     let idle = info.paused_by == Some(space_core::sandbox::PausedBy::Idle);
     match info.state {
         SandboxState::Paused if memory || idle => {
-            let _ = lifecycle::resume(app, tenant.clone(), path()).await?;
+            let _ = lifecycle::resume(app, tenant, &info.id).await?;
             return Ok(idle);
         }
         SandboxState::Paused => {
-            let _ = lifecycle::stop(app.clone(), tenant.clone(), path()).await?;
-            let _ = lifecycle::start(app, tenant.clone(), path()).await?;
+            let _ = lifecycle::stop(app, tenant, &info.id).await?;
+            let _ = lifecycle::start(app, tenant, &info.id).await?;
         }
         SandboxState::Stopped => {
-            let _ = lifecycle::start(app, tenant.clone(), path()).await?;
+            let _ = lifecycle::start(app, tenant, &info.id).await?;
         }
         _ => return Ok(true),
     }
@@ -428,7 +406,7 @@ fn ends_later(secs: u64, expires_at_ms: i64) -> bool {
 /// A resumed sandbox gets it as its new timeout.
 pub async fn connect(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<ConnectRequest>,
 ) -> RestResult<(StatusCode, Json<Sandbox>)> {
@@ -451,7 +429,7 @@ pub async fn connect(
 /// `POST /sandboxes/{id}/resume` (deprecated): like connect, but 409 for a running sandbox.
 pub async fn resume(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<ConnectRequest>,
 ) -> RestResult<(StatusCode, Json<Sandbox>)> {
@@ -485,15 +463,13 @@ pub struct PauseRequest {
 /// false).
 pub async fn pause(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<PauseRequest>,
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
-    let app = State(st.app.clone());
-    let path = SandboxPath(info.id.clone());
     if req.memory.unwrap_or(true) {
-        let _ = lifecycle::pause(app, tenant, path).await?;
+        let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
     } else {
         if info.state == SandboxState::Stopped {
             return Err(RestError::new(
@@ -501,7 +477,7 @@ pub async fn pause(
                 format!("sandbox {} is already paused", info.id),
             ));
         }
-        let _ = lifecycle::stop(app, tenant, path).await?;
+        let _ = lifecycle::stop(&st.app, &tenant, &info.id).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -525,25 +501,25 @@ pub struct ForkResult {
 /// so no result carries an error).
 pub async fn fork(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<ForkBody>,
 ) -> RestResult<(StatusCode, Json<Vec<ForkResult>>)> {
     let info = visible(&st, &tenant, &raw).await?;
-    let (_, Json(children)) = lifecycle::fork(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(info.id.clone()),
-        ApiJson(ForkRequest {
+    let children = lifecycle::fork(
+        &st.app,
+        &tenant,
+        &info.id,
+        ForkRequest {
             count: req.count,
             snapshot: None,
             labels: BTreeMap::new(),
             timeout_secs: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)),
-        }),
+        },
     )
     .await?;
-    let mut made = Vec::with_capacity(children.sandboxes.len());
-    for child in &children.sandboxes {
+    let mut made = Vec::with_capacity(children.len());
+    for child in &children {
         // A child's tokens are its own (derived from its id): the parent's never work on it.
         made.push(ForkResult {
             sandbox: sandbox(&st, child).await?,
@@ -555,7 +531,7 @@ pub async fn fork(
 /// `PUT /sandboxes/{id}/network`: the sandbox's egress policy, replaced live.
 pub async fn update_network(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     ApiJson(net): ApiJson<NetworkConfig>,
 ) -> RestResult<StatusCode> {
@@ -563,12 +539,6 @@ pub async fn update_network(
     let policy = network::egress_policy(Some(true), Some(&net))
         .map_err(RestError::bad_request)?
         .ok_or_else(|| RestError::bad_request("network: nothing to apply"))?;
-    let _ = space_control::api::egress::set_sandbox_egress(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(info.id),
-        ApiJson(policy),
-    )
-    .await?;
+    let _ = egress::set_sandbox_policy(&st.app, &tenant, &info.id, policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,9 +10,8 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use space_control::api::auth::AuthTenant;
-use space_control::api::extract::{ApiJson, ApiQuery, SandboxPath, SnapshotIdPath};
-use space_control::api::snapshots::{self, TenantSnapshotsQuery};
+use space_control::service::snapshots;
+use space_control::service::Caller;
 use space_core::sandbox::CreateSnapshotRequest;
 use space_core::{SnapshotId, SnapshotInfo, SnapshotKind};
 
@@ -54,7 +53,7 @@ impl E2bSnapshot {
 /// `POST /sandboxes/{id}/snapshots`.
 pub async fn create(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
     JsonOrEmpty(req): JsonOrEmpty<SnapshotRequest>,
 ) -> RestResult<(StatusCode, Json<E2bSnapshot>)> {
@@ -64,15 +63,15 @@ pub async fn create(
     } else {
         SnapshotKind::Disk
     };
-    let (_, Json(taken)) = snapshots::create_snapshot(
-        State(st.app.clone()),
-        tenant,
-        SandboxPath(id),
-        ApiJson(CreateSnapshotRequest {
+    let taken = snapshots::take(
+        &st.app,
+        &tenant,
+        &id,
+        CreateSnapshotRequest {
             kind,
             label: req.name,
             persistent: true,
-        }),
+        },
     )
     .await?;
     Ok((StatusCode::CREATED, Json(E2bSnapshot::of(&taken.snapshot))))
@@ -80,21 +79,14 @@ pub async fn create(
 
 /// `GET /snapshots?sandboxID=&name=&limit=&nextToken=`: one page of the caller's persistent
 /// snapshots, newest first; the next page's token in `x-next-token`.
-pub async fn list(
-    State(st): State<E2bState>,
-    tenant: AuthTenant,
-    uri: Uri,
-) -> RestResult<Response> {
-    let mut query = TenantSnapshotsQuery {
-        sandbox: None,
-        label: None,
-    };
+pub async fn list(State(st): State<E2bState>, tenant: Caller, uri: Uri) -> RestResult<Response> {
+    let (mut sandbox, mut label) = (None, None);
     let mut limit = DEFAULT_LIMIT;
     let mut after: Option<(i64, SnapshotId)> = None;
     for (k, v) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
         match &*k {
-            "sandboxID" => query.sandbox = Some(sandbox_id(&v)?.to_string()),
-            "name" => query.label = Some(v.into_owned()),
+            "sandboxID" => sandbox = Some(sandbox_id(&v)?),
+            "name" => label = Some(v.into_owned()),
             "limit" => {
                 limit = v
                     .parse::<usize>()
@@ -118,12 +110,11 @@ pub async fn list(
             }
         }
     }
-    let Json(all) =
-        snapshots::list_tenant_snapshots(State(st.app.clone()), tenant, ApiQuery(query)).await?;
+    let all = snapshots::list_tenant(&st.app, &tenant, sandbox.as_ref(), label.as_deref()).await?;
     let mut page = Vec::new();
     let mut more = false;
     // Newest first, as the native list is.
-    for snap in all.snapshots.into_iter().filter(|s| s.persistent) {
+    for snap in all.into_iter().filter(|s| s.persistent) {
         if after
             .as_ref()
             .is_some_and(|(ms, id)| (snap.created_at_ms, snap.id.as_str()) >= (*ms, id.as_str()))
@@ -161,7 +152,7 @@ fn decode_cursor(token: &str) -> Option<(i64, SnapshotId)> {
 /// turn into `false`). SPACE's templates are built by the operator, not through this API.
 pub async fn delete(
     State(st): State<E2bState>,
-    tenant: AuthTenant,
+    tenant: Caller,
     Path(raw): Path<String>,
 ) -> RestResult<StatusCode> {
     let Ok(snap_id) = raw.parse::<SnapshotId>() else {
@@ -170,8 +161,7 @@ pub async fn delete(
             excerpt(&raw, 64)
         )));
     };
-    snapshots::delete_tenant_snapshot(State(st.app.clone()), tenant, SnapshotIdPath(snap_id))
-        .await?;
+    snapshots::delete_tenant(&st.app, &tenant, &snap_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,0 +1,423 @@
+//! Credentials: the secrets the egress gateways inject into sandbox requests, as desired
+//! state. The control plane's catalog (`db::credentials`) is the source of truth: each
+//! credential's metadata and its value sealed under the control plane's credential key
+//! ([`CredentialSealer`]). Nodes hold copies, since their gateways inject them:
+//!
+//! - a change is written to the catalog first (one transaction, the catalog's revision
+//!   bumped), then pushed to every ready node; a node that misses the push is not an error
+//!   (the catalog is what counts);
+//! - a node reports the catalog revision it was last synced to in its status; whichever
+//!   replica sees it behind syncs it ([`sync_node`]: every credential pushed, every other
+//!   one the node holds deleted, then the revision recorded on the node): at its first
+//!   heartbeat after a join or a restart, and after any push it missed;
+//! - the single-machine default syncs its own node at start.
+//!
+//! Values are write-only: they go in with a create or replace and never come out of the
+//! API, a log or an error. A tenant sees and manages only its own credentials.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use space_core::{SandboxId, TenantId};
+use space_secrets::keyfile::{KeyBytes, KEY_LEN};
+use space_secrets::{Credential, CredentialId, CredentialName, CredentialRule, Scope, SecretValue};
+
+use super::sandboxes::parse_project;
+use super::Caller;
+use crate::api::error::{ApiError, ApiResult};
+use crate::api::AppState;
+use crate::db::{DbError, StoredCredential};
+use crate::nodes::{NodeApi, NodeCallError};
+
+/// What a credential's value is sealed with: XChaCha20-Poly1305 under the control plane's
+/// credential key, with the credential's id as associated data (a sealed value moved to
+/// another row does not open).
+pub struct CredentialSealer {
+    key: KeyBytes,
+}
+
+/// Why a sealed value does not open.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    /// Not what [`CredentialSealer::seal`] makes.
+    #[error("credential {0}: the stored value is malformed")]
+    Malformed(CredentialId),
+    /// Changed, moved, or sealed under another key.
+    #[error("credential {0}: the stored value fails authentication (changed, or sealed under another key)")]
+    Authentication(CredentialId),
+}
+
+impl CredentialSealer {
+    /// A sealer with `key`.
+    pub fn new(key: KeyBytes) -> CredentialSealer {
+        CredentialSealer { key }
+    }
+
+    fn aad(id: &CredentialId) -> Vec<u8> {
+        format!("space-control/credential/v1:{id}").into_bytes()
+    }
+
+    /// `value`, sealed for credential `id` (base64 of nonce and ciphertext).
+    pub fn seal(&self, id: &CredentialId, value: &SecretValue) -> ApiResult<String> {
+        use base64::Engine as _;
+        let key: &[u8; KEY_LEN] = &self.key;
+        let (nonce, ciphertext) =
+            space_secrets::crypto::seal(key, &Self::aad(id), value.expose().as_bytes())
+                .map_err(ApiError::internal)?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&ciphertext);
+        Ok(base64::engine::general_purpose::STANDARD.encode(out))
+    }
+
+    /// Opens what [`CredentialSealer::seal`] made for credential `id`.
+    pub fn open(&self, id: &CredentialId, sealed: &str) -> Result<SecretValue, SealError> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(sealed)
+            .map_err(|_| SealError::Malformed(id.clone()))?;
+        let n = space_secrets::crypto::NONCE_LEN;
+        if bytes.len() < n {
+            return Err(SealError::Malformed(id.clone()));
+        }
+        let key: &[u8; KEY_LEN] = &self.key;
+        let plain = space_secrets::crypto::open(key, &Self::aad(id), &bytes[..n], &bytes[n..])
+            .map_err(|_| SealError::Authentication(id.clone()))?;
+        SecretValue::from_bytes(plain).map_err(|_| SealError::Malformed(id.clone()))
+    }
+}
+
+/// Whom a credential is for, within the caller's tenant.
+#[derive(Debug, Clone)]
+pub enum ScopeRequest {
+    /// Every sandbox of the tenant.
+    Tenant,
+    /// The tenant's sandboxes created in this project.
+    Project(String),
+    /// One of the tenant's sandboxes.
+    Sandbox(SandboxId),
+}
+
+/// A credential to store: everything but its id and creation time.
+pub struct NewCredential {
+    /// Name, unique within the scope.
+    pub name: String,
+    /// Whom it is for.
+    pub scope: ScopeRequest,
+    /// Where and how it is injected.
+    pub rule: CredentialRule,
+    /// After this instant (ms since the Unix epoch) it is refused.
+    pub expires_at_ms: Option<i64>,
+    /// The value (write-only).
+    pub value: String,
+}
+
+/// The stored form of `new` (checked: name, project, the sandbox is the caller's).
+async fn credential_of(
+    st: &AppState,
+    tenant: &TenantId,
+    id: CredentialId,
+    created_at_ms: i64,
+    new: &NewCredential,
+) -> ApiResult<Credential> {
+    let name: CredentialName = new
+        .name
+        .parse()
+        .map_err(|e: space_secrets::ValidationError| ApiError::invalid(e.to_string()))?;
+    let tenant = tenant.clone();
+    let scope = match &new.scope {
+        ScopeRequest::Tenant => Scope::Tenant { tenant },
+        ScopeRequest::Project(project) => Scope::Project {
+            tenant,
+            project: parse_project(Some(project))?
+                .ok_or_else(|| ApiError::invalid("project is empty"))?,
+        },
+        ScopeRequest::Sandbox(sandbox) => {
+            st.find_sandbox(&tenant, sandbox).await?;
+            Scope::Sandbox {
+                tenant,
+                sandbox: sandbox.clone(),
+            }
+        }
+    };
+    Ok(Credential {
+        id,
+        name,
+        scope,
+        rule: new.rule.clone(),
+        created_at_ms,
+        expires_at_ms: new.expires_at_ms,
+    })
+}
+
+/// The value of `credential`, checked as a node checks what it is given (the rule, and a
+/// value a header can carry): what the catalog takes, every node takes.
+fn value_for(credential: &Credential, value: String) -> ApiResult<SecretValue> {
+    let value = SecretValue::new(value).map_err(|e| ApiError::invalid(e.to_string()))?;
+    space_secrets::manager::check_storable(credential, &value)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(value)
+}
+
+/// Creates a credential, within the tenant's quota.
+pub async fn create(st: &AppState, caller: &Caller, new: NewCredential) -> ApiResult<Credential> {
+    let credential = credential_of(
+        st,
+        &caller.id,
+        CredentialId::generate(),
+        crate::db::now_ms(),
+        &new,
+    )
+    .await?;
+    tracing::info!(tenant = %caller.name, credential = %credential.id, name = %credential.name, "creating credential");
+    let value = value_for(&credential, new.value)?;
+    {
+        let _admission = st.quotas.admission(&caller.id).await?;
+        st.admit_credential(&caller.id).await?;
+        store(st, &credential, &value, false).await?;
+    }
+    push(st, &credential, &value).await;
+    Ok(credential)
+}
+
+/// Replaces a credential's name, scope, rule, expiry and value.
+pub async fn replace(
+    st: &AppState,
+    caller: &Caller,
+    id: &CredentialId,
+    new: NewCredential,
+) -> ApiResult<Credential> {
+    let old = get(st, caller, id).await?;
+    let credential = credential_of(st, &caller.id, id.clone(), old.created_at_ms, &new).await?;
+    let value = value_for(&credential, new.value)?;
+    store(st, &credential, &value, true).await?;
+    push(st, &credential, &value).await;
+    Ok(credential)
+}
+
+/// The caller's credentials (metadata only).
+pub async fn list(st: &AppState, caller: &Caller) -> ApiResult<Vec<Credential>> {
+    Ok(st
+        .db
+        .credentials_of(&caller.id)
+        .await?
+        .into_iter()
+        .map(|s| s.credential)
+        .collect())
+}
+
+/// One of the caller's credentials (metadata only), or 404 (also for another tenant's).
+pub async fn get(st: &AppState, caller: &Caller, id: &CredentialId) -> ApiResult<Credential> {
+    st.db
+        .credential(&caller.id, id)
+        .await?
+        .map(|s| s.credential)
+        .ok_or_else(|| not_found(id))
+}
+
+/// Deletes a credential: from now on no request gets it (nodes that miss the deletion drop
+/// it at their next sync, within seconds).
+pub async fn delete(st: &AppState, caller: &Caller, id: &CredentialId) -> ApiResult<()> {
+    if st.db.delete_credential(&caller.id, id).await?.is_none() {
+        return Err(not_found(id));
+    }
+    tracing::info!(tenant = %caller.name, credential = %id, "credential deleted");
+    let id = id.clone();
+    to_every_node(st, "deletion", move |node| {
+        let id = id.clone();
+        async move { node.delete_credential(&id).await }
+    })
+    .await;
+    Ok(())
+}
+
+fn not_found(id: &CredentialId) -> ApiError {
+    ApiError::not_found(format!("credential {id} not found"))
+}
+
+/// Writes `credential` with `value` into the catalog.
+async fn store(
+    st: &AppState,
+    credential: &Credential,
+    value: &SecretValue,
+    replace: bool,
+) -> ApiResult<()> {
+    let stored = StoredCredential {
+        credential: credential.clone(),
+        sealed_value: st.credential_sealer.seal(&credential.id, value)?,
+    };
+    match st.db.put_credential(&stored, replace).await {
+        Ok(_) => Ok(()),
+        Err(DbError::AlreadyExists(what)) => Err(ApiError::new(
+            space_core::ErrorCode::AlreadyExists,
+            format!("{what} already exists"),
+        )),
+        Err(DbError::NotFound(_)) => Err(not_found(&credential.id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How long a change waits for the nodes to take it before answering (a node that takes
+/// longer, or is down, gets it in the background or at its next sync).
+pub const PUSH_WAIT: Duration = Duration::from_secs(3);
+
+/// Pushes one credential to every node.
+async fn push(st: &AppState, credential: &Credential, value: &SecretValue) {
+    let (credential, value) = (credential.clone(), Arc::new(value.duplicate()));
+    to_every_node(st, "credential", move |node| {
+        let (credential, value) = (credential.clone(), value.duplicate());
+        async move { node.put_credential(credential, value).await }
+    })
+    .await;
+}
+
+/// Runs `change` on every node, each in a task of its own; waits at most [`PUSH_WAIT`] for
+/// them (the rest finish in the background). A node that fails is logged: the catalog
+/// has the change, and the node's next sync brings it.
+async fn to_every_node<F, Fut>(st: &AppState, what: &'static str, change: F)
+where
+    F: Fn(Arc<dyn NodeApi>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), NodeCallError>> + Send + 'static,
+{
+    let tasks: Vec<_> = st
+        .nodes
+        .all()
+        .into_iter()
+        .map(|node| {
+            let name = node.name().to_owned();
+            let work = change(node);
+            tokio::spawn(async move {
+                if let Err(e) = work.await {
+                    tracing::warn!(node = %name, error = %e, "node missed a {what} change; its next sync brings it");
+                }
+            })
+        })
+        .collect();
+    if tokio::time::timeout(PUSH_WAIT, futures::future::join_all(tasks))
+        .await
+        .is_err()
+    {
+        tracing::info!("a node is slow to take a {what} change; it goes on in the background");
+    }
+}
+
+/// Why a node could not be synced.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The catalog could not be read.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// A stored value does not open (the catalog or the key is not what it was).
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    /// The node refused or did not answer.
+    #[error(transparent)]
+    Node(#[from] NodeCallError),
+}
+
+/// Makes `node`'s credentials the catalog's: every credential put (replaced if it has it),
+/// every other one it holds deleted, then the catalog's revision recorded on the node.
+/// Returns that revision.
+pub async fn sync_node(st: &AppState, node: &dyn NodeApi) -> Result<u64, SyncError> {
+    let (revision, catalog) = st.db.credential_catalog().await?;
+    let wanted: HashSet<&CredentialId> = catalog.iter().map(|s| &s.credential.id).collect();
+    // Deletions first: a credential the catalog renamed or replaced under another id must
+    // not hold its name on the node when the new one arrives.
+    for held in node.credentials().await? {
+        if !wanted.contains(&held.id) {
+            node.delete_credential(&held.id).await?;
+        }
+    }
+    for stored in &catalog {
+        let value = st
+            .credential_sealer
+            .open(&stored.credential.id, &stored.sealed_value)?;
+        node.put_credential(stored.credential.clone(), value)
+            .await?;
+    }
+    node.credentials_synced(revision).await?;
+    tracing::info!(
+        node = node.name(),
+        revision,
+        credentials = catalog.len(),
+        "node's credentials synced with the catalog"
+    );
+    Ok(revision)
+}
+
+/// Syncs `node` in the background if its reported revision is behind the catalog's; at most
+/// one sync per node at a time in this replica.
+pub async fn sync_if_behind(st: &AppState, node: Arc<dyn NodeApi>, reported: u64) {
+    let current = match st.db.credential_revision().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the credential catalog's revision");
+            return;
+        }
+    };
+    if reported >= current || !st.credential_syncs.begin(node.name()) {
+        return;
+    }
+    let st = st.clone();
+    tokio::spawn(async move {
+        if let Err(e) = sync_node(&st, node.as_ref()).await {
+            tracing::warn!(node = node.name(), error = %e, "credential sync failed; retried at its next heartbeat");
+        }
+        st.credential_syncs.end(node.name());
+    });
+}
+
+/// The nodes this replica is syncing now.
+#[derive(Default, Clone)]
+pub struct SyncsUnderWay(Arc<std::sync::Mutex<HashSet<String>>>);
+
+impl SyncsUnderWay {
+    /// Marks `node` as being synced; `false` if it already is.
+    fn begin(&self, node: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_owned())
+    }
+
+    fn end(&self, node: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_values_open_only_for_their_credential_and_key() {
+        let sealer = CredentialSealer::new(KeyBytes::new([3u8; KEY_LEN]));
+        let (a, b) = (CredentialId::generate(), CredentialId::generate());
+        let value = SecretValue::new("sk-test-123".into()).unwrap();
+        let sealed = sealer.seal(&a, &value).unwrap();
+        assert!(!sealed.contains("sk-test"));
+        assert_eq!(sealer.open(&a, &sealed).unwrap().expose(), "sk-test-123");
+        assert!(matches!(
+            sealer.open(&b, &sealed),
+            Err(SealError::Authentication(_))
+        ));
+        let other = CredentialSealer::new(KeyBytes::new([4u8; KEY_LEN]));
+        assert!(matches!(
+            other.open(&a, &sealed),
+            Err(SealError::Authentication(_))
+        ));
+        assert!(matches!(
+            sealer.open(&a, "!!"),
+            Err(SealError::Malformed(_))
+        ));
+        assert!(matches!(
+            sealer.open(&a, "AAAA"),
+            Err(SealError::Malformed(_))
+        ));
+        // Each seal is fresh (a new nonce).
+        assert_ne!(sealer.seal(&a, &value).unwrap(), sealed);
+    }
+}

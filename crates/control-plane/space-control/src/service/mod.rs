@@ -1,0 +1,59 @@
+//! The operations behind every API surface: plain async functions over [`AppState`], the
+//! [`Caller`] and typed requests, returning typed results or an [`ApiError`].
+//!
+//! SPACE's own `/v1` handlers (`crate::api`) and the E2B surface (`space-e2b`) both call
+//! these; neither calls the other's handlers. Nothing here knows HTTP: no extractors, no
+//! status codes, no bodies. A surface parses its request, calls one function, and renders
+//! the answer (or the error) its own way.
+//!
+//! - [`sandboxes`]: create (from a template or a snapshot), get, list, delete, timeout,
+//!   token revocation, console; the steps every new sandbox goes through.
+//! - [`lifecycle`]: pause, resume, stop, start, rollback, fork, the event log.
+//! - [`snapshots`]: a sandbox's snapshots and the tenant's, diffs, finding one by id.
+//! - [`credentials`]: the credential catalog, and syncing nodes' copies with it.
+//! - [`egress`]: a sandbox's and a tenant's egress policy.
+//! - [`metrics`]: a sandbox's resource samples.
+//!
+//! [`AppState`]: crate::AppState
+//! [`ApiError`]: crate::api::error::ApiError
+
+pub mod credentials;
+pub mod egress;
+pub mod lifecycle;
+pub mod metrics;
+pub mod sandboxes;
+pub mod snapshots;
+
+use space_core::TenantId;
+
+use crate::api::error::ApiError;
+
+/// Who is asking: the tenant an API key authenticated, and the key (for the action log).
+/// Every operation is scoped to its tenant.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Tenant id.
+    pub id: TenantId,
+    /// Tenant name.
+    pub name: String,
+    /// The id of the API key it authenticated with (for the action log).
+    pub key_id: String,
+}
+
+impl Caller {
+    /// Refuses (`403 forbidden`) unless this is the operator's tenant (`default`, made at
+    /// the first start): what shows node-wide state is for the operator only.
+    pub fn require_operator(&self) -> Result<(), ApiError> {
+        if self.name == crate::bootstrap::DEFAULT_TENANT {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                space_core::ErrorCode::Forbidden,
+                format!(
+                    "this shows node-wide state: only the operator's tenant ({}) may see it",
+                    crate::bootstrap::DEFAULT_TENANT
+                ),
+            ))
+        }
+    }
+}
