@@ -519,6 +519,61 @@ async fn forged_reused_and_misdirected_membership_is_refused_and_changes_nothing
     let reply: HeartbeatReply = serde_json::from_value(body).unwrap();
     assert_eq!(reply.not_yours, vec![foreign]);
 
+    // A create replayed to the node (the same sandbox id sent again) is refused, not run
+    // twice; the sandbox is untouched.
+    let remote = cluster.replicas[0]
+        .state()
+        .nodes
+        .get("node-a")
+        .expect("node-a");
+    let tenant = cluster.replicas[0]
+        .state()
+        .db
+        .sandbox_any_tenant(&sb.id)
+        .await
+        .expect("db")
+        .expect("row")
+        .tenant_id;
+    let replayed = remote
+        .create_sandbox(space_node_proto::CreateSandbox {
+            id: sb.id.clone(),
+            template: TEST_TEMPLATE.into(),
+            resources: Default::default(),
+            settings: space_node_proto::SandboxSettings::new(tenant),
+        })
+        .await
+        .expect_err("a create sent twice");
+    assert_eq!(replayed.code(), ErrorCode::AlreadyExists, "{replayed}");
+
+    // An expired certificate of this very node: refused.
+    let expired = cluster_ca(&cluster)
+        .issue_at(
+            &PeerRole::Node("node-a".into()),
+            std::time::SystemTime::now() - Duration::from_secs(7200),
+            Duration::from_secs(600),
+        )
+        .expect("expired identity");
+    let expired_tls =
+        space_node_proto::identity::node_client_config(&expired, &joined.ca_pem).unwrap();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(expired_tls)
+        .resolve(space_node_proto::identity::CONTROL_PLANE_DNS_NAME, addr)
+        .build()
+        .unwrap();
+    let sent = client
+        .post(format!(
+            "https://{}:{}{HEARTBEAT_PATH}",
+            space_node_proto::identity::CONTROL_PLANE_DNS_NAME,
+            addr.port()
+        ))
+        .json(&hb)
+        .send()
+        .await;
+    assert!(
+        sent.is_err() || sent.as_ref().is_ok_and(|r| r.status().as_u16() == 403),
+        "an expired certificate: {sent:?}"
+    );
+
     // A replayed heartbeat of an old generation is fenced.
     let old = Heartbeat {
         generation: joined.state.generation.saturating_sub(1),

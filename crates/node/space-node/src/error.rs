@@ -14,6 +14,10 @@ pub enum NodeError {
     /// No such template.
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    /// A sandbox with this id is on the node already (a create sent twice is refused, not
+    /// run twice).
+    #[error("sandbox {0} already exists")]
+    SandboxExists(SandboxId),
     /// The request is invalid.
     #[error("{0}")]
     Invalid(String),
@@ -78,6 +82,7 @@ impl NodeError {
         match self {
             NodeError::SandboxNotFound(_) | NodeError::TemplateNotFound(_) => ErrorCode::NotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
+            NodeError::SandboxExists(_) => ErrorCode::AlreadyExists,
             NodeError::BeyondCeiling(_) => ErrorCode::EgressBeyondCeiling,
             NodeError::Lifecycle(_)
             | NodeError::NotServing(_)

@@ -766,10 +766,7 @@ impl Inner {
     ) -> Result<Arc<tokio::sync::Mutex<()>>, NodeError> {
         let mut map = self.lock();
         if map.contains_key(&record.id) {
-            return Err(NodeError::Invalid(format!(
-                "sandbox {} already exists",
-                record.id
-            )));
+            return Err(NodeError::SandboxExists(record.id));
         }
         self.capacity
             .admit(&used_by(&map), &record.resources)
