@@ -64,3 +64,23 @@ require_root() {
         exit 1
     fi
 }
+
+# Starts a throwaway PostgreSQL listening only on a Unix socket in a fresh directory, and
+# sets PG_URL to reach it; `stop_postgres` stops it and removes the directory (call it from
+# the caller's EXIT trap). Installs the server package if it is missing.
+start_postgres() {
+    install_packages postgresql
+    PG_DIR="$(mktemp -d /tmp/space-pg.XXXXXX)"
+    chown postgres "$PG_DIR"
+    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+    runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+        -o "-k $PG_DIR -c listen_addresses='' -c fsync=off" start >/dev/null
+    PG_URL="postgres://postgres@localhost/postgres?host=$PG_DIR"
+}
+
+stop_postgres() {
+    [[ -n "${PG_DIR:-}" ]] || return 0
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$PG_DIR"
+}
