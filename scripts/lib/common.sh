@@ -84,3 +84,16 @@ stop_postgres() {
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
     rm -rf "$PG_DIR"
 }
+
+# Garage, the S3-compatible server the tests store objects in (AGPL: a separate test
+# server, never linked). Built from crates.io once per version (about 10 minutes on two
+# cores) into a cache directory; sets GARAGE_BIN.
+GARAGE_VERSION=2.5.0
+GARAGE_ROOT="${SPACE_CACHE_DIR:-/var/cache/space-test}/garage-$GARAGE_VERSION"
+install_garage() {
+    GARAGE_BIN="$GARAGE_ROOT/bin/garage"
+    if [[ ! -x $GARAGE_BIN ]]; then
+        say "installing Garage $GARAGE_VERSION, the S3 test server (once; about 10 minutes)"
+        cargo install garage --locked --quiet --version "$GARAGE_VERSION" --root "$GARAGE_ROOT"
+    fi
+}

@@ -14,6 +14,7 @@ pub mod e2b;
 pub mod leaks;
 pub mod node_agent;
 pub mod node_manager;
+pub mod s3;
 pub mod sandbox_manager;
 mod wait;
 

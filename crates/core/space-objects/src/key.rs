@@ -1,0 +1,117 @@
+//! Object keys and where things go in the store.
+//!
+//! A key is `/`-separated components of `[A-Za-z0-9._-]`, none empty, `.` or `..`, at
+//! most [`MAX_KEY_LEN`] bytes: the same key names the same object on S3 and in a local
+//! directory, and no key can leave the store's root. The layout:
+//!
+//! ```text
+//! snapshots/<snapshot id>/<artifact>     a suspended sandbox's snapshot (memory, state, disk delta, …)
+//! templates/<digest>/<file>              a published template (rootfs.ext4, template.json)
+//! kernels/<digest>/<file>                a published kernel bundle
+//! ```
+
+use std::fmt;
+
+/// Longest key.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// A validated object key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey(String);
+
+/// Why a key is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("object key {key:?}: {reason}")]
+pub struct KeyError {
+    key: String,
+    reason: &'static str,
+}
+
+fn component_ok(c: &str) -> bool {
+    !c.is_empty()
+        && c != "."
+        && c != ".."
+        && c.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+impl ObjectKey {
+    /// A key from its text.
+    pub fn parse(s: &str) -> Result<ObjectKey, KeyError> {
+        let refuse = |reason| KeyError {
+            key: s.chars().take(80).collect(),
+            reason,
+        };
+        if s.len() > MAX_KEY_LEN {
+            return Err(refuse("too long"));
+        }
+        if !s.split('/').all(component_ok) {
+            return Err(refuse("components are [A-Za-z0-9._-], not empty, . or .."));
+        }
+        Ok(ObjectKey(s.to_owned()))
+    }
+
+    /// A key from components, each checked.
+    pub fn join(parts: &[&str]) -> Result<ObjectKey, KeyError> {
+        ObjectKey::parse(&parts.join("/"))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The last component.
+    pub fn file_name(&self) -> &str {
+        self.0.rsplit('/').next().unwrap_or(&self.0)
+    }
+
+    /// `snapshots/<snapshot>/<artifact>`.
+    pub fn snapshot_artifact(snapshot: &str, artifact: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["snapshots", snapshot, artifact])
+    }
+
+    /// `snapshots/<snapshot>/`: every artifact of a snapshot.
+    pub fn snapshot_prefix(snapshot: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["snapshots", snapshot])
+    }
+
+    /// `templates/<digest>/<file>`.
+    pub fn template_file(digest: &str, file: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["templates", digest, file])
+    }
+
+    /// `kernels/<digest>/<file>`.
+    pub fn kernel_file(digest: &str, file: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["kernels", digest, file])
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_stay_inside_the_store() {
+        assert!(ObjectKey::parse("snapshots/snp-1/memory.zst").is_ok());
+        for bad in [
+            "", "/abs", "a//b", "a/../b", "..", "a/./b", "a/b/", "sp ace", "ünï", "a\\b",
+        ] {
+            assert!(ObjectKey::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(ObjectKey::parse(&"a".repeat(MAX_KEY_LEN + 1)).is_err());
+        assert!(ObjectKey::snapshot_artifact("snp-1", "../x").is_err());
+        assert_eq!(
+            ObjectKey::template_file("abc", "rootfs.ext4")
+                .unwrap()
+                .file_name(),
+            "rootfs.ext4"
+        );
+    }
+}
