@@ -11,9 +11,12 @@
 //!   by FIEMAP, and [`diff_disk_images`], a file-level diff of two guest ext4 images read in
 //!   userspace (never mounted). Persistent snapshots move to `<root>/snapshots/` when their
 //!   sandbox is deleted ([`Store::persist_snapshot`]).
+//! - [`delta`]: a sandbox disk as the blocks it changed from its template (what a suspended
+//!   sandbox's snapshot stores), and rebuilding it on a reflink of the template.
 
 mod cas;
 pub mod cmd;
+pub mod delta;
 mod error;
 mod ext4diff;
 mod extents;
