@@ -150,7 +150,9 @@ impl E2bState {
             Creating | Running | Resuming | Starting | Checkpointing | RollingBack | Restoring => {
                 Some(E2bState::Running)
             }
-            Pausing | Paused | Stopping | Stopped => Some(E2bState::Paused),
+            Pausing | Paused | Stopping | Stopped | Suspending | Suspended => {
+                Some(E2bState::Paused)
+            }
             // Its node missed its heartbeats: the sandbox still exists and comes back with
             // the node (E2B has no word for that; "not found" would make a client recreate
             // it). Calls to it are answered 503 meanwhile.

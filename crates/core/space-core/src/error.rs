@@ -65,6 +65,11 @@ pub enum ErrorCode {
     /// A node spoke with a generation it no longer has (it was declared lost, or joined
     /// again, since): it must rejoin before it is heard.
     NodeFenced,
+    /// A stored snapshot (in object storage) is damaged: an artifact is missing, or does not
+    /// match the size or digest recorded when it was written. Nothing was restored from it.
+    SnapshotCorrupt,
+    /// Object storage failed or could not be reached (after retries): retry later.
+    StorageUnavailable,
     /// A bug or an unexpected failure on the platform side.
     Internal,
 }
@@ -84,8 +89,8 @@ impl ErrorCode {
             TooManyRequests | RateLimited => 429,
             InsufficientCapacity => 507,
             Timeout => 504,
-            SandboxFailed | PortClosed => 502,
-            NodeUnavailable => 503,
+            SandboxFailed | PortClosed | SnapshotCorrupt => 502,
+            NodeUnavailable | StorageUnavailable => 503,
             Internal => 500,
         }
     }
@@ -116,6 +121,8 @@ impl ErrorCode {
             IdempotencyKeyReused => "idempotency_key_reused",
             NodeUnavailable => "node_unavailable",
             NodeFenced => "node_fenced",
+            SnapshotCorrupt => "snapshot_corrupt",
+            StorageUnavailable => "storage_unavailable",
             Internal => "internal",
         }
     }

@@ -50,6 +50,12 @@ pub enum SandboxState {
     /// node rejoins and is reconciled. The control plane's view only: no node records it,
     /// and no transition leads to or from it.
     Lost,
+    /// Being suspended: the VM is checkpointed and stopped, and the checkpoint's artifacts
+    /// are uploaded to object storage; the node frees it once the snapshot is committed.
+    Suspending,
+    /// Its full snapshot is in object storage and no node holds it; `resume` restores it on
+    /// any node. The control plane's view only (no node records it).
+    Suspended,
 }
 
 /// Something that happens to a sandbox.
@@ -80,6 +86,8 @@ pub enum SandboxEvent {
     Delete,
     /// The sandbox broke.
     Fail,
+    /// A client (or a drain) asked to suspend it to object storage.
+    Suspend,
 }
 
 /// One entry of a sandbox's event log: a lifecycle transition, when it happened, and what
@@ -169,10 +177,18 @@ pub const TRANSITIONS: &[(SandboxState, SandboxEvent, SandboxState)] = &[
     (S::Failed, E::Delete, S::Deleting),
     (S::Deleting, E::Delete, S::Deleting),
     (S::Deleting, E::Done, S::Deleted),
+    // Suspend: the VM checkpointed and stopped, its artifacts uploaded. Then the node either
+    // frees it (the control plane committed the snapshot: a delete) or runs it again from
+    // the checkpoint (the control plane gave up: an abort).
+    (S::Running, E::Suspend, S::Suspending),
+    (S::Paused, E::Suspend, S::Suspending),
+    (S::Suspending, E::Abort, S::Running),
+    (S::Suspending, E::Delete, S::Deleting),
+    (S::Suspending, E::Fail, S::Failed),
 ];
 
 /// Every state, in lifecycle order.
-pub const ALL_STATES: [SandboxState; 15] = [
+pub const ALL_STATES: [SandboxState; 17] = [
     S::Creating,
     S::Running,
     S::Pausing,
@@ -188,6 +204,8 @@ pub const ALL_STATES: [SandboxState; 15] = [
     S::Deleted,
     S::Failed,
     S::Lost,
+    S::Suspending,
+    S::Suspended,
 ];
 
 impl SandboxState {
@@ -218,6 +236,7 @@ impl SandboxState {
                 | S::RollingBack
                 | S::Restoring
                 | S::Deleting
+                | S::Suspending
         )
     }
 
@@ -229,12 +248,12 @@ impl SandboxState {
 
     /// Counts against the node's CPU and memory capacity (a stopped sandbox only holds disk).
     pub fn holds_compute(self) -> bool {
-        !matches!(self, S::Stopped | S::Deleted)
+        !matches!(self, S::Stopped | S::Deleted | S::Suspended)
     }
 
     /// Counts against node capacity (compute or disk).
     pub fn holds_resources(self) -> bool {
-        !matches!(self, S::Deleted)
+        !matches!(self, S::Deleted | S::Suspended)
     }
 
     /// The lowercase name used in the API, the database and the CLI.
@@ -255,6 +274,8 @@ impl SandboxState {
             S::Deleted => "deleted",
             S::Failed => "failed",
             S::Lost => "lost",
+            S::Suspending => "suspending",
+            S::Suspended => "suspended",
         }
     }
 
@@ -286,6 +307,7 @@ impl SandboxEvent {
             E::Abort => "abort an operation on",
             E::Delete => "delete",
             E::Fail => "fail",
+            E::Suspend => "suspend",
         }
     }
 }
@@ -324,8 +346,9 @@ mod tests {
     #[test]
     fn every_transient_state_can_finish_fail_and_be_deleted() {
         for s in ALL_STATES.into_iter().filter(|s| s.is_transient()) {
+            // A create ends with Ready; a suspend with the control plane's delete or abort.
             assert!(
-                s.apply(E::Done).is_ok() || s == S::Creating,
+                s.apply(E::Done).is_ok() || s == S::Creating || s == S::Suspending,
                 "{s} cannot finish"
             );
             assert!(s.apply(E::Fail).is_ok(), "{s} cannot fail");
@@ -334,6 +357,23 @@ mod tests {
         for s in ALL_STATES.into_iter().filter(|s| !s.is_transient()) {
             assert!(s.apply(E::Done).is_err(), "{s} is stable but has Done");
         }
+    }
+
+    #[test]
+    fn a_suspend_ends_freed_or_running_again() {
+        for from in [S::Running, S::Paused] {
+            assert_eq!(from.apply(E::Suspend), Ok(S::Suspending));
+        }
+        assert_eq!(S::Suspending.apply(E::Abort), Ok(S::Running));
+        assert_eq!(S::Suspending.apply(E::Delete), Ok(S::Deleting));
+        for from in [S::Stopped, S::Creating, S::Suspending, S::Failed] {
+            assert!(from.apply(E::Suspend).is_err(), "{from}");
+        }
+        // The control plane's view only: no node moves a sandbox to or from it.
+        assert!(TRANSITIONS
+            .iter()
+            .all(|(f, _, t)| *f != S::Suspended && *t != S::Suspended));
+        assert!(!S::Suspended.holds_resources());
     }
 
     #[test]

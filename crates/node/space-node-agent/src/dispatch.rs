@@ -48,6 +48,9 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
         }
         R::Snapshots { id } => reply(api.snapshots(&id).await),
         R::TenantSnapshots { tenant } => reply(api.tenant_snapshots(&tenant).await),
+        R::Suspend { req } => reply(api.suspend(req).await),
+        R::AbortSuspend { id } => reply(api.abort_suspend(&id).await),
+        R::ResumeSuspended { req } => reply(api.resume_suspended(req).await),
         R::CredentialsSynced { revision } => reply(api.credentials_synced(revision).await),
         R::TakeSnapshot { id, req } => reply(api.take_snapshot(&id, req).await),
         R::DeleteSnapshot { id, snapshot } => reply(api.delete_snapshot(&id, &snapshot).await),

@@ -18,7 +18,8 @@ use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
 
 use crate::{
     CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+    ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+    SuspendSandbox, SuspendedSnapshot,
 };
 
 /// Result of a node call.
@@ -106,6 +107,16 @@ pub trait NodeApi: Send + Sync + 'static {
         tenant: &TenantId,
         limit: Option<Option<u64>>,
     ) -> NodeResult<()>;
+
+    // Suspend and resume through object storage.
+    /// Suspends a running or paused sandbox: its VM paused, a full snapshot taken and its
+    /// artifacts uploaded; the sandbox stays `suspending` (its VM paused) until the control
+    /// plane, having committed the snapshot, deletes it here, or gives up and aborts.
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot>;
+    /// Gives up a suspend: the sandbox runs again as it was.
+    async fn abort_suspend(&self, id: &SandboxId) -> NodeResult<SandboxView>;
+    /// Restores a suspended sandbox here, under its own id, from its stored snapshot.
+    async fn resume_suspended(&self, req: ResumeSandbox) -> NodeResult<SandboxView>;
 
     // Snapshots.
     /// A sandbox's snapshots, oldest first.

@@ -25,7 +25,10 @@ pub use sandbox::{
     CreateFromSnapshot, CreateSandbox, PauseCause, PoolShape, SandboxSettings, SandboxView,
     StopCause, VmOrigin,
 };
-pub use snapshot::{SnapshotOrigin, SnapshotOwner, SnapshotRequest, SnapshotTaken};
+pub use snapshot::{
+    ResumeSandbox, SnapshotOrigin, SnapshotOwner, SnapshotRequest, SnapshotTaken, StoredArtifact,
+    SuspendSandbox, SuspendedSettings, SuspendedSnapshot,
+};
 
 /// Version of the node protocol spoken by this build. A peer with another version is
 /// refused at the first request, with both versions named.

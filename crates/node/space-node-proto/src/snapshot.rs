@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use space_core::{Resources, SandboxId, SnapshotKind, TenantId};
+use space_core::{Resources, SandboxId, SnapshotId, SnapshotKind, TenantId};
 
 /// What the control plane adds to a persistent snapshot: whose it is, and the labels the
 /// sandbox had when it was taken.
@@ -48,4 +48,75 @@ pub struct SnapshotOrigin {
     /// Its labels (empty for a live sandbox's snapshot that is not persistent: the control
     /// plane has them).
     pub labels: BTreeMap<String, String>,
+}
+
+/// A suspend as a node carries it out: the control plane chose the snapshot's id (its row
+/// tracks the upload from before the node starts) and says whose the snapshot is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspendSandbox {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// The id of the full snapshot the suspend takes.
+    pub snapshot: SnapshotId,
+    /// Whose it is (the snapshot outlives the sandbox's presence on any node).
+    pub owner: SnapshotOwner,
+}
+
+/// One object of a stored snapshot: what reading it back must match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredArtifact {
+    /// What it is (`memory.zst`, `disk.delta.zst`, `source.json`, `meta.json`).
+    pub name: String,
+    /// Its key in the object store.
+    pub key: String,
+    /// Its length in bytes.
+    pub size: u64,
+    /// SHA-256 of its bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// What a suspend left in object storage, and what a resume on any node needs to know.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspendedSnapshot {
+    /// The snapshot.
+    pub snapshot: SnapshotId,
+    /// The sandbox it is of.
+    pub sandbox_id: SandboxId,
+    /// Its template (name and digest: the disk delta is against that template's image).
+    pub template: String,
+    /// The template's digest.
+    pub template_digest: String,
+    /// Its resources (a checkpoint restores only into the same memory size).
+    pub resources: Resources,
+    /// Every artifact, each verified when read back.
+    pub artifacts: Vec<StoredArtifact>,
+    /// What the sandbox had beside its snapshot's source, to give it again at resume.
+    pub settings: SuspendedSettings,
+    /// Bytes of guest RAM and device state before compression.
+    pub memory_bytes: u64,
+    /// Disk blocks (64 KiB) that differ from the template.
+    pub disk_changed_blocks: u64,
+}
+
+/// What a suspended sandbox keeps of its node record's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspendedSettings {
+    /// What its node does if its VMM dies.
+    #[serde(default)]
+    pub on_crash: space_core::sandbox::CrashPolicy,
+    /// Idle time before it is paused.
+    #[serde(default)]
+    pub auto_pause_secs: Option<u64>,
+    /// Its snapshot schedule.
+    #[serde(default)]
+    pub snapshots: Option<space_core::SnapshotSchedule>,
+}
+
+/// A resume of a suspended sandbox on this node: the same id, from the stored snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeSandbox {
+    /// The stored snapshot (its artifacts are downloaded unless this node has it already).
+    pub suspended: SuspendedSnapshot,
+    /// Whose it is: the tenant must be the snapshot's.
+    pub tenant: TenantId,
 }

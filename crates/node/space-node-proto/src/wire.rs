@@ -18,7 +18,8 @@ use space_core::{LifecycleEntry, SandboxId, SnapshotId, TenantId};
 use space_secrets::{AuditFilter, Credential, CredentialId};
 
 use crate::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, PauseCause, SnapshotRequest, StopCause,
+    CreateFromSnapshot, CreateSandbox, NodeCallError, PauseCause, ResumeSandbox, SnapshotRequest,
+    StopCause, SuspendSandbox,
 };
 
 /// The typed calls' route.
@@ -109,6 +110,12 @@ pub enum NodeRequest {
     Snapshots { id: SandboxId },
     /// → `Vec<SnapshotInfo>`
     TenantSnapshots { tenant: TenantId },
+    /// → `SuspendedSnapshot`
+    Suspend { req: SuspendSandbox },
+    /// → `SandboxView`
+    AbortSuspend { id: SandboxId },
+    /// → `SandboxView`
+    ResumeSuspended { req: ResumeSandbox },
     /// → `()`
     CredentialsSynced { revision: u64 },
     /// → `SnapshotTaken`

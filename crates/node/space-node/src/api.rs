@@ -19,7 +19,8 @@ use space_guest_client::{GuestClient, GuestError};
 use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
 use space_node_proto::{
     CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+    ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
+    SuspendSandbox, SuspendedSnapshot,
 };
 use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, ManagerError};
@@ -366,6 +367,24 @@ impl NodeApi for Node {
             .delete(id)
             .await
             .map_err(credential_error)
+    }
+
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot> {
+        self.suspend(req).await.map_err(call_error)
+    }
+
+    async fn abort_suspend(&self, id: &SandboxId) -> NodeResult<SandboxView> {
+        self.abort_suspend(id)
+            .await
+            .map(|r| r.view())
+            .map_err(call_error)
+    }
+
+    async fn resume_suspended(&self, req: ResumeSandbox) -> NodeResult<SandboxView> {
+        self.resume_suspended(req)
+            .await
+            .map(|r| r.view())
+            .map_err(call_error)
     }
 
     async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {

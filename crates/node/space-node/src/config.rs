@@ -56,6 +56,9 @@ pub struct NodeConfig {
     /// operation (and `vmm_jail` is its setting, not this one). `None`: they are done in
     /// this process, which must be root.
     pub node_manager: Option<std::path::PathBuf>,
+    /// Where suspended sandboxes' snapshots go (and come from): `None` refuses suspend and
+    /// resume.
+    pub object_store: Option<space_objects::ObjectStoreConfig>,
 }
 
 /// Where the node's credential manager keeps credentials.
@@ -102,6 +105,7 @@ impl NodeConfig {
             metrics_interval: crate::metrics::DEFAULT_METRICS_INTERVAL,
             vmm_jail: true,
             node_manager: None,
+            object_store: None,
         }
     }
 }

@@ -59,6 +59,12 @@ pub enum NodeError {
     /// A privileged operation failed.
     #[error(transparent)]
     NodeManager(#[from] NodeManagerError),
+    /// A stored snapshot is damaged (an artifact missing, or not what was recorded).
+    #[error("the stored snapshot is damaged: {0}")]
+    SnapshotCorrupt(String),
+    /// Object storage failed or could not be reached.
+    #[error("object storage: {0}")]
+    Storage(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -83,6 +89,8 @@ impl NodeError {
             NodeError::SandboxNotFound(_) | NodeError::TemplateNotFound(_) => ErrorCode::NotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
             NodeError::SandboxExists(_) => ErrorCode::AlreadyExists,
+            NodeError::SnapshotCorrupt(_) => ErrorCode::SnapshotCorrupt,
+            NodeError::Storage(_) => ErrorCode::StorageUnavailable,
             NodeError::BeyondCeiling(_) => ErrorCode::EgressBeyondCeiling,
             NodeError::Lifecycle(_)
             | NodeError::NotServing(_)

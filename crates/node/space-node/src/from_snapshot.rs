@@ -9,13 +9,15 @@
 use std::time::Instant;
 
 use space_core::template::TemplateInfo;
-use space_core::{SandboxEvent, SandboxState, SnapshotKind};
+use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotId, SnapshotKind};
 use space_guest_proto::GuestConfig;
 use space_storage::{ExistingDisk, SnapshotPaths, SANDBOX_DISK_FILE};
 
 use crate::sandbox_manager::now_ms;
 use crate::settings::Inherited;
-use crate::{CreateFromSnapshot, Node, NodeError, SandboxRecord, SnapshotSource, VmOrigin};
+use crate::{
+    CreateFromSnapshot, Node, NodeError, SandboxRecord, SandboxSettings, SnapshotSource, VmOrigin,
+};
 
 impl Node {
     /// Creates sandbox `req.id` from a snapshot and returns when its daemon is ready
@@ -26,15 +28,43 @@ impl Node {
     ) -> Result<SandboxRecord, NodeError> {
         let started = Instant::now();
         let (kind, paths, source) = self.find_snapshot_for(&req).await?;
+        self.create_from_found(
+            &req.id,
+            &req.snapshot,
+            kind,
+            paths,
+            source,
+            req.settings,
+            req.source,
+            started,
+        )
+        .await
+    }
+
+    /// Creates sandbox `id` from snapshot `snapshot`, found at `paths` with `source`
+    /// (`live_source`: the live sandbox it is a snapshot of, whose CA the new one copies
+    /// when the source carries none).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn create_from_found(
+        &self,
+        id: &SandboxId,
+        snapshot: &SnapshotId,
+        kind: SnapshotKind,
+        paths: SnapshotPaths,
+        source: SnapshotSource,
+        settings: SandboxSettings,
+        live_source: Option<SandboxId>,
+        started: Instant,
+    ) -> Result<SandboxRecord, NodeError> {
         let origin = match kind {
             SnapshotKind::Checkpoint => VmOrigin::Checkpoint {
                 sandbox: source.sandbox_id.clone(),
-                snapshot: Some(req.snapshot.clone()),
+                snapshot: Some(snapshot.clone()),
             },
             SnapshotKind::Disk => VmOrigin::Boot,
         };
         let mut record = SandboxRecord::new(
-            req.id.clone(),
+            id.clone(),
             source.template.clone(),
             source.template_digest.clone(),
             source.resources,
@@ -51,42 +81,35 @@ impl Node {
             egress: source.egress.clone(),
         };
         crate::settings::apply(
-            &req.settings,
+            &settings,
             inherited,
             &self.inner.egress_ceiling,
             &mut record,
         )?;
         let tpl = self.template_of(&record)?;
         // The snapshot's disk and memory trust the source sandbox's CA: so must its gateway.
-        let ca = match (&source.sandbox_ca_pem, &req.source) {
-            (Some(pem), _) => self.inner.sandbox_cas.install(&req.id, pem),
-            (None, Some(live)) => self.inner.sandbox_cas.copy(live, &req.id),
+        let ca = match (&source.sandbox_ca_pem, &live_source) {
+            (Some(pem), _) => self.inner.sandbox_cas.install(id, pem),
+            (None, Some(live)) => self.inner.sandbox_cas.copy(live, id),
             (None, None) => Ok(()),
         };
         let op = match ca.and_then(|()| self.inner.admit(record)) {
             Ok(op) => op,
             Err(e) => {
-                self.inner.sandbox_cas.remove(&req.id);
+                self.inner.sandbox_cas.remove(id);
                 return Err(e);
             }
         };
         let _guard = op.lock().await;
         let started_vm = async {
             let rec = self
-                .sandbox(&req.id)
-                .ok_or_else(|| NodeError::SandboxNotFound(req.id.clone()))?;
-            let config = self.inner.guest_config(&req.id, &tpl)?;
+                .sandbox(id)
+                .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+            let config = self.inner.guest_config(id, &tpl)?;
             match &paths.state {
                 Some(state) => {
-                    self.start_from_checkpoint(
-                        &req.id,
-                        &paths.disk,
-                        state,
-                        None,
-                        Some(&config),
-                        started,
-                    )
-                    .await
+                    self.start_from_checkpoint(id, &paths.disk, state, None, Some(&config), started)
+                        .await
                 }
                 None => {
                     self.boot_snapshot_disk(&rec, &tpl, &paths, &config, started)
@@ -96,12 +119,12 @@ impl Node {
         };
         match started_vm.await {
             Ok(rec) => {
-                tracing::info!(id = %req.id, snapshot = %req.snapshot, latency_ms = rec.create_latency_ms, origin = ?rec.origin, "sandbox created from a snapshot");
+                tracing::info!(id = %id, snapshot = %snapshot, latency_ms = rec.create_latency_ms, origin = ?rec.origin, "sandbox created from a snapshot");
                 Ok(rec)
             }
             Err(e) => {
                 self.inner
-                    .fail(&req.id, None, &format!("create from snapshot failed: {e}"))
+                    .fail(id, None, &format!("create from snapshot failed: {e}"))
                     .await;
                 Err(e)
             }

@@ -33,6 +33,7 @@ mod sandbox_manager;
 pub mod scheduler;
 mod settings;
 pub mod snapshots;
+pub mod suspend;
 mod vm_start;
 
 use std::collections::BTreeMap;

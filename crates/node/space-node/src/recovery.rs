@@ -199,6 +199,15 @@ impl Node {
             }
             SandboxState::RollingBack => self.finish_rollback(id).await.map(drop),
             SandboxState::Restoring => self.finish_restore(id, now_ms()).await,
+            // Only the control plane knows whether it committed the stored snapshot: the
+            // VM stays paused (re-adopted, if it is still there) and the sandbox
+            // `suspending` until it frees it here (delete) or gives up (abort).
+            SandboxState::Suspending => {
+                if let Err(e) = self.adopt_watched(id).await {
+                    tracing::warn!(%id, error = %e, "a suspending sandbox's VM is gone; its fate is the control plane's");
+                }
+                Ok(())
+            }
             _ => Ok(()),
         };
         if let Err(e) = outcome {

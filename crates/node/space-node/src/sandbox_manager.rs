@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     pub(crate) egress_ceiling: Arc<space_core::egress::EgressCeiling>,
     /// Each tenant's open egress connections across its sandboxes' gateways.
     pub(crate) tenant_connections: space_net::proxy::tenant_connections::TenantConnectionLimits,
+    /// Where suspended sandboxes' snapshots go (`None`: no suspend or resume here).
+    pub(crate) objects: Option<space_objects::Objects>,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -153,6 +155,15 @@ impl Node {
         let sandbox_cas = crate::sandbox_ca::CaStore::open(&data_dir.join("sandbox-ca"))?;
         let credentials =
             crate::credentials::open(&data_dir, &cfg.credentials, &cfg.credential_audit).await?;
+        let objects = cfg
+            .object_store
+            .as_ref()
+            .map(space_objects::Objects::open)
+            .transpose()
+            .map_err(|e| internal("cannot open the object store", e))?;
+        if let Some(o) = &objects {
+            tracing::info!(store = ?o, "object store for suspended sandboxes");
+        }
         let node = Node {
             inner: Arc::new(Inner {
                 cfg: NodeConfig { data_dir, ..cfg },
@@ -177,6 +188,7 @@ impl Node {
                     space_net::proxy::tenant_connections::TenantConnectionLimits::new(
                         space_core::quota::TenantQuota::embedded_default().max_connections,
                     ),
+                objects,
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };

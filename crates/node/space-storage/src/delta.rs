@@ -82,7 +82,11 @@ fn read_block(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<(
 
 /// Writes the delta of `disk` against `base` (the template image it was reflinked from)
 /// to `out`.
-pub fn write_delta(base: &Path, disk: &Path, out: &mut impl Write) -> Result<DeltaStats, DeltaError> {
+pub fn write_delta(
+    base: &Path,
+    disk: &Path,
+    out: &mut impl Write,
+) -> Result<DeltaStats, DeltaError> {
     let base_file = File::open(base).map_err(io(base))?;
     let disk_file = File::open(disk).map_err(io(disk))?;
     let disk_size = disk_file.metadata().map_err(io(disk))?.len();
@@ -131,7 +135,11 @@ fn read_u64(input: &mut impl Read, what: &str) -> Result<u64, DeltaError> {
 /// Applies the delta read from `input` to `disk`, which holds the template image already
 /// (a reflink of it): the disk takes the delta's length and every changed block. A delta
 /// claiming a disk larger than `max_size` is refused before anything is written.
-pub fn apply_delta(input: &mut impl Read, disk: &Path, max_size: u64) -> Result<DeltaStats, DeltaError> {
+pub fn apply_delta(
+    input: &mut impl Read,
+    disk: &Path,
+    max_size: u64,
+) -> Result<DeltaStats, DeltaError> {
     let mut magic = [0u8; MAGIC.len()];
     read_exact(input, &mut magic, "header")?;
     if magic != MAGIC {
@@ -163,7 +171,9 @@ pub fn apply_delta(input: &mut impl Read, disk: &Path, max_size: u64) -> Result<
             break;
         }
         if index < next_min || index >= blocks {
-            return Err(malformed(format!("block {index} out of order or outside the disk")));
+            return Err(malformed(format!(
+                "block {index} out of order or outside the disk"
+            )));
         }
         let offset = index * DELTA_BLOCK as u64;
         let len = (disk_size - offset).min(DELTA_BLOCK as u64) as usize;
@@ -194,7 +204,9 @@ mod tests {
 
     fn setup(dir: &Path) -> (PathBuf, PathBuf) {
         let base = dir.join("base");
-        let data: Vec<u8> = (0..DELTA_BLOCK * 5 + 100).map(|i| (i % 253) as u8).collect();
+        let data: Vec<u8> = (0..DELTA_BLOCK * 5 + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
         std::fs::write(&base, &data).unwrap();
         let disk = dir.join("disk");
         std::fs::copy(&base, &disk).unwrap();
@@ -223,10 +235,18 @@ mod tests {
         std::fs::copy(&base, &restored).unwrap();
         let applied = apply_delta(&mut &delta[..], &restored, 1 << 30).unwrap();
         assert_eq!(applied, stats);
-        assert_eq!(std::fs::read(&restored).unwrap(), std::fs::read(&disk).unwrap());
+        assert_eq!(
+            std::fs::read(&restored).unwrap(),
+            std::fs::read(&disk).unwrap()
+        );
         // An unchanged disk is a delta of no block.
         let mut empty = Vec::new();
-        assert_eq!(write_delta(&base, &base, &mut empty).unwrap().changed_blocks, 0);
+        assert_eq!(
+            write_delta(&base, &base, &mut empty)
+                .unwrap()
+                .changed_blocks,
+            0
+        );
     }
 
     #[test]

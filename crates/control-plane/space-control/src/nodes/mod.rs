@@ -18,8 +18,9 @@ use space_core::Resources;
 pub use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
 pub use space_node_proto::{
     CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    SandboxSettings, SandboxView, SnapshotOrigin, SnapshotOwner, SnapshotRequest, SnapshotTaken,
-    StopCause, VmOrigin,
+    ResumeSandbox, SandboxSettings, SandboxView, SnapshotOrigin, SnapshotOwner, SnapshotRequest,
+    SnapshotTaken, StopCause, StoredArtifact, SuspendSandbox, SuspendedSettings, SuspendedSnapshot,
+    VmOrigin,
 };
 use space_secrets::{AuditEvent, AuditFilter};
 

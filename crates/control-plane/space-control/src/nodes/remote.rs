@@ -32,8 +32,8 @@ use tokio::sync::Mutex;
 
 use super::{
     CreateFromSnapshot, CreateSandbox, EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult,
-    NodeStatus, PauseCause, PoolShape, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken,
-    StopCause,
+    NodeStatus, PauseCause, PoolShape, ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest,
+    SnapshotTaken, StopCause, SuspendSandbox, SuspendedSnapshot,
 };
 
 /// Longest wait for a TCP connection and TLS handshake with a node agent.
@@ -43,6 +43,9 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a lifecycle operation may take (a create that builds a memory image, a
 /// checkpoint of a large memory under TCG).
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// Longest a suspend or a resume through object storage may take (a whole snapshot's
+/// memory and disk changes go up or come down).
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
 /// Where a node agent is and how to reach it.
 #[derive(Clone)]
@@ -176,7 +179,10 @@ fn timeout_of(req: &NodeRequest) -> Duration {
         | NodeRequest::WakeTimedOut { .. }
         | NodeRequest::Guest { .. }
         | NodeRequest::TakeSnapshot { .. }
-        | NodeRequest::DiffSnapshots { .. } => OPERATION_TIMEOUT,
+        | NodeRequest::DiffSnapshots { .. }
+        | NodeRequest::AbortSuspend { .. } => OPERATION_TIMEOUT,
+        // Uploads and downloads of a whole snapshot: memory and disk.
+        NodeRequest::Suspend { .. } | NodeRequest::ResumeSuspended { .. } => TRANSFER_TIMEOUT,
         _ => QUERY_TIMEOUT,
     }
 }
@@ -354,6 +360,19 @@ impl NodeApi for RemoteNode {
 
     async fn snapshots(&self, id: &SandboxId) -> NodeResult<Vec<SnapshotInfo>> {
         self.call(NodeRequest::Snapshots { id: id.clone() }).await
+    }
+
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot> {
+        self.call(NodeRequest::Suspend { req }).await
+    }
+
+    async fn abort_suspend(&self, id: &SandboxId) -> NodeResult<SandboxView> {
+        self.call(NodeRequest::AbortSuspend { id: id.clone() })
+            .await
+    }
+
+    async fn resume_suspended(&self, req: ResumeSandbox) -> NodeResult<SandboxView> {
+        self.call(NodeRequest::ResumeSuspended { req }).await
     }
 
     async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {

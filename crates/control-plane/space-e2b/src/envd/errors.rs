@@ -32,9 +32,11 @@ pub fn code_of(code: ErrorCode) -> Code {
         // envd authenticates the user a request names: an unknown one is 401 there.
         ErrorCode::Unauthenticated | ErrorCode::UnknownUser => Code::Unauthenticated,
         // "…port is not open": the SDKs read that text.
-        ErrorCode::SandboxFailed | ErrorCode::PortClosed | ErrorCode::NodeUnavailable => {
-            Code::Unavailable
-        }
+        ErrorCode::SandboxFailed
+        | ErrorCode::PortClosed
+        | ErrorCode::NodeUnavailable
+        | ErrorCode::StorageUnavailable => Code::Unavailable,
+        ErrorCode::SnapshotCorrupt => Code::DataLoss,
         ErrorCode::IdempotencyKeyReused | ErrorCode::Internal => Code::Internal,
     }
 }
