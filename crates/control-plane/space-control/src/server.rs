@@ -99,7 +99,13 @@ impl ServerConfig {
             listen: DEFAULT_LISTEN
                 .parse()
                 .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
-            node: NodeConfig::new(data_dir.clone()),
+            node: NodeConfig {
+                // The single-machine default's object store: a directory beside the store.
+                object_store: Some(space_objects::ObjectStoreConfig::Local {
+                    dir: data_dir.join("objects"),
+                }),
+                ..NodeConfig::new(data_dir.clone())
+            },
             cluster: None,
             data_dir,
             database_url: None,

@@ -771,6 +771,20 @@ impl Inner {
         self.vm_run_dir(&self.vm_name(id))
     }
 
+    /// Forgets the record of deleted sandbox `id` (a suspended sandbox coming back to the
+    /// node that freed it takes its id again). `false`: there is none, or it is not deleted.
+    pub(crate) fn forget_deleted(&self, id: &SandboxId) -> bool {
+        let mut map = self.lock();
+        if !map
+            .get(id)
+            .is_some_and(|e| e.record.state == SandboxState::Deleted)
+        {
+            return false;
+        }
+        map.remove(id);
+        true
+    }
+
     /// Checks capacity and inserts a new `creating` record, atomically.
     pub(crate) fn admit(
         &self,

@@ -375,6 +375,9 @@ impl Node {
             snapshots: s.settings.snapshots.clone(),
             ..SandboxSettings::new(req.tenant.clone())
         };
+        // Back on the node that freed it: its deleted record gives way (its event log goes
+        // on).
+        self.inner.forget_deleted(id);
         let rec = self
             .create_from_found(
                 id,
