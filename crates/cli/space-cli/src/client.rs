@@ -390,6 +390,14 @@ impl SpaceClient {
         self.lifecycle(id, "pause").await
     }
 
+    /// `POST /v1/sandboxes/{id}/suspend`.
+    pub async fn suspend_sandbox(
+        &self,
+        id: &(impl SandboxRef + ?Sized),
+    ) -> ClientResult<SandboxInfo> {
+        self.lifecycle(id, "suspend").await
+    }
+
     /// `POST /v1/sandboxes/{id}/resume`.
     pub async fn resume_sandbox(
         &self,

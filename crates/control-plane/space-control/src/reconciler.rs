@@ -19,7 +19,11 @@
 //! - **MarkGone**: a live row whose node record is missing (or deleted) is marked deleted in
 //!   the database, with a log line: the sandbox is gone and will not come back.
 //! - **DeleteOrphan**: a node record with no live row (a crash between the two steps of a
-//!   create or delete) is deleted on the node.
+//!   create or delete) is deleted on the node; so is a suspended sandbox's record on the
+//!   node that took its snapshot, if that node did not free it at once.
+//! - **AdoptResumed** / **UndoResume**: the replica resuming a suspended sandbox died: if
+//!   the node runs it, it is recorded as resumed; if not, it stays suspended. A suspended
+//!   sandbox's timeout still applies (delete, or marked timed out).
 //!
 //! - **AdoptCreated**: the replica running a create died (or the create outlived
 //!   [`CREATE_GRACE`]) and the node made the sandbox: recorded as that replica would have.
@@ -71,6 +75,12 @@ pub enum Action {
     /// Its create finished on the node but no replica recorded it (the one that ran it
     /// died): record it as that replica would have.
     AdoptCreated(SandboxId),
+    /// It was resuming from object storage and its node runs it, but the replica that
+    /// resumed it died before recording it: record it as resumed.
+    AdoptResumed(SandboxId),
+    /// It was resuming from object storage and the replica resuming it died with nothing
+    /// running: it stays suspended.
+    UndoResume(SandboxId),
 }
 
 /// Decides what to do. `live_rows` are the rows with desired state `running` (all tenants);
@@ -89,10 +99,18 @@ pub fn plan(
         .filter(|r| r.state != SandboxState::Deleted)
         .map(|r| (&r.id, r))
         .collect();
-    let wanted: HashSet<&SandboxId> = live_rows.iter().map(|r| &r.id).collect();
+    let wanted: HashSet<&SandboxId> = live_rows
+        .iter()
+        .filter(|r| wanted_on_its_node(r))
+        .map(|r| &r.id)
+        .collect();
     let mut actions = Vec::new();
     for row in live_rows {
         let record = on_node.get(&row.id).map(|r| r.state);
+        if row.suspended_snapshot.is_some() {
+            actions.extend(plan_suspended(row, record, live_replicas, now_ms));
+            continue;
+        }
         if row.create_latency_ms.is_some() {
             actions.extend(plan_row(row, record, now_ms));
         } else if !create_in_flight(row, live_replicas, now_ms) {
@@ -107,6 +125,42 @@ pub fn plan(
     }
     actions.sort();
     actions
+}
+
+/// Whether live row `row` wants its sandbox on the node it names: not while it is
+/// suspended (no node holds it), unless it is resuming there.
+pub fn wanted_on_its_node(row: &SandboxRow) -> bool {
+    row.suspended_snapshot.is_none() || row.creating_replica.is_some()
+}
+
+/// A suspended sandbox: its timeout still applies; a resume whose replica died is settled
+/// by what its node has (running: resumed; nothing: still suspended).
+fn plan_suspended(
+    row: &SandboxRow,
+    record: Option<SandboxState>,
+    live_replicas: &HashSet<ReplicaId>,
+    now_ms: i64,
+) -> Option<Action> {
+    let id = row.id.clone();
+    if let Some(replica) = &row.creating_replica {
+        // A live replica finishes or undoes its resume itself (the node call is bounded).
+        if live_replicas.contains(replica) {
+            return None;
+        }
+        return match record {
+            Some(SandboxState::Running | SandboxState::Paused) => Some(Action::AdoptResumed(id)),
+            Some(SandboxState::Creating) => None,
+            _ => Some(Action::UndoResume(id)),
+        };
+    }
+    if row.timed_out_at_ms.is_none() && row.expires_at_ms <= now_ms {
+        return Some(match row.on_timeout {
+            TimeoutAction::Delete => Action::Expire(id),
+            // Not running: it is left as it is, and marked.
+            TimeoutAction::Pause | TimeoutAction::Stop => Action::MarkTimedOut(id),
+        });
+    }
+    None
 }
 
 /// A create whose replica died before recording it (or that outlived [`CREATE_GRACE`]):
@@ -366,6 +420,28 @@ impl Reconciler {
                 }
                 Ok(adopted)
             }
+            Action::AdoptResumed(id) | Action::UndoResume(id) => {
+                let Some(row) = st.db.sandbox_any_tenant(id).await? else {
+                    return Ok(false);
+                };
+                let resuming =
+                    row.suspended_snapshot.is_some() && row.creating_replica.as_ref().is_some();
+                if !resuming || self.replica_alive(&row).await? {
+                    return Ok(false);
+                }
+                let runs = node.sandbox(id).await?.is_some_and(|r| {
+                    matches!(r.state, SandboxState::Running | SandboxState::Paused)
+                });
+                if runs {
+                    st.db.finish_resume(id).await?;
+                    st.db.renew_timeout(id, now_ms()).await?;
+                    tracing::info!(sandbox = %id, node = node.name(), "adopted a resume whose replica did not finish it");
+                } else {
+                    st.db.undo_resume(id).await?;
+                    tracing::warn!(sandbox = %id, node = node.name(), "a resume whose replica died did not happen; the sandbox stays suspended");
+                }
+                Ok(true)
+            }
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the
                 // plan, or its replica come back.
@@ -391,18 +467,25 @@ impl Reconciler {
                 Ok(true)
             }
             Action::DeleteOrphan(id) => {
-                if st
-                    .db
-                    .sandbox_any_tenant(id)
-                    .await?
-                    .is_some_and(|r| r.desired_state == crate::db::DesiredState::Running)
-                {
+                if st.db.sandbox_any_tenant(id).await?.is_some_and(|r| {
+                    r.desired_state == crate::db::DesiredState::Running
+                        && r.node == node.name()
+                        && wanted_on_its_node(&r)
+                }) {
                     return Ok(false);
                 }
                 tracing::info!(sandbox = %id, "deleting sandbox that is not wanted (orphan)");
                 self.delete_on_node(node, id).await;
                 Ok(true)
             }
+        }
+    }
+
+    /// Whether the replica `row` names (creating or resuming it) is alive now.
+    async fn replica_alive(&self, row: &SandboxRow) -> Result<bool, ReconcileError> {
+        match row.creating_replica.as_ref() {
+            Some(r) => Ok(self.state.replica.alive(r).await?),
+            None => Ok(false),
         }
     }
 
@@ -470,6 +553,9 @@ impl Reconciler {
                 if let Err(e) = this.run_once().await {
                     tracing::warn!(error = %e, "reconciler pass failed");
                 }
+                if let Err(e) = crate::service::suspend::collect(&this.state).await {
+                    tracing::warn!(error = %e.body.message, "collecting stored snapshots failed");
+                }
                 let now = tokio::time::Instant::now();
                 let due = {
                     let mut next = next_prune.lock().unwrap_or_else(|p| p.into_inner());
@@ -536,6 +622,7 @@ mod tests {
             deleted_at_ms: None,
             create_latency_ms: Some(1),
             creating_replica: None,
+            suspended_snapshot: None,
             tokens: Default::default(),
         }
     }
@@ -863,6 +950,7 @@ mod tests {
         // A row from before replicas were named (none) is a dead replica's too.
         let anonymous = SandboxRow {
             creating_replica: None,
+            suspended_snapshot: None,
             ..row.clone()
         };
         assert_eq!(

@@ -86,6 +86,9 @@ pub struct ServerConfig {
     pub audit_retention: std::time::Duration,
     /// The operator's quota for every tenant (a tenant's own overrides it field by field).
     pub default_quota: space_core::quota::TenantQuota,
+    /// Where suspended sandboxes' snapshots are, for a cluster replica (every node and
+    /// replica must use the same store); the single-machine default uses its node's.
+    pub object_store: Option<space_objects::ObjectStoreConfig>,
 }
 
 /// Default of [`ServerConfig::audit_retention`]: a year.
@@ -116,6 +119,7 @@ impl ServerConfig {
             plaintext: true,
             audit_retention: std::time::Duration::from_secs(DEFAULT_AUDIT_RETENTION_DAYS * 86_400),
             default_quota: space_core::quota::TenantQuota::embedded_default(),
+            object_store: None,
         }
     }
 
@@ -221,6 +225,16 @@ impl Server {
             .context("registering this replica")?;
         let mut state = AppState::new(db, nodes, replica, credential_key, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
+        let object_store = match (&config.object_store, &local) {
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(_)) => config.node.object_store.clone(),
+            (None, None) => None,
+        };
+        state.objects = object_store
+            .as_ref()
+            .map(space_objects::Objects::open)
+            .transpose()
+            .context("opening the object store")?;
         if let Some(node) = &local {
             adopt_node_credentials(&state, node)
                 .await

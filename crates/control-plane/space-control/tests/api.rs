@@ -24,6 +24,7 @@ const ROUTES: &[&str] = &[
     "GET /v1/sandboxes/{id}/metrics",
     "POST /v1/sandboxes/{id}/pause",
     "POST /v1/sandboxes/{id}/resume",
+    "POST /v1/sandboxes/{id}/suspend",
     "POST /v1/sandboxes/{id}/stop",
     "POST /v1/sandboxes/{id}/start",
     "POST /v1/sandboxes/{id}/revoke-tokens",
@@ -120,6 +121,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         deleted_at_ms: None,
         create_latency_ms: Some(1),
         creating_replica: None,
+        suspended_snapshot: None,
         tokens: Default::default(),
     };
     ts.db().insert_sandbox(&row).await.unwrap();

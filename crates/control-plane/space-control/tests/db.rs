@@ -41,6 +41,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         deleted_at_ms: None,
         create_latency_ms: None,
         creating_replica: None,
+        suspended_snapshot: None,
         tokens: Default::default(),
     }
 }
@@ -51,7 +52,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();

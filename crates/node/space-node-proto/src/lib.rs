@@ -16,7 +16,7 @@ mod error;
 pub mod identity;
 mod node;
 mod sandbox;
-mod snapshot;
+pub mod snapshot;
 pub mod wire;
 
 pub use error::NodeCallError;

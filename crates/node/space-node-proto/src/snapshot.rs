@@ -62,6 +62,20 @@ pub struct SuspendSandbox {
     pub owner: SnapshotOwner,
 }
 
+/// The artifacts of a stored snapshot, by name.
+pub mod artifacts {
+    /// The VM's device state and RAM (QEMU's stream), zstd.
+    pub const MEMORY: &str = "memory.zst";
+    /// The disk's changes against the template's image (`space_storage::delta`), zstd.
+    pub const DISK: &str = "disk.delta.zst";
+    /// What a sandbox restored from it needs (template, resources, policy, env, CA, labels).
+    pub const SOURCE: &str = "source.json";
+    /// The snapshot's own description.
+    pub const META: &str = "meta.json";
+    /// Every artifact a stored snapshot has.
+    pub const ALL: [&str; 4] = [MEMORY, DISK, SOURCE, META];
+}
+
 /// One object of a stored snapshot: what reading it back must match.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredArtifact {

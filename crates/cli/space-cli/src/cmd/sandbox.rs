@@ -59,8 +59,14 @@ pub enum SandboxCmd {
         /// Sandbox id.
         id: String,
     },
-    /// Resume a paused sandbox.
+    /// Resume a paused sandbox, or a suspended one (on whichever node has room).
     Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Suspend a sandbox to object storage: its full snapshot stored, its node's
+    /// resources freed; `resume` brings it back on any node.
+    Suspend {
         /// Sandbox id.
         id: String,
     },
@@ -289,6 +295,9 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
         SandboxCmd::Pause { id } => show_state(g, client.pause_sandbox(&sandbox_id(&id)?).await?)?,
         SandboxCmd::Resume { id } => {
             show_state(g, client.resume_sandbox(&sandbox_id(&id)?).await?)?
+        }
+        SandboxCmd::Suspend { id } => {
+            show_state(g, client.suspend_sandbox(&sandbox_id(&id)?).await?)?
         }
         SandboxCmd::Stop { id } => show_state(g, client.stop_sandbox(&sandbox_id(&id)?).await?)?,
         SandboxCmd::Start { id } => show_state(g, client.start_sandbox(&sandbox_id(&id)?).await?)?,

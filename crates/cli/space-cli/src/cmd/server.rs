@@ -41,6 +41,23 @@ pub struct NodeArgs {
     /// operation (default: this process does them, and must be root).
     #[arg(long, value_name = "SOCKET", env = "SPACE_NODE_MANAGER")]
     node_manager: Option<std::path::PathBuf>,
+    /// Where suspended sandboxes' snapshots go: a JSON file, `{"kind": "s3", "endpoint":
+    /// …, "region": …, "bucket": …, "access_key_id": …, "secret_access_key_file": …}` or
+    /// `{"kind": "local", "dir": …}` (default: DATA_DIR/objects, for one machine). Every
+    /// node and control-plane replica of a cluster names the same store.
+    #[arg(long, value_name = "FILE")]
+    object_store: Option<std::path::PathBuf>,
+}
+
+impl NodeArgs {
+    /// The object store the options name, if any.
+    pub fn object_store(&self) -> anyhow::Result<Option<space_objects::ObjectStoreConfig>> {
+        self.object_store
+            .as_deref()
+            .map(space_objects::ObjectStoreConfig::load)
+            .transpose()
+            .map_err(anyhow::Error::from)
+    }
 }
 
 impl NodeArgs {
@@ -53,6 +70,9 @@ impl NodeArgs {
              node-manager --client {}` as root and pass its socket with --node-manager",
             nix::unistd::getuid()
         );
+        if let Some(store) = self.object_store()? {
+            node.object_store = Some(store);
+        }
         node.accel = self.accel;
         if let Some(n) = self.pool_size {
             node.pool_size = n;
@@ -176,6 +196,7 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         let mut cluster = space_control::cluster::ClusterConfig::new(dir, listen);
         cluster.heartbeat_timeout = std::time::Duration::from_secs(a.heartbeat_timeout_secs.max(1));
         cfg.cluster = Some(cluster);
+        cfg.object_store = a.node.object_store()?;
     } else {
         a.node.apply(&mut cfg.node)?;
     }

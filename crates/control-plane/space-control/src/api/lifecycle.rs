@@ -68,8 +68,10 @@ pub async fn pause(
     Ok(Json(lifecycle::pause(&st, &tenant, &id).await?))
 }
 
-/// Resume a paused sandbox (whoever paused it); returns once its daemon answers again. Its
-/// deadline becomes now + its timeout.
+/// Resume a paused sandbox (whoever paused it), or a suspended one (restored from object
+/// storage on whichever node the scheduler picks, under its own id, with its files,
+/// processes, egress policy, CA, credentials, labels and timeout); returns once its daemon
+/// answers again. Its deadline becomes now + its timeout.
 #[utoipa::path(
     post,
     path = "/v1/sandboxes/{id}/resume",
@@ -80,8 +82,10 @@ pub async fn pause(
         (status = 400, description = "Malformed id", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
-        (status = 409, description = "Not paused (the message names its state)", body = ErrorBody),
-        (status = 502, description = "The sandbox broke while resuming (it is now failed)", body = ErrorBody),
+        (status = 409, description = "Neither paused nor suspended (the message names its state), or being resumed already", body = ErrorBody),
+        (status = 502, description = "The sandbox broke while resuming (it is now failed), or its stored snapshot is damaged (snapshot_corrupt: it stays suspended)", body = ErrorBody),
+        (status = 503, description = "Object storage cannot be reached (storage_unavailable: it stays suspended)", body = ErrorBody),
+        (status = 507, description = "No node has room for it", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -91,6 +95,36 @@ pub async fn resume(
     SandboxPath(id): SandboxPath,
 ) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(lifecycle::resume(&st, &tenant, &id).await?))
+}
+
+/// Suspend a running or paused sandbox to object storage: its VM is paused and fully
+/// snapshotted, the snapshot's artifacts (memory and device state compressed, the disk's
+/// changes against its template, its description) uploaded and checked, and only then is
+/// the sandbox `suspended` and its node's resources freed. A failure before that leaves it
+/// running as it was. `resume` restores it on any node.
+#[utoipa::path(
+    post,
+    path = "/v1/sandboxes/{id}/suspend",
+    tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Suspended", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Neither running nor paused, suspended already, or no object store is configured", body = ErrorBody),
+        (status = 503, description = "Object storage or the sandbox's node cannot be reached (it runs on)", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn suspend(
+    State(st): State<AppState>,
+    tenant: Caller,
+    SandboxPath(id): SandboxPath,
+) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(
+        crate::service::suspend::suspend(&st, &tenant, &id).await?,
+    ))
 }
 
 /// Stop a running or paused sandbox: the VM goes away (processes and memory are lost), the

@@ -61,6 +61,9 @@ pub struct AppState {
     pub credential_sealer: Arc<crate::service::credentials::CredentialSealer>,
     /// The nodes whose credentials this replica is syncing now.
     pub credential_syncs: crate::service::credentials::SyncsUnderWay,
+    /// Where suspended sandboxes' snapshots are (checked at each suspend, collected by the
+    /// leader); `None`: no suspend.
+    pub objects: Option<space_objects::Objects>,
 }
 
 impl AppState {
@@ -89,6 +92,7 @@ impl AppState {
                 credential_key,
             )),
             credential_syncs: Default::default(),
+            objects: None,
         }
     }
 
@@ -110,8 +114,18 @@ impl AppState {
             .ok_or_else(|| ApiError::sandbox_not_found(id))
     }
 
-    /// The node that holds the sandbox of `row`.
+    /// The node that holds the sandbox of `row`; a suspended sandbox is held by none
+    /// (`409`: resume it first).
     pub async fn node_of(&self, row: &SandboxRow) -> Result<Arc<dyn NodeApi>, ApiError> {
+        if row.suspended_snapshot.is_some() {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "sandbox {} is suspended: resume it first (POST /v1/sandboxes/{}/resume)",
+                    row.id, row.id
+                ),
+            ));
+        }
         self.refresh_if_unavailable(&row.node).await?;
         Ok(self.nodes.get(&row.node)?)
     }
@@ -160,7 +174,12 @@ impl AppState {
     /// runs again: its deadline is renewed. A sandbox a client paused or stopped, or a
     /// timed-out one without `auto_resume`, is `409 conflict` naming its state.
     pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
-        let row = self.live_sandbox(tenant, id).await?;
+        let mut row = self.live_sandbox(tenant, id).await?;
+        if row.suspended_snapshot.is_some() && row.auto_resume {
+            // Suspended with auto_resume: the call that needs the guest brings it back.
+            crate::service::suspend::resume(self, row).await?;
+            row = self.live_sandbox(tenant, id).await?;
+        }
         // In its own task: a client that hangs up must not cancel a resume half-way.
         let st = self.clone();
         let node = self.node_of(&row).await?;

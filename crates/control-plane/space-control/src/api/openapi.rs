@@ -104,6 +104,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics::metrics))
         .routes(routes!(lifecycle::pause))
         .routes(routes!(lifecycle::resume))
+        .routes(routes!(lifecycle::suspend))
         .routes(routes!(lifecycle::stop))
         .routes(routes!(lifecycle::start))
         .routes(routes!(lifecycle::rollback))

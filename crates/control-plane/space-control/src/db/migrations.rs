@@ -255,6 +255,38 @@ pub const MIGRATIONS: &[Migration] = &[
             "INSERT INTO credential_catalog (id, revision) VALUES (1, 0)",
         ],
     },
+    // Snapshots in object storage (`db::stored_snapshots`): a suspend's, tracked from before
+    // its upload starts (`uploading`, naming the replica that drives it) until it is
+    // `committed` (every artifact stored and checked, in one transaction with its
+    // artifacts) or `abandoned`; and the snapshot a suspended sandbox resumes from.
+    Migration {
+        version: 11,
+        description: "stored snapshots",
+        statements: &[
+            "CREATE TABLE stored_snapshots (
+                id TEXT PRIMARY KEY,
+                sandbox_id TEXT NOT NULL,
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                state TEXT NOT NULL,
+                node TEXT NOT NULL,
+                replica TEXT,
+                manifest TEXT,
+                created_at_ms BIGINT NOT NULL,
+                committed_at_ms BIGINT
+            )",
+            "CREATE INDEX stored_snapshots_sandbox ON stored_snapshots (sandbox_id, state)",
+            "CREATE INDEX stored_snapshots_state ON stored_snapshots (state)",
+            "CREATE TABLE stored_artifacts (
+                snapshot_id TEXT NOT NULL REFERENCES stored_snapshots(id),
+                name TEXT NOT NULL,
+                object_key TEXT NOT NULL,
+                size BIGINT NOT NULL,
+                sha256 TEXT NOT NULL,
+                PRIMARY KEY (snapshot_id, name)
+            )",
+            "ALTER TABLE sandboxes ADD COLUMN suspended_snapshot TEXT",
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod quotas;
 mod rate;
 mod replicas;
 mod sandboxes;
+mod stored_snapshots;
 mod tenants;
 
 use std::path::Path;
@@ -38,6 +39,7 @@ pub use nodes::{
 pub use rate::RateDecision;
 pub use replicas::{QuotaHoldKind, ReplicaId, ReplicaRow};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
+pub use stored_snapshots::{StoredSnapshotRow, StoredState};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 
 /// Why a database operation failed.

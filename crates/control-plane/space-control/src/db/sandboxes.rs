@@ -122,9 +122,11 @@ pub struct SandboxRow {
     pub deleted_at_ms: Option<i64>,
     /// Create request to ready, ms; `None` until created.
     pub create_latency_ms: Option<i64>,
-    /// The replica running its create, until the create is recorded (or finished or undone
-    /// by the reconciler once that replica died).
+    /// The replica running its create (or its resume from object storage), until the
+    /// outcome is recorded (or settled by the reconciler once that replica died).
     pub creating_replica: Option<super::ReplicaId>,
+    /// The stored snapshot it is suspended in: no node holds it until it resumes.
+    pub suspended_snapshot: Option<space_core::SnapshotId>,
     /// Its access tokens' generation and validity.
     pub tokens: SandboxTokens,
 }
@@ -144,7 +146,7 @@ const COLUMNS: &str =
     "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
                        created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms, \
                        timeout_secs, on_timeout, auto_resume, timed_out_at_ms, token_epoch, \
-                       tokens_valid_until_ms, creating_replica";
+                       tokens_valid_until_ms, creating_replica, suspended_snapshot";
 
 /// The `SET` of a revocation of sandboxes' tokens: a new epoch, none valid until handed out
 /// again (one sandbox's, or a tenant's when its API key is revoked).
@@ -188,6 +190,10 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
         creating_replica: row
             .try_get::<Option<String>, _>("creating_replica")?
             .map(super::ReplicaId::from_stored),
+        suspended_snapshot: row
+            .try_get::<Option<String>, _>("suspended_snapshot")?
+            .map(|s| s.parse().map_err(corrupt))
+            .transpose()?,
         tokens: SandboxTokens {
             epoch: u64::try_from(token_epoch).map_err(corrupt)?,
             valid_until_ms: row.try_get("tokens_valid_until_ms")?,
@@ -207,7 +213,7 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
 impl Db {
     /// Records a new sandbox (before the node is asked to create it).
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
-        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)");
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)");
         sqlx::query(&sql)
             .bind(row.id.as_str())
             .bind(row.tenant_id.as_str())
@@ -228,6 +234,11 @@ impl Db {
             .bind(i64::try_from(row.tokens.epoch).map_err(|e| DbError::Invalid(e.to_string()))?)
             .bind(row.tokens.valid_until_ms)
             .bind(row.creating_replica.as_ref().map(|r| r.as_str().to_owned()))
+            .bind(
+                row.suspended_snapshot
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned()),
+            )
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;

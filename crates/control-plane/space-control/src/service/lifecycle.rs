@@ -78,6 +78,11 @@ pub async fn pause(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<
 /// Resumes a paused sandbox (whoever paused it), once its daemon answers again; its
 /// deadline becomes now + its timeout.
 pub async fn resume(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    let row = st.live_sandbox(&caller.id, id).await?;
+    if row.suspended_snapshot.is_some() {
+        // Suspended to object storage: restored on whichever node the scheduler picks.
+        return super::suspend::resume(st, row).await;
+    }
     operate(st, caller, id, Deadline::Renew, |node, id| async move {
         node.resume(&id).await
     })

@@ -13,6 +13,8 @@
 //! - [`credentials`]: the credential catalog, and syncing nodes' copies with it.
 //! - [`egress`]: a sandbox's and a tenant's egress policy.
 //! - [`metrics`]: a sandbox's resource samples.
+//! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
+//!   sandbox needs any more.
 //!
 //! [`AppState`]: crate::AppState
 //! [`ApiError`]: crate::api::error::ApiError
@@ -23,6 +25,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod suspend;
 
 use space_core::TenantId;
 

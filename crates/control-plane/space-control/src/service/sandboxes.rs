@@ -116,6 +116,9 @@ pub fn origin(o: &VmOrigin) -> SandboxOrigin {
 
 /// A row merged with its node's view of the sandbox as it is now.
 pub async fn info_now(st: &AppState, row: &SandboxRow) -> ApiResult<SandboxInfo> {
+    if row.suspended_snapshot.is_some() {
+        return Ok(super::suspend::suspended_info(row));
+    }
     st.refresh_if_unavailable(&row.node).await?;
     if st.nodes.state(&row.node) == Some(NodeState::Lost) {
         return Ok(lost_info(row));
@@ -141,7 +144,11 @@ fn creating_anywhere(row: &SandboxRow) -> bool {
 
 /// Rows merged with their nodes' views, in the rows' order: one call per node, not per row.
 pub async fn infos_now(st: &AppState, rows: &[&SandboxRow]) -> ApiResult<Vec<SandboxInfo>> {
-    let mut names: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    let mut names: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.suspended_snapshot.is_none())
+        .map(|r| r.node.as_str())
+        .collect();
     names.sort_unstable();
     names.dedup();
     let mut views: HashMap<SandboxId, SandboxView> = HashMap::new();
@@ -160,6 +167,7 @@ pub async fn infos_now(st: &AppState, rows: &[&SandboxRow]) -> ApiResult<Vec<San
     Ok(rows
         .iter()
         .map(|row| match st.nodes.state(&row.node) {
+            _ if row.suspended_snapshot.is_some() => super::suspend::suspended_info(row),
             Some(NodeState::Lost) => lost_info(row),
             _ => sandbox_info(row, views.get(&row.id), creating_anywhere(row)),
         })
@@ -411,6 +419,7 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, node: &str, new: NewRow) -> San
         deleted_at_ms: None,
         create_latency_ms: None,
         creating_replica: None,
+        suspended_snapshot: None,
         tokens: Default::default(),
     }
 }
@@ -645,6 +654,10 @@ pub async fn delete(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult
         return Err(ApiError::sandbox_not_found(id));
     }
     tracing::info!(sandbox = %id, tenant = %caller.name, "deleting sandbox");
+    if row.suspended_snapshot.is_some() && row.creating_replica.is_none() {
+        // No node holds it; its stored snapshot is collected by the leader.
+        return Ok(());
+    }
     let node = match st.node_of(&row).await {
         Ok(node) => node,
         Err(e) => {
@@ -747,6 +760,7 @@ mod tests {
             deleted_at_ms: None,
             create_latency_ms: Some(5),
             creating_replica: None,
+            suspended_snapshot: None,
             tokens: Default::default(),
         }
     }

@@ -1,0 +1,275 @@
+//! Suspend to object storage, and resume on any node (issue 15).
+//!
+//! **Suspend** ([`suspend`]): the stored snapshot's row first (`uploading`, this replica's),
+//! then the node pauses the VM, snapshots it and uploads the artifacts; this replica checks
+//! each artifact is in the store with the size the node reported, then commits in one
+//! transaction (artifacts recorded, snapshot `committed`, sandbox suspended in it). Only
+//! then is the node told to free the sandbox (a delete). Anything short of the commit gives
+//! the suspend up: the node runs the sandbox again, the row is `abandoned`, its objects are
+//! collected. A suspended sandbox holds nothing on any node.
+//!
+//! **Resume** ([`resume`]): the scheduler picks any node (ready, not cordoned, with room;
+//! template locality first); the row names it and this replica while the node downloads,
+//! verifies and restores the snapshot under the sandbox's own id; then the sandbox is an
+//! ordinary live sandbox again, its deadline renewed. A resume that fails leaves it
+//! suspended. If this replica dies in between, the reconciler settles it.
+//!
+//! **Collection** ([`collect`], the leader's): objects of abandoned snapshots, of uploads
+//! whose replica died, and of committed snapshots no sandbox is suspended in any more.
+
+use space_core::sandbox::SandboxInfo;
+use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId};
+use space_node_proto::snapshot::artifacts;
+use space_node_proto::{ResumeSandbox, SnapshotOwner, SuspendSandbox, SuspendedSnapshot};
+use space_objects::{Artifact, ObjectKey, Objects};
+
+use super::sandboxes::info_now;
+use super::Caller;
+use crate::api::error::{ApiError, ApiResult};
+use crate::api::AppState;
+use crate::db::{now_ms, SandboxRow};
+
+/// Stored snapshots collected per pass at most.
+const COLLECT_BATCH: i64 = 64;
+
+fn objects(st: &AppState) -> ApiResult<&Objects> {
+    st.objects.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Conflict,
+            "this control plane has no object store configured (`--object-store`): sandboxes cannot be suspended",
+        )
+    })
+}
+
+/// Suspends one of the caller's running or paused sandboxes (see the module docs).
+pub async fn suspend(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    let objects = objects(st)?.clone();
+    let row = st.live_sandbox(&caller.id, id).await?;
+    if row.suspended_snapshot.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("sandbox {id} is suspended already"),
+        ));
+    }
+    let node = st.node_of(&row).await?;
+    let snapshot = SnapshotId::generate();
+    st.db
+        .begin_stored_snapshot(&snapshot, id, &row.tenant_id, node.name(), st.replica.id())
+        .await?;
+    tracing::info!(sandbox = %id, %snapshot, node = node.name(), "suspending sandbox");
+    let task_state = st.clone();
+    let req = SuspendSandbox {
+        id: id.clone(),
+        snapshot: snapshot.clone(),
+        owner: SnapshotOwner {
+            tenant: row.tenant_id.clone(),
+            labels: row.labels.clone(),
+        },
+    };
+    // In its own task: a client that hangs up does not leave a suspend half-done.
+    let task_id = id.clone();
+    tokio::spawn(async move {
+        let (st, id) = (&task_state, &task_id);
+        let stored = match node.suspend(req).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                // The node ran the sandbox again itself.
+                give_up(st, &objects, &snapshot).await;
+                return Err(ApiError::from(e));
+            }
+        };
+        if let Err(e) = check_stored(&objects, &stored, id, &snapshot).await {
+            tracing::warn!(sandbox = %id, %snapshot, error = %e.body.message, "stored snapshot does not check out; the sandbox runs again");
+            if let Err(again) = node.abort_suspend(id).await {
+                tracing::warn!(sandbox = %id, error = %again, "cannot run the sandbox again after a failed suspend");
+            }
+            give_up(st, &objects, &snapshot).await;
+            return Err(e);
+        }
+        if !st.db.commit_stored_snapshot(&stored).await? {
+            // Deleted or suspended meanwhile: nothing to keep.
+            let _ = node.abort_suspend(id).await;
+            give_up(st, &objects, &snapshot).await;
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("sandbox {id} changed while it was being suspended; it was not suspended"),
+            ));
+        }
+        tracing::info!(sandbox = %id, %snapshot, memory_bytes = stored.memory_bytes, disk_blocks = stored.disk_changed_blocks, "sandbox suspended; its node frees it");
+        // Committed: the node lets it go (the reconciler retries if this fails).
+        if let Err(e) = node.delete(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "node did not free the suspended sandbox yet; the reconciler retries");
+        }
+        Ok(())
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let row = st.find_sandbox(&caller.id, id).await?;
+    info_now(st, &row).await
+}
+
+/// Every artifact of `stored` is one of `snapshot`'s and is in the store at the size the
+/// node reported (its digest is checked when it is read back).
+async fn check_stored(
+    objects: &Objects,
+    stored: &SuspendedSnapshot,
+    id: &SandboxId,
+    snapshot: &SnapshotId,
+) -> ApiResult<()> {
+    let corrupt = |what: String| ApiError::new(ErrorCode::SnapshotCorrupt, what);
+    if stored.snapshot != *snapshot || stored.sandbox_id != *id {
+        return Err(corrupt("the node reported another snapshot".into()));
+    }
+    let prefix = format!("snapshots/{snapshot}/");
+    for name in artifacts::ALL {
+        let Some(a) = stored.artifacts.iter().find(|a| a.name == name) else {
+            return Err(corrupt(format!("the stored snapshot has no {name}")));
+        };
+        if !a.key.starts_with(&prefix) || a.sha256.len() != 64 {
+            return Err(corrupt(format!("artifact {name} is not where it belongs")));
+        }
+        objects
+            .check(&Artifact {
+                key: a.key.clone(),
+                size: a.size,
+                sha256: a.sha256.clone(),
+            })
+            .await
+            .map_err(|e| corrupt(e.to_string()))?;
+    }
+    if stored.artifacts.len() != artifacts::ALL.len() {
+        return Err(corrupt(
+            "the stored snapshot has unexpected artifacts".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Marks the snapshot abandoned and removes whatever of it was uploaded (what this cannot
+/// remove now, the collection does).
+async fn give_up(st: &AppState, objects: &Objects, snapshot: &SnapshotId) {
+    if let Err(e) = st.db.abandon_stored_snapshot(snapshot).await {
+        tracing::warn!(%snapshot, error = %e, "cannot mark the stored snapshot abandoned");
+        return;
+    }
+    match remove_objects(objects, snapshot).await {
+        Ok(()) => {
+            let _ = st.db.delete_stored_snapshot(snapshot).await;
+        }
+        Err(e) => {
+            tracing::warn!(%snapshot, error = %e, "stored snapshot's objects stay until collected")
+        }
+    }
+}
+
+async fn remove_objects(
+    objects: &Objects,
+    snapshot: &SnapshotId,
+) -> Result<(), space_objects::ObjectsError> {
+    let prefix = ObjectKey::snapshot_prefix(snapshot.as_str())?;
+    objects.delete_prefix(&prefix).await.map(drop)
+}
+
+/// Resumes suspended sandbox `row` (the caller's, found by the caller) on a node the
+/// scheduler picks (see the module docs); its deadline is renewed.
+pub async fn resume(st: &AppState, row: SandboxRow) -> ApiResult<SandboxInfo> {
+    let id = row.id.clone();
+    let snapshot = row.suspended_snapshot.clone().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Conflict,
+            format!("sandbox {id} is not suspended"),
+        )
+    })?;
+    let stored = st
+        .db
+        .stored_snapshot(&snapshot)
+        .await?
+        .and_then(|s| s.manifest)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::SnapshotCorrupt,
+                format!("sandbox {id} is suspended in snapshot {snapshot}, which is not recorded"),
+            )
+        })?;
+    if st.nodes.is_cluster() {
+        st.nodes.refresh(&st.db.nodes().await?);
+    }
+    let node = st
+        .nodes
+        .place(stored.resources, &stored.template_digest, &[])
+        .await?;
+    if !st
+        .db
+        .begin_resume(&id, node.name(), st.replica.id())
+        .await?
+    {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("sandbox {id} is being resumed already, or is not suspended"),
+        ));
+    }
+    tracing::info!(sandbox = %id, %snapshot, node = node.name(), "resuming suspended sandbox");
+    let task_state = st.clone();
+    let req = ResumeSandbox {
+        suspended: stored,
+        tenant: row.tenant_id.clone(),
+    };
+    let task_id = id.clone();
+    tokio::spawn(async move {
+        let st = &task_state;
+        match node.resume_suspended(req).await {
+            Ok(_) => {
+                st.db.finish_resume(&task_id).await?;
+                st.db.renew_timeout(&task_id, now_ms()).await?;
+                Ok(())
+            }
+            Err(e) => {
+                st.db.undo_resume(&task_id).await?;
+                Err(ApiError::from(e))
+            }
+        }
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let row = st.find_sandbox(&row.tenant_id, &id).await?;
+    info_now(st, &row).await
+}
+
+/// The view of a sandbox suspended in a stored snapshot (no node holds it): `suspended`,
+/// `resuming` while a replica resumes it, `deleted` once deleted.
+pub fn suspended_info(row: &SandboxRow) -> SandboxInfo {
+    let mut info = super::sandboxes::sandbox_info(row, None, false);
+    if row.desired_state == crate::db::DesiredState::Running {
+        info.state = if row.creating_replica.is_some() {
+            SandboxState::Resuming
+        } else {
+            SandboxState::Suspended
+        };
+        info.failure_reason = None;
+    }
+    info
+}
+
+/// The leader's collection of stored snapshots nothing needs (see the module docs);
+/// returns how many went.
+pub async fn collect(st: &AppState) -> ApiResult<usize> {
+    let Some(objects) = st.objects.as_ref() else {
+        return Ok(0);
+    };
+    let live = st.replica.live_set().await?;
+    let mut collected = 0;
+    for stored in st
+        .db
+        .stored_snapshots_to_collect(&live, COLLECT_BATCH)
+        .await?
+    {
+        if let Err(e) = remove_objects(objects, &stored.id).await {
+            tracing::warn!(snapshot = %stored.id, error = %e, "cannot collect a stored snapshot's objects; retrying later");
+            continue;
+        }
+        st.db.delete_stored_snapshot(&stored.id).await?;
+        tracing::info!(snapshot = %stored.id, sandbox = %stored.sandbox_id, state = stored.state.as_str(), "stored snapshot collected");
+        collected += 1;
+    }
+    Ok(collected)
+}
