@@ -111,9 +111,66 @@ pub struct TestNode {
     pub network: NodeNetwork,
     process: Option<Child>,
     log: PathBuf,
+    /// Its arguments (control plane, token, name, advertise) and object store file.
+    command: Vec<String>,
 }
 
 impl TestNode {
+    /// Starts its process (joined already, or joining with its token) and waits until it
+    /// serves.
+    async fn spawn(&mut self) {
+        let [control_plane, token, name, advertise, store] = self.command.as_slice() else {
+            panic!("node {} has no command", self.name);
+        };
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("node log");
+        // nsenter, not `ip netns exec`: that remounts /sys for the namespace, and the
+        // node's VMM jails need the host's cgroup hierarchy under /sys/fs/cgroup.
+        let mut child = Command::new("nsenter")
+            .arg(format!(
+                "--net={}",
+                space_net::datapath::netns::path(&self.network.netns).display()
+            ))
+            .arg(crate::node_manager::built_binary("space-test-node"))
+            .arg(&self.data_dir)
+            .args([control_plane, token, name, advertise])
+            .env("SPACE_TEST_OBJECT_STORE", store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn node");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        self.process = Some(child);
+        let ready = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await;
+        match ready {
+            Ok(Ok(Some(line))) if line == "READY" => {}
+            other => panic!(
+                "node {} did not start ({other:?}):\n{}",
+                self.name,
+                self.log()
+            ),
+        }
+    }
+
+    /// `kill -9` of its process (its VMs run on, as after a crash of the node's software).
+    pub async fn kill(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            self.thaw_quietly(&p);
+            let _ = p.start_kill();
+            let _ = p.wait().await;
+        }
+    }
+
+    /// Starts it again after [`TestNode::kill`]: it recovers its sandboxes and rejoins.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        self.spawn().await;
+    }
+
     /// Where its agent is.
     pub fn agent_addr(&self) -> String {
         format!("{}:{AGENT_PORT}", self.network.node_ip)
@@ -307,11 +364,24 @@ pub struct Cluster {
     db_url: String,
     _sqlite_dir: Option<tempfile::TempDir>,
     pg: Option<PgDatabase>,
+    /// The object store every node and replica shares (a Garage of the cluster's own), if
+    /// the cluster was started with one.
+    objects: Option<(crate::s3::Garage, space_objects::ObjectStoreConfig)>,
 }
 
 impl Cluster {
     /// `replicas` control-plane replicas and `nodes` joined nodes, all ready.
     pub async fn start(replicas: usize, nodes: usize) -> Cluster {
+        Self::start_inner(replicas, nodes, false).await
+    }
+
+    /// The same, sharing an object store (a Garage server of the cluster's own, which the
+    /// nodes reach from their namespaces): for suspend and resume across nodes.
+    pub async fn start_with_objects(replicas: usize, nodes: usize) -> Cluster {
+        Self::start_inner(replicas, nodes, true).await
+    }
+
+    async fn start_inner(replicas: usize, nodes: usize, objects: bool) -> Cluster {
         init_logging();
         let ca_dir = tempfile::tempdir().expect("temp dir");
         space_control::cluster::authority::init(&ca_dir.path().join("ca")).expect("cluster CA");
@@ -334,6 +404,11 @@ impl Cluster {
             db_url,
             _sqlite_dir: sqlite_dir,
             pg,
+            objects: objects.then(|| {
+                let garage = crate::s3::Garage::start_on("0.0.0.0");
+                let bucket = garage.bucket();
+                (garage, bucket)
+            }),
         };
         for _ in 0..replicas {
             cluster.add_replica().await;
@@ -352,7 +427,9 @@ impl Cluster {
     /// Starts another replica.
     pub async fn add_replica(&mut self) {
         let dir = new_data_dir();
-        let server = Server::start(replica_config(&dir, &self.ca_dir(), &self.db_url))
+        let mut config = replica_config(&dir, &self.ca_dir(), &self.db_url);
+        config.object_store = self.objects.as_ref().map(|(_, c)| c.clone());
+        let server = Server::start(config)
             .await
             .unwrap_or_else(|e| panic!("replica start: {e:#}"));
         if let Some(k) = server.first_api_key() {
@@ -431,31 +508,34 @@ impl Cluster {
             network,
             process: None,
             log,
+            command: Vec::new(),
         };
         let advertise = node.agent_addr();
-        let log_file = std::fs::File::create(&node.log).expect("node log");
-        // nsenter, not `ip netns exec`: that remounts /sys for the namespace, and the
-        // node's VMM jails need the host's cgroup hierarchy under /sys/fs/cgroup.
-        let mut child = Command::new("nsenter")
-            .arg(format!(
-                "--net={}",
-                space_net::datapath::netns::path(&node.network.netns).display()
-            ))
-            .arg(crate::node_manager::built_binary("space-test-node"))
-            .arg(&node.data_dir)
-            .args([&control_plane, &token, name, &advertise])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn node");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        node.process = Some(child);
-        let ready = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await;
-        match ready {
-            Ok(Ok(Some(line))) if line == "READY" => {}
-            other => panic!("node {name} did not start ({other:?}):\n{}", node.log()),
+        // The shared object store, as this node reaches it from its namespace.
+        let store_file = node.data_dir.join("object-store.json");
+        if let Some((_, config)) = &self.objects {
+            let mut mine = config.clone();
+            if let space_objects::ObjectStoreConfig::S3(s3) = &mut mine {
+                s3.endpoint = s3
+                    .endpoint
+                    .as_ref()
+                    .map(|e| e.replace("127.0.0.1", &node.network.host_ip));
+            }
+            std::fs::write(&store_file, serde_json::to_vec(&mine).expect("json"))
+                .expect("object store config");
         }
+        node.command = vec![
+            control_plane,
+            token,
+            name.to_owned(),
+            advertise,
+            if self.objects.is_some() {
+                store_file.display().to_string()
+            } else {
+                String::new()
+            },
+        ];
+        node.spawn().await;
         self.nodes.push(node);
     }
 
@@ -475,6 +555,19 @@ impl Cluster {
     /// The directory of the cluster CA.
     pub fn ca_dir(&self) -> PathBuf {
         self.ca_dir.path().join("ca")
+    }
+
+    /// The object store the cluster shares, as the host reaches it.
+    pub fn object_store(&self) -> Option<space_objects::ObjectStoreConfig> {
+        self.objects.as_ref().map(|(_, c)| c.clone())
+    }
+
+    /// The node called `name`, to kill or restart it.
+    pub fn node_mut(&mut self, name: &str) -> &mut TestNode {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
     }
 
     /// The node called `name`.

@@ -47,17 +47,28 @@ pub struct Garage {
 }
 
 impl Garage {
-    /// A new one-node server in a fresh directory, with one key.
+    /// A new one-node server in a fresh directory, with one key, its S3 API on loopback.
     pub fn start() -> Garage {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// The same with its S3 API on `bind` (`0.0.0.0` for nodes in namespaces of their own,
+    /// which reach it at their veth's host address).
+    pub fn start_on(bind: &str) -> Garage {
         let owned = tempfile::tempdir().expect("temp dir");
         let dir = owned.path().to_owned();
-        let mut g = Garage::create(&dir);
+        let mut g = Garage::create_on(&dir, bind);
         g.owned_dir = Some(owned);
         g
     }
 
-    /// The same in `dir` (kept after the server stops: `./scripts/test` removes it).
+    /// A server in `dir`, its S3 API on loopback (kept after the server stops:
+    /// `./scripts/test` removes it).
     pub fn create(dir: &Path) -> Garage {
+        Self::create_on(dir, "127.0.0.1")
+    }
+
+    fn create_on(dir: &Path, bind: &str) -> Garage {
         std::fs::create_dir_all(dir).expect("garage dir");
         let (rpc, s3, admin) = (free_port(), free_port(), free_port());
         let secret = hex::encode(rand::random::<[u8; 32]>());
@@ -75,7 +86,7 @@ rpc_secret = "{secret}"
 
 [s3_api]
 s3_region = "{REGION}"
-api_bind_addr = "127.0.0.1:{s3}"
+api_bind_addr = "{bind}:{s3}"
 root_domain = ".s3.garage.localhost"
 
 [admin]
@@ -152,6 +163,12 @@ api_bind_addr = "127.0.0.1:{admin}"
 
     /// A new bucket with this server's key allowed on it.
     pub fn bucket(&self) -> ObjectStoreConfig {
+        self.bucket_at("127.0.0.1")
+    }
+
+    /// The same, reached at `host` (a node in a namespace reaches the host at its veth's
+    /// address).
+    pub fn bucket_at(&self, host: &str) -> ObjectStoreConfig {
         let name = format!("t-{}", hex::encode(rand::random::<[u8; 6]>()));
         self.cli(&["bucket", "create", &name]);
         self.cli(&[
@@ -167,7 +184,7 @@ api_bind_addr = "127.0.0.1:{admin}"
         let secret_file = self.dir.join(format!("{name}.secret"));
         std::fs::write(&secret_file, &self.secret).expect("secret file");
         ObjectStoreConfig::S3(S3Config {
-            endpoint: Some(format!("http://127.0.0.1:{}", self.s3_port)),
+            endpoint: Some(format!("http://{host}:{}", self.s3_port)),
             region: REGION.into(),
             bucket: name,
             access_key_id: self.key_id.clone(),

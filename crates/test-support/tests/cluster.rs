@@ -926,3 +926,120 @@ async fn credentials_reach_every_node_whenever_it_joined() {
     assert_eq!(b.credentials().await.expect("list").credentials.len(), 1);
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
+    let mut cluster = Cluster::start_with_objects(1, 2).await;
+    let a = cluster.clients[0].clone();
+    let objects =
+        space_objects::Objects::open(&cluster.object_store().expect("the cluster's object store"))
+            .expect("objects");
+    // Made on node-a.
+    a.set_node_cordoned("node-b", true).await.expect("cordon b");
+    let mut req = create_request();
+    req.labels.insert("team".into(), "agents".into());
+    req.egress = Some(
+        serde_json::from_value(serde_json::json!({
+            "mode": "allowlist",
+            "rules": [{"action": "allow", "destination": {"domain": "example.com"}}]
+        }))
+        .expect("policy"),
+    );
+    let sb = a.create_sandbox(&req).await.expect("create");
+    assert_eq!(sb.node, "node-a");
+    a.set_node_cordoned("node-b", false)
+        .await
+        .expect("uncordon b");
+    let id = sb.id.clone();
+    shell(&a, &id, "echo written-on-a > /home/user/kept.txt", false).await;
+    test_support::start_counter(&a, &id, "/home/user/count").await;
+
+    // node-a's software killed in the middle of the suspend: nothing is committed, what
+    // was uploaded is collected, and when node-a is back the sandbox runs on there.
+    let suspending = {
+        let a = a.clone();
+        let id = id.clone();
+        tokio::spawn(async move { a.suspend_sandbox(&id).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.node_mut("node-a").kill().await;
+    let failed = suspending.await.expect("task");
+    assert!(
+        failed.is_err(),
+        "the suspend cannot have finished: {failed:?}"
+    );
+    let st = cluster.replicas[0].state().clone();
+    assert!(st
+        .db
+        .sandbox_any_tenant(&id)
+        .await
+        .unwrap()
+        .unwrap()
+        .suspended_snapshot
+        .is_none());
+    let prefix = space_objects::ObjectKey::parse("snapshots").unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "partial uploads to be collected",
+        || async { objects.list(&prefix).await.ok()?.is_empty().then_some(()) },
+    )
+    .await;
+    cluster.node_mut("node-a").restart().await;
+    wait_until(
+        Duration::from_secs(120),
+        "the sandbox to run again on node-a",
+        || async {
+            let info = a.sandbox(&id).await.ok()?;
+            (info.state == SandboxState::Running && info.node == "node-a").then_some(())
+        },
+    )
+    .await;
+    let before = test_support::counter(&a, &id, "/home/user/count").await;
+    wait_until(Duration::from_secs(30), "its counter to run on", || async {
+        (test_support::counter(&a, &id, "/home/user/count").await > before).then_some(())
+    })
+    .await;
+
+    // Suspended for good: node-a frees it; node-a cordoned, the resume lands on node-b.
+    let suspended = a.suspend_sandbox(&id).await.expect("suspend");
+    assert_eq!(suspended.state, SandboxState::Suspended);
+    let node_a = st.nodes.get("node-a").expect("node-a");
+    assert!(node_a
+        .sandbox(&id)
+        .await
+        .expect("node-a answers")
+        .is_none_or(|v| v.state == SandboxState::Deleted));
+    let at_suspend = before;
+    a.set_node_cordoned("node-a", true).await.expect("cordon a");
+    let resumed = a.resume_sandbox(&id).await.expect("resume");
+    assert_eq!(resumed.state, SandboxState::Running);
+    assert_eq!(resumed.node, "node-b", "resumed where there is room");
+    assert_eq!(
+        resumed.labels.get("team").map(String::as_str),
+        Some("agents")
+    );
+    assert_eq!(resumed.egress, sb.egress);
+    assert_eq!(
+        shell(&a, &id, "cat /home/user/kept.txt", false)
+            .await
+            .trim(),
+        "written-on-a"
+    );
+    let on_b = test_support::counter(&a, &id, "/home/user/count").await;
+    assert!(
+        on_b > at_suspend,
+        "the count carried over: {on_b} after {at_suspend}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the counter to run on node-b",
+        || async {
+            (test_support::counter(&a, &id, "/home/user/count").await > on_b).then_some(())
+        },
+    )
+    .await;
+    a.set_node_cordoned("node-a", false)
+        .await
+        .expect("uncordon a");
+    cluster.stop().await;
+}

@@ -81,6 +81,9 @@ pub enum Action {
     /// It was resuming from object storage and the replica resuming it died with nothing
     /// running: it stays suspended.
     UndoResume(SandboxId),
+    /// Its node holds it `suspending` but no live replica is suspending it (the one that
+    /// was died, or the node restarted): the suspend is given up, the sandbox runs again.
+    AbortSuspend(SandboxId),
 }
 
 /// Decides what to do. `live_rows` are the rows with desired state `running` (all tenants);
@@ -109,6 +112,12 @@ pub fn plan(
         let record = on_node.get(&row.id).map(|r| r.state);
         if row.suspended_snapshot.is_some() {
             actions.extend(plan_suspended(row, record, live_replicas, now_ms));
+            continue;
+        }
+        if record == Some(SandboxState::Suspending) {
+            // Not committed (the row is not suspended): only the replica suspending it
+            // may carry on; the action checks it is gone before giving the suspend up.
+            actions.push(Action::AbortSuspend(row.id.clone()));
             continue;
         }
         if row.create_latency_ms.is_some() {
@@ -441,6 +450,24 @@ impl Reconciler {
                     tracing::warn!(sandbox = %id, node = node.name(), "a resume whose replica died did not happen; the sandbox stays suspended");
                 }
                 Ok(true)
+            }
+            Action::AbortSuspend(id) => {
+                if st
+                    .db
+                    .suspend_under_way(id, &st.replica.live_set().await?)
+                    .await?
+                {
+                    return Ok(false);
+                }
+                match node.abort_suspend(id).await {
+                    Ok(_) => {
+                        tracing::warn!(sandbox = %id, node = node.name(), "a suspend nobody finishes was given up; the sandbox runs again");
+                        Ok(true)
+                    }
+                    // It moved on meanwhile (freed, or running again).
+                    Err(e) if e.code() == ErrorCode::Conflict => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
             }
             Action::MarkGone(id) => {
                 // Re-check against fresh state: a create may have finished since the

@@ -37,6 +37,13 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut cfg = test_support::test_server_config(&data_dir).node;
     cfg.node_name = joined.state.name.clone();
+    // The cluster's shared object store, when the test gives one.
+    if let Some(path) = std::env::var_os("SPACE_TEST_OBJECT_STORE").filter(|p| !p.is_empty()) {
+        cfg.object_store = Some(
+            space_objects::ObjectStoreConfig::load(std::path::Path::new(&path))
+                .context("the object store")?,
+        );
+    }
     let node = space_node::Node::start(cfg)
         .await
         .context("starting the node")?;

@@ -224,6 +224,25 @@ impl Db {
             .collect())
     }
 
+    /// Whether a replica in `live_replicas` is uploading a snapshot of sandbox `sandbox`.
+    pub async fn suspend_under_way(
+        &self,
+        sandbox: &SandboxId,
+        live_replicas: &std::collections::HashSet<ReplicaId>,
+    ) -> Result<bool, DbError> {
+        let replicas: Vec<Option<String>> = sqlx::query_scalar(
+            "SELECT replica FROM stored_snapshots WHERE sandbox_id = $1 AND state = $2",
+        )
+        .bind(sandbox.as_str())
+        .bind(StoredState::Uploading.as_str())
+        .fetch_all(self.pool())
+        .await?;
+        Ok(replicas
+            .into_iter()
+            .flatten()
+            .any(|r| live_replicas.contains(&ReplicaId::from_stored(r))))
+    }
+
     /// Forgets a stored snapshot whose objects are gone (its artifacts with it).
     pub async fn delete_stored_snapshot(&self, id: &SnapshotId) -> Result<(), DbError> {
         let mut tx = self.pool().begin().await?;
