@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::StreamExt;
+use space_control::api::credentials::{CredentialRequest, CredentialScope};
 use space_core::cluster::NodeState;
 use space_core::files::watch::{WatchEvent, WatchRequest};
 use space_core::process::{ProcessSpec, PtySize};
@@ -945,6 +946,21 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
         }))
         .expect("policy"),
     );
+    // A credential whose placeholder the guest holds: it must mean the same on node-b.
+    a.create_credential(&CredentialRequest {
+        name: "API_TOKEN".into(),
+        scope: CredentialScope::Tenant,
+        rule: serde_json::from_value(serde_json::json!({
+            "hosts": ["example.com"],
+            "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+            "placeholder": true,
+        }))
+        .expect("rule"),
+        expires_at_ms: None,
+        value: "the-secret-value".into(),
+    })
+    .await
+    .expect("credential");
     let sb = a.create_sandbox(&req).await.expect("create");
     assert_eq!(sb.node, "node-a");
     a.set_node_cordoned("node-b", false)
@@ -952,6 +968,11 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
         .expect("uncordon b");
     let id = sb.id.clone();
     shell(&a, &id, "echo written-on-a > /home/user/kept.txt", false).await;
+    let placeholder = shell(&a, &id, "echo $API_TOKEN | tee /home/user/token", false).await;
+    assert!(
+        placeholder.trim().starts_with("space-placeholder-"),
+        "{placeholder}"
+    );
     test_support::start_counter(&a, &id, "/home/user/count").await;
 
     // node-a's software killed in the middle of the suspend: nothing is committed, what
@@ -1025,6 +1046,13 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
             .trim(),
         "written-on-a"
     );
+    // node-b gives the sandbox the placeholder it had on node-a: the one its processes
+    // hold still opens the credential there.
+    assert_eq!(
+        shell(&a, &id, "cat /home/user/token", false).await,
+        placeholder
+    );
+    assert_eq!(shell(&a, &id, "echo $API_TOKEN", false).await, placeholder);
     let on_b = test_support::counter(&a, &id, "/home/user/count").await;
     assert!(
         on_b > at_suspend,

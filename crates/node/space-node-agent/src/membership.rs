@@ -32,6 +32,8 @@ const KEY_FILE: &str = "node.key";
 const CERT_FILE: &str = "node.pem";
 const CA_FILE: &str = "ca.pem";
 const STATE_FILE: &str = "membership.json";
+/// The cluster's credential placeholder key (raw, 32 bytes), given at join.
+const PLACEHOLDER_KEY_FILE: &str = "placeholder.key";
 /// Longest a membership call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer read from the control plane.
@@ -71,6 +73,9 @@ pub enum MembershipError {
     /// The answer's CA is not the one the token pins.
     #[error("the control plane answered with a CA other than the one the join token names")]
     WrongCa,
+    /// The identity has no placeholder key (it joined before clusters shared one).
+    #[error("{0} holds no cluster placeholder key: this node joined before the cluster shared one; remove the directory and join again")]
+    NoPlaceholderKey(PathBuf),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> MembershipError + '_ {
@@ -105,6 +110,14 @@ pub struct Joined {
     pub ca_pem: String,
     /// Name, addresses, generation.
     pub state: MembershipState,
+}
+
+impl Joined {
+    /// The cluster's credential placeholder key file, for [`space_node::NodeConfig`]'s
+    /// `placeholder_key`.
+    pub fn placeholder_key_file(&self) -> PathBuf {
+        self.dir.join(PLACEHOLDER_KEY_FILE)
+    }
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MembershipError> {
@@ -242,6 +255,15 @@ pub async fn join(
     if ca_fingerprint(&answer.ca_pem)? != token.ca_fingerprint {
         return Err(MembershipError::WrongCa);
     }
+    let placeholder_key = zeroize::Zeroizing::new(
+        hex::decode(&answer.placeholder_key)
+            .ok()
+            .filter(|k| k.len() == space_secrets::keyfile::KEY_LEN)
+            .ok_or_else(|| MembershipError::Unreachable {
+                addr: control_plane.to_owned(),
+                reason: "malformed answer: placeholder_key is not 32 bytes in hex".into(),
+            })?,
+    );
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -257,6 +279,7 @@ pub async fn join(
     write_private(&dir.join(KEY_FILE), key_pem.as_bytes())?;
     write_private(&dir.join(CA_FILE), answer.ca_pem.as_bytes())?;
     save_state(dir, &state)?;
+    write_private(&dir.join(PLACEHOLDER_KEY_FILE), &placeholder_key)?;
     // The certificate last: its presence means "joined".
     write_private(&dir.join(CERT_FILE), answer.cert_pem.as_bytes())?;
     Ok(Joined {
@@ -288,6 +311,9 @@ pub fn load(dir: &Path) -> Result<Joined, MembershipError> {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(io(&path))
     };
+    if !dir.join(PLACEHOLDER_KEY_FILE).exists() {
+        return Err(MembershipError::NoPlaceholderKey(dir.to_owned()));
+    }
     let state_path = dir.join(STATE_FILE);
     let state: MembershipState =
         serde_json::from_str(&read(STATE_FILE)?).map_err(|e| MembershipError::Io {

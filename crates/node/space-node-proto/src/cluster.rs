@@ -122,7 +122,7 @@ impl std::fmt::Debug for JoinRequest {
 }
 
 /// The answer to a join.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinResponse {
     /// The node's certificate, PEM.
@@ -131,6 +131,17 @@ pub struct JoinResponse {
     pub ca_pem: String,
     /// The generation to heartbeat with.
     pub generation: u64,
+    /// The cluster's credential placeholder key, hex (32 bytes): every node derives a
+    /// sandbox's placeholders from it, so a sandbox keeps them when it moves. A secret.
+    pub placeholder_key: String,
+}
+
+impl std::fmt::Debug for JoinResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinResponse")
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One sandbox as a heartbeat reports it.

@@ -59,6 +59,10 @@ pub struct NodeConfig {
     /// Where suspended sandboxes' snapshots go (and come from): `None` refuses suspend and
     /// resume.
     pub object_store: Option<space_objects::ObjectStoreConfig>,
+    /// The cluster's credential placeholder key file, given at join (it must exist): a
+    /// sandbox that moves between nodes keeps its placeholders. `None`: the node's own
+    /// `placeholder.key` in its data directory, created on first use.
+    pub placeholder_key: Option<PathBuf>,
 }
 
 /// Where the node's credential manager keeps credentials.
@@ -106,6 +110,7 @@ impl NodeConfig {
             vmm_jail: true,
             node_manager: None,
             object_store: None,
+            placeholder_key: None,
         }
     }
 }

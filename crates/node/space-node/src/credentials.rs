@@ -34,6 +34,7 @@ pub(crate) async fn open(
     data_dir: &Path,
     kind: &CredentialBackend,
     audit_limits: &AuditLimits,
+    cluster_placeholder_key: Option<&Path>,
 ) -> Result<Credentials, NodeError> {
     let backend: Arc<dyn SecretBackend> = match kind {
         CredentialBackend::Store => Arc::new(
@@ -48,8 +49,11 @@ pub(crate) async fn open(
                 .map_err(|e| internal("credentials: bad helper", e))?,
         ),
     };
-    let placeholder_key = PlaceholderKey::load_or_create(&data_dir.join("placeholder.key"))
-        .map_err(|e| internal("credentials: placeholder key", e))?;
+    let placeholder_key = match cluster_placeholder_key {
+        Some(path) => PlaceholderKey::load(path),
+        None => PlaceholderKey::load_or_create(&data_dir.join("placeholder.key")),
+    }
+    .map_err(|e| internal("credentials: placeholder key", e))?;
     let audit = Arc::new(
         AuditLog::open_with(
             data_dir.join("audit").join("credentials"),

@@ -153,8 +153,13 @@ impl Node {
         let egress_ceiling = egress_ceiling(&cfg)?;
         let cfg_pool_size = cfg.pool_size;
         let sandbox_cas = crate::sandbox_ca::CaStore::open(&data_dir.join("sandbox-ca"))?;
-        let credentials =
-            crate::credentials::open(&data_dir, &cfg.credentials, &cfg.credential_audit).await?;
+        let credentials = crate::credentials::open(
+            &data_dir,
+            &cfg.credentials,
+            &cfg.credential_audit,
+            cfg.placeholder_key.as_deref(),
+        )
+        .await?;
         let objects = cfg
             .object_store
             .as_ref()

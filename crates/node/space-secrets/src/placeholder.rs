@@ -41,6 +41,8 @@ const BASE32_ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 const HMAC_BLOCK_LEN: usize = 64;
 /// Domain separation for the derivation.
 const DERIVATION_LABEL: &[u8] = b"space-placeholder/v1";
+/// Domain separation for a placeholder key derived from a cluster secret.
+const KEY_DERIVATION_LABEL: &[u8] = b"space-placeholder-key/v1";
 
 /// The node secret placeholders are derived from. Debug prints `[redacted]`.
 pub struct PlaceholderKey(KeyBytes);
@@ -49,6 +51,29 @@ impl PlaceholderKey {
     /// Loads the key file at `path`, creating it on first use (see [`crate::keyfile`]).
     pub fn load_or_create(path: &Path) -> Result<Self, KeyFileError> {
         keyfile::load_or_create_key(path).map(PlaceholderKey)
+    }
+
+    /// Loads the key file at `path`, which must exist: a key given to this node (a cluster's
+    /// nodes share one, so a sandbox keeps its placeholders when it moves between them).
+    pub fn load(path: &Path) -> Result<Self, KeyFileError> {
+        keyfile::load_key(path).map(PlaceholderKey)
+    }
+
+    /// The placeholder key derived from a cluster secret: HMAC-SHA256(secret,
+    /// "space-placeholder-key/v1"). Whoever holds the secret gives the same key to every node.
+    pub fn derive(secret: &[u8; KEY_LEN]) -> Self {
+        let mut block = Zeroizing::new([0u8; HMAC_BLOCK_LEN]);
+        block[..KEY_LEN].copy_from_slice(secret);
+        let mut mac = <Hmac<Sha256> as KeyInit>::new(&GenericArray::from(*block));
+        mac.update(KEY_DERIVATION_LABEL);
+        let mut key = Zeroizing::new([0u8; KEY_LEN]);
+        key.copy_from_slice(&mac.finalize().into_bytes());
+        PlaceholderKey(key)
+    }
+
+    /// The key's bytes, to hand to a node (over an authenticated, encrypted channel only).
+    pub fn expose_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
     }
 
     /// A key from bytes (tests, or a key kept elsewhere).
@@ -170,6 +195,19 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_derived_key_is_the_same_for_one_secret_and_unrelated_to_it() {
+        let secret = [7u8; KEY_LEN];
+        let a = PlaceholderKey::derive(&secret);
+        let b = PlaceholderKey::derive(&secret);
+        assert_eq!(a.expose_bytes(), b.expose_bytes());
+        assert_ne!(a.expose_bytes(), &secret);
+        assert_ne!(
+            a.expose_bytes(),
+            PlaceholderKey::derive(&[8u8; KEY_LEN]).expose_bytes()
+        );
+    }
 
     #[test]
     fn placeholders_are_deterministic_per_sandbox_and_name() {

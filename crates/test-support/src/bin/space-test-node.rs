@@ -37,6 +37,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut cfg = test_support::test_server_config(&data_dir).node;
     cfg.node_name = joined.state.name.clone();
+    cfg.placeholder_key = Some(joined.placeholder_key_file());
     // The cluster's shared object store, when the test gives one.
     if let Some(path) = std::env::var_os("SPACE_TEST_OBJECT_STORE").filter(|p| !p.is_empty()) {
         cfg.object_store = Some(

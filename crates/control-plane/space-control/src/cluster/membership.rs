@@ -163,6 +163,12 @@ impl Membership {
             cert_pem,
             ca_pem: self.authority.ca.cert_pem().to_owned(),
             generation: node.generation,
+            placeholder_key: hex::encode(
+                self.state
+                    .credential_sealer
+                    .placeholder_key()
+                    .expose_bytes(),
+            ),
         })
     }
 

@@ -54,6 +54,12 @@ impl CredentialSealer {
         CredentialSealer { key }
     }
 
+    /// The credential placeholder key the cluster's nodes share, derived from this key (a
+    /// join hands it over): a sandbox's placeholders are the same on every node.
+    pub fn placeholder_key(&self) -> space_secrets::PlaceholderKey {
+        space_secrets::PlaceholderKey::derive(&self.key)
+    }
+
     fn aad(id: &CredentialId) -> Vec<u8> {
         format!("space-control/credential/v1:{id}").into_bytes()
     }
