@@ -113,6 +113,8 @@ pub struct TestNode {
     log: PathBuf,
     /// Its arguments (control plane, token, name, advertise) and object store file.
     command: Vec<String>,
+    /// Started without the suite's template (it fetches it from the object store).
+    without_template: bool,
 }
 
 impl TestNode {
@@ -138,6 +140,10 @@ impl TestNode {
             .arg(&self.data_dir)
             .args([control_plane, token, name, advertise])
             .env("SPACE_TEST_OBJECT_STORE", store)
+            .env(
+                "SPACE_TEST_NO_TEMPLATE",
+                if self.without_template { "1" } else { "0" },
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true)
@@ -497,6 +503,16 @@ impl Cluster {
     /// Starts node `name` in a namespace of its own, joined with a new token through the
     /// first replica; returns once it serves.
     pub async fn add_node(&mut self, name: &str) {
+        self.add_node_inner(name, false).await
+    }
+
+    /// The same, the node without the suite's template or its kernel bundle: it must fetch
+    /// them from the object store.
+    pub async fn add_node_without_template(&mut self, name: &str) {
+        self.add_node_inner(name, true).await
+    }
+
+    async fn add_node_inner(&mut self, name: &str, without_template: bool) {
         let network = NodeNetwork::create();
         let data_dir = new_data_dir();
         let token = self.join_token().await;
@@ -509,6 +525,7 @@ impl Cluster {
             process: None,
             log,
             command: Vec::new(),
+            without_template,
         };
         let advertise = node.agent_addr();
         // The shared object store, as this node reaches it from its namespace.
@@ -555,6 +572,15 @@ impl Cluster {
     /// The directory of the cluster CA.
     pub fn ca_dir(&self) -> PathBuf {
         self.ca_dir.path().join("ca")
+    }
+
+    /// The cluster's S3 server (with [`Cluster::start_with_objects`]).
+    pub fn garage(&self) -> &crate::s3::Garage {
+        &self
+            .objects
+            .as_ref()
+            .expect("a cluster with an object store")
+            .0
     }
 
     /// The object store the cluster shares, as the host reaches it.

@@ -154,13 +154,21 @@ pub fn import_template(store: &Store, template: &str) -> Result<()> {
 /// The config of a test server on `data_dir` (any free local port), with the test template
 /// imported into its store.
 pub fn test_server_config(data_dir: &Path) -> ServerConfig {
+    let config = test_server_config_without_template(data_dir);
+    let store = Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
+    import_template(&store, TEST_TEMPLATE).expect("import test template");
+    config
+}
+
+/// [`test_server_config`] without the suite's template or its kernel bundle: a node that
+/// must fetch them from the object store.
+pub fn test_server_config_without_template(data_dir: &Path) -> ServerConfig {
     let mut config = ServerConfig::new(data_dir);
     config.listen = "127.0.0.1:0".parse().expect("literal address");
     // Every test server would otherwise keep the production pool warm (many VMs each, all
     // competing for CI's two cores); tests of the pool itself ask for one.
     config.node.pool_size = 0;
-    let store = Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
-    import_template(&store, TEST_TEMPLATE).expect("import test template");
+    Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
     if node_manager::enabled() {
         config.node.node_manager = Some(node_manager::for_data_dir(data_dir));
     }

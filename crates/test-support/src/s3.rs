@@ -209,10 +209,27 @@ api_bind_addr = "127.0.0.1:{admin}"
         self.wait_node_id();
     }
 
-    /// Total bytes Garage received in PUT bodies for objects so far, per its log (for
-    /// counting downloads and uploads, tests read the server's own request log).
+    /// The server's log (it logs every S3 request it serves: `ADDR METHOD URI`).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("garage.log")).unwrap_or_default()
+    }
+
+    /// How many `method` requests for an object whose key ends with `suffix` the server has
+    /// served, per its own request log: what a test counts downloads with.
+    pub fn requests(&self, method: &str, suffix: &str) -> usize {
+        self.log()
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace().skip_while(|w| *w != method);
+                words.next()?;
+                words.next()
+            })
+            .filter(|uri| {
+                uri.split('?')
+                    .next()
+                    .is_some_and(|path| path.ends_with(suffix))
+            })
+            .count()
     }
 
     /// Writes the files another process needs to make buckets on this server

@@ -539,6 +539,7 @@ async fn forged_reused_and_misdirected_membership_is_refused_and_changes_nothing
         .create_sandbox(space_node_proto::CreateSandbox {
             id: sb.id.clone(),
             template: TEST_TEMPLATE.into(),
+            template_digest: None,
             resources: Default::default(),
             settings: space_node_proto::SandboxSettings::new(tenant),
         })
@@ -1069,5 +1070,103 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
     a.set_node_cordoned("node-a", false)
         .await
         .expect("uncordon a");
+    cluster.stop().await;
+}
+
+/// Ten suspended sandboxes resumed at once on a node that has never had their template:
+/// it fetches the template (and the kernel bundle it boots) from the object store once,
+/// counted at the S3 server, and every one of them runs with its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_resumes_on_a_node_without_the_template_fetch_it_once() {
+    const SANDBOXES: usize = 10;
+    let mut cluster = Cluster::start_with_objects(1, 1).await;
+    let a = cluster.clients[0].clone();
+    let st = cluster.replicas[0].state().clone();
+    let template = st.nodes.template(TEST_TEMPLATE).await.expect("template");
+    let objects =
+        space_objects::Objects::open(&cluster.object_store().expect("the cluster's object store"))
+            .expect("objects");
+    // node-a publishes its templates as it starts.
+    let manifest =
+        space_objects::ObjectKey::join(&["templates", &template.digest, "template.json"])
+            .expect("key");
+    wait_until(
+        Duration::from_secs(180),
+        "node-a to publish the template",
+        || async { objects.size(&manifest).await.ok()?.map(|_| ()) },
+    )
+    .await;
+
+    let ids: Vec<_> = futures::future::join_all((0..SANDBOXES).map(|_| {
+        let a = a.clone();
+        async move {
+            a.create_sandbox(&create_request())
+                .await
+                .expect("create")
+                .id
+        }
+    }))
+    .await;
+    futures::future::join_all(ids.iter().enumerate().map(|(i, id)| {
+        let a = a.clone();
+        async move {
+            shell(&a, id, &format!("echo sandbox-{i} > /home/user/who"), false).await;
+            let s = a.suspend_sandbox(id).await.expect("suspend");
+            assert_eq!(s.state, SandboxState::Suspended);
+        }
+    }))
+    .await;
+
+    cluster.add_node_without_template("node-c").await;
+    cluster.wait_nodes(2, |n| n.state == NodeState::Ready).await;
+    let node_c = st.nodes.get("node-c").expect("node-c");
+    let status = node_c.status().await.expect("node-c status");
+    assert!(
+        !status.templates.contains(&template.digest),
+        "node-c starts without the template"
+    );
+    a.set_node_cordoned("node-a", true).await.expect("cordon a");
+    let garage = cluster.garage();
+    let images_before = garage.requests("GET", "/rootfs.ext4.zst");
+    let kernels_before = garage.requests("GET", "/vmlinuz");
+
+    let resumed = futures::future::join_all(ids.iter().map(|id| {
+        let a = a.clone();
+        async move { a.resume_sandbox(id).await.expect("resume") }
+    }))
+    .await;
+    for r in &resumed {
+        assert_eq!(r.state, SandboxState::Running);
+        assert_eq!(r.node, "node-c");
+    }
+    assert_eq!(
+        garage.requests("GET", "/rootfs.ext4.zst") - images_before,
+        1,
+        "one download of the template image for ten resumes"
+    );
+    assert_eq!(
+        garage.requests("GET", "/vmlinuz") - kernels_before,
+        1,
+        "one download of the kernel bundle"
+    );
+    let status = node_c.status().await.expect("node-c status");
+    assert!(status.templates.contains(&template.digest));
+    assert_eq!(
+        status.templates_fetched, 2,
+        "the template and its kernel bundle"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            shell(&a, id, "cat /home/user/who", false).await.trim(),
+            format!("sandbox-{i}")
+        );
+    }
+    // A create there now boots from what it fetched: no download.
+    let sb = a.create_sandbox(&create_request()).await.expect("create");
+    assert_eq!(sb.node, "node-c");
+    assert_eq!(
+        garage.requests("GET", "/rootfs.ext4.zst") - images_before,
+        1
+    );
     cluster.stop().await;
 }

@@ -69,6 +69,7 @@ async fn a_sandbox_lives_its_life_through_the_node_agent() {
         .create_sandbox(CreateSandbox {
             id: id.clone(),
             template: TEST_TEMPLATE.into(),
+            template_digest: None,
             resources: Default::default(),
             settings: settings(),
         })

@@ -117,8 +117,8 @@ pub fn plan(
         if record == Some(SandboxState::Suspending) {
             // Not committed (the row is not suspended): only the replica suspending it
             // may carry on; the action checks it is gone before giving the suspend up.
+            // Its timeout still applies (below): a `delete` timeout wins over a suspend.
             actions.push(Action::AbortSuspend(row.id.clone()));
-            continue;
         }
         if row.create_latency_ms.is_some() {
             actions.extend(plan_row(row, record, now_ms));
@@ -688,6 +688,20 @@ mod tests {
         assert_eq!(plan(&rows, &records, &HashSet::new(), 1000), vec![]);
     }
 
+    /// `want`, plus the check a suspending sandbox always gets (is its suspend still
+    /// under way?).
+    fn and_suspend_check(
+        state: SandboxState,
+        id: &SandboxId,
+        mut want: Vec<Action>,
+    ) -> Vec<Action> {
+        if state == SandboxState::Suspending {
+            want.push(Action::AbortSuspend(id.clone()));
+            want.sort();
+        }
+        want
+    }
+
     /// Every live node state, stable or transient.
     fn live_states() -> Vec<SandboxState> {
         space_core::lifecycle::ALL_STATES
@@ -706,7 +720,7 @@ mod tests {
             }
             assert_eq!(
                 plan(&rows, &[rec], &HashSet::new(), 1000),
-                vec![],
+                and_suspend_check(state, &rows[0].id, vec![]),
                 "a live row whose sandbox is {state} needs nothing"
             );
         }
@@ -719,7 +733,7 @@ mod tests {
             let records = vec![record(&rows[0].id, state)];
             assert_eq!(
                 plan(&rows, &records, &HashSet::new(), 1000),
-                vec![Action::Expire(rows[0].id.clone())],
+                and_suspend_check(state, &rows[0].id, vec![Action::Expire(rows[0].id.clone())]),
                 "an expired sandbox that is {state} is deleted"
             );
         }
@@ -748,6 +762,7 @@ mod tests {
                     // Mid-operation: the next pass acts on where it ends up.
                     _ => vec![],
                 };
+                let want = and_suspend_check(state, &id, want);
                 assert_eq!(
                     plan(&rows, &[record(&id, state)], &HashSet::new(), 1000),
                     want,
@@ -756,7 +771,10 @@ mod tests {
                 // Not due yet: nothing.
                 let early = vec![row_on_timeout(5000, action)];
                 let rec = record(&early[0].id, state);
-                assert_eq!(plan(&early, &[rec], &HashSet::new(), 1000), vec![]);
+                assert_eq!(
+                    plan(&early, &[rec], &HashSet::new(), 1000),
+                    and_suspend_check(state, &early[0].id, vec![])
+                );
             }
             // Gone from the node: deleted, as with `delete`.
             let rows = vec![row_on_timeout(1000, action)];
@@ -780,6 +798,7 @@ mod tests {
                     SandboxState::Failed => vec![Action::Expire(id.clone())],
                     _ => vec![],
                 };
+                let want = and_suspend_check(state, &id, want);
                 // Long past its deadline: never acted on again while it does not run.
                 for now in [1000, 2000, 1_000_000] {
                     assert_eq!(

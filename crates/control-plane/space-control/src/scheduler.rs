@@ -10,8 +10,9 @@
 //! 2. The sandbox must fit in the node's free capacity (vCPUs, memory, disk), as the
 //!    node's own admission will check it.
 //! 3. Template locality: a node with a ready warm-pool member of the template first (a
-//!    claim), then one with the template's memory image (a restore), then any (a cold
-//!    boot).
+//!    claim), then one with the template's memory image (a restore), then one with the
+//!    template (a cold boot), then any (which fetches the template from the object store
+//!    first).
 //! 4. Spread: the node whose busiest resource would be the least used after the placement,
 //!    then the one with fewer sandboxes, then the smaller name (so a decision is
 //!    reproducible).
@@ -58,7 +59,9 @@ pub enum Locality {
     WarmPool,
     /// Its memory image is there.
     MemoryImage,
-    /// Neither: a cold boot.
+    /// The template is there: a cold boot.
+    Template,
+    /// Not even the template: it fetches it, then boots cold.
     Cold,
 }
 
@@ -167,6 +170,8 @@ fn locality(node: &Open<'_>, template_digest: &str) -> Locality {
         Locality::WarmPool
     } else if node.status.memory_images.contains(template_digest) {
         Locality::MemoryImage
+    } else if node.status.templates.contains(template_digest) {
+        Locality::Template
     } else {
         Locality::Cold
     }
@@ -260,6 +265,8 @@ mod tests {
                 used,
                 sandboxes: 0,
                 memory_images: Default::default(),
+                templates: Default::default(),
+                templates_fetched: 0,
                 pool_ready: Default::default(),
                 credentials_revision: 0,
             }),
@@ -338,8 +345,16 @@ mod tests {
             .unwrap()
             .memory_images
             .insert("sha256:other".to_owned());
-        let got = place(&[other], &req(&[])).unwrap();
+        let got = place(&[other.clone()], &req(&[])).unwrap();
         assert_eq!(got.locality, Locality::Cold);
+        // A node with the template beats one that would fetch it, however idle.
+        let mut has = node("has-template", cap(8, 8 * 1024, 0));
+        has.status.as_mut().unwrap().templates.insert(T.to_owned());
+        let got = place(&[other, has], &req(&[])).unwrap();
+        assert_eq!(
+            (got.node.as_str(), got.locality),
+            ("has-template", Locality::Template)
+        );
     }
 
     #[test]

@@ -704,6 +704,8 @@ async fn join_tokens_are_spent_once_and_nodes_are_fenced_by_generation() {
         },
         sandboxes: 0,
         memory_images: Default::default(),
+        templates: Default::default(),
+        templates_fetched: 0,
         pool_ready: Default::default(),
         credentials_revision: 0,
     };

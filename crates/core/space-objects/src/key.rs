@@ -6,8 +6,9 @@
 //!
 //! ```text
 //! snapshots/<snapshot id>/<artifact>     a suspended sandbox's snapshot (memory, state, disk delta, …)
-//! templates/<digest>/<file>              a published template (rootfs.ext4, template.json)
-//! kernels/<digest>/<file>                a published kernel bundle
+//! templates/<digest>/<file>              a published template (rootfs.ext4.zst, then template.json)
+//! template-names/<name>                  the digest a template name means (the last published)
+//! kernels/<digest>/<file>                a published kernel bundle (its files, then kernel.json)
 //! ```
 
 use std::fmt;
@@ -79,6 +80,11 @@ impl ObjectKey {
     /// `templates/<digest>/<file>`.
     pub fn template_file(digest: &str, file: &str) -> Result<ObjectKey, KeyError> {
         ObjectKey::join(&["templates", digest, file])
+    }
+
+    /// `template-names/<name>`.
+    pub fn template_name(name: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["template-names", name])
     }
 
     /// `kernels/<digest>/<file>`.

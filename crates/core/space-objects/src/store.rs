@@ -376,6 +376,34 @@ impl Objects {
         Ok(Bytes::from(out))
     }
 
+    /// Reads the small object at `key` whose digest is not known beforehand (a manifest that
+    /// describes other objects), at most `max` bytes; `None` if there is none. What it says
+    /// is checked by whoever parses it; the objects it names are read verified.
+    pub async fn get_manifest(
+        &self,
+        key: &ObjectKey,
+        max: u64,
+    ) -> Result<Option<Bytes>, ObjectsError> {
+        let got = match self.store.get(&Self::path(key)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(ObjectsError::store(key.as_str(), e)),
+        };
+        let mut stream = got.into_stream();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ObjectsError::store(key.as_str(), e))?;
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(ObjectsError::Corrupt {
+                    key: key.as_str().to_owned(),
+                    reason: format!("longer than the {max} bytes a manifest may have"),
+                });
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(Some(Bytes::from(out)))
+    }
+
     /// The size of the object at `key`, if there is one.
     pub async fn size(&self, key: &ObjectKey) -> Result<Option<u64>, ObjectsError> {
         match self.store.head(&Self::path(key)).await {

@@ -1,11 +1,10 @@
 //! Digests of build inputs: an unambiguous field-by-field sha256, and file hashing.
 
-use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{ImageError, IoContext};
+use crate::error::ImageError;
 
 /// Hashes labelled fields; each field is length-prefixed, so no two different field lists
 /// hash alike.
@@ -36,17 +35,7 @@ impl InputDigest {
 
 /// sha256 of a file's contents, lowercase hex.
 pub fn sha256_file(path: &Path) -> Result<String, ImageError> {
-    let mut f = std::fs::File::open(path).ctx("open", path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).ctx("read", path)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    Ok(space_storage::sha256_of(path)?)
 }
 
 #[cfg(test)]

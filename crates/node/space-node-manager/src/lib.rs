@@ -29,9 +29,10 @@ pub use remote::RemoteNodeManager;
 pub use space_vmm::FileOwner;
 
 use async_trait::async_trait;
+use space_core::template::TemplateInfo;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::NetError;
-use space_storage::{ExistingDisk, PendingSnapshot, Store};
+use space_storage::{ExistingDisk, KernelMeta, PendingSnapshot, Store};
 use space_vmm::{Vm, VmConfig, VmNetwork};
 use std::path::{Path, PathBuf};
 
@@ -134,6 +135,24 @@ pub trait NodeManager: Send + Sync + 'static {
     /// The first name must stay while the VM runs: QEMU reopens its disk by the path it was
     /// started with (e.g. when a checkpoint hands the disk over), and fails if it is gone.
     fn link_disk(&self, src: &Path, dst: &Path) -> Result<(), NodeManagerError>;
+    /// Installs template `template`, fetched by the sandbox manager into `staged` (a
+    /// directory of its `incoming/` holding [`space_storage::IMAGE_FILE`]), into the store's
+    /// templates (root's): copied from the files as opened (as the sandbox manager), checked
+    /// against the template's recorded SHA-256, once per digest.
+    fn install_template(
+        &self,
+        store: &Store,
+        staged: &Path,
+        template: &TemplateInfo,
+    ) -> Result<(), NodeManagerError>;
+    /// Installs kernel bundle `kernel`, fetched into `staged` (its `vmlinuz` and
+    /// `initramfs.cpio`), into the store's kernels, once per digest.
+    fn install_kernel(
+        &self,
+        store: &Store,
+        staged: &Path,
+        kernel: &KernelMeta,
+    ) -> Result<(), NodeManagerError>;
     /// Removes a directory tree that is not a sandbox's (a pool member's, an image VM's run
     /// directory). Idempotent.
     fn remove_run_dir(&self, dir: &Path) -> Result<(), NodeManagerError>;

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use space_core::template::TemplateInfo;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::{netns, uplink_guard, GuestLink, SandboxNetwork};
-use space_storage::{ExistingDisk, PendingSnapshot, Store};
+use space_storage::{ExistingDisk, KernelMeta, PendingSnapshot, Store};
 use space_vmm::{FileOwner, QemuVmm, Vm, VmConfig, VmNetwork, Vmm};
 
 use crate::{GatewaySockets, NodeManager, NodeManagerError, UplinkSocketKind, MAX_UPLINK_SOCKETS};
@@ -136,6 +137,29 @@ impl NodeManager for LocalNodeManager {
         existing: ExistingDisk,
     ) -> Result<(), NodeManagerError> {
         Ok(store.clone_snapshot_disk(src, dst, disk_mib, existing)?)
+    }
+
+    fn install_template(
+        &self,
+        store: &Store,
+        staged: &Path,
+        template: &TemplateInfo,
+    ) -> Result<(), NodeManagerError> {
+        let image = open_staged(staged, space_storage::IMAGE_FILE)?;
+        store.templates().install(template, &image)?;
+        Ok(())
+    }
+
+    fn install_kernel(
+        &self,
+        store: &Store,
+        staged: &Path,
+        kernel: &KernelMeta,
+    ) -> Result<(), NodeManagerError> {
+        let vmlinuz = open_staged(staged, space_storage::VMLINUZ_FILE)?;
+        let initramfs = open_staged(staged, space_storage::INITRAMFS_FILE)?;
+        store.kernels().install(kernel, &vmlinuz, &initramfs)?;
+        Ok(())
     }
 
     fn begin_snapshot(
@@ -360,4 +384,25 @@ impl NodeManager for LocalNodeManager {
             })
         })?)
     }
+}
+
+/// Opens `dir/name` for reading, refusing a symlink or anything but a regular file (a
+/// fetched file is the sandbox manager's, which could have swapped one in).
+pub(crate) fn open_staged(dir: &Path, name: &str) -> Result<std::fs::File, NodeManagerError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    let io = |source| NodeManagerError::Io {
+        what: "open a fetched file",
+        path: path.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(io(std::io::Error::other("not a regular file")));
+    }
+    Ok(file)
 }

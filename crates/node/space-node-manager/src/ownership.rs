@@ -1,6 +1,7 @@
 //! Who owns what on a node run by two processes. The sandbox manager (an unprivileged uid,
 //! "the client") owns its files in the data directory and the store's directories it writes:
-//! sandboxes, pool members, memory images, records and persistent snapshots. The node
+//! sandboxes, pool members, memory images, records, persistent snapshots and `incoming/`
+//! (templates and kernel bundles it fetched, which the node manager installs). The node
 //! manager (root) keeps what it opens, mounts or builds jails in: the data directory itself
 //! (mode 1770, group the client's: the client makes its own files there, and the sticky bit
 //! keeps it from renaming or replacing root's), the store's image and lock, the store's root,
@@ -20,7 +21,14 @@ use crate::server::ServerError;
 const ROOT: FileOwner = FileOwner { uid: 0, gid: 0 };
 
 /// The store's directories the sandbox manager writes itself.
-const CLIENT_DIRS: [&str; 5] = ["sandboxes", "pool", "images", "records", "snapshots"];
+const CLIENT_DIRS: [&str; 6] = [
+    "sandboxes",
+    "pool",
+    "images",
+    "records",
+    "snapshots",
+    space_storage::INCOMING_DIR,
+];
 /// The store's directories only root writes (an administrator's template builds).
 const ROOT_DIRS: [&str; 2] = ["templates", "kernels"];
 

@@ -15,7 +15,9 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use space_core::template::TemplateInfo;
 use space_core::{SandboxId, SnapshotId};
+use space_storage::KernelMeta;
 
 /// The protocol version this build speaks. A server refuses a client of another version
 /// (there is one of each per node, upgraded together).
@@ -326,6 +328,20 @@ pub enum Request {
         /// New name.
         dst: NodePath,
     },
+    /// Installs a template the sandbox manager fetched into `staged` (under `incoming/`).
+    InstallTemplate {
+        /// The directory holding its image.
+        staged: NodePath,
+        /// What it is (its image's SHA-256 is checked).
+        template: TemplateInfo,
+    },
+    /// Installs a kernel bundle the sandbox manager fetched into `staged` (under `incoming/`).
+    InstallKernel {
+        /// The directory holding its files.
+        staged: NodePath,
+        /// What it is.
+        kernel: KernelMeta,
+    },
     /// Removes a directory tree that is not a sandbox's (pool member, image VM). Idempotent.
     RemoveDir {
         /// The directory.
@@ -437,6 +453,8 @@ impl Request {
             Request::CloneDisk { .. } => "clone_disk",
             Request::SnapshotDisk { .. } => "snapshot_disk",
             Request::LinkDisk { .. } => "link_disk",
+            Request::InstallTemplate { .. } => "install_template",
+            Request::InstallKernel { .. } => "install_kernel",
             Request::RemoveDir { .. } => "remove_dir",
             Request::ForgetMemoryImage { .. } => "forget_memory_image",
             Request::RemoveSandboxFiles { .. } => "remove_sandbox_files",

@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use space_core::template::TemplateInfo;
 use space_core::{SandboxId, SnapshotId};
 use space_net::datapath::netns;
-use space_storage::{ExistingDisk, PendingSnapshot, Store, SANDBOX_DISK_FILE};
+use space_storage::{ExistingDisk, KernelMeta, PendingSnapshot, Store, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, ProcessEnd, Vm, VmConfig, VmNetwork};
 
 use crate::confine::Areas;
@@ -395,6 +396,30 @@ impl NodeManager for RemoteNodeManager {
         self.inner.call_done(&Request::LinkDisk {
             src: self.name(src)?,
             dst: self.name(dst)?,
+        })
+    }
+
+    fn install_template(
+        &self,
+        _store: &Store,
+        staged: &Path,
+        template: &TemplateInfo,
+    ) -> Result<(), NodeManagerError> {
+        self.inner.call_done(&Request::InstallTemplate {
+            staged: self.name(staged)?,
+            template: template.clone(),
+        })
+    }
+
+    fn install_kernel(
+        &self,
+        _store: &Store,
+        staged: &Path,
+        kernel: &KernelMeta,
+    ) -> Result<(), NodeManagerError> {
+        self.inner.call_done(&Request::InstallKernel {
+            staged: self.name(staged)?,
+            kernel: kernel.clone(),
         })
     }
 

@@ -447,6 +447,31 @@ impl Host {
                 self.as_client(|| self.local.link_disk(&src, &dst))?;
                 done()
             }
+            Request::InstallTemplate { staged, template } => {
+                let staged = self.staged(&staged)?;
+                let image = self
+                    .as_client(|| crate::local::open_staged(&staged, space_storage::IMAGE_FILE))?;
+                // Root writes the template from the descriptors opened as the client.
+                self.store
+                    .templates()
+                    .install(&template, &image)
+                    .map_err(|e| refusal(e.into()))?;
+                done()
+            }
+            Request::InstallKernel { staged, kernel } => {
+                let staged = self.staged(&staged)?;
+                let (vmlinuz, initramfs) = self.as_client(|| {
+                    Ok((
+                        crate::local::open_staged(&staged, space_storage::VMLINUZ_FILE)?,
+                        crate::local::open_staged(&staged, space_storage::INITRAMFS_FILE)?,
+                    ))
+                })?;
+                self.store
+                    .kernels()
+                    .install(&kernel, &vmlinuz, &initramfs)
+                    .map_err(|e| refusal(e.into()))?;
+                done()
+            }
             Request::RemoveDir { dir } => {
                 let in_run = dir.area == Area::Run;
                 let dir = self.areas.resolve(&dir, write)?;
@@ -622,6 +647,17 @@ impl Host {
     /// Runs `f` acting as the sandbox manager ([`FileOwner::act_as`]): for work in the
     /// directories it may write, where a symlink of its making must lead nowhere it could
     /// not go itself. What `f` makes is the sandbox manager's.
+    /// A directory of fetched files in the store's `incoming/`.
+    fn staged(&self, p: &NodePath) -> Result<PathBuf, Refusal> {
+        if p.area != Area::Store || !p.rel.is_under(space_storage::INCOMING_DIR) {
+            return Err(Refusal::new(
+                RefusalCode::Confinement,
+                format!("{p} is not a directory of fetched files"),
+            ));
+        }
+        self.areas.resolve(p, Access::Read)
+    }
+
     fn as_client<T>(&self, f: impl FnOnce() -> Result<T, NodeManagerError>) -> Result<T, Refusal> {
         self.client
             .act_as(f)

@@ -16,6 +16,13 @@ pub struct NodeStatus {
     pub sandboxes: u32,
     /// Templates (by digest) whose memory image it has.
     pub memory_images: BTreeSet<String>,
+    /// Templates (by digest) it has (a node that lacks one fetches it from the object
+    /// store first).
+    #[serde(default)]
+    pub templates: BTreeSet<String>,
+    /// Templates and kernel bundles it fetched from the object store since it started.
+    #[serde(default)]
+    pub templates_fetched: u64,
     /// Ready warm-pool members per template digest.
     pub pool_ready: BTreeMap<String, u32>,
     /// The revision of the control plane's credential catalog its credentials were last

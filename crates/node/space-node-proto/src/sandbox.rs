@@ -137,6 +137,10 @@ pub struct CreateSandbox {
     pub id: SandboxId,
     /// Template name.
     pub template: String,
+    /// The build of the template the control plane resolved the name to; a node that lacks
+    /// it fetches it from the object store. `None`: whatever the name means on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_digest: Option<String>,
     /// Missing fields come from the template's defaults.
     pub resources: ResourcesRequest,
     /// What it is given beside the template; the egress policy defaults to the node's.

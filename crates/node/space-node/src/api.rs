@@ -343,8 +343,18 @@ impl NodeApi for Node {
     }
 
     async fn template(&self, name: &str) -> NodeResult<TemplateInfo> {
-        let name = name.to_owned();
-        blocking(self, move |node| node.template(&name)).await
+        let owned = name.to_owned();
+        match blocking(self, move |node| node.template(&owned)).await {
+            // Not here: what the name means in the object store (fetched by a create).
+            Err(NodeCallError::TemplateNotFound { .. }) => self
+                .published_template(name)
+                .await
+                .map_err(call_error)?
+                .ok_or_else(|| NodeCallError::TemplateNotFound {
+                    template: name.to_owned(),
+                }),
+            found => found,
+        }
     }
 
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>> {

@@ -52,7 +52,9 @@ impl Node {
     /// Creates a sandbox and returns when its daemon is ready (`running`), or fails it.
     pub async fn create_sandbox(&self, req: CreateSandbox) -> Result<SandboxRecord, NodeError> {
         let started = Instant::now();
-        let tpl = self.template(&req.template)?;
+        let tpl = self
+            .template_to_create(&req.template, req.template_digest.as_deref())
+            .await?;
         let resources = req.resources.resolve(tpl.default_resources);
         resources
             .validate(tpl.image_size_mib)
@@ -418,6 +420,7 @@ impl Node {
     pub(crate) fn start_background(&self) {
         self.start_scheduler();
         self.start_metrics();
+        self.start_publisher();
         if self.inner.pool.target() == 0 || !self.inner.cfg.memory_images {
             return;
         }

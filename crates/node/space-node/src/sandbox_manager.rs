@@ -66,6 +66,9 @@ pub(crate) struct Inner {
     pub(crate) tenant_connections: space_net::proxy::tenant_connections::TenantConnectionLimits,
     /// Where suspended sandboxes' snapshots go (`None`: no suspend or resume here).
     pub(crate) objects: Option<space_objects::Objects>,
+    /// Templates and kernel bundles in the object store: what is known published, fetches
+    /// under way.
+    pub(crate) published: crate::published::Published,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -194,6 +197,7 @@ impl Node {
                         space_core::quota::TenantQuota::embedded_default().max_connections,
                     ),
                 objects,
+                published: Default::default(),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };
@@ -248,6 +252,7 @@ impl Node {
             *pool_ready.entry(shape.template_digest).or_insert(0u32) +=
                 u32::try_from(shape.ready).unwrap_or(u32::MAX);
         }
+        let templates = self.templates()?.into_iter().map(|t| t.digest).collect();
         let store = self.inner.store.clone();
         let memory_images =
             tokio::task::spawn_blocking(move || crate::image::image_dir(&store).list())
@@ -261,6 +266,8 @@ impl Node {
             used,
             sandboxes,
             memory_images,
+            templates,
+            templates_fetched: self.fetched_from_object_store(),
             pool_ready,
             credentials_revision: self
                 .inner

@@ -20,7 +20,7 @@
 //! started from it as from any checkpoint (made current before its workload runs: RNG,
 //! clock). The snapshot stays as the sandbox's own checkpoint.
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,6 +36,7 @@ use space_storage::delta::{apply_delta, write_delta};
 use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
 use space_vmm::SaveOptions;
 
+use crate::packing::{compress_file, decompress_sparse, UnpackError, ZSTD_LEVEL};
 use crate::sandbox_manager::{internal, now_ms};
 use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
 
@@ -55,8 +56,6 @@ pub const ARTIFACTS: [&str; 4] = [
     META_ARTIFACT,
 ];
 
-/// zstd level: fast (the state of a TCG guest is mostly zero-page markers and code).
-const ZSTD_LEVEL: i32 = 3;
 /// Largest `source.json` or `meta.json` read back.
 const MAX_JSON_ARTIFACT: u64 = 1024 * 1024;
 /// Device state beside guest RAM a state file may hold, at most.
@@ -67,7 +66,7 @@ const SUSPEND_SAVE_TIMEOUT: Duration = Duration::from_secs(300);
 const SUSPEND_LABEL: &str = "suspend";
 
 impl Node {
-    fn objects(&self) -> Result<&Objects, NodeError> {
+    pub(crate) fn objects(&self) -> Result<&Objects, NodeError> {
         self.inner.objects.as_ref().ok_or_else(|| {
             NodeError::Invalid(
                 "this node has no object store configured (`--object-store`): it cannot suspend or resume sandboxes".into(),
@@ -302,15 +301,10 @@ impl Node {
                 "it does not describe this sandbox".into(),
             ));
         }
+        // A node that lacks the template fetches it (once, however many resumes need it).
         let template = self
-            .inner
-            .store
-            .templates()
-            .lookup_digest(&s.template_digest)
-            .map_err(|e| internal("cannot read template", e))?
-            .ok_or_else(|| {
-                NodeError::TemplateNotFound(format!("{} ({})", s.template, s.template_digest))
-            })?;
+            .ensure_template(&s.template_digest, &s.template)
+            .await?;
         // The snapshot, rebuilt in the new sandbox's directory.
         let sandbox_dir = self.inner.store.sandbox_dir(id);
         std::fs::create_dir_all(&sandbox_dir).map_err(|e| internal("sandbox directory", e))?;
@@ -420,14 +414,7 @@ fn pack(scratch: &Path, state: &Path, template: &Path, disk: &Path) -> Result<Pa
     let _ = std::fs::remove_dir_all(scratch);
     std::fs::create_dir_all(scratch).map_err(io("create", scratch))?;
     let memory_out = scratch.join(MEMORY_ARTIFACT);
-    let mut input = std::fs::File::open(state).map_err(io("open", state))?;
-    let memory_bytes = input.metadata().map_err(io("stat", state))?.len();
-    let out = std::fs::File::create(&memory_out).map_err(io("create", &memory_out))?;
-    let mut enc = zstd::Encoder::new(out, ZSTD_LEVEL).map_err(io("compress", &memory_out))?;
-    std::io::copy(&mut input, &mut enc).map_err(io("compress", &memory_out))?;
-    enc.finish()
-        .and_then(|f| f.sync_all())
-        .map_err(io("compress", &memory_out))?;
+    let memory_bytes = compress_file(state, &memory_out).map_err(io("compress", &memory_out))?;
     let delta_out = scratch.join(DISK_ARTIFACT);
     let out = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
     let mut enc = zstd::Encoder::new(std::io::BufWriter::new(out), ZSTD_LEVEL)
@@ -454,18 +441,11 @@ fn unpack(
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         NodeError::SnapshotCorrupt(format!("its {what}: {e}"))
     };
-    let input = std::fs::File::open(memory).map_err(|e| internal("open memory", e))?;
-    let dec = zstd::Decoder::new(input).map_err(|e| bad("memory", &e))?;
-    let mut limited = dec.take(max_state + 1);
-    let mut out = std::fs::File::create(state).map_err(|e| internal("create state", e))?;
-    let n = std::io::copy(&mut limited, &mut out).map_err(|e| bad("memory", &e))?;
-    if n > max_state {
-        return Err(bad(
-            "memory",
-            &format!("larger than the {max_state} bytes its memory size allows"),
-        ));
+    match decompress_sparse(memory, state, max_state, false) {
+        Ok(_) => {}
+        Err(UnpackError::Malformed(m)) => return Err(bad("memory", &m)),
+        Err(e) => return Err(internal("unpack memory", e)),
     }
-    out.sync_all().map_err(|e| internal("sync state", e))?;
     let input = std::fs::File::open(delta).map_err(|e| internal("open disk delta", e))?;
     let mut dec = zstd::Decoder::new(input).map_err(|e| bad("disk", &e))?;
     apply_delta(&mut dec, disk, max_disk).map_err(|e| bad("disk", &e))?;

@@ -94,6 +94,16 @@ pub enum StorageError {
         /// The digest in the returned metadata.
         got: String,
     },
+    /// An installed file is not what its metadata says (its SHA-256 differs).
+    #[error("{what}: its content's SHA-256 is {got}, its metadata says {expected}")]
+    ContentMismatch {
+        /// What was installed.
+        what: String,
+        /// The digest its metadata records.
+        expected: String,
+        /// The digest of what arrived.
+        got: String,
+    },
     /// The sandbox already has a root disk; it is never overwritten.
     #[error("sandbox disk {0} already exists; remove the sandbox directory first")]
     DiskExists(PathBuf),

@@ -23,6 +23,11 @@ pub fn is_btrfs(path: &Path) -> Result<bool, StorageError> {
 /// filesystem cannot share extents (EXDEV, EOPNOTSUPP, EINVAL); `dst` is then removed.
 pub fn reflink(src: &Path, dst: &Path) -> Result<(), StorageError> {
     let src_file = File::open(src).ctx("open", src)?;
+    reflink_from(&src_file, src, dst)
+}
+
+/// [`reflink`] from an open file (`src` names it in errors).
+fn reflink_from(src_file: &File, src: &Path, dst: &Path) -> Result<(), StorageError> {
     let dst_file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -43,6 +48,29 @@ pub fn reflink(src: &Path, dst: &Path) -> Result<(), StorageError> {
         });
     }
     Ok(())
+}
+
+/// Copies the open file `src` (named `name` in errors) to `dst` (which must not exist), as a
+/// reflink where the filesystem can and as a sparse copy otherwise. The copy is taken from
+/// the descriptor, so what is copied is what was opened, whatever the path means by now.
+pub fn copy_open_file(src: &File, name: &Path, dst: &Path) -> Result<(), StorageError> {
+    match reflink_from(src, name, dst) {
+        Ok(()) => Ok(()),
+        Err(StorageError::Reflink { source, .. })
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)
+            ) =>
+        {
+            let mut from = src.try_clone().ctx("duplicate", name)?;
+            let result = copy_sparse_from(&mut from, name, dst);
+            if result.is_err() {
+                let _ = std::fs::remove_file(dst);
+            }
+            result
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Copies `src` to `dst` (which must not exist), as a reflink when both are on one btrfs and as
@@ -73,8 +101,12 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> Result<(), StorageError> {
 }
 
 fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
-    use nix::unistd::{lseek, Whence};
     let mut from = File::open(src).ctx("open", src)?;
+    copy_sparse_from(&mut from, src, dst)
+}
+
+fn copy_sparse_from(from: &mut File, src: &Path, dst: &Path) -> Result<(), StorageError> {
+    use nix::unistd::{lseek, Whence};
     let perm = from.metadata().ctx("stat", src)?.permissions();
     let mut to = OpenOptions::new()
         .write(true)
@@ -98,7 +130,7 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
             .ctx("seek in", src)?;
         to.seek(SeekFrom::Start(start as u64)).ctx("seek in", dst)?;
         let n =
-            io::copy(&mut (&mut from).take((end - start) as u64), &mut to).ctx("copy to", dst)?;
+            io::copy(&mut (&mut *from).take((end - start) as u64), &mut to).ctx("copy to", dst)?;
         if n == 0 {
             break;
         }
@@ -107,6 +139,22 @@ fn copy_sparse_inner(src: &Path, dst: &Path) -> Result<(), StorageError> {
     to.set_permissions(perm).ctx("chmod", dst)?;
     to.sync_all().ctx("sync", dst)?;
     Ok(())
+}
+
+/// The SHA-256 of the file at `path`, lower-case hex.
+pub fn sha256_of(path: &Path) -> Result<String, StorageError> {
+    use sha2::{Digest, Sha256};
+    let mut f = File::open(path).ctx("open", path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).ctx("read", path)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// Writes `data` to `path` atomically: a temporary file beside it, fsync, rename, fsync of the directory.

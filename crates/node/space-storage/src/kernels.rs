@@ -131,6 +131,25 @@ impl KernelStore {
         Ok(self.with_paths(meta))
     }
 
+    /// Installs bundle `meta` from its open files (fetched from the object store); once per
+    /// digest, like a build.
+    pub fn install(
+        &self,
+        meta: &KernelMeta,
+        vmlinuz: &std::fs::File,
+        initramfs: &std::fs::File,
+    ) -> Result<KernelBundleInfo, StorageError> {
+        self.build_or_wait(
+            &meta.digest,
+            |staging| -> Result<KernelMeta, StorageError> {
+                for (file, name) in [(vmlinuz, VMLINUZ_FILE), (initramfs, INITRAMFS_FILE)] {
+                    crate::fsops::copy_open_file(file, Path::new(name), &staging.join(name))?;
+                }
+                Ok(meta.clone())
+            },
+        )
+    }
+
     /// Deletes bundle `digest`. Returns whether it existed.
     pub fn remove(&self, digest: &str) -> Result<bool, StorageError> {
         self.cas.remove(digest)

@@ -35,7 +35,9 @@ pub use ext4diff::{
     MAX_DIFF_READ_BYTES,
 };
 pub use extents::{exclusive_bytes, extent_usage, ExtentUsage};
-pub use fsops::{copy_sparse, is_btrfs, reflink, reflink_or_copy, write_atomic, FileLock};
+pub use fsops::{
+    copy_sparse, is_btrfs, reflink, reflink_or_copy, sha256_of, write_atomic, FileLock,
+};
 pub use kernels::{KernelBundleInfo, KernelMeta, KernelStore, INITRAMFS_FILE, VMLINUZ_FILE};
 pub use loopback::MIN_IMAGE_SIZE;
 pub use snapshots::{
@@ -43,5 +45,5 @@ pub use snapshots::{
     PERSISTENT_SNAPSHOTS_DIR, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE, SNAPSHOT_MEMORY_FILE,
     SNAPSHOT_META_FILE, SNAPSHOT_SOURCE_FILE, SNAPSHOT_STATE_FILE,
 };
-pub use store::{ExistingDisk, Store, StoreBacking, SANDBOX_DISK_FILE};
+pub use store::{ExistingDisk, Store, StoreBacking, INCOMING_DIR, SANDBOX_DISK_FILE};
 pub use templates::{TemplateStore, IMAGE_FILE};

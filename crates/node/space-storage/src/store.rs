@@ -14,6 +14,8 @@ use crate::templates::TemplateStore;
 
 /// File name of a sandbox's root disk inside its directory.
 pub const SANDBOX_DISK_FILE: &str = "rootfs.ext4";
+/// The store's directory of fetched templates and kernel bundles not installed yet.
+pub const INCOMING_DIR: &str = "incoming";
 const MIB: u64 = 1 << 20;
 
 /// How the store's btrfs is provided.
@@ -197,6 +199,12 @@ impl Store {
     /// Removes the sandbox's directory and everything in it. Idempotent.
     pub fn remove_sandbox_dir(&self, id: &SandboxId) -> Result<(), StorageError> {
         mountinfo::remove_tree(&self.sandbox_dir(id))
+    }
+
+    /// Where templates and kernel bundles fetched from the object store are put together
+    /// before the node manager installs them (`<root>/incoming`, the sandbox manager's).
+    pub fn incoming_dir(&self) -> PathBuf {
+        self.root.join(INCOMING_DIR)
     }
 
     /// The template store (`<root>/templates`).

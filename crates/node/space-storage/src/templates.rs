@@ -221,6 +221,34 @@ impl TemplateStore {
             .update_meta(digest, |t| t.kernel_digest = kernel_digest.to_owned())
     }
 
+    /// Installs template `info` whose image is the open file `image` (one fetched from
+    /// the object store), and points its name at it; once per digest, like a build. The image
+    /// is copied from the descriptor into the store, then its SHA-256 is checked against
+    /// `info.image_sha256`: what is stored is exactly what the metadata describes.
+    pub fn install(
+        &self,
+        info: &TemplateInfo,
+        image: &std::fs::File,
+    ) -> Result<TemplateInfo, StorageError> {
+        check_name(&info.name)?;
+        let mut installed = self.cas.build_or_wait(&info.digest, |staging| {
+            let dst = staging.join(IMAGE_FILE);
+            fsops::copy_open_file(image, Path::new("(the fetched image)"), &dst)?;
+            let got = fsops::sha256_of(&dst)?;
+            if got != info.image_sha256 {
+                return Err(StorageError::ContentMismatch {
+                    what: format!("template {} ({})", info.name, info.digest),
+                    expected: info.image_sha256.clone(),
+                    got,
+                });
+            }
+            Ok(info.clone())
+        })?;
+        self.set_name(&info.name, &info.digest)?;
+        installed.name = info.name.clone();
+        Ok(installed)
+    }
+
     /// Copies template `name` from another template store (reflinks on the same btrfs,
     /// sparse copy otherwise) and points `name` at it here.
     pub fn import(&self, from: &TemplateStore, name: &str) -> Result<TemplateInfo, StorageError> {

@@ -33,6 +33,7 @@ fn create_request() -> CreateSandbox {
     CreateSandbox {
         id: SandboxId::generate(),
         template: TEST_TEMPLATE.into(),
+        template_digest: None,
         resources: Default::default(),
         settings: SandboxSettings::new(TenantId::generate()),
     }

@@ -35,7 +35,12 @@ async fn main() -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let mut cfg = test_support::test_server_config(&data_dir).node;
+    // `SPACE_TEST_NO_TEMPLATE=1`: a node that must fetch the suite's template.
+    let mut cfg = if std::env::var_os("SPACE_TEST_NO_TEMPLATE").is_some_and(|v| v == "1") {
+        test_support::test_server_config_without_template(&data_dir).node
+    } else {
+        test_support::test_server_config(&data_dir).node
+    };
     cfg.node_name = joined.state.name.clone();
     cfg.placeholder_key = Some(joined.placeholder_key_file());
     // The cluster's shared object store, when the test gives one.

@@ -585,6 +585,8 @@ pub async fn create(
     let create = CreateSandbox {
         id: id.clone(),
         template: row.template.clone(),
+        // The build this placement chose: a node that lacks it fetches exactly it.
+        template_digest: Some(template.digest.clone()),
         resources: ResourcesRequest {
             vcpus: Some(resources.vcpus),
             memory_mib: Some(resources.memory_mib),
