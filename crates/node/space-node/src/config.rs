@@ -59,6 +59,10 @@ pub struct NodeConfig {
     /// Where suspended sandboxes' snapshots go (and come from): `None` refuses suspend and
     /// resume.
     pub object_store: Option<space_objects::ObjectStoreConfig>,
+    /// Publish this node's templates and kernel bundles to the object store, for nodes
+    /// that lack them (a cluster's nodes; not the single machine, whose store only it
+    /// reads).
+    pub publish_templates: bool,
     /// The cluster's credential placeholder key file, given at join (it must exist): a
     /// sandbox that moves between nodes keeps its placeholders. `None`: the node's own
     /// `placeholder.key` in its data directory, created on first use.
@@ -110,6 +114,7 @@ impl NodeConfig {
             vmm_jail: true,
             node_manager: None,
             object_store: None,
+            publish_templates: false,
             placeholder_key: None,
         }
     }

@@ -1,6 +1,6 @@
 //! Templates and kernel bundles through the object store, by content digest.
 //!
-//! **Publishing.** A node with an object store publishes every template it has, and the
+//! **Publishing.** A cluster's node (`NodeConfig::publish_templates`) publishes every template it has, and the
 //! kernel bundle each boots, in the background (at start, then every
 //! [`PUBLISH_INTERVAL`]; a digest known to be there is not looked at again):
 //!
@@ -189,7 +189,7 @@ impl Node {
 
     /// Publishes this node's templates in the background, if it has an object store.
     pub(crate) fn start_publisher(&self) {
-        if self.inner.objects.is_none() {
+        if self.inner.objects.is_none() || !self.inner.cfg.publish_templates {
             return;
         }
         let weak = Arc::downgrade(&self.inner);

@@ -43,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
     };
     cfg.node_name = joined.state.name.clone();
     cfg.placeholder_key = Some(joined.placeholder_key_file());
+    cfg.publish_templates = true;
     // The cluster's shared object store, when the test gives one.
     if let Some(path) = std::env::var_os("SPACE_TEST_OBJECT_STORE").filter(|p| !p.is_empty()) {
         cfg.object_store = Some(

@@ -179,6 +179,7 @@ async fn run_node(
     let mut cfg = space_node::NodeConfig::new(g.data_dir.clone());
     cfg.node_name = joined.state.name.clone();
     cfg.placeholder_key = Some(joined.placeholder_key_file());
+    cfg.publish_templates = true;
     args.apply(&mut cfg)?;
     let node = space_node::Node::start(cfg)
         .await
