@@ -1075,9 +1075,11 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
 
 /// Ten suspended sandboxes resumed at once on a node that has never had their template:
 /// it fetches the template (and the kernel bundle it boots) from the object store once,
-/// counted at the S3 server, and every one of them runs with its files.
+/// counted at the S3 server, and every one of them runs with its files. Then that node is
+/// drained: every sandbox moves back, as it was (running, or paused); a stopped one cannot
+/// and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_resumes_on_a_node_without_the_template_fetch_it_once() {
+async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
     const SANDBOXES: usize = 10;
     let mut cluster = Cluster::start_with_objects(1, 1).await;
     let a = cluster.clients[0].clone();
@@ -1168,5 +1170,48 @@ async fn ten_resumes_on_a_node_without_the_template_fetch_it_once() {
         garage.requests("GET", "/rootfs.ext4.zst") - images_before,
         1
     );
+
+    // Drained: everything moves to node-a, as it was.
+    a.set_node_cordoned("node-a", false)
+        .await
+        .expect("uncordon a");
+    let paused = &ids[0];
+    a.pause_sandbox(paused).await.expect("pause");
+    a.stop_sandbox(&sb.id).await.expect("stop");
+    let report = a.drain_node("node-c").await.expect("drain");
+    assert_eq!(report.moved.len(), SANDBOXES, "{report:?}");
+    for m in &report.moved {
+        assert_eq!(m.node, "node-a");
+        let want = if m.id == *paused {
+            SandboxState::Paused
+        } else {
+            SandboxState::Running
+        };
+        assert_eq!(m.state, want, "{}", m.id);
+        let info = a.sandbox(&m.id).await.expect("sandbox");
+        assert_eq!((info.node.as_str(), info.state), ("node-a", want));
+    }
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert_eq!(report.failed[0].id, sb.id);
+    assert_eq!(report.failed[0].state, SandboxState::Stopped);
+    assert_eq!(report.failed[0].code, ErrorCode::Conflict);
+    a.resume_sandbox(paused)
+        .await
+        .expect("resume the paused one");
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            shell(&a, id, "cat /home/user/who", false).await.trim(),
+            format!("sandbox-{i}")
+        );
+    }
+    let nodes = cluster.wait_nodes(2, |_| true).await;
+    let c = nodes.iter().find(|n| n.name == "node-c").expect("node-c");
+    assert_eq!(
+        c.state,
+        NodeState::Cordoned,
+        "a drained node stays cordoned"
+    );
+    let missing = a.drain_node("node-zz").await.expect_err("no such node");
+    assert_eq!(missing.code(), Some(ErrorCode::NotFound), "{missing}");
     cluster.stop().await;
 }

@@ -1048,6 +1048,12 @@ impl SpaceClient {
         Self::json(self.request(Method::POST, &format!("/v1/nodes/{}/{verb}", encode(name)))).await
     }
 
+    /// `POST /v1/nodes/{name}/drain`: returns once every sandbox of the node has moved or
+    /// failed to.
+    pub async fn drain_node(&self, name: &str) -> ClientResult<space_core::cluster::DrainReport> {
+        Self::json(self.request(Method::POST, &format!("/v1/nodes/{}/drain", encode(name)))).await
+    }
+
     /// `DELETE /v1/nodes/{name}`.
     pub async fn remove_node(&self, name: &str) -> ClientResult<()> {
         Self::empty(self.request(Method::DELETE, &format!("/v1/nodes/{}", encode(name)))).await

@@ -326,6 +326,34 @@ pub fn pool(list: &[PoolShape]) {
 }
 
 /// Nodes of a cluster.
+/// What `space node drain` did: a row per sandbox.
+pub fn drain(report: &space_core::cluster::DrainReport) {
+    let mut t = table(&["SANDBOX", "MOVED TO", "STATE", "WHY NOT"]);
+    for m in &report.moved {
+        t.add_row(vec![
+            m.id.to_string(),
+            m.node.clone(),
+            m.state.to_string(),
+            String::new(),
+        ]);
+    }
+    for f in &report.failed {
+        t.add_row(vec![
+            f.id.to_string(),
+            "-".into(),
+            f.state.to_string(),
+            format!("{}: {}", f.code, f.message),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "node {}: {} moved, {} not (it stays cordoned)",
+        report.node,
+        report.moved.len(),
+        report.failed.len()
+    );
+}
+
 pub fn nodes(list: &[space_core::cluster::NodeInfo]) {
     let mut t = table(&[
         "NAME",

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::NodeCapacity;
+use crate::{ErrorCode, NodeCapacity, SandboxId, SandboxState};
 
 /// Whether a node takes new sandboxes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +50,45 @@ pub struct NodeInfo {
 pub struct NodeList {
     /// By name.
     pub nodes: Vec<NodeInfo>,
+}
+
+/// `POST /v1/nodes/{name}/drain`: what a drain did. The node stays cordoned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DrainReport {
+    /// The node drained.
+    pub node: String,
+    /// The sandboxes that moved, and where.
+    pub moved: Vec<DrainedSandbox>,
+    /// The sandboxes that did not, and why (each one where it was, or suspended if only
+    /// its resume failed).
+    pub failed: Vec<DrainFailure>,
+}
+
+/// A sandbox a drain moved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DrainedSandbox {
+    /// The sandbox (its id does not change).
+    pub id: SandboxId,
+    /// The node it runs on now.
+    pub node: String,
+    /// Its state there: what it was before (running, or paused).
+    pub state: SandboxState,
+}
+
+/// A sandbox a drain did not move.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DrainFailure {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its state now.
+    pub state: SandboxState,
+    /// Why, machine-readable.
+    pub code: ErrorCode,
+    /// Why, for a human.
+    pub message: String,
 }
 
 /// `POST /v1/nodes/join-tokens`.

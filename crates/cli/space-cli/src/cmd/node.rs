@@ -1,6 +1,6 @@
 //! `space node`: a node of a cluster. `join` and `run` on the node's machine (`run`
 //! serves its agent to the control plane and heartbeats); `list`, `token`, `cordon`,
-//! `uncordon` and `rm` are the operator's, over the API.
+//! `uncordon`, `drain` and `rm` are the operator's, over the API.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,12 @@ pub enum NodeCmd {
     },
     /// Opens a cordoned node again.
     Uncordon {
+        /// The node.
+        name: String,
+    },
+    /// Cordons a node and moves every sandbox it holds to the others (suspended to object
+    /// storage, resumed elsewhere, as it was); exits 1 if any could not move.
+    Drain {
         /// The node.
         name: String,
     },
@@ -143,6 +149,15 @@ pub async fn run(g: &Global, c: NodeCmd) -> anyhow::Result<u8> {
         }
         NodeCmd::Cordon { name } => cordon(g, &name, true).await,
         NodeCmd::Uncordon { name } => cordon(g, &name, false).await,
+        NodeCmd::Drain { name } => {
+            let report = g.client()?.drain_node(&name).await?;
+            if g.json {
+                render::json(&report)?;
+            } else {
+                render::drain(&report);
+            }
+            Ok(u8::from(!report.failed.is_empty()))
+        }
         NodeCmd::Rm { name } => {
             g.client()?.remove_node(&name).await?;
             Ok(0)

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use rand::RngCore;
 use space_core::cluster::{
-    CreateJoinTokenRequest, JoinTokenCreated, NodeInfo, NodeList, NodeState,
+    CreateJoinTokenRequest, DrainReport, JoinTokenCreated, NodeInfo, NodeList, NodeState,
 };
 use space_core::{ErrorBody, ErrorCode};
 use space_node_proto::cluster::JoinToken;
@@ -205,6 +205,41 @@ pub async fn uncordon_node(
 ) -> ApiResult<Json<NodeInfo>> {
     caller.require_operator()?;
     set_cordoned(&st, &name, false).await
+}
+
+/// Drains a node: cordons it, then moves every sandbox it holds to the other nodes
+/// (suspended to object storage, resumed where the scheduler puts it, as it was: running
+/// or paused). Returns once each has moved or failed to; one that fails stays where it was
+/// (or suspended, if only its resume failed) and the others go on.
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{name}/drain",
+    tag = "nodes",
+    params(("name" = String, Path, description = "Node name")),
+    responses(
+        (status = 200, description = "What moved, and what did not and why", body = DrainReport),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 404, description = "No such node", body = ErrorBody),
+        (status = 409, description = "Not a cluster, or no object store", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn drain_node(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Json<DrainReport>> {
+    caller.require_operator()?;
+    if !st.nodes.is_cluster() {
+        return Err(not_a_cluster());
+    }
+    // In its own task: a client that hangs up does not stop a drain half-way.
+    let task_state = st.clone();
+    let report =
+        tokio::spawn(async move { crate::service::drain::drain(&task_state, &name).await })
+            .await
+            .map_err(ApiError::internal)??;
+    Ok(Json(report))
 }
 
 /// Removes a node that holds no sandbox from the cluster (its certificate is no longer

@@ -159,6 +159,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::create_join_token))
         .routes(routes!(nodes::cordon_node))
         .routes(routes!(nodes::uncordon_node))
+        .routes(routes!(nodes::drain_node))
         .routes(routes!(nodes::remove_node))
         .routes(routes!(quota::my_quota))
         .routes(routes!(

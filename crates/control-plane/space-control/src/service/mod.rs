@@ -15,11 +15,13 @@
 //! - [`metrics`]: a sandbox's resource samples.
 //! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
 //!   sandbox needs any more.
+//! - [`drain`]: moving every sandbox off a node (the operator's).
 //!
 //! [`AppState`]: crate::AppState
 //! [`ApiError`]: crate::api::error::ApiError
 
 pub mod credentials;
+pub mod drain;
 pub mod egress;
 pub mod lifecycle;
 pub mod metrics;

@@ -43,8 +43,17 @@ fn objects(st: &AppState) -> ApiResult<&Objects> {
 
 /// Suspends one of the caller's running or paused sandboxes (see the module docs).
 pub async fn suspend(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
-    let objects = objects(st)?.clone();
     let row = st.live_sandbox(&caller.id, id).await?;
+    suspend_row(st, row).await?;
+    let row = st.find_sandbox(&caller.id, id).await?;
+    info_now(st, &row).await
+}
+
+/// Suspends live sandbox `row` (found by the caller); returns once it is suspended, or
+/// runs again where it was.
+pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
+    let objects = objects(st)?.clone();
+    let id = &row.id;
     if row.suspended_snapshot.is_some() {
         return Err(ApiError::new(
             ErrorCode::Conflict,
@@ -103,9 +112,7 @@ pub async fn suspend(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResul
         Ok(())
     })
     .await
-    .map_err(ApiError::internal)??;
-    let row = st.find_sandbox(&caller.id, id).await?;
-    info_now(st, &row).await
+    .map_err(ApiError::internal)?
 }
 
 /// Every artifact of `stored` is one of `snapshot`'s and is in the store at the size the
