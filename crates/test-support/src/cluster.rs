@@ -10,7 +10,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use space_cli::client::SpaceClient;
@@ -27,13 +26,8 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(4);
 /// The agent's port inside each node's namespace.
 const AGENT_PORT: u16 = 7443;
 
-/// The next subnet: distinct across the tests of one process, and offset by the pid so two
-/// test binaries at once do not collide.
-fn next_subnet() -> u8 {
-    static NEXT: AtomicU8 = AtomicU8::new(0);
-    let base = (std::process::id() % 16) as u8 * 12;
-    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) % 12) + 10
-}
+/// Subnets `10.231.<k>.0/30` a node namespace may use, `k` in this range.
+const SUBNETS: std::ops::Range<u16> = 10..250;
 
 fn ip(args: &[&str]) {
     let ok = std::process::Command::new("ip")
@@ -55,18 +49,27 @@ pub struct NodeNetwork {
 
 impl NodeNetwork {
     fn create() -> NodeNetwork {
-        let k = next_subnet();
-        let netns = format!("spt-node-{}-{k}", std::process::id());
-        let _ = space_net::datapath::netns::delete(&netns);
-        space_net::datapath::netns::create(&netns).expect("node namespace");
+        // The namespace's name claims its subnet machine-wide: `ip netns add` fails when
+        // the name exists, so concurrent test processes (nextest runs each test in one of
+        // its own) never share a subnet, whatever their pids.
+        let span = SUBNETS.end - SUBNETS.start;
+        let first = rand::random::<u16>() % span;
+        let k = (0..span)
+            .map(|i| SUBNETS.start + (first + i) % span)
+            .find(|k| space_net::datapath::netns::create(&format!("spt-node-{k}")).is_ok())
+            .expect("a free node subnet");
+        let netns = format!("spt-node-{k}");
         let net = NodeNetwork {
             netns: netns.clone(),
             host_ip: format!("10.231.{k}.1"),
             node_ip: format!("10.231.{k}.2"),
         };
-        let host_if = format!("sptn{}h{k}", std::process::id() % 1000);
+        // A veth of this name can only be left from an earlier namespace of this name
+        // (one whose process outlived it): this subnet is ours now.
+        let host_if = format!("sptn{k}");
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &host_if])
+            .stderr(std::process::Stdio::null())
             .status();
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &netns,

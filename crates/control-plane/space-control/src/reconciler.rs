@@ -599,8 +599,16 @@ impl Reconciler {
         })
     }
 
-    /// The leader's hourly prunes: the action log past its retention, idle request buckets.
+    /// The leader's hourly prunes: the action log past its retention, idle request buckets,
+    /// objects of snapshots no row names.
     async fn prune(&self) {
+        match crate::service::suspend::collect_orphans(&self.state).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(snapshots = n, "orphan snapshot objects collected"),
+            Err(e) => {
+                tracing::warn!(error = %e.body.message, "collecting orphan snapshot objects failed")
+            }
+        }
         if let Err(e) = self.prune_audit().await {
             tracing::warn!(error = %e, "pruning the action log failed");
         }

@@ -41,6 +41,7 @@ const ROUTES: &[&str] = &[
     "GET /v1/nodes",
     "POST /v1/nodes/join-tokens",
     "POST /v1/nodes/{name}/cordon",
+    "POST /v1/nodes/{name}/drain",
     "POST /v1/nodes/{name}/uncordon",
     "DELETE /v1/nodes/{name}",
     "GET /v1/pool",

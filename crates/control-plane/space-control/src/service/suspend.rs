@@ -15,7 +15,9 @@
 //! suspended. If this replica dies in between, the reconciler settles it.
 //!
 //! **Collection** ([`collect`], the leader's): objects of abandoned snapshots, of uploads
-//! whose replica died, and of committed snapshots no sandbox is suspended in any more.
+//! whose replica died, and of committed snapshots no sandbox is suspended in any more; and
+//! hourly ([`collect_orphans`]) objects under `snapshots/` that no row names at all (a node
+//! that went on uploading after its replica gave the suspend up and removed what was there).
 
 use space_core::sandbox::SandboxInfo;
 use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId};
@@ -31,6 +33,10 @@ use crate::db::{now_ms, SandboxRow};
 
 /// Stored snapshots collected per pass at most.
 const COLLECT_BATCH: i64 = 64;
+/// Objects under `snapshots/` that no row names are collected once untouched this long
+/// (rows are written before any upload, so a younger one may only be racing its row's
+/// removal; an hour leaves any upload in flight time to finish or fail).
+pub const ORPHAN_AGE_MS: i64 = 60 * 60 * 1000;
 
 fn objects(st: &AppState) -> ApiResult<&Objects> {
     st.objects.as_ref().ok_or_else(|| {
@@ -279,4 +285,74 @@ pub async fn collect(st: &AppState) -> ApiResult<usize> {
         collected += 1;
     }
     Ok(collected)
+}
+
+/// The snapshot ids a listing of `snapshots/` holds objects of, each with its newest
+/// object's time, those untouched since `before_ms` only. Pure: what [`collect_orphans`]
+/// checks against the database.
+pub fn untouched_snapshot_prefixes(listing: &[(String, u64, i64)], before_ms: i64) -> Vec<String> {
+    let mut newest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for (key, _, modified_ms) in listing {
+        let mut parts = key.split('/');
+        let (Some("snapshots"), Some(id)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let t = newest.entry(id).or_insert(i64::MIN);
+        *t = (*t).max(*modified_ms);
+    }
+    newest
+        .into_iter()
+        .filter(|(_, t)| *t < before_ms)
+        .map(|(id, _)| id.to_owned())
+        .collect()
+}
+
+/// The leader's hourly sweep of objects under `snapshots/` that no stored snapshot row
+/// names (see the module docs); returns how many snapshots' objects went.
+pub async fn collect_orphans(st: &AppState) -> ApiResult<usize> {
+    let Some(objects) = st.objects.as_ref() else {
+        return Ok(0);
+    };
+    let prefix = ObjectKey::parse("snapshots").map_err(ApiError::internal)?;
+    let listing = objects.list(&prefix).await.map_err(ApiError::internal)?;
+    let mut collected = 0;
+    for id in untouched_snapshot_prefixes(&listing, now_ms() - ORPHAN_AGE_MS) {
+        // A name that is no snapshot id is no upload of ours either: left alone.
+        let Ok(snapshot) = id.parse::<SnapshotId>() else {
+            continue;
+        };
+        if st.db.stored_snapshot(&snapshot).await?.is_some() {
+            continue;
+        }
+        match remove_objects(objects, &snapshot).await {
+            Ok(()) => {
+                tracing::info!(%snapshot, "objects of a snapshot no row names collected");
+                collected += 1;
+            }
+            Err(e) => {
+                tracing::warn!(%snapshot, error = %e, "cannot collect orphan objects; retrying later")
+            }
+        }
+    }
+    Ok(collected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::untouched_snapshot_prefixes;
+
+    #[test]
+    fn only_snapshots_untouched_since_the_cutoff_are_candidates() {
+        let listing = vec![
+            ("snapshots/snp-old/memory.zst".to_owned(), 10, 100),
+            ("snapshots/snp-old/meta.json".to_owned(), 1, 150),
+            // One object written lately keeps the whole snapshot.
+            ("snapshots/snp-busy/memory.zst".to_owned(), 10, 100),
+            ("snapshots/snp-busy/disk.delta.zst".to_owned(), 10, 900),
+            ("templates/sha/rootfs.ext4.zst".to_owned(), 10, 1),
+            ("snapshots".to_owned(), 0, 1),
+        ];
+        assert_eq!(untouched_snapshot_prefixes(&listing, 500), vec!["snp-old"]);
+        assert!(untouched_snapshot_prefixes(&listing, 100).is_empty());
+    }
 }

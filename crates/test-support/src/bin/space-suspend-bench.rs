@@ -1,0 +1,234 @@
+//! Issue 15's figures on real VMs: suspend to object storage, and resume on another node to
+//! exec-ready, of a 512 MiB sandbox with 100 MiB of data written (a cluster of two node
+//! processes in namespaces of their own, one replica, PostgreSQL and a private Garage);
+//! bytes uploaded against guest RAM plus disk written; and on the single-machine default, a
+//! suspend and resume through the local store against a plain pause and resume.
+//!
+//! Run with `sudo ./scripts/bench-suspend [samples]` (default 10). Prints percentiles;
+//! every figure is measured.
+
+use std::time::{Duration, Instant};
+
+use space_core::process::ProcessSpec;
+use space_core::sandbox::{CreateSandboxRequest, ResourcesRequest};
+use space_core::{SandboxId, SandboxState};
+use space_node_proto::SuspendedSnapshot;
+use test_support::cluster::Cluster;
+use test_support::{TestServer, TEST_TEMPLATE};
+
+const MEMORY_MIB: u32 = 512;
+const DISK_MIB: u32 = 1024;
+const WRITTEN_MIB: u64 = 100;
+
+fn pct(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(name: &str, samples: &mut [f64], unit: &str) {
+    let (p50, p90) = (pct(samples, 0.5), pct(samples, 0.9));
+    let max = samples.iter().cloned().fold(f64::NAN, f64::max);
+    println!(
+        "{name:<52} n={:<3} p50={p50:>9.1}{unit} p90={p90:>9.1}{unit} max={max:>9.1}{unit}",
+        samples.len()
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn request() -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        resources: ResourcesRequest {
+            vcpus: None,
+            memory_mib: Some(MEMORY_MIB),
+            disk_mib: Some(DISK_MIB),
+        },
+        ..Default::default()
+    }
+}
+
+async fn exec_ok(c: &space_cli::client::SpaceClient, id: &SandboxId) {
+    let out = c.run(id, &ProcessSpec::shell("true")).await.expect("exec");
+    assert_eq!(out.status.exit_code, Some(0));
+}
+
+/// 100 MiB of incompressible data on the sandbox's disk (and in its page cache).
+async fn write_data(c: &space_cli::client::SpaceClient, id: &SandboxId) {
+    let cmd = format!(
+        "head -c {} /dev/urandom > /home/user/data && sync",
+        WRITTEN_MIB << 20
+    );
+    let out = c.run(id, &ProcessSpec::shell(&cmd)).await.expect("write");
+    assert_eq!(out.status.exit_code, Some(0), "{out:?}");
+}
+
+/// What the stored snapshot sandbox `id` is suspended in uploaded.
+async fn stored(st: &space_control::AppState, id: &SandboxId) -> SuspendedSnapshot {
+    let row = st
+        .db
+        .sandbox_any_tenant(id)
+        .await
+        .expect("db")
+        .expect("row");
+    let snap = row.suspended_snapshot.expect("suspended");
+    st.db
+        .stored_snapshot(&snap)
+        .await
+        .expect("db")
+        .and_then(|s| s.manifest)
+        .expect("committed")
+}
+
+#[derive(Default)]
+struct Uploads {
+    total_mib: Vec<f64>,
+    memory_mib: Vec<f64>,
+    disk_mib: Vec<f64>,
+    ratio_pct: Vec<f64>,
+}
+
+impl Uploads {
+    fn add(&mut self, s: &SuspendedSnapshot) {
+        let size = |name: &str| {
+            s.artifacts
+                .iter()
+                .filter(|a| a.name == name)
+                .map(|a| a.size)
+                .sum::<u64>() as f64
+                / (1 << 20) as f64
+        };
+        let total: f64 = s.artifacts.iter().map(|a| a.size).sum::<u64>() as f64 / (1 << 20) as f64;
+        self.total_mib.push(total);
+        self.memory_mib
+            .push(size(space_node_proto::snapshot::artifacts::MEMORY));
+        self.disk_mib
+            .push(size(space_node_proto::snapshot::artifacts::DISK));
+        self.ratio_pct
+            .push(100.0 * total / (MEMORY_MIB as f64 + WRITTEN_MIB as f64));
+    }
+
+    fn report(&mut self, label: &str) {
+        report(
+            &format!("{label}: uploaded, all artifacts"),
+            &mut self.total_mib,
+            " MiB",
+        );
+        report(
+            &format!("{label}: uploaded, memory"),
+            &mut self.memory_mib,
+            " MiB",
+        );
+        report(
+            &format!("{label}: uploaded, disk delta"),
+            &mut self.disk_mib,
+            " MiB",
+        );
+        report(
+            &format!("{label}: uploaded / (RAM {MEMORY_MIB} + written {WRITTEN_MIB} MiB)"),
+            &mut self.ratio_pct,
+            " %",
+        );
+    }
+}
+
+async fn across_nodes(samples: usize) {
+    let cluster = Cluster::start_with_objects(1, 2).await;
+    let c = cluster.clients[0].clone();
+    let st = cluster.replicas[0].state().clone();
+    c.set_node_cordoned("node-b", true).await.expect("cordon");
+    let sb = c.create_sandbox(&request()).await.expect("create");
+    c.set_node_cordoned("node-b", false)
+        .await
+        .expect("uncordon");
+    write_data(&c, &sb.id).await;
+    let (mut suspend, mut resume) = (Vec::new(), Vec::new());
+    let mut uploads = Uploads::default();
+    let mut on = sb.node.clone();
+    for i in 0..samples {
+        let t = Instant::now();
+        let s = c.suspend_sandbox(&sb.id).await.expect("suspend");
+        suspend.push(ms(t.elapsed()));
+        assert_eq!(s.state, SandboxState::Suspended);
+        uploads.add(&stored(&st, &sb.id).await);
+        // The resume must land on the other node.
+        let other = if on == "node-a" { "node-b" } else { "node-a" };
+        c.set_node_cordoned(&on, true).await.expect("cordon");
+        c.set_node_cordoned(other, false).await.expect("uncordon");
+        let t = Instant::now();
+        let r = c.resume_sandbox(&sb.id).await.expect("resume");
+        exec_ok(&c, &sb.id).await;
+        resume.push(ms(t.elapsed()));
+        assert_eq!(r.node, other, "sample {i}");
+        on = other.to_owned();
+    }
+    println!("\n-- across nodes: 2 node processes, S3 (Garage), PostgreSQL --");
+    report(
+        "suspend (pause, checkpoint, upload, commit, free)",
+        &mut suspend,
+        " ms",
+    );
+    report("resume on the other node to exec-ready", &mut resume, " ms");
+    uploads.report("suspend");
+    cluster.stop().await;
+}
+
+async fn one_machine(samples: usize) {
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let st = ts.server().state().clone();
+    let sb = c.create_sandbox(&request()).await.expect("create");
+    write_data(c, &sb.id).await;
+    let (mut suspend, mut resume, mut pause, mut unpause) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut uploads = Uploads::default();
+    for _ in 0..samples {
+        // Alternating, sample by sample: the same machine state for both.
+        let t = Instant::now();
+        c.suspend_sandbox(&sb.id).await.expect("suspend");
+        suspend.push(ms(t.elapsed()));
+        uploads.add(&stored(&st, &sb.id).await);
+        let t = Instant::now();
+        c.resume_sandbox(&sb.id).await.expect("resume");
+        exec_ok(c, &sb.id).await;
+        resume.push(ms(t.elapsed()));
+
+        let t = Instant::now();
+        c.pause_sandbox(&sb.id).await.expect("pause");
+        pause.push(ms(t.elapsed()));
+        let t = Instant::now();
+        c.resume_sandbox(&sb.id).await.expect("resume");
+        exec_ok(c, &sb.id).await;
+        unpause.push(ms(t.elapsed()));
+    }
+    println!("\n-- one machine: the local store (DATA_DIR/objects) --");
+    report("suspend to the local store", &mut suspend, " ms");
+    report(
+        "resume from the local store to exec-ready",
+        &mut resume,
+        " ms",
+    );
+    report("pause (memory stays resident)", &mut pause, " ms");
+    report("resume after pause to exec-ready", &mut unpause, " ms");
+    uploads.report("local suspend");
+    ts.stop().await;
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    test_support::init_logging();
+    let samples: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().expect("samples: a number"))
+        .unwrap_or(10);
+    println!(
+        "sandbox: {MEMORY_MIB} MiB RAM, {DISK_MIB} MiB disk, {WRITTEN_MIB} MiB of random data written; {samples} samples each"
+    );
+    across_nodes(samples).await;
+    one_machine(samples).await;
+}
