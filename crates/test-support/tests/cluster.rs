@@ -1215,3 +1215,119 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
     assert_eq!(missing.code(), Some(ErrorCode::NotFound), "{missing}");
     cluster.stop().await;
 }
+
+/// A sandbox whose policy is `on_node_loss: restore` keeps a checkpoint in object storage;
+/// when its node is lost it is restored on another node from that checkpoint, and the old
+/// node, when it returns, drops its copy before it serves again. A sandbox with the default
+/// policy on the same node stays `lost` until its node returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
+    use space_core::sandbox::OnNodeLoss;
+    let mut cluster = Cluster::start_with_objects(1, 2).await;
+    let a = cluster.clients[0].clone();
+    let st = cluster.replicas[0].state().clone();
+
+    // Bad policies are refused.
+    let mut bad = create_request();
+    bad.checkpoint_interval_secs = Some(60);
+    let e = a
+        .create_sandbox(&bad)
+        .await
+        .expect_err("an interval without restore");
+    assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
+    bad.on_node_loss = OnNodeLoss::Restore;
+    bad.checkpoint_interval_secs = Some(1);
+    let e = a
+        .create_sandbox(&bad)
+        .await
+        .expect_err("an interval too short");
+    assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
+
+    a.set_node_cordoned("node-b", true).await.expect("cordon b");
+    let mut req = create_request();
+    req.on_node_loss = OnNodeLoss::Restore;
+    // Long enough that the test's own calls fall between two checkpoints (the guest is
+    // paused, `suspending`, while one is taken and uploaded).
+    req.checkpoint_interval_secs = Some(20);
+    let sb = a.create_sandbox(&req).await.expect("create");
+    let plain = a.create_sandbox(&create_request()).await.expect("create");
+    assert_eq!(
+        (sb.node.as_str(), plain.node.as_str()),
+        ("node-a", "node-a")
+    );
+    assert_eq!(sb.on_node_loss, OnNodeLoss::Restore);
+    a.set_node_cordoned("node-b", false)
+        .await
+        .expect("uncordon b");
+    shell(
+        &a,
+        &sb.id,
+        "echo before-the-loss > /home/user/kept.txt && sync",
+        false,
+    )
+    .await;
+    let written = space_control::db::now_ms();
+    wait_until(
+        Duration::from_secs(90),
+        "a checkpoint stored after the write",
+        || async {
+            let info = a.sandbox(&sb.id).await.ok()?;
+            (info.stored_checkpoint_at_ms? > written && info.state == SandboxState::Running)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // node-a is lost: its software killed, no more heartbeats.
+    cluster.node_mut("node-a").kill().await;
+    wait_until(
+        Duration::from_secs(120),
+        "the sandbox to be restored on node-b",
+        || async {
+            let info = a.sandbox(&sb.id).await.ok()?;
+            (info.state == SandboxState::Running && info.node == "node-b").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        shell(&a, &sb.id, "cat /home/user/kept.txt", false)
+            .await
+            .trim(),
+        "before-the-loss"
+    );
+    assert_eq!(
+        a.sandbox(&plain.id).await.expect("plain").state,
+        SandboxState::Lost,
+        "no restore policy: lost until its node returns"
+    );
+
+    // node-a returns: reconciled before it serves, it drops its copy of the restored
+    // sandbox; the other one is back.
+    cluster.node_mut("node-a").restart().await;
+    wait_until(
+        Duration::from_secs(120),
+        "node-a to serve again with the plain sandbox",
+        || async {
+            let info = a.sandbox(&plain.id).await.ok()?;
+            (info.state == SandboxState::Running).then_some(())
+        },
+    )
+    .await;
+    let node_a = st.nodes.get("node-a").expect("node-a");
+    assert!(
+        node_a
+            .sandbox(&sb.id)
+            .await
+            .expect("node-a answers")
+            .is_none_or(|v| v.state == SandboxState::Deleted),
+        "node-a never runs the restored sandbox again"
+    );
+    let info = a.sandbox(&sb.id).await.expect("sandbox");
+    assert_eq!(info.node, "node-b");
+    assert!(
+        matches!(info.state, SandboxState::Running | SandboxState::Suspending),
+        "{:?}: running, or having its next checkpoint stored",
+        info.state
+    );
+    cluster.stop().await;
+}

@@ -583,6 +583,9 @@ impl Reconciler {
                 if let Err(e) = crate::service::suspend::collect(&this.state).await {
                     tracing::warn!(error = %e.body.message, "collecting stored snapshots failed");
                 }
+                if let Err(e) = crate::service::node_loss::run(&this.state).await {
+                    tracing::warn!(error = %e.body.message, "node-loss protection pass failed");
+                }
                 let now = tokio::time::Instant::now();
                 let due = {
                     let mut next = next_prune.lock().unwrap_or_else(|p| p.into_inner());
@@ -645,6 +648,8 @@ mod tests {
                 forked_from: None,
                 from_snapshot: None,
                 public_ports: Default::default(),
+                on_node_loss: Default::default(),
+                checkpoint_interval_secs: None,
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,
@@ -658,6 +663,8 @@ mod tests {
             create_latency_ms: Some(1),
             creating_replica: None,
             suspended_snapshot: None,
+            stored_checkpoint: None,
+            stored_checkpoint_at_ms: None,
             tokens: Default::default(),
         }
     }
@@ -1005,6 +1012,8 @@ mod tests {
         let anonymous = SandboxRow {
             creating_replica: None,
             suspended_snapshot: None,
+            stored_checkpoint: None,
+            stored_checkpoint_at_ms: None,
             ..row.clone()
         };
         assert_eq!(

@@ -110,6 +110,8 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
             forked_from: None,
             from_snapshot: None,
             public_ports: Default::default(),
+            on_node_loss: Default::default(),
+            checkpoint_interval_secs: None,
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,
@@ -123,6 +125,8 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
         create_latency_ms: Some(1),
         creating_replica: None,
         suspended_snapshot: None,
+        stored_checkpoint: None,
+        stored_checkpoint_at_ms: None,
         tokens: Default::default(),
     };
     ts.db().insert_sandbox(&row).await.unwrap();

@@ -26,6 +26,8 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
             forked_from: None,
             from_snapshot: None,
             public_ports: Default::default(),
+            on_node_loss: Default::default(),
+            checkpoint_interval_secs: None,
         },
         labels: labels
             .iter()
@@ -42,6 +44,8 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
         create_latency_ms: None,
         creating_replica: None,
         suspended_snapshot: None,
+        stored_checkpoint: None,
+        stored_checkpoint_at_ms: None,
         tokens: Default::default(),
     }
 }
@@ -52,7 +56,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -333,6 +337,8 @@ async fn sandbox_lifecycle_updates() {
             forked_from: None,
             from_snapshot: None,
             public_ports: space_core::sandbox::PublicPorts::Only(vec![8000]),
+            on_node_loss: space_core::sandbox::OnNodeLoss::Restore,
+            checkpoint_interval_secs: Some(60),
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await

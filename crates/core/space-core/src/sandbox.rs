@@ -83,6 +83,16 @@ pub struct CreateSandboxRequest {
     /// What the node does if the sandbox's VMM dies; default `restore`.
     #[serde(default)]
     pub on_crash: CrashPolicy,
+    /// What happens if its node is lost: `fail` (default: it shows `lost` until the node
+    /// returns) or `restore` (from its last stored checkpoint, on another node; needs an
+    /// object store).
+    #[serde(default)]
+    pub on_node_loss: OnNodeLoss,
+    /// With `on_node_loss: restore`: seconds between the checkpoints stored in object
+    /// storage (default [`DEFAULT_STORED_CHECKPOINT_SECS`], at least
+    /// [`MIN_STORED_CHECKPOINT_SECS`]); the guest is paused while one is taken and uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_secs: Option<u64>,
     /// Pause the sandbox after this many seconds without activity (processes using CPU,
     /// disk or network I/O, API calls); the next call that needs it resumes it. Default: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +198,26 @@ pub enum CrashPolicy {
     Restore,
     /// Mark it failed.
     Fail,
+}
+
+/// Default seconds between a restorable sandbox's stored checkpoints.
+pub const DEFAULT_STORED_CHECKPOINT_SECS: u64 = 300;
+/// Fewest seconds between a sandbox's stored checkpoints.
+pub const MIN_STORED_CHECKPOINT_SECS: u64 = 10;
+/// Most seconds between a sandbox's stored checkpoints.
+pub const MAX_STORED_CHECKPOINT_SECS: u64 = 7 * 24 * 3600;
+
+/// What happens to a sandbox when its node is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnNodeLoss {
+    /// It shows `lost` until its node returns.
+    #[default]
+    Fail,
+    /// It is restored on another node from its last checkpoint stored in object storage
+    /// (what it did since is lost); its old node, when it returns, drops its copy.
+    Restore,
 }
 
 /// What happens to a sandbox when its timeout passes.
@@ -299,6 +329,13 @@ pub struct SandboxInfo {
     /// paused (or stopped) it.
     #[serde(default)]
     pub auto_resume: bool,
+    /// What happens if its node is lost.
+    #[serde(default)]
+    pub on_node_loss: OnNodeLoss,
+    /// When its last checkpoint in object storage was stored (`on_node_loss: restore`), ms
+    /// since the Unix epoch: what a restore after a lost node brings back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_checkpoint_at_ms: Option<i64>,
     /// Ports host routes serve without a credential.
     #[serde(default, skip_serializing_if = "PublicPorts::is_none")]
     pub public_ports: PublicPorts,

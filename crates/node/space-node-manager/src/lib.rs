@@ -171,8 +171,9 @@ pub trait NodeManager: Send + Sync + 'static {
     async fn adopt_vm(&self, name: &str, run_dir: &Path) -> Result<Vm, NodeManagerError>;
     /// Stops a VM for good.
     async fn kill_vm(&self, vm: &Vm) -> Result<(), NodeManagerError>;
-    /// Kills VMMs started for `name` that no handle covers (see [`Vmm::kill_strays`]).
-    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError>;
+    /// Kills VMMs started for `name` under `run_root` that no handle covers (see
+    /// [`Vmm::kill_strays`]).
+    async fn kill_stray_vms(&self, name: &str, run_root: &Path) -> Result<usize, NodeManagerError>;
     /// Names of the live VMMs whose runtime files are under `run_root`.
     fn vm_names_under(&self, run_root: &Path) -> Vec<String>;
     /// Removes the cgroups VMMs that died unwatched left behind (see

@@ -277,8 +277,8 @@ impl NodeManager for LocalNodeManager {
         Ok(vm.kill(KILL_GRACE).await?)
     }
 
-    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError> {
-        Ok(self.vmm.kill_strays(name).await?)
+    async fn kill_stray_vms(&self, name: &str, run_root: &Path) -> Result<usize, NodeManagerError> {
+        Ok(self.vmm.kill_strays(name, run_root).await?)
     }
 
     fn forget_memory_image(&self, image: &str) -> Result<(), NodeManagerError> {

@@ -492,7 +492,14 @@ impl NodeManager for RemoteNodeManager {
             .await?)
     }
 
-    async fn kill_stray_vms(&self, name: &str) -> Result<usize, NodeManagerError> {
+    async fn kill_stray_vms(&self, name: &str, run_root: &Path) -> Result<usize, NodeManagerError> {
+        // The node manager kills its own node's VMMs only (those under its run directory).
+        if run_root != self.inner.areas.root(crate::protocol::Area::Run) {
+            return Err(NodeManagerError::Refused(crate::protocol::Refusal::new(
+                crate::protocol::RefusalCode::Confinement,
+                "stray VMMs are killed under this node's run directory only",
+            )));
+        }
         let client = self.inner.clone();
         let request = Request::KillStrayVms {
             name: name.to_owned(),

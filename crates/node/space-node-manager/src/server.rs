@@ -523,7 +523,7 @@ impl Host {
                     // Launched before this node manager started: found by its command line.
                     None => {
                         self.runtime
-                            .block_on(self.local.kill_stray_vms(&name))
+                            .block_on(self.local.kill_stray_vms(&name, self.areas.root(Area::Run)))
                             .map_err(refusal)?;
                     }
                 }
@@ -537,9 +537,10 @@ impl Host {
             }
             Request::KillStrayVms { name } => {
                 check_name("VM name", &name)?;
+                // Its own node's VMMs only (those under its run directory).
                 let n = self
                     .runtime
-                    .block_on(self.local.kill_stray_vms(&name))
+                    .block_on(self.local.kill_stray_vms(&name, self.areas.root(Area::Run)))
                     .map_err(refusal)?;
                 answer(Response::Count { value: n as u64 })
             }

@@ -655,7 +655,7 @@ impl Node {
             if live_vms.contains(&name) {
                 continue;
             }
-            match inner.nm.kill_stray_vms(&name).await {
+            match inner.nm.kill_stray_vms(&name, &inner.run_root).await {
                 Ok(n) if n > 0 => tracing::warn!(vm = %name, "killed an orphaned VMM"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(vm = %name, error = %e, "cannot kill an orphaned VMM"),
@@ -971,7 +971,7 @@ impl Inner {
             if let Ok(vm) = self.nm.adopt_vm(&name, &run_dir).await {
                 self.nm.kill_vm(&vm).await?;
             }
-            self.nm.kill_stray_vms(&name).await?;
+            self.nm.kill_stray_vms(&name, &self.run_root).await?;
             self.nm.remove_run_dir(&run_dir)?;
             self.nm.remove_run_dir(&self.pool_dir().join(&name))?;
             self.drop_vm_network(&name);

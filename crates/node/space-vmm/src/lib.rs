@@ -52,10 +52,12 @@ pub trait Vmm: Send + Sync + 'static {
     /// pid reuse), and reconnects the control socket and the console.
     async fn adopt(&self, name: &str, run_dir: &Path) -> Result<Vm, VmmError>;
 
-    /// Kills every VMM of ours started for `name` that no `Vm` handle covers (found by its
-    /// command line, e.g. one whose starter died before its pidfile or control socket was
-    /// usable). Returns how many were killed.
-    async fn kill_strays(&self, name: &str) -> Result<usize, VmmError>;
+    /// Kills every VMM of ours started for `name` with its runtime files under `run_root`
+    /// that no `Vm` handle covers (found by its command line, e.g. one whose starter died
+    /// before its pidfile or control socket was usable). Returns how many were killed. A
+    /// VMM of the same name under another run directory (another node's on this machine,
+    /// say a sandbox that moved there) is not ours.
+    async fn kill_strays(&self, name: &str, run_root: &Path) -> Result<usize, VmmError>;
 
     /// Names of every live VMM of this backend whose runtime files lie under `run_root`.
     fn names_under(&self, run_root: &Path) -> Vec<String>;

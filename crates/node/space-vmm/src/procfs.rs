@@ -131,14 +131,32 @@ pub(crate) fn is_alive(pid: u32) -> bool {
 
 /// Pids of every live QEMU of ours started for VM `name` (by its command line), however
 /// it was started: used to find a VMM whose pidfile or control socket is not there yet.
-pub(crate) fn our_qemus(name: &str) -> Vec<u32> {
+pub(crate) fn our_qemus(name: &str, run_root: &Path) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| matches!(verify_our_qemu(pid, name), Ok(Ok(()))) && is_alive(pid))
+        .filter(|&pid| {
+            matches!(verify_our_qemu(pid, name), Ok(Ok(())))
+                && started_under(pid, run_root)
+                && is_alive(pid)
+        })
         .collect()
+}
+
+/// Whether live QEMU `pid`'s run-dir marker lies under `run_root`.
+pub(crate) fn started_under(pid: u32, run_root: &Path) -> bool {
+    let Ok(raw) = read_bounded(
+        Path::new(&format!("/proc/{pid}/cmdline")),
+        MAX_CMDLINE_BYTES,
+    ) else {
+        return false;
+    };
+    let prefix = run_dir_marker_prefix(run_root);
+    let args: Vec<&[u8]> = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+    args.windows(2)
+        .any(|w| w[0] == b"-object" && run_dir_under(w[1], &prefix))
 }
 
 /// Names (`-name`) of every live QEMU whose pidfile lies under `run_root`: all the VMs a

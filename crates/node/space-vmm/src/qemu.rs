@@ -580,16 +580,18 @@ impl Vmm for QemuVmm {
         self.images.forget(image)
     }
 
-    async fn kill_strays(&self, name: &str) -> Result<usize, VmmError> {
+    async fn kill_strays(&self, name: &str, run_root: &Path) -> Result<usize, VmmError> {
         config::validate_name(name)?;
         let mut killed = 0;
-        for pid in procfs::our_qemus(name) {
+        for pid in procfs::our_qemus(name, run_root) {
             let proc = match ProcHandle::open(pid) {
                 Ok(p) => p,
                 Err(_) => continue, // already gone
             };
             // The pidfd pins the process: check again that it is ours before the signal.
-            if !matches!(procfs::verify_our_qemu(pid, name), Ok(Ok(()))) {
+            if !matches!(procfs::verify_our_qemu(pid, name), Ok(Ok(())))
+                || !procfs::started_under(pid, run_root)
+            {
                 continue;
             }
             tracing::warn!(vm = %name, pid, "killing a stray VMM");

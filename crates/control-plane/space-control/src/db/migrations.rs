@@ -287,6 +287,16 @@ pub const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE sandboxes ADD COLUMN suspended_snapshot TEXT",
         ],
     },
+    // A restorable sandbox's last checkpoint in object storage (`on_node_loss: restore`):
+    // a committed stored snapshot it is not suspended in, kept until a newer one commits.
+    Migration {
+        version: 12,
+        description: "stored checkpoints",
+        statements: &[
+            "ALTER TABLE sandboxes ADD COLUMN stored_checkpoint TEXT",
+            "ALTER TABLE sandboxes ADD COLUMN stored_checkpoint_at_ms BIGINT",
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -63,6 +63,12 @@ pub struct SandboxSpec {
     /// Ports host routes serve without a credential (rows from before it: none).
     #[serde(default, skip_serializing_if = "PublicPorts::is_none")]
     pub public_ports: PublicPorts,
+    /// What happens if its node is lost (rows from before it: `fail`).
+    #[serde(default)]
+    pub on_node_loss: space_core::sandbox::OnNodeLoss,
+    /// With `restore`: seconds between its stored checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_secs: Option<u64>,
 }
 
 /// The generation and validity of the access tokens handed out for a sandbox (the E2B
@@ -127,6 +133,12 @@ pub struct SandboxRow {
     pub creating_replica: Option<super::ReplicaId>,
     /// The stored snapshot it is suspended in: no node holds it until it resumes.
     pub suspended_snapshot: Option<space_core::SnapshotId>,
+    /// Its last checkpoint stored in object storage (`on_node_loss: restore`): what it is
+    /// restored from if its node is lost.
+    pub stored_checkpoint: Option<space_core::SnapshotId>,
+    /// When that checkpoint was stored (or, after a restore, when the restore began): the
+    /// next one is due an interval later.
+    pub stored_checkpoint_at_ms: Option<i64>,
     /// Its access tokens' generation and validity.
     pub tokens: SandboxTokens,
 }
@@ -146,7 +158,8 @@ const COLUMNS: &str =
     "id, tenant_id, node, template, template_digest, spec, labels, desired_state, \
                        created_at_ms, expires_at_ms, deleted_at_ms, create_latency_ms, \
                        timeout_secs, on_timeout, auto_resume, timed_out_at_ms, token_epoch, \
-                       tokens_valid_until_ms, creating_replica, suspended_snapshot";
+                       tokens_valid_until_ms, creating_replica, suspended_snapshot, \
+                       stored_checkpoint, stored_checkpoint_at_ms";
 
 /// The `SET` of a revocation of sandboxes' tokens: a new epoch, none valid until handed out
 /// again (one sandbox's, or a tenant's when its API key is revoked).
@@ -194,6 +207,11 @@ fn row_to_sandbox(row: &AnyRow) -> Result<SandboxRow, DbError> {
             .try_get::<Option<String>, _>("suspended_snapshot")?
             .map(|s| s.parse().map_err(corrupt))
             .transpose()?,
+        stored_checkpoint: row
+            .try_get::<Option<String>, _>("stored_checkpoint")?
+            .map(|s| s.parse().map_err(corrupt))
+            .transpose()?,
+        stored_checkpoint_at_ms: row.try_get("stored_checkpoint_at_ms")?,
         tokens: SandboxTokens {
             epoch: u64::try_from(token_epoch).map_err(corrupt)?,
             valid_until_ms: row.try_get("tokens_valid_until_ms")?,
@@ -213,7 +231,7 @@ fn to_json<T: Serialize>(v: &T) -> Result<String, DbError> {
 impl Db {
     /// Records a new sandbox (before the node is asked to create it).
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<(), DbError> {
-        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)");
+        let sql = format!("INSERT INTO sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)");
         sqlx::query(&sql)
             .bind(row.id.as_str())
             .bind(row.tenant_id.as_str())
@@ -239,6 +257,12 @@ impl Db {
                     .as_ref()
                     .map(|s| s.as_str().to_owned()),
             )
+            .bind(
+                row.stored_checkpoint
+                    .as_ref()
+                    .map(|s| s.as_str().to_owned()),
+            )
+            .bind(row.stored_checkpoint_at_ms)
             .execute(self.pool())
             .await
             .map_err(|e| unique_violation(e, || format!("sandbox {}", row.id)))?;

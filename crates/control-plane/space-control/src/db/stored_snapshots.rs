@@ -19,6 +19,16 @@ use sqlx::Row;
 use super::{now_ms, Db, DbError, DesiredState, ReplicaId};
 
 /// Where a stored snapshot is in its life.
+/// What committing a stored snapshot makes of its sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Suspended in it: no node holds the sandbox until it resumes.
+    Suspended,
+    /// Its stored checkpoint (it runs on): what it is restored from if its node is lost;
+    /// the one it replaces is no longer referenced, so collected.
+    Checkpoint,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoredState {
     /// Its artifacts are going up; not restorable.
@@ -131,6 +141,7 @@ impl Db {
     pub async fn commit_stored_snapshot(
         &self,
         manifest: &SuspendedSnapshot,
+        commit: Commit,
     ) -> Result<bool, DbError> {
         let json = serde_json::to_string(manifest).map_err(|e| DbError::Invalid(e.to_string()))?;
         let mut tx = self.pool().begin().await?;
@@ -144,13 +155,18 @@ impl Db {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        let suspended = sqlx::query("UPDATE sandboxes SET suspended_snapshot = $1 WHERE id = $2 AND desired_state = $3 AND suspended_snapshot IS NULL")
+        let sql = match commit {
+            Commit::Suspended => "UPDATE sandboxes SET suspended_snapshot = $1 WHERE id = $2 AND desired_state = $3 AND suspended_snapshot IS NULL",
+            Commit::Checkpoint => "UPDATE sandboxes SET stored_checkpoint = $1, stored_checkpoint_at_ms = $4 WHERE id = $2 AND desired_state = $3 AND suspended_snapshot IS NULL",
+        };
+        let mut update = sqlx::query(sql)
             .bind(manifest.snapshot.as_str())
             .bind(manifest.sandbox_id.as_str())
-            .bind(DesiredState::Running.as_str())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+            .bind(DesiredState::Running.as_str());
+        if commit == Commit::Checkpoint {
+            update = update.bind(now_ms());
+        }
+        let suspended = update.execute(&mut *tx).await?.rows_affected();
         if committed != 1 || suspended != 1 {
             tx.rollback().await?;
             return Ok(false);
@@ -163,6 +179,23 @@ impl Db {
     }
 
     /// Gives up an uploading snapshot; `false` if it was not uploading.
+    /// Sandbox `id`, whose node is lost, becomes suspended in its stored checkpoint (then
+    /// resumed like any suspended sandbox); false if it has none, or is suspended,
+    /// resuming or deleted meanwhile. Its next checkpoint is due an interval from now.
+    pub async fn suspend_in_stored_checkpoint(&self, id: &SandboxId) -> Result<bool, DbError> {
+        let done = sqlx::query(
+            "UPDATE sandboxes SET suspended_snapshot = stored_checkpoint, stored_checkpoint = NULL, stored_checkpoint_at_ms = $3 \
+             WHERE id = $1 AND desired_state = $2 AND suspended_snapshot IS NULL AND stored_checkpoint IS NOT NULL AND creating_replica IS NULL",
+        )
+        .bind(id.as_str())
+        .bind(DesiredState::Running.as_str())
+        .bind(now_ms())
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
     pub async fn abandon_stored_snapshot(&self, id: &SnapshotId) -> Result<bool, DbError> {
         let done = sqlx::query(
             "UPDATE stored_snapshots SET state = $1, replica = NULL WHERE id = $2 AND state = $3",
@@ -199,7 +232,7 @@ impl Db {
         let sql = format!(
             "SELECT {COLUMNS} FROM stored_snapshots s WHERE s.state = $1 \
              OR s.state = $2 \
-             OR (s.state = $3 AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE b.suspended_snapshot = s.id AND b.desired_state = $4)) \
+             OR (s.state = $3 AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE (b.suspended_snapshot = s.id OR b.stored_checkpoint = s.id) AND b.desired_state = $4)) \
              ORDER BY s.created_at_ms LIMIT $5"
         );
         let rows = sqlx::query(&sql)

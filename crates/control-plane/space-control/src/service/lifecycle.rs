@@ -170,6 +170,9 @@ pub async fn fork(
                     forked_from: Some(parent.clone()),
                     from_snapshot: None,
                     public_ports: parent_row.spec.public_ports.clone(),
+                    // A child is as restorable as its parent.
+                    on_node_loss: parent_row.spec.on_node_loss,
+                    checkpoint_interval_secs: parent_row.spec.checkpoint_interval_secs,
                 },
                 labels: labels.clone(),
                 timeout_secs: req.timeout_secs,

@@ -16,6 +16,8 @@
 //! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
 //!   sandbox needs any more.
 //! - [`drain`]: moving every sandbox off a node (the operator's).
+//! - [`node_loss`]: stored checkpoints of restorable sandboxes, and restoring those of a
+//!   lost node elsewhere (the leader's).
 //!
 //! [`AppState`]: crate::AppState
 //! [`ApiError`]: crate::api::error::ApiError
@@ -25,6 +27,7 @@ pub mod drain;
 pub mod egress;
 pub mod lifecycle;
 pub mod metrics;
+pub mod node_loss;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod suspend;

@@ -16,7 +16,7 @@ use space_core::process::validate_env;
 use space_core::sandbox::{
     validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, MAX_TIMEOUT_SECS,
 };
-use space_core::sandbox::{PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
+use space_core::sandbox::{OnNodeLoss, PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
 use space_core::template::validate_template_name;
 use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
 use space_secrets::ProjectId;
@@ -71,6 +71,11 @@ pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxView>, creating: bo
         timeout_secs: row.timeout_secs,
         on_timeout: row.on_timeout,
         auto_resume: row.auto_resume,
+        on_node_loss: row.spec.on_node_loss,
+        stored_checkpoint_at_ms: row
+            .stored_checkpoint
+            .as_ref()
+            .and(row.stored_checkpoint_at_ms),
         public_ports: row.spec.public_ports.clone(),
         timed_out_at_ms: row.timed_out_at_ms,
         create_latency_ms: row.create_latency_ms.and_then(|v| u64::try_from(v).ok()),
@@ -341,6 +346,7 @@ async fn create_from_snapshot(
             .cloned(),
     );
     env_keys.sort();
+    let (on_node_loss, checkpoint_interval_secs) = node_loss_policy(st, &req)?;
     // The snapshot's files are on the node that took it: the sandbox is made there.
     let node = found.node.clone();
     let id = SandboxId::generate();
@@ -357,6 +363,8 @@ async fn create_from_snapshot(
                 forked_from: None,
                 from_snapshot: Some(snapshot.clone()),
                 public_ports: req.public_ports.clone(),
+                on_node_loss,
+                checkpoint_interval_secs,
             },
             labels,
             timeout_secs: req.timeout_secs,
@@ -396,6 +404,38 @@ pub struct NewRow {
     pub auto_resume: bool,
 }
 
+/// The node-loss policy a create asks for, checked: `restore` needs an object store and a
+/// checkpoint interval within bounds.
+pub fn node_loss_policy(
+    st: &AppState,
+    req: &CreateSandboxRequest,
+) -> ApiResult<(OnNodeLoss, Option<u64>)> {
+    use space_core::sandbox::{
+        DEFAULT_STORED_CHECKPOINT_SECS, MAX_STORED_CHECKPOINT_SECS, MIN_STORED_CHECKPOINT_SECS,
+    };
+    match req.on_node_loss {
+        OnNodeLoss::Fail if req.checkpoint_interval_secs.is_some() => Err(ApiError::invalid(
+            "checkpoint_interval_secs applies only with on_node_loss: restore",
+        )),
+        OnNodeLoss::Fail => Ok((OnNodeLoss::Fail, None)),
+        OnNodeLoss::Restore if st.objects.is_none() || !st.nodes.is_cluster() => Err(ApiError::new(
+            ErrorCode::Conflict,
+            "on_node_loss: restore needs a cluster with an object store (`--cluster-dir`, `--object-store`): its checkpoints are stored there, and restored on another node",
+        )),
+        OnNodeLoss::Restore => {
+            let secs = req
+                .checkpoint_interval_secs
+                .unwrap_or(DEFAULT_STORED_CHECKPOINT_SECS);
+            if !(MIN_STORED_CHECKPOINT_SECS..=MAX_STORED_CHECKPOINT_SECS).contains(&secs) {
+                return Err(ApiError::invalid(format!(
+                    "checkpoint_interval_secs must be between {MIN_STORED_CHECKPOINT_SECS} and {MAX_STORED_CHECKPOINT_SECS}"
+                )));
+            }
+            Ok((OnNodeLoss::Restore, Some(secs)))
+        }
+    }
+}
+
 /// The desired-state row of a sandbox about to be made on the node called `node`.
 pub fn new_row(id: SandboxId, tenant: &TenantId, node: &str, new: NewRow) -> SandboxRow {
     let now = now_ms();
@@ -420,6 +460,8 @@ pub fn new_row(id: SandboxId, tenant: &TenantId, node: &str, new: NewRow) -> San
         create_latency_ms: None,
         creating_replica: None,
         suspended_snapshot: None,
+        stored_checkpoint: None,
+        stored_checkpoint_at_ms: None,
         tokens: Default::default(),
     }
 }
@@ -552,6 +594,7 @@ pub async fn create(
     resources
         .validate(template.image_size_mib)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let (on_node_loss, checkpoint_interval_secs) = node_loss_policy(st, &req)?;
     let node = st.nodes.place(resources, &template.digest, &[]).await?;
 
     let id = SandboxId::generate();
@@ -568,6 +611,8 @@ pub async fn create(
                 forked_from: None,
                 from_snapshot: None,
                 public_ports: req.public_ports.clone(),
+                on_node_loss,
+                checkpoint_interval_secs,
             },
             labels: req.labels.clone(),
             timeout_secs: req.timeout_secs,
@@ -750,6 +795,8 @@ mod tests {
                 forked_from: None,
                 from_snapshot: None,
                 public_ports: Default::default(),
+                on_node_loss: Default::default(),
+                checkpoint_interval_secs: None,
             },
             labels: BTreeMap::new(),
             desired_state: desired,
@@ -763,6 +810,8 @@ mod tests {
             create_latency_ms: Some(5),
             creating_replica: None,
             suspended_snapshot: None,
+            stored_checkpoint: None,
+            stored_checkpoint_at_ms: None,
             tokens: Default::default(),
         }
     }

@@ -29,7 +29,7 @@ use super::sandboxes::info_now;
 use super::Caller;
 use crate::api::error::{ApiError, ApiResult};
 use crate::api::AppState;
-use crate::db::{now_ms, SandboxRow};
+use crate::db::{now_ms, Commit, SandboxRow};
 
 /// Stored snapshots collected per pass at most.
 const COLLECT_BATCH: i64 = 64;
@@ -58,6 +58,19 @@ pub async fn suspend(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResul
 /// Suspends live sandbox `row` (found by the caller); returns once it is suspended, or
 /// runs again where it was.
 pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
+    store_row(st, row, Commit::Suspended).await
+}
+
+/// Stores a checkpoint of live sandbox `row` in object storage, as a suspend does, but
+/// the sandbox runs on where it is (it is paused while the checkpoint is taken and
+/// uploaded); the committed snapshot becomes its `stored_checkpoint`, what it is restored
+/// from if its node is lost (`service::node_loss`).
+pub async fn checkpoint_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
+    store_row(st, row, Commit::Checkpoint).await
+}
+
+/// A suspend, or a stored checkpoint (`commit` says which).
+async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<()> {
     let objects = objects(st)?.clone();
     let id = &row.id;
     if row.suspended_snapshot.is_some() {
@@ -101,7 +114,7 @@ pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
             give_up(st, &objects, &snapshot).await;
             return Err(e);
         }
-        if !st.db.commit_stored_snapshot(&stored).await? {
+        if !st.db.commit_stored_snapshot(&stored, commit).await? {
             // Deleted or suspended meanwhile: nothing to keep.
             let _ = node.abort_suspend(id).await;
             give_up(st, &objects, &snapshot).await;
@@ -109,6 +122,14 @@ pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
                 ErrorCode::Conflict,
                 format!("sandbox {id} changed while it was being suspended; it was not suspended"),
             ));
+        }
+        if commit == Commit::Checkpoint {
+            // Stored: it runs on (the reconciler runs it again if this fails).
+            if let Err(e) = node.abort_suspend(id).await {
+                tracing::warn!(sandbox = %id, error = %e, "a checkpointed sandbox does not run again yet; the reconciler retries");
+            }
+            tracing::info!(sandbox = %id, %snapshot, memory_bytes = stored.memory_bytes, "checkpoint stored");
+            return Ok(());
         }
         tracing::info!(sandbox = %id, %snapshot, memory_bytes = stored.memory_bytes, disk_blocks = stored.disk_changed_blocks, "sandbox suspended; its node frees it");
         // Committed: the node lets it go (the reconciler retries if this fails).

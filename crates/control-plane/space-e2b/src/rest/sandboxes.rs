@@ -350,6 +350,7 @@ fn is_transient(state: SandboxState) -> bool {
             | Checkpointing
             | RollingBack
             | Restoring
+            | Suspending
     )
 }
 
@@ -387,6 +388,10 @@ async fn wake(
         }
         SandboxState::Stopped => {
             let _ = lifecycle::start(app, tenant, &info.id).await?;
+        }
+        // In object storage: restored, memory and all, on whichever node has room.
+        SandboxState::Suspended => {
+            let _ = lifecycle::resume(app, tenant, &info.id).await?;
         }
         _ => return Ok(true),
     }
@@ -460,7 +465,10 @@ pub struct PauseRequest {
 }
 
 /// `POST /sandboxes/{id}/pause`: 204; 409 if it is not running (the SDKs then return
-/// false).
+/// false). With an object store (SPACE's suspend), a pause is E2B's: the sandbox is
+/// suspended to it and holds nothing on its node until it is resumed, on any node;
+/// without one it is SPACE's pause (its memory stays resident). `memory: false` stops it
+/// (its disk kept).
 pub async fn pause(
     State(st): State<E2bState>,
     tenant: Caller,
@@ -469,7 +477,18 @@ pub async fn pause(
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
     if req.memory.unwrap_or(true) {
-        let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
+        let idle = info.paused_by == Some(space_core::sandbox::PausedBy::Idle);
+        let running = info.state == SandboxState::Running || idle;
+        if st.app.objects.is_some() && running {
+            let _ = space_control::service::suspend::suspend(&st.app, &tenant, &info.id).await?;
+        } else if st.app.objects.is_some() {
+            return Err(RestError::new(
+                409,
+                format!("sandbox {} is already paused", info.id),
+            ));
+        } else {
+            let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
+        }
     } else {
         if info.state == SandboxState::Stopped {
             return Err(RestError::new(
