@@ -465,10 +465,8 @@ pub struct PauseRequest {
 }
 
 /// `POST /sandboxes/{id}/pause`: 204; 409 if it is not running (the SDKs then return
-/// false). With an object store (SPACE's suspend), a pause is E2B's: the sandbox is
-/// suspended to it and holds nothing on its node until it is resumed, on any node;
-/// without one it is SPACE's pause (its memory stays resident). `memory: false` stops it
-/// (its disk kept).
+/// false). SPACE's pause (its memory stays resident); `memory: false` stops it (its disk
+/// kept). A sandbox suspended through `/v1` reads `paused` here and `connect` resumes it.
 pub async fn pause(
     State(st): State<E2bState>,
     tenant: Caller,
@@ -477,18 +475,7 @@ pub async fn pause(
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
     if req.memory.unwrap_or(true) {
-        let idle = info.paused_by == Some(space_core::sandbox::PausedBy::Idle);
-        let running = info.state == SandboxState::Running || idle;
-        if st.app.objects.is_some() && running {
-            let _ = space_control::service::suspend::suspend(&st.app, &tenant, &info.id).await?;
-        } else if st.app.objects.is_some() {
-            return Err(RestError::new(
-                409,
-                format!("sandbox {} is already paused", info.id),
-            ));
-        } else {
-            let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
-        }
+        let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
     } else {
         if info.state == SandboxState::Stopped {
             return Err(RestError::new(
