@@ -448,3 +448,13 @@ pub fn api_error<T: std::fmt::Debug>(
         other => panic!("expected an API error, got {other:?}"),
     }
 }
+
+/// The `p` quantile (0..=1, nearest rank) of `samples`, sorting them; NaN when empty. For the
+/// benchmark binaries.
+pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}

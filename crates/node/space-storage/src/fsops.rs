@@ -77,18 +77,8 @@ pub fn copy_open_file(src: &File, name: &Path, dst: &Path) -> Result<(), Storage
 /// a sparse copy (holes stay holes) otherwise. For sharing caches between stores; never used
 /// for sandbox disks, which must be reflinks.
 pub fn reflink_or_copy(src: &Path, dst: &Path) -> Result<(), StorageError> {
-    match reflink(src, dst) {
-        Ok(()) => Ok(()),
-        Err(StorageError::Reflink { source, .. })
-            if matches!(
-                source.raw_os_error(),
-                Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)
-            ) =>
-        {
-            copy_sparse(src, dst)
-        }
-        Err(e) => Err(e),
-    }
+    let file = File::open(src).ctx("open", src)?;
+    copy_open_file(&file, src, dst)
 }
 
 /// Copies the data regions of `src` into a new file `dst`, leaving holes as holes.

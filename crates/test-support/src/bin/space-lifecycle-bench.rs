@@ -26,14 +26,7 @@ const FORK_CHILDREN: usize = 10;
 const IDLE_VMS: usize = 20;
 const CRASHES: usize = 5;
 
-fn pct(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[idx]
-}
+use test_support::percentile as pct;
 
 fn report(name: &str, samples: &mut [f64], unit: &str, target: &str) {
     let (p50, p90) = (pct(samples, 0.5), pct(samples, 0.9));

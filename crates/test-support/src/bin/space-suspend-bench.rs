@@ -20,13 +20,7 @@ const MEMORY_MIB: u32 = 512;
 const DISK_MIB: u32 = 1024;
 const WRITTEN_MIB: u64 = 100;
 
-fn pct(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
-}
+use test_support::percentile as pct;
 
 fn report(name: &str, samples: &mut [f64], unit: &str) {
     let (p50, p90) = (pct(samples, 0.5), pct(samples, 0.9));
