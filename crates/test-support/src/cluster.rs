@@ -45,6 +45,8 @@ pub struct NodeNetwork {
     pub host_ip: String,
     /// The node's address.
     pub node_ip: String,
+    /// The host's end of the veth.
+    host_if: String,
 }
 
 impl NodeNetwork {
@@ -63,10 +65,11 @@ impl NodeNetwork {
             netns: netns.clone(),
             host_ip: format!("10.231.{k}.1"),
             node_ip: format!("10.231.{k}.2"),
+            host_if: format!("sptn{k}"),
         };
         // A veth of this name can only be left from an earlier namespace of this name
         // (one whose process outlived it): this subnet is ours now.
-        let host_if = format!("sptn{k}");
+        let host_if = net.host_if.clone();
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &host_if])
             .stderr(std::process::Stdio::null())
@@ -94,6 +97,19 @@ impl NodeNetwork {
         ip(&["-n", &netns, "link", "set", "eth0", "up"]);
         ip(&["-n", &netns, "link", "set", "lo", "up"]);
         net
+    }
+}
+
+impl NodeNetwork {
+    /// Cuts the node off the host's network (`false`: its veth's host end down; the node and
+    /// its VMs run on, unreachable and unable to reach anything) or connects it again.
+    pub fn set_connected(&self, connected: bool) {
+        ip(&[
+            "link",
+            "set",
+            &self.host_if,
+            if connected { "up" } else { "down" },
+        ]);
     }
 }
 

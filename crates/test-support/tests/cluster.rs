@@ -1217,13 +1217,15 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
 }
 
 /// A sandbox whose policy is `on_node_loss: restore` keeps a checkpoint in object storage;
-/// when its node is lost it is restored on another node from that checkpoint, and the old
-/// node, when it returns, drops its copy before it serves again. A sandbox with the default
-/// policy on the same node stays `lost` until its node returns.
+/// when its node is cut off and declared lost it is restored on another node from that
+/// checkpoint. The cut-off node, alive all along, paused its copy before it could be
+/// declared lost (it fences itself), and when it is back it drops that copy before it
+/// serves again. A sandbox with the default policy on the same node stays `lost` until its
+/// node returns, and runs on there untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
     use space_core::sandbox::OnNodeLoss;
-    let mut cluster = Cluster::start_with_objects(1, 2).await;
+    let cluster = Cluster::start_with_objects(1, 2).await;
     let a = cluster.clients[0].clone();
     let st = cluster.replicas[0].state().clone();
 
@@ -1246,8 +1248,8 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
     a.set_node_cordoned("node-b", true).await.expect("cordon b");
     let mut req = create_request();
     req.on_node_loss = OnNodeLoss::Restore;
-    // Long enough that the test's own calls fall between two checkpoints (the guest is
-    // paused, `suspending`, while one is taken and uploaded).
+    // Long enough that the test's own calls mostly fall between two checkpoints (the
+    // sandbox is `checkpointing` for each one's final pass; the upload does not stop it).
     req.checkpoint_interval_secs = Some(20);
     let sb = a.create_sandbox(&req).await.expect("create");
     let plain = a.create_sandbox(&create_request()).await.expect("create");
@@ -1278,8 +1280,9 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
     )
     .await;
 
-    // node-a is lost: its software killed, no more heartbeats.
-    cluster.node_mut("node-a").kill().await;
+    // node-a is cut off: alive, its VMs running, but no heartbeat reaches the control
+    // plane.
+    cluster.node("node-a").network.set_connected(false);
     wait_until(
         Duration::from_secs(120),
         "the sandbox to be restored on node-b",
@@ -1301,9 +1304,22 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
         "no restore policy: lost until its node returns"
     );
 
-    // node-a returns: reconciled before it serves, it drops its copy of the restored
+    // node-a paused its copy of the restorable sandbox itself, and only that one.
+    let log = cluster.node("node-a").log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sandbox paused (fenced)") && l.contains(sb.id.as_str())),
+        "node-a fenced the restorable sandbox:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("(fenced)") && l.contains(plain.id.as_str())),
+        "the plain sandbox runs on"
+    );
+
+    // node-a is back: reconciled before it serves, it drops its copy of the restored
     // sandbox; the other one is back.
-    cluster.node_mut("node-a").restart().await;
+    cluster.node("node-a").network.set_connected(true);
     wait_until(
         Duration::from_secs(120),
         "node-a to serve again with the plain sandbox",
@@ -1325,9 +1341,181 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
     let info = a.sandbox(&sb.id).await.expect("sandbox");
     assert_eq!(info.node, "node-b");
     assert!(
-        matches!(info.state, SandboxState::Running | SandboxState::Suspending),
-        "{:?}: running, or having its next checkpoint stored",
+        matches!(
+            info.state,
+            SandboxState::Running | SandboxState::Checkpointing
+        ),
+        "{:?}: running, or having its next checkpoint taken",
         info.state
     );
+    cluster.stop().await;
+}
+
+/// A sandbox whose `snapshot_storage` is `object_store` has its persistent snapshots (a
+/// checkpoint and a disk snapshot) uploaded before the call returns; they stay listed and
+/// usable once the node that took them is lost: new sandboxes are made from them on another
+/// node, which downloads each once however many creates need it. A tampered artifact is
+/// refused; deleting a stored snapshot drops it everywhere and its objects are collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stored_persistent_snapshots_outlive_their_node() {
+    use space_core::sandbox::{CreateSnapshotRequest, SnapshotStorage};
+    use space_core::SnapshotKind;
+    use space_objects::ObjectKey;
+    let mut cluster = Cluster::start_with_objects(1, 2).await;
+    let a = cluster.clients[0].clone();
+    let st = cluster.replicas[0].state().clone();
+    let objects = st.objects.clone().expect("an object store");
+
+    a.set_node_cordoned("node-b", true).await.expect("cordon b");
+    let mut req = create_request();
+    req.snapshot_storage = SnapshotStorage::ObjectStore;
+    let sb = a.create_sandbox(&req).await.expect("create");
+    assert_eq!(sb.snapshot_storage, SnapshotStorage::ObjectStore);
+    let plain = a.create_sandbox(&create_request()).await.expect("create");
+    assert_eq!(
+        (sb.node.as_str(), plain.node.as_str()),
+        ("node-a", "node-a")
+    );
+    shell(
+        &a,
+        &sb.id,
+        "echo taken-on-a > /home/user/kept.txt && sync",
+        false,
+    )
+    .await;
+    let persistent = |kind| CreateSnapshotRequest {
+        kind,
+        label: Some("keep".into()),
+        persistent: true,
+    };
+    let checkpoint = a
+        .create_snapshot(&sb.id, &persistent(SnapshotKind::Checkpoint))
+        .await
+        .expect("persistent checkpoint")
+        .snapshot;
+    let disk = a
+        .create_snapshot(&sb.id, &persistent(SnapshotKind::Disk))
+        .await
+        .expect("persistent disk snapshot")
+        .snapshot;
+    assert!(checkpoint.stored && checkpoint.persistent, "{checkpoint:?}");
+    assert!(disk.stored && disk.persistent, "{disk:?}");
+    // Only persistent snapshots of such a sandbox are stored; other sandboxes' never.
+    let transient = a
+        .create_snapshot(
+            &sb.id,
+            &CreateSnapshotRequest {
+                kind: SnapshotKind::Disk,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("snapshot")
+        .snapshot;
+    assert!(!transient.stored);
+    let local = a
+        .create_snapshot(&plain.id, &persistent(SnapshotKind::Disk))
+        .await
+        .expect("snapshot")
+        .snapshot;
+    assert!(local.persistent && !local.stored);
+
+    // node-a is lost: its stored snapshots stay listed, its other ones do not.
+    cluster.node_mut("node-a").kill().await;
+    wait_until(Duration::from_secs(120), "node-a to be lost", || async {
+        let nodes = a.nodes().await.ok()?;
+        let n = nodes.nodes.iter().find(|n| n.name == "node-a")?;
+        (n.state == NodeState::Lost).then_some(())
+    })
+    .await;
+    a.set_node_cordoned("node-b", false)
+        .await
+        .expect("uncordon b");
+    let listed: BTreeSet<_> = a
+        .tenant_snapshots(None::<&str>, None)
+        .await
+        .expect("list")
+        .snapshots
+        .into_iter()
+        .map(|s| (s.id, s.stored))
+        .collect();
+    assert_eq!(
+        listed,
+        BTreeSet::from([(checkpoint.id.clone(), true), (disk.id.clone(), true)]),
+        "only the stored snapshots are listed while their node is lost"
+    );
+    assert!(a.tenant_snapshot(&checkpoint.id).await.expect("get").stored);
+
+    // A tampered artifact is refused, and nothing is made of it.
+    let disk_key = ObjectKey::snapshot_artifact(disk.id.as_str(), "disk.delta.zst").expect("key");
+    objects
+        .put_bytes(&disk_key, bytes::Bytes::from_static(b"not a delta"))
+        .await
+        .expect("tamper");
+    let from_disk = CreateSandboxRequest {
+        snapshot: Some(disk.id.clone()),
+        ..Default::default()
+    };
+    let e = a
+        .create_sandbox(&from_disk)
+        .await
+        .expect_err("a tampered snapshot");
+    assert_eq!(e.code(), Some(ErrorCode::SnapshotCorrupt), "{e}");
+
+    // Two creates from the stored checkpoint at once: both on node-b, one download.
+    let garage = cluster.garage();
+    let memory_suffix = format!("{}/memory.zst", checkpoint.id);
+    let before = garage.requests("GET", &memory_suffix);
+    let from_checkpoint = CreateSandboxRequest {
+        snapshot: Some(checkpoint.id.clone()),
+        ..Default::default()
+    };
+    let (one, two) = tokio::join!(
+        a.create_sandbox(&from_checkpoint),
+        a.create_sandbox(&from_checkpoint)
+    );
+    for made in [
+        one.expect("create from the checkpoint"),
+        two.expect("again"),
+    ] {
+        assert_eq!(made.node, "node-b");
+        assert_eq!(
+            shell(&a, &made.id, "cat /home/user/kept.txt", false)
+                .await
+                .trim(),
+            "taken-on-a"
+        );
+    }
+    assert_eq!(
+        garage.requests("GET", &memory_suffix) - before,
+        1,
+        "one download of the checkpoint's memory for both creates"
+    );
+
+    // Deleted: gone from the listing, from node-b, and from object storage.
+    a.delete_tenant_snapshot(&checkpoint.id)
+        .await
+        .expect("delete");
+    let e = a
+        .tenant_snapshot(&checkpoint.id)
+        .await
+        .expect_err("deleted");
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    let node_b = st.nodes.get("node-b").expect("node-b");
+    assert!(
+        node_b
+            .persistent_snapshot(&checkpoint.id)
+            .await
+            .expect("node-b answers")
+            .is_none(),
+        "node-b's copy is gone"
+    );
+    let prefix = ObjectKey::snapshot_prefix(checkpoint.id.as_str()).expect("prefix");
+    wait_until(
+        Duration::from_secs(60),
+        "the deleted snapshot's objects to be collected",
+        || async { objects.list(&prefix).await.ok()?.is_empty().then_some(()) },
+    )
+    .await;
     cluster.stop().await;
 }

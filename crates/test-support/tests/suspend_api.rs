@@ -140,3 +140,76 @@ async fn a_suspended_sandbox_with_auto_resume_wakes_for_a_call() {
     );
     ts.stop().await;
 }
+
+/// On the single-machine default, a persistent snapshot of a sandbox whose
+/// `snapshot_storage` is `object_store` goes to the local object store too: once its
+/// sandbox is deleted and the node has lost its own copy, a sandbox is still made from it
+/// (fetched back from the store); deleting it removes its objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stored_persistent_snapshot_is_made_again_from_the_local_store() {
+    use space_core::sandbox::{CreateSnapshotRequest, SnapshotStorage};
+    use space_core::SnapshotKind;
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let node = ts.server().local_node().clone();
+    let req = CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        snapshot_storage: SnapshotStorage::ObjectStore,
+        ..Default::default()
+    };
+    let sb = c.create_sandbox(&req).await.expect("create");
+    shell(c, &sb.id, "echo kept > /home/user/kept.txt && sync", false).await;
+    start_counter(c, &sb.id, "/home/user/count").await;
+    let snap = c
+        .create_snapshot(
+            &sb.id,
+            &CreateSnapshotRequest {
+                kind: SnapshotKind::Checkpoint,
+                label: None,
+                persistent: true,
+            },
+        )
+        .await
+        .expect("persistent checkpoint")
+        .snapshot;
+    assert!(snap.stored, "{snap:?}");
+    assert_eq!(stored_objects(&ts), 1, "one stored snapshot");
+    c.delete_sandbox(&sb.id).await.expect("delete");
+    // The node loses its copy (as a node whose disk was replaced would).
+    node.delete_persistent_snapshot(&snap.id)
+        .await
+        .expect("the node's copy");
+    let listed = c.tenant_snapshot(&snap.id).await.expect("still listed");
+    assert!(listed.stored && listed.persistent);
+
+    let made = c
+        .create_sandbox(&CreateSandboxRequest {
+            snapshot: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("create from the stored snapshot");
+    assert_eq!(
+        shell(c, &made.id, "cat /home/user/kept.txt", false)
+            .await
+            .trim(),
+        "kept"
+    );
+    let first = counter(c, &made.id, "/home/user/count").await;
+    wait_until(
+        Duration::from_secs(30),
+        "the process to count on",
+        || async { (counter(c, &made.id, "/home/user/count").await > first).then_some(()) },
+    )
+    .await;
+
+    c.delete_tenant_snapshot(&snap.id).await.expect("delete");
+    let e = c.tenant_snapshot(&snap.id).await.expect_err("deleted");
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    wait_until(
+        Duration::from_secs(60),
+        "the snapshot's objects to be collected",
+        || async { (stored_objects(&ts) == 0).then_some(()) },
+    )
+    .await;
+}

@@ -12,10 +12,10 @@ use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId};
 use space_node::suspend::{ARTIFACTS, MEMORY_ARTIFACT};
 use space_node::{Node, NodeError};
 use space_node_proto::api::NodeApi;
-use space_node_proto::{ResumeSandbox, SnapshotOwner, SuspendSandbox, SuspendedSnapshot};
+use space_node_proto::{ResumeSandbox, SnapshotOwner, StoredSnapshot, SuspendSandbox};
 use test_support::{counter, shell, start_counter, wait_until, TestServer, TEST_TEMPLATE};
 
-async fn suspend(n: &Node, id: &SandboxId) -> SuspendedSnapshot {
+async fn suspend(n: &Node, id: &SandboxId) -> StoredSnapshot {
     let tenant = n.sandbox(id).and_then(|r| r.tenant).expect("tenant");
     n.suspend(SuspendSandbox {
         id: id.clone(),

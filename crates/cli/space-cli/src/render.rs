@@ -158,6 +158,9 @@ pub fn sandbox(s: &SandboxInfo) {
                     "its timeout (the next call wakes it)".to_owned()
                 }
                 PausedBy::Timeout => "its timeout (resume to wake it)".to_owned(),
+                PausedBy::CutOff => {
+                    "its node, cut off from the control plane (resumed when it is back)".to_owned()
+                }
             },
         ));
     }
@@ -249,10 +252,10 @@ pub fn snapshots(list: &[SnapshotInfo]) {
         t.add_row(vec![
             s.id.to_string(),
             s.sandbox_id.to_string(),
-            if s.persistent {
-                format!("{} (persistent)", s.kind)
-            } else {
-                s.kind.to_string()
+            match (s.persistent, s.stored) {
+                (_, true) => format!("{} (persistent, stored)", s.kind),
+                (true, false) => format!("{} (persistent)", s.kind),
+                (false, false) => s.kind.to_string(),
             },
             s.trigger.to_string(),
             format!(

@@ -650,6 +650,7 @@ mod tests {
                 public_ports: Default::default(),
                 on_node_loss: Default::default(),
                 checkpoint_interval_secs: None,
+                snapshot_storage: Default::default(),
             },
             labels: BTreeMap::new(),
             desired_state: DesiredState::Running,

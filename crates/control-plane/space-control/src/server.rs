@@ -299,7 +299,12 @@ impl Server {
                 .with_context(|| format!("cluster listener on {}", c.listen))?;
             cluster_addr = Some(tcp.local_addr()?);
             let tls = TlsListener::new(tcp, (*authority.listener).clone())?;
-            let membership = Membership::new(state.clone(), authority, reconciler_of.clone());
+            let membership = Membership::new(
+                state.clone(),
+                authority,
+                reconciler_of.clone(),
+                c.heartbeat_timeout,
+            );
             cluster_http = Some(space_tls::serve_with_peers(
                 tls,
                 crate::cluster::listener::router(membership),

@@ -112,6 +112,7 @@ async fn insert_row(ts: &TestServer, tenant: &space_core::TenantId) -> SandboxId
             public_ports: Default::default(),
             on_node_loss: Default::default(),
             checkpoint_interval_secs: None,
+            snapshot_storage: Default::default(),
         },
         labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
         desired_state: DesiredState::Running,

@@ -28,6 +28,7 @@ fn row(tenant: &TenantId, created_at_ms: i64, labels: &[(&str, &str)]) -> Sandbo
             public_ports: Default::default(),
             on_node_loss: Default::default(),
             checkpoint_interval_secs: None,
+            snapshot_storage: Default::default(),
         },
         labels: labels
             .iter()
@@ -56,7 +57,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -339,6 +340,7 @@ async fn sandbox_lifecycle_updates() {
             public_ports: space_core::sandbox::PublicPorts::Only(vec![8000]),
             on_node_loss: space_core::sandbox::OnNodeLoss::Restore,
             checkpoint_interval_secs: Some(60),
+            snapshot_storage: Default::default(),
         };
         db.set_created(&r1.id, "sha256:new", &spec, 1234)
             .await
@@ -1156,5 +1158,116 @@ async fn the_credential_catalog_keeps_one_name_per_scope_and_counts_changes() {
         );
         let (rev, all) = db.credential_catalog().await.unwrap();
         assert_eq!((rev, all.len()), (4, 1), "{}", t.label);
+    }
+}
+
+/// A persistent snapshot in object storage: listed only once committed, only to its
+/// tenant, never collected while it stands (whatever becomes of its sandbox), collected
+/// once dropped.
+#[tokio::test]
+async fn stored_persistent_snapshots_stand_until_dropped() {
+    use space_control::db::ReplicaId;
+    use space_core::snapshot::{SnapshotKind, SnapshotTrigger};
+    use space_core::{SnapshotId, SnapshotInfo};
+    use space_node_proto::{SnapshotOrigin, StoredArtifact, StoredSettings, StoredSnapshot};
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let a = db.create_tenant("keeper").await.unwrap().id;
+        let b = db.create_tenant("other").await.unwrap().id;
+        let sandbox = row(&a, 1000, &[]);
+        db.insert_sandbox(&sandbox).await.unwrap();
+        let replica = ReplicaId::from_stored("replica-1".into());
+        let live = std::collections::HashSet::from([replica.clone()]);
+        let snap = SnapshotId::generate();
+        db.begin_stored_snapshot(&snap, &sandbox.id, &a, "node-a", &replica)
+            .await
+            .unwrap();
+        assert!(
+            db.stored_persistents(&a).await.unwrap().is_empty(),
+            "uploading: not listed"
+        );
+        let manifest = StoredSnapshot {
+            snapshot: snap.clone(),
+            sandbox_id: sandbox.id.clone(),
+            template: "base".into(),
+            template_digest: "sha256:abc".into(),
+            resources: Resources::default(),
+            artifacts: vec![StoredArtifact {
+                name: "disk.delta.zst".into(),
+                key: format!("snapshots/{snap}/disk.delta.zst"),
+                size: 10,
+                sha256: "0".repeat(64),
+            }],
+            settings: StoredSettings::default(),
+            memory_bytes: 0,
+            disk_changed_blocks: 1,
+        };
+        let info = SnapshotInfo {
+            id: snap.clone(),
+            sandbox_id: sandbox.id.clone(),
+            kind: SnapshotKind::Disk,
+            trigger: SnapshotTrigger::Manual,
+            created_at_ms: 1,
+            exclusive_bytes: 0,
+            total_bytes: 0,
+            label: Some("keep".into()),
+            persistent: true,
+            stored: true,
+        };
+        let origin = SnapshotOrigin {
+            sandbox_id: sandbox.id.clone(),
+            tenant: Some(a.clone()),
+            template: "base".into(),
+            template_digest: "sha256:abc".into(),
+            resources: Resources::default(),
+            env_keys: vec!["TOKEN".into()],
+            labels: BTreeMap::new(),
+        };
+        assert!(
+            db.commit_stored_persistent(&manifest, &info, &origin)
+                .await
+                .unwrap(),
+            "{}",
+            t.label
+        );
+        assert!(
+            !db.commit_stored_persistent(&manifest, &info, &origin)
+                .await
+                .unwrap(),
+            "committed once"
+        );
+        let listed = db.stored_persistents(&a).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (&listed[0].info, &listed[0].origin, &listed[0].manifest),
+            (&info, &origin, &manifest)
+        );
+        assert!(db.stored_persistents(&b).await.unwrap().is_empty());
+        assert!(
+            db.stored_persistent(&b, &snap).await.unwrap().is_none(),
+            "another tenant's is none"
+        );
+        assert!(db.stored_persistent(&a, &snap).await.unwrap().is_some());
+
+        // Its sandbox deleted: it stands.
+        assert!(db.mark_deleted(&sandbox.id, 5000).await.unwrap());
+        let collect = db.stored_snapshots_to_collect(&live, 10).await.unwrap();
+        assert!(
+            collect.iter().all(|s| s.id != snap),
+            "{}: a standing one is never collected",
+            t.label
+        );
+
+        assert!(
+            !db.drop_stored_persistent(&b, &snap).await.unwrap(),
+            "not another tenant's to drop"
+        );
+        assert!(db.drop_stored_persistent(&a, &snap).await.unwrap());
+        assert!(!db.drop_stored_persistent(&a, &snap).await.unwrap());
+        assert!(db.stored_persistents(&a).await.unwrap().is_empty());
+        let collect = db.stored_snapshots_to_collect(&live, 10).await.unwrap();
+        assert!(collect.iter().any(|s| s.id == snap), "dropped: collected");
+        db.delete_stored_snapshot(&snap).await.unwrap();
+        assert!(db.stored_snapshot(&snap).await.unwrap().is_none());
     }
 }

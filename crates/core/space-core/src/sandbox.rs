@@ -90,9 +90,15 @@ pub struct CreateSandboxRequest {
     pub on_node_loss: OnNodeLoss,
     /// With `on_node_loss: restore`: seconds between the checkpoints stored in object
     /// storage (default [`DEFAULT_STORED_CHECKPOINT_SECS`], at least
-    /// [`MIN_STORED_CHECKPOINT_SECS`]); the guest is paused while one is taken and uploaded.
+    /// [`MIN_STORED_CHECKPOINT_SECS`]); the guest pauses only for each checkpoint's final
+    /// pass (it runs on while the checkpoint is uploaded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_secs: Option<u64>,
+    /// Where its persistent snapshots are kept: `node` (default: on the node that took
+    /// them) or `object_store` (uploaded there too: new sandboxes are created from them on
+    /// any node, also once that node is gone; needs an object store).
+    #[serde(default)]
+    pub snapshot_storage: SnapshotStorage,
     /// Pause the sandbox after this many seconds without activity (processes using CPU,
     /// disk or network I/O, API calls); the next call that needs it resumes it. Default: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -206,6 +212,19 @@ pub const DEFAULT_STORED_CHECKPOINT_SECS: u64 = 300;
 pub const MIN_STORED_CHECKPOINT_SECS: u64 = 10;
 /// Most seconds between a sandbox's stored checkpoints.
 pub const MAX_STORED_CHECKPOINT_SECS: u64 = 7 * 24 * 3600;
+
+/// Where a sandbox's persistent snapshots are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotStorage {
+    /// On the node that took them: sandboxes made from one are made there.
+    #[default]
+    Node,
+    /// On that node and in object storage (the snapshot call returns once it is stored):
+    /// sandboxes made from one are made on any node, also once the one that took it is gone.
+    ObjectStore,
+}
 
 /// What happens to a sandbox when its node is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -332,6 +351,9 @@ pub struct SandboxInfo {
     /// What happens if its node is lost.
     #[serde(default)]
     pub on_node_loss: OnNodeLoss,
+    /// Where its persistent snapshots are kept.
+    #[serde(default)]
+    pub snapshot_storage: SnapshotStorage,
     /// When its last checkpoint in object storage was stored (`on_node_loss: restore`), ms
     /// since the Unix epoch: what a restore after a lost node brings back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,6 +417,10 @@ pub enum PausedBy {
     /// Its timeout passed (`on_timeout: pause`); with `auto_resume` the next call that
     /// needs it resumes it, otherwise only `resume` does.
     Timeout,
+    /// Its node lost the control plane (`on_node_loss: restore`): paused by the node so that
+    /// the copy restored elsewhere never runs beside it; resumed when the node is back, if
+    /// it was not restored elsewhere meanwhile.
+    CutOff,
 }
 
 /// Why a sandbox is stopped.

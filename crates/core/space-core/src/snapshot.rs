@@ -121,6 +121,11 @@ pub struct SnapshotInfo {
     /// from it either way.
     #[serde(default)]
     pub persistent: bool,
+    /// Kept in object storage too (a persistent snapshot of a sandbox whose
+    /// `snapshot_storage` is `object_store`): new sandboxes can be created from it on any
+    /// node, also once the node that took it is gone.
+    #[serde(default)]
+    pub stored: bool,
 }
 
 /// Why a snapshot label, schedule or retention policy was refused.
@@ -525,6 +530,7 @@ mod tests {
             total_bytes: 1 << 30,
             label: None,
             persistent: false,
+            stored: false,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("label"), "{json}");

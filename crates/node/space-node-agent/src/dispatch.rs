@@ -51,6 +51,8 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
         R::Suspend { req } => reply(api.suspend(req).await),
         R::AbortSuspend { id } => reply(api.abort_suspend(&id).await),
         R::ResumeSuspended { req } => reply(api.resume_suspended(req).await),
+        R::StoreSnapshot { req } => reply(api.store_snapshot(req).await),
+        R::FetchSnapshot { req } => reply(api.fetch_snapshot(req).await),
         R::CredentialsSynced { revision } => reply(api.credentials_synced(revision).await),
         R::TakeSnapshot { id, req } => reply(api.take_snapshot(&id, req).await),
         R::DeleteSnapshot { id, snapshot } => reply(api.delete_snapshot(&id, &snapshot).await),

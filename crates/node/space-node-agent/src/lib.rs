@@ -13,6 +13,7 @@
 //! The agent holds no state of its own: it is the node's [`NodeApi`] on the network.
 
 pub mod dispatch;
+pub mod fence;
 pub mod membership;
 pub mod peer;
 pub mod relay;

@@ -359,7 +359,8 @@ async fn beat(node: &dyn NodeApi, generation: u64) -> Result<Heartbeat, Membersh
 /// Heartbeats `node` to the control plane every `interval` until `stop` turns true; when
 /// told the node is fenced, asks to rejoin (the control plane reconciles it first) and
 /// heartbeats with the generation it is given. Failures are logged and retried: a node
-/// keeps serving its sandboxes whatever the control plane does.
+/// keeps serving its sandboxes whatever the control plane does, except those restored
+/// elsewhere if it is declared lost, which it pauses while cut off ([`crate::fence`]).
 pub async fn spawn_heartbeat(
     mut joined: Joined,
     node: Arc<dyn NodeApi>,
@@ -369,6 +370,8 @@ pub async fn spawn_heartbeat(
     let tls = node_client_config(&joined.identity, &joined.ca_pem)?;
     let addr = joined.state.control_plane.clone();
     let (client, base) = client(&addr, tls).await?;
+    let fence = Arc::new(crate::fence::Fence::default());
+    let fence_watch = fence.clone().watch(node.clone(), stop.clone());
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -390,10 +393,13 @@ pub async fn spawn_heartbeat(
             let result: Result<HeartbeatReply, _> =
                 call(&client, &base, &addr, HEARTBEAT_PATH, &hb).await;
             match result {
-                Ok(reply) if !reply.not_yours.is_empty() => {
-                    tracing::warn!(not_yours = ?reply.not_yours, "the control plane says these sandboxes are not placed here")
+                Ok(reply) => {
+                    if !reply.not_yours.is_empty() {
+                        tracing::warn!(not_yours = ?reply.not_yours, "the control plane says these sandboxes are not placed here");
+                    }
+                    fence.answered(Duration::from_millis(reply.lost_after_ms), reply.restorable);
+                    fence.release(node.as_ref()).await;
                 }
-                Ok(_) => {}
                 Err(MembershipError::Refused(body)) if body.code == ErrorCode::NodeFenced => {
                     tracing::warn!(
                         generation = joined.state.generation,
@@ -410,6 +416,8 @@ pub async fn spawn_heartbeat(
                                 tracing::warn!(error = %e, "cannot save the new generation");
                             }
                             tracing::info!(generation = r.generation, "rejoined the cluster");
+                            // Reconciled: what was restored elsewhere is gone from here;
+                            // the next answered heartbeat resumes the rest.
                         }
                         Err(e) => tracing::warn!(error = %e, "rejoin failed; retrying"),
                     }
@@ -417,5 +425,6 @@ pub async fn spawn_heartbeat(
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed; retrying"),
             }
         }
+        let _ = fence_watch.await;
     }))
 }

@@ -5,8 +5,8 @@
 //! existing part goes through a symlink is refused (the sandbox manager, or a guest through
 //! it, could otherwise point a request at `/etc/shadow`). What may be *written*—a clone's
 //! destination, a VM's disk, a shared memory file, a directory to remove—is narrower:
-//! sandboxes, pool members and image builds in progress; never a template, a kernel, a
-//! published memory image or the records.
+//! sandboxes, pool members, image builds in progress and persistent snapshots; never a
+//! template, a kernel, a published memory image or the records.
 //!
 //! The check is made on the path as it is when the request arrives; a caller that owns a
 //! directory on the way could swap in a symlink between the check and the use. So what
@@ -21,8 +21,10 @@ use std::path::{Component, Path, PathBuf};
 use crate::protocol::{Area, NodePath, Refusal, RefusalCode, RelPath};
 
 /// Store directories a request may write into (`images/.staging`: memory images being
-/// built; they are published by a rename the node manager does not take part in).
-const WRITABLE_IN_STORE: [&str; 3] = ["sandboxes", "pool", "images/.staging"];
+/// built; they are published by a rename the node manager does not take part in;
+/// `snapshots`: persistent snapshots whose sandbox is gone, the sandbox manager's own files,
+/// where a stored snapshot downloaded onto the node gets its disk).
+const WRITABLE_IN_STORE: [&str; 4] = ["sandboxes", "pool", "images/.staging", "snapshots"];
 
 /// The areas of a node.
 #[derive(Debug, Clone)]
@@ -70,7 +72,7 @@ impl Areas {
             if !WRITABLE_IN_STORE.iter().any(|w| p.rel.is_under(w)) {
                 return Err(refuse(
                     p,
-                    "is not a sandbox's, a pool member's or an image build's",
+                    "is not a sandbox's, a pool member's, an image build's or a persistent snapshot's",
                 ));
             }
             // The top of a writable tree itself is not one sandbox's.

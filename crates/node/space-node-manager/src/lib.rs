@@ -97,6 +97,14 @@ pub trait NodeManager: Send + Sync + 'static {
         sandbox: &SandboxId,
         snapshot: &SnapshotId,
     ) -> Result<PendingSnapshot, NodeManagerError>;
+    /// Starts a persistent snapshot directly among those whose sandbox is gone (a stored
+    /// snapshot being downloaded; see [`Store::begin_persistent_snapshot`]).
+    fn begin_persistent_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<PendingSnapshot, NodeManagerError>;
     /// Reflinks the sandbox's disk into a pending snapshot.
     fn snapshot_disk(&self, pending: &PendingSnapshot, disk: &Path)
         -> Result<(), NodeManagerError>;

@@ -339,6 +339,15 @@ impl NodeManager for RemoteNodeManager {
         Ok(store.begin_snapshot(sandbox, snapshot)?)
     }
 
+    fn begin_persistent_snapshot(
+        &self,
+        store: &Store,
+        sandbox: &SandboxId,
+        snapshot: &SnapshotId,
+    ) -> Result<PendingSnapshot, NodeManagerError> {
+        Ok(store.begin_persistent_snapshot(sandbox, snapshot)?)
+    }
+
     fn snapshot_disk(
         &self,
         pending: &PendingSnapshot,

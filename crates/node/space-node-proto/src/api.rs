@@ -17,9 +17,9 @@ use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
 
 use crate::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
-    SuspendSandbox, SuspendedSnapshot,
+    CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
+    PoolShape, ResumeSandbox, SandboxView, SnapshotHere, SnapshotOrigin, SnapshotRequest,
+    SnapshotTaken, StopCause, StoreSnapshot, StoredSnapshot, SuspendSandbox,
 };
 
 /// Result of a node call.
@@ -112,11 +112,19 @@ pub trait NodeApi: Send + Sync + 'static {
     /// Suspends a running or paused sandbox: its VM paused, a full snapshot taken and its
     /// artifacts uploaded; the sandbox stays `suspending` (its VM paused) until the control
     /// plane, having committed the snapshot, deletes it here, or gives up and aborts.
-    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot>;
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<StoredSnapshot>;
     /// Gives up a suspend: the sandbox runs again as it was.
     async fn abort_suspend(&self, id: &SandboxId) -> NodeResult<SandboxView>;
     /// Restores a suspended sandbox here, under its own id, from its stored snapshot.
     async fn resume_suspended(&self, req: ResumeSandbox) -> NodeResult<SandboxView>;
+
+    /// Uploads one of a sandbox's committed snapshots to object storage (the sandbox runs
+    /// on; only its files are read).
+    async fn store_snapshot(&self, req: StoreSnapshot) -> NodeResult<StoredSnapshot>;
+    /// Makes a stored snapshot present on this node (downloaded and verified unless it is
+    /// here already; concurrent fetches of one wait for one download), to create sandboxes
+    /// from.
+    async fn fetch_snapshot(&self, req: FetchSnapshot) -> NodeResult<SnapshotHere>;
 
     // Snapshots.
     /// A sandbox's snapshots, oldest first.

@@ -173,6 +173,16 @@ pub struct HeartbeatReply {
     /// Sandboxes the heartbeat named that are not placed on this node: their rows were
     /// left alone (a node cannot claim another's sandbox).
     pub not_yours: Vec<SandboxId>,
+    /// How long after its last counted heartbeat the control plane declares this node
+    /// lost, ms.
+    #[serde(default)]
+    pub lost_after_ms: u64,
+    /// This node's sandboxes that are restored elsewhere if it is declared lost
+    /// (`on_node_loss: restore`): cut off from the control plane for most of
+    /// `lost_after_ms`, the node pauses them itself, so that a restored copy never runs
+    /// beside this one.
+    #[serde(default)]
+    pub restorable: Vec<SandboxId>,
 }
 
 /// `POST /cluster/v1/rejoin`.

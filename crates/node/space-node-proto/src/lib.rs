@@ -26,8 +26,8 @@ pub use sandbox::{
     StopCause, VmOrigin,
 };
 pub use snapshot::{
-    ResumeSandbox, SnapshotOrigin, SnapshotOwner, SnapshotRequest, SnapshotTaken, StoredArtifact,
-    SuspendSandbox, SuspendedSettings, SuspendedSnapshot,
+    FetchSnapshot, ResumeSandbox, SnapshotHere, SnapshotOrigin, SnapshotOwner, SnapshotRequest,
+    SnapshotTaken, StoreSnapshot, StoredArtifact, StoredSettings, StoredSnapshot, SuspendSandbox,
 };
 
 /// Version of the node protocol spoken by this build. A peer with another version is

@@ -20,6 +20,10 @@ pub enum PauseCause {
     /// Its timeout passed (the control plane's reconciler paused it); with the sandbox's
     /// `auto_resume` the next call that needs the guest resumes it.
     Timeout,
+    /// Its node was cut off from the control plane long enough to be declared lost, and
+    /// the sandbox is restored elsewhere then: the node paused it itself, so the two never
+    /// run at once, and resumes it once back, if it is still its own.
+    CutOff,
 }
 
 /// Why a sandbox is stopped.

@@ -62,6 +62,35 @@ pub struct SuspendSandbox {
     pub owner: SnapshotOwner,
 }
 
+/// An upload of one of a sandbox's snapshots (taken on this node, committed) to object
+/// storage; the sandbox runs on meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreSnapshot {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its snapshot.
+    pub snapshot: SnapshotId,
+    /// Whose it is (for a snapshot that carries no owner of its own).
+    pub owner: SnapshotOwner,
+}
+
+/// A download of a stored snapshot onto this node, to create sandboxes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchSnapshot {
+    /// The stored snapshot.
+    pub stored: StoredSnapshot,
+    /// Whose it is: the tenant must be the snapshot's.
+    pub tenant: TenantId,
+}
+
+/// Where a fetched snapshot is on the node: what a create from it names as its source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotHere {
+    /// The live sandbox on this node it is a snapshot of (it was here already, among that
+    /// sandbox's); `None`: among the persistent snapshots whose sandbox is gone.
+    pub live_sandbox: Option<SandboxId>,
+}
+
 /// The artifacts of a stored snapshot, by name.
 pub mod artifacts {
     /// The VM's device state and RAM (QEMU's stream), zstd.
@@ -72,7 +101,7 @@ pub mod artifacts {
     pub const SOURCE: &str = "source.json";
     /// The snapshot's own description.
     pub const META: &str = "meta.json";
-    /// Every artifact a stored snapshot has.
+    /// Every artifact a stored checkpoint has (a disk snapshot has no `MEMORY`).
     pub const ALL: [&str; 4] = [MEMORY, DISK, SOURCE, META];
 }
 
@@ -89,9 +118,10 @@ pub struct StoredArtifact {
     pub sha256: String,
 }
 
-/// What a suspend left in object storage, and what a resume on any node needs to know.
+/// What a stored snapshot is in object storage (a suspend's, a stored checkpoint, a
+/// persistent snapshot kept there), and what a restore on any node needs to know.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SuspendedSnapshot {
+pub struct StoredSnapshot {
     /// The snapshot.
     pub snapshot: SnapshotId,
     /// The sandbox it is of.
@@ -105,7 +135,7 @@ pub struct SuspendedSnapshot {
     /// Every artifact, each verified when read back.
     pub artifacts: Vec<StoredArtifact>,
     /// What the sandbox had beside its snapshot's source, to give it again at resume.
-    pub settings: SuspendedSettings,
+    pub settings: StoredSettings,
     /// Bytes of guest RAM and device state before compression.
     pub memory_bytes: u64,
     /// Disk blocks (64 KiB) that differ from the template.
@@ -114,7 +144,7 @@ pub struct SuspendedSnapshot {
 
 /// What a suspended sandbox keeps of its node record's settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SuspendedSettings {
+pub struct StoredSettings {
     /// What its node does if its VMM dies.
     #[serde(default)]
     pub on_crash: space_core::sandbox::CrashPolicy,
@@ -130,7 +160,7 @@ pub struct SuspendedSettings {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeSandbox {
     /// The stored snapshot (its artifacts are downloaded unless this node has it already).
-    pub suspended: SuspendedSnapshot,
+    pub suspended: StoredSnapshot,
     /// Whose it is: the tenant must be the snapshot's.
     pub tenant: TenantId,
 }

@@ -18,8 +18,8 @@ use space_core::{LifecycleEntry, SandboxId, SnapshotId, TenantId};
 use space_secrets::{AuditFilter, Credential, CredentialId};
 
 use crate::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, PauseCause, ResumeSandbox, SnapshotRequest,
-    StopCause, SuspendSandbox,
+    CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, PauseCause, ResumeSandbox,
+    SnapshotRequest, StopCause, StoreSnapshot, SuspendSandbox,
 };
 
 /// The typed calls' route.
@@ -110,12 +110,16 @@ pub enum NodeRequest {
     Snapshots { id: SandboxId },
     /// → `Vec<SnapshotInfo>`
     TenantSnapshots { tenant: TenantId },
-    /// → `SuspendedSnapshot`
+    /// → `StoredSnapshot`
     Suspend { req: SuspendSandbox },
     /// → `SandboxView`
     AbortSuspend { id: SandboxId },
     /// → `SandboxView`
     ResumeSuspended { req: ResumeSandbox },
+    /// → `StoredSnapshot`
+    StoreSnapshot { req: StoreSnapshot },
+    /// → `SnapshotHere`
+    FetchSnapshot { req: FetchSnapshot },
     /// → `()`
     CredentialsSynced { revision: u64 },
     /// → `SnapshotTaken`

@@ -18,9 +18,9 @@ use space_core::{
 use space_guest_client::{GuestClient, GuestError};
 use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
 use space_node_proto::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause,
-    SuspendSandbox, SuspendedSnapshot,
+    CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
+    PoolShape, ResumeSandbox, SandboxView, SnapshotHere, SnapshotOrigin, SnapshotRequest,
+    SnapshotTaken, StopCause, StoreSnapshot, StoredSnapshot, SuspendSandbox,
 };
 use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId, ManagerError};
@@ -379,7 +379,7 @@ impl NodeApi for Node {
             .map_err(credential_error)
     }
 
-    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot> {
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<StoredSnapshot> {
         self.suspend(req).await.map_err(call_error)
     }
 
@@ -395,6 +395,14 @@ impl NodeApi for Node {
             .await
             .map(|r| r.view())
             .map_err(call_error)
+    }
+
+    async fn store_snapshot(&self, req: StoreSnapshot) -> NodeResult<StoredSnapshot> {
+        self.store_snapshot(req).await.map_err(call_error)
+    }
+
+    async fn fetch_snapshot(&self, req: FetchSnapshot) -> NodeResult<SnapshotHere> {
+        self.fetch_snapshot(req).await.map_err(call_error)
     }
 
     async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {

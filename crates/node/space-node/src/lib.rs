@@ -12,6 +12,7 @@
 //! performs a privileged operation except through the node manager.
 
 mod api;
+mod coalesce;
 pub mod config;
 mod create;
 mod credentials;
@@ -35,6 +36,7 @@ mod sandbox_manager;
 pub mod scheduler;
 mod settings;
 pub mod snapshots;
+pub mod stored;
 pub mod suspend;
 mod vm_start;
 

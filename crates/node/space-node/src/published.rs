@@ -24,7 +24,7 @@
 //! one digest on a node wait for one fetch: a burst of resumes of one template is one
 //! download and one installation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -90,8 +90,9 @@ struct NameManifest {
 pub(crate) struct Published {
     /// Digests (templates and kernel bundles) known to be published.
     known: Mutex<HashSet<String>>,
-    /// One fetch per digest at a time: the others wait for it.
-    fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One fetch per digest (or stored snapshot, `crate::stored`) at a time: the others
+    /// wait for it.
+    pub(crate) fetching: crate::coalesce::Coalesce,
     /// One publishing pass at a time.
     publishing: tokio::sync::Mutex<()>,
     /// Templates and kernel bundles this node fetched since it started.
@@ -111,23 +112,6 @@ impl Published {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(digest.to_owned());
-    }
-
-    fn fetch_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.fetching
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(digest.to_owned())
-            .or_default()
-            .clone()
-    }
-
-    fn fetch_done(&self, digest: &str) {
-        let mut map = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
-        // Dropped once nobody waits on it (the map holds one reference).
-        if map.get(digest).is_some_and(|l| Arc::strong_count(l) == 1) {
-            map.remove(digest);
-        }
     }
 }
 
@@ -401,11 +385,8 @@ impl Node {
         let Some(objects) = self.inner.objects.clone() else {
             return Err(not_found());
         };
-        let published = &self.inner.published;
-        let lock = published.fetch_lock(digest);
-        let fetched = async {
-            let _one_fetch = lock.lock().await;
-            // Whoever held the lock before may have fetched it.
+        let fetch = async {
+            // Whoever went first may have fetched it.
             if let Some(tpl) = local(self)? {
                 return Ok(tpl);
             }
@@ -417,11 +398,8 @@ impl Node {
                 .await?;
             self.fetch_template(&objects, &manifest).await?;
             local(self)?.ok_or_else(|| internal("fetch", "the installed template is not there"))
-        }
-        .await;
-        drop(lock);
-        published.fetch_done(digest);
-        fetched
+        };
+        self.inner.published.fetching.run(digest, fetch).await
     }
 
     async fn fetch_template(
@@ -481,19 +459,13 @@ impl Node {
         if local(self)? {
             return Ok(());
         }
-        let published = &self.inner.published;
-        let lock = published.fetch_lock(digest);
-        let fetched = async {
-            let _one_fetch = lock.lock().await;
+        let fetch = async {
             if local(self)? {
                 return Ok(());
             }
             self.fetch_kernel(objects, digest).await
-        }
-        .await;
-        drop(lock);
-        published.fetch_done(digest);
-        fetched
+        };
+        self.inner.published.fetching.run(digest, fetch).await
     }
 
     async fn fetch_kernel(&self, objects: &Objects, digest: &str) -> Result<(), NodeError> {

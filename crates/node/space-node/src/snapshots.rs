@@ -527,5 +527,6 @@ fn new_info(
         total_bytes: 0,
         label,
         persistent,
+        stored: false,
     }
 }

@@ -4,62 +4,34 @@
 //! is paused (channel parked) and a full snapshot of the stopped VM is taken in its own
 //! snapshots directory, under the id the control plane chose: device state and RAM (QEMU's
 //! stream, zero pages already reduced to markers), a reflink of the disk, and its
-//! `source.json` (what a sandbox restored from it needs: template, resources, egress policy,
-//! environment, CA, labels). Its artifacts go up to object storage: `memory.zst` (the state,
-//! zstd), `disk.delta.zst` (only the blocks that differ from the template's image, zstd),
-//! `source.json`, `meta.json`; each is recorded with its size and SHA-256. The VM stays paused
-//! and the sandbox `suspending` until the control plane, having committed the snapshot,
+//! `source.json`. Its artifacts go up to object storage ([`crate::stored`]). The VM stays
+//! paused and the sandbox `suspending` until the control plane, having committed the snapshot,
 //! deletes it here (which frees everything), or gives up and aborts
 //! ([`Node::abort_suspend`]: the VM resumes as it was). A failure of the node's own part
 //! aborts at once.
 //!
-//! **Resume** ([`Node::resume_suspended`]): on any node, under the sandbox's own id. Every
-//! artifact is downloaded and verified (size and digest), the disk rebuilt on a reflink of
-//! the template's image and the state decompressed, both bounded by the sandbox's
-//! resources; that snapshot is committed in the new sandbox directory and the sandbox
-//! started from it as from any checkpoint (made current before its workload runs: RNG,
-//! clock). The snapshot stays as the sandbox's own checkpoint.
+//! **Resume** ([`Node::resume_suspended`]): on any node, under the sandbox's own id. The
+//! snapshot is downloaded and verified ([`crate::stored`]) and committed in the new sandbox
+//! directory, and the sandbox started from it as from any checkpoint (made current before its
+//! workload runs: RNG, clock). The snapshot stays as the sandbox's own checkpoint.
 
-use std::io::Write;
-
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use space_core::snapshot::SnapshotTrigger;
 use space_core::{SandboxEvent, SandboxId, SandboxState, SnapshotInfo, SnapshotKind};
-use space_node_proto::{
-    ResumeSandbox, SandboxSettings, StoredArtifact, SuspendSandbox, SuspendedSettings,
-    SuspendedSnapshot,
-};
-use space_objects::{Artifact, ObjectKey, Objects, ObjectsError};
-use space_storage::delta::{apply_delta, write_delta};
-use space_storage::{ExistingDisk, SANDBOX_DISK_FILE};
+use space_node_proto::{ResumeSandbox, SandboxSettings, StoredSnapshot, SuspendSandbox};
+use space_objects::Objects;
+use space_storage::SANDBOX_DISK_FILE;
 use space_vmm::SaveOptions;
 
-use crate::packing::{compress_file, decompress_sparse, UnpackError, ZSTD_LEVEL};
 use crate::sandbox_manager::{internal, now_ms};
-use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
+use crate::{Node, NodeError, SandboxRecord};
 
-/// The artifacts of a stored snapshot, by name.
-pub const MEMORY_ARTIFACT: &str = "memory.zst";
-/// The disk's changes against the template's image.
-pub const DISK_ARTIFACT: &str = "disk.delta.zst";
-/// What a sandbox restored from it needs (template, resources, policy, env, CA, labels).
-pub const SOURCE_ARTIFACT: &str = "source.json";
-/// The snapshot's own description.
-pub const META_ARTIFACT: &str = "meta.json";
-/// Every artifact a stored snapshot has.
-pub const ARTIFACTS: [&str; 4] = [
-    MEMORY_ARTIFACT,
-    DISK_ARTIFACT,
-    SOURCE_ARTIFACT,
-    META_ARTIFACT,
-];
+pub use space_node_proto::snapshot::artifacts::{
+    ALL as ARTIFACTS, DISK as DISK_ARTIFACT, MEMORY as MEMORY_ARTIFACT, META as META_ARTIFACT,
+    SOURCE as SOURCE_ARTIFACT,
+};
 
-/// Largest `source.json` or `meta.json` read back.
-const MAX_JSON_ARTIFACT: u64 = 1024 * 1024;
-/// Device state beside guest RAM a state file may hold, at most.
-const STATE_OVERHEAD: u64 = 64 << 20;
 /// Bound on saving the paused VM's state.
 const SUSPEND_SAVE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Label of the snapshot a suspend takes.
@@ -75,7 +47,7 @@ impl Node {
     }
 
     /// Suspends sandbox `req.id` (see the module docs). Returns what was stored.
-    pub async fn suspend(&self, req: SuspendSandbox) -> Result<SuspendedSnapshot, NodeError> {
+    pub async fn suspend(&self, req: SuspendSandbox) -> Result<StoredSnapshot, NodeError> {
         let objects = self.objects()?.clone();
         let id = &req.id;
         let op = self.op_lock(id)?;
@@ -85,7 +57,7 @@ impl Node {
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
         self.inner.transition(id, SandboxEvent::Suspend, |_| {})?;
         let started = Instant::now();
-        match self.store_snapshot(&req, &before, &objects).await {
+        match self.take_and_store(&req, &before, &objects).await {
             Ok(stored) => {
                 tracing::info!(%id, snapshot = %req.snapshot, ms = started.elapsed().as_millis() as u64, memory_bytes = stored.memory_bytes, disk_blocks = stored.disk_changed_blocks, "sandbox snapshot stored; suspending until the control plane commits it");
                 Ok(stored)
@@ -101,12 +73,12 @@ impl Node {
     }
 
     /// Pauses the VM, takes the snapshot and uploads its artifacts.
-    async fn store_snapshot(
+    async fn take_and_store(
         &self,
         req: &SuspendSandbox,
         before: &SandboxRecord,
         objects: &Objects,
-    ) -> Result<SuspendedSnapshot, NodeError> {
+    ) -> Result<StoredSnapshot, NodeError> {
         let id = &req.id;
         let vm = self.vm_of(id)?;
         if before.state == SandboxState::Running {
@@ -143,69 +115,11 @@ impl Node {
             total_bytes: 0,
             label: Some(SUSPEND_LABEL.into()),
             persistent: false,
+            stored: false,
         })?;
-        let (_, paths) = self
-            .inner
-            .store
-            .snapshot(id, &req.snapshot)?
-            .ok_or_else(|| internal("suspend", "the snapshot just committed is gone"))?;
-        let state = paths
-            .state
-            .ok_or_else(|| internal("suspend", "the snapshot has no state"))?;
-        let template = self
-            .inner
-            .store
-            .templates()
-            .image_path(&self.template_of(before)?);
-        let meta_json = serde_json::to_vec(&info).map_err(|e| internal("snapshot meta", e))?;
-
-        // Pack (compress, diff) in a scratch directory of the sandbox's, then upload.
-        let scratch = self.inner.store.sandbox_dir(id).join(".suspend");
-        let packed = {
-            let (scratch, state, disk_copy, template) = (
-                scratch.clone(),
-                state.clone(),
-                paths.disk.clone(),
-                template.clone(),
-            );
-            tokio::task::spawn_blocking(move || pack(&scratch, &state, &template, &disk_copy))
-                .await
-                .map_err(|e| internal("packing task", e))??
-        };
-        let upload = async {
-            let mut artifacts = Vec::with_capacity(ARTIFACTS.len());
-            for (name, file) in [
-                (MEMORY_ARTIFACT, scratch.join(MEMORY_ARTIFACT)),
-                (DISK_ARTIFACT, scratch.join(DISK_ARTIFACT)),
-            ] {
-                let key = ObjectKey::snapshot_artifact(req.snapshot.as_str(), name)
-                    .map_err(|e| NodeError::Invalid(e.to_string()))?;
-                artifacts.push(stored(name, objects.put_file(&key, &file).await?));
-            }
-            for (name, bytes) in [(SOURCE_ARTIFACT, source_json), (META_ARTIFACT, meta_json)] {
-                let key = ObjectKey::snapshot_artifact(req.snapshot.as_str(), name)
-                    .map_err(|e| NodeError::Invalid(e.to_string()))?;
-                artifacts.push(stored(name, objects.put_bytes(&key, bytes.into()).await?));
-            }
-            Ok::<_, NodeError>(artifacts)
-        }
-        .await;
-        let _ = std::fs::remove_dir_all(&scratch);
-        Ok(SuspendedSnapshot {
-            snapshot: req.snapshot.clone(),
-            sandbox_id: id.clone(),
-            template: before.template.clone(),
-            template_digest: before.template_digest.clone(),
-            resources: before.resources,
-            artifacts: upload?,
-            settings: SuspendedSettings {
-                on_crash: before.on_crash,
-                auto_pause_secs: before.auto_pause_secs,
-                snapshots: Some(before.snapshots.clone()),
-            },
-            memory_bytes: packed.memory_bytes,
-            disk_changed_blocks: packed.disk_changed_blocks,
-        })
+        debug_assert_eq!(info.id, req.snapshot);
+        self.upload_snapshot(objects, before, &req.snapshot, &req.owner)
+            .await
     }
 
     /// Gives up a suspend: the paused VM runs again (the snapshot it took stays, as a
@@ -267,44 +181,6 @@ impl Node {
             return Err(NodeError::SandboxExists(id.clone()));
         }
         let started = Instant::now();
-        let artifact = |name: &str| -> Result<Artifact, NodeError> {
-            s.artifacts
-                .iter()
-                .find(|a| a.name == name)
-                .map(|a| Artifact {
-                    key: a.key.clone(),
-                    size: a.size,
-                    sha256: a.sha256.clone(),
-                })
-                .ok_or_else(|| NodeError::SnapshotCorrupt(format!("it has no {name}")))
-        };
-        // The source and description first: small, checked before anything large moves.
-        let source_bytes = objects
-            .get_bytes(&artifact(SOURCE_ARTIFACT)?, MAX_JSON_ARTIFACT)
-            .await?;
-        let source: SnapshotSource = serde_json::from_slice(&source_bytes)
-            .map_err(|e| NodeError::SnapshotCorrupt(format!("its source: {e}")))?;
-        let meta_bytes = objects
-            .get_bytes(&artifact(META_ARTIFACT)?, MAX_JSON_ARTIFACT)
-            .await?;
-        let mut info: SnapshotInfo = serde_json::from_slice(&meta_bytes)
-            .map_err(|e| NodeError::SnapshotCorrupt(format!("its description: {e}")))?;
-        if source.sandbox_id != *id
-            || info.sandbox_id != *id
-            || info.id != s.snapshot
-            || info.kind != SnapshotKind::Checkpoint
-            || source.tenant.as_ref() != Some(&req.tenant)
-            || source.template_digest != s.template_digest
-            || source.resources != s.resources
-        {
-            return Err(NodeError::SnapshotCorrupt(
-                "it does not describe this sandbox".into(),
-            ));
-        }
-        // A node that lacks the template fetches it (once, however many resumes need it).
-        let template = self
-            .ensure_template(&s.template_digest, &s.template)
-            .await?;
         // The snapshot, rebuilt in the new sandbox's directory.
         let sandbox_dir = self.inner.store.sandbox_dir(id);
         std::fs::create_dir_all(&sandbox_dir).map_err(|e| internal("sandbox directory", e))?;
@@ -313,51 +189,28 @@ impl Node {
                 .inner
                 .nm
                 .begin_snapshot(&self.inner.store, id, &s.snapshot)?;
-            let scratch = sandbox_dir.join(".resume");
-            std::fs::create_dir_all(&scratch).map_err(|e| internal("resume scratch", e))?;
-            let (memory_file, delta_file) =
-                (scratch.join(MEMORY_ARTIFACT), scratch.join(DISK_ARTIFACT));
-            objects
-                .get_to_file(&artifact(MEMORY_ARTIFACT)?, &memory_file)
+            let done = self
+                .download_snapshot(&objects, s, &req.tenant, pending, false)
                 .await?;
-            objects
-                .get_to_file(&artifact(DISK_ARTIFACT)?, &delta_file)
-                .await?;
-            self.inner.nm.clone_disk(
-                &self.inner.store,
-                &self.inner.store.templates().image_path(&template),
-                &pending.disk_path(),
-                0,
-                ExistingDisk::Refuse,
-            )?;
-            let max_disk = u64::from(s.resources.disk_mib) << 20;
-            let max_state = (u64::from(s.resources.memory_mib) << 20) + STATE_OVERHEAD;
-            let (disk, state) = (pending.disk_path(), pending.state_path());
-            tokio::task::spawn_blocking(move || {
-                unpack(
-                    &memory_file,
-                    &delta_file,
-                    &state,
-                    &disk,
-                    max_state,
-                    max_disk,
-                )
-            })
-            .await
-            .map_err(|e| internal("unpacking task", e))??;
-            let _ = std::fs::remove_dir_all(&scratch);
-            pending.write_source(&source_bytes)?;
-            info.persistent = false;
-            Ok::<_, NodeError>(pending.commit(info)?)
+            if done.info.kind != SnapshotKind::Checkpoint {
+                return Err(NodeError::SnapshotCorrupt(
+                    "it is not a checkpoint: a suspended sandbox resumes only from one".into(),
+                ));
+            }
+            Ok(done.source)
         }
         .await;
-        if let Err(e) = rebuilt {
-            let _ =
-                self.inner
-                    .nm
-                    .remove_sandbox_files(&self.inner.store, id, &self.inner.run_dir(id));
-            return Err(e);
-        }
+        let source = match rebuilt {
+            Ok(source) => source,
+            Err(e) => {
+                let _ = self.inner.nm.remove_sandbox_files(
+                    &self.inner.store,
+                    id,
+                    &self.inner.run_dir(id),
+                );
+                return Err(e);
+            }
+        };
         let (_, paths) = self
             .inner
             .store
@@ -386,79 +239,5 @@ impl Node {
             .await?;
         tracing::info!(%id, snapshot = %s.snapshot, ms = started.elapsed().as_millis() as u64, "suspended sandbox resumed on this node");
         Ok(rec)
-    }
-}
-
-fn stored(name: &str, a: Artifact) -> StoredArtifact {
-    StoredArtifact {
-        name: name.to_owned(),
-        key: a.key,
-        size: a.size,
-        sha256: a.sha256,
-    }
-}
-
-/// What packing measured.
-struct Packed {
-    memory_bytes: u64,
-    disk_changed_blocks: u64,
-}
-
-/// Writes `memory.zst` (the state, compressed) and `disk.delta.zst` (the disk's changes
-/// against `template`, compressed) into `scratch`.
-fn pack(scratch: &Path, state: &Path, template: &Path, disk: &Path) -> Result<Packed, NodeError> {
-    let io = |what: &str, path: &Path| {
-        let what = format!("{what} {}", path.display());
-        move |e: std::io::Error| internal(&what, e)
-    };
-    let _ = std::fs::remove_dir_all(scratch);
-    std::fs::create_dir_all(scratch).map_err(io("create", scratch))?;
-    let memory_out = scratch.join(MEMORY_ARTIFACT);
-    let memory_bytes = compress_file(state, &memory_out).map_err(io("compress", &memory_out))?;
-    let delta_out = scratch.join(DISK_ARTIFACT);
-    let out = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
-    let mut enc = zstd::Encoder::new(std::io::BufWriter::new(out), ZSTD_LEVEL)
-        .map_err(io("compress", &delta_out))?;
-    let stats = write_delta(template, disk, &mut enc).map_err(|e| internal("disk delta", e))?;
-    let mut buf = enc.finish().map_err(io("compress", &delta_out))?;
-    buf.flush().map_err(io("compress", &delta_out))?;
-    Ok(Packed {
-        memory_bytes,
-        disk_changed_blocks: stats.changed_blocks,
-    })
-}
-
-/// Decompresses `memory.zst` into `state` (at most `max_state` bytes) and applies
-/// `disk.delta.zst` to `disk` (a reflink of the template's image; at most `max_disk`).
-fn unpack(
-    memory: &Path,
-    delta: &Path,
-    state: &Path,
-    disk: &Path,
-    max_state: u64,
-    max_disk: u64,
-) -> Result<(), NodeError> {
-    let bad = |what: &str, e: &dyn std::fmt::Display| {
-        NodeError::SnapshotCorrupt(format!("its {what}: {e}"))
-    };
-    match decompress_sparse(memory, state, max_state, false) {
-        Ok(_) => {}
-        Err(UnpackError::Malformed(m)) => return Err(bad("memory", &m)),
-        Err(e) => return Err(internal("unpack memory", e)),
-    }
-    let input = std::fs::File::open(delta).map_err(|e| internal("open disk delta", e))?;
-    let mut dec = zstd::Decoder::new(input).map_err(|e| bad("disk", &e))?;
-    apply_delta(&mut dec, disk, max_disk).map_err(|e| bad("disk", &e))?;
-    Ok(())
-}
-
-impl From<ObjectsError> for NodeError {
-    fn from(e: ObjectsError) -> Self {
-        match e {
-            ObjectsError::Corrupt { .. } | ObjectsError::NotFound(_) | ObjectsError::Key(_) => {
-                NodeError::SnapshotCorrupt(e.to_string())
-            }
-            other => NodeError::Storage(other.to_string()),
-        }
     }
 }

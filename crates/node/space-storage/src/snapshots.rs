@@ -447,27 +447,7 @@ impl Store {
                 dir: self.sandboxes_root(),
             });
         }
-        let parent = sandbox_dir.join(SNAPSHOTS_DIR);
-        fsops::create_dir_all(&parent)?;
-        let committed = parent.join(id.as_str());
-        if std::fs::symlink_metadata(&committed).is_ok() {
-            return Err(StorageError::SnapshotExists(committed));
-        }
-        let dir = parent.join(format!("{PENDING_PREFIX}{id}"));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(StorageError::SnapshotExists(dir))
-            }
-            Err(e) => return Err(StorageError::io("create directory", &dir, e)),
-        }
-        Ok(PendingSnapshot {
-            sandbox: sandbox.clone(),
-            id: id.clone(),
-            parent,
-            dir,
-            finished: false,
-        })
+        begin_in(sandbox_dir.join(SNAPSHOTS_DIR), sandbox, id)
     }
 
     /// [`PendingSnapshot::reflink_disk`] for a pending snapshot another process began
@@ -570,6 +550,17 @@ impl Store {
         Ok(true)
     }
 
+    /// Starts a persistent snapshot of sandbox `sandbox` directly among those whose sandbox
+    /// is gone (`snapshots/.pending-<id>/` at the store's root): a stored snapshot downloaded
+    /// onto this node to create sandboxes from. The id must not be taken there.
+    pub fn begin_persistent_snapshot(
+        &self,
+        sandbox: &SandboxId,
+        id: &SnapshotId,
+    ) -> Result<PendingSnapshot, StorageError> {
+        begin_in(self.persistent_snapshots_dir(), sandbox, id)
+    }
+
     /// The persistent snapshots whose sandbox was deleted, oldest first (as
     /// [`Store::list_snapshots`]).
     pub fn list_persistent_snapshots(
@@ -614,6 +605,35 @@ impl Store {
         }
         clone_disk(snapshot_disk, dst, disk_mib, existing)
     }
+}
+
+/// Creates `<parent>/.pending-<id>/` for a new snapshot of `sandbox`; the id must not be
+/// taken in `parent`.
+fn begin_in(
+    parent: PathBuf,
+    sandbox: &SandboxId,
+    id: &SnapshotId,
+) -> Result<PendingSnapshot, StorageError> {
+    fsops::create_dir_all(&parent)?;
+    let committed = parent.join(id.as_str());
+    if std::fs::symlink_metadata(&committed).is_ok() {
+        return Err(StorageError::SnapshotExists(committed));
+    }
+    let dir = parent.join(format!("{PENDING_PREFIX}{id}"));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(StorageError::SnapshotExists(dir))
+        }
+        Err(e) => return Err(StorageError::io("create directory", &dir, e)),
+    }
+    Ok(PendingSnapshot {
+        sandbox: sandbox.clone(),
+        id: id.clone(),
+        parent,
+        dir,
+        finished: false,
+    })
 }
 
 /// A reflink of `src` at `dst`, synced.

@@ -41,6 +41,7 @@ fn info(sandbox: &SandboxId, id: &SnapshotId, kind: SnapshotKind, at: i64) -> Sn
         total_bytes: 0,
         label: None,
         persistent: false,
+        stored: false,
     }
 }
 
@@ -348,6 +349,7 @@ fn take(store: &Store, sbx: &SandboxId, disk: &Path, persistent: bool, at: i64) 
     }
     p.commit(SnapshotInfo {
         persistent,
+        stored: false,
         ..info(sbx, &id, SnapshotKind::Disk, at)
     })
     .unwrap()
@@ -371,6 +373,7 @@ fn persistent_snapshots_move_out_of_their_sandbox_whole_and_once() {
     let err = p
         .commit(SnapshotInfo {
             persistent: true,
+            stored: false,
             ..info(&sbx, &id, SnapshotKind::Disk, 1)
         })
         .unwrap_err();

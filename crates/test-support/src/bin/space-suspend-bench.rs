@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use space_core::process::ProcessSpec;
 use space_core::sandbox::{CreateSandboxRequest, ResourcesRequest};
 use space_core::{SandboxId, SandboxState};
-use space_node_proto::SuspendedSnapshot;
+use space_node_proto::StoredSnapshot;
 use test_support::cluster::Cluster;
 use test_support::{TestServer, TEST_TEMPLATE};
 
@@ -63,7 +63,7 @@ async fn write_data(c: &space_cli::client::SpaceClient, id: &SandboxId) {
 }
 
 /// What the stored snapshot sandbox `id` is suspended in uploaded.
-async fn stored(st: &space_control::AppState, id: &SandboxId) -> SuspendedSnapshot {
+async fn stored(st: &space_control::AppState, id: &SandboxId) -> StoredSnapshot {
     let row = st
         .db
         .sandbox_any_tenant(id)
@@ -88,7 +88,7 @@ struct Uploads {
 }
 
 impl Uploads {
-    fn add(&mut self, s: &SuspendedSnapshot) {
+    fn add(&mut self, s: &StoredSnapshot) {
         let size = |name: &str| {
             s.artifacts
                 .iter()

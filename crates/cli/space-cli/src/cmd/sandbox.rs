@@ -3,7 +3,8 @@
 use clap::{Args, Subcommand};
 use futures::StreamExt;
 use space_core::sandbox::{
-    CreateSandboxRequest, ForkRequest, ResourcesRequest, SandboxInfo, TimeoutAction,
+    CreateSandboxRequest, ForkRequest, OnNodeLoss, ResourcesRequest, SandboxInfo, SnapshotStorage,
+    TimeoutAction,
 };
 use space_core::SandboxState;
 
@@ -160,6 +161,18 @@ pub struct CreateArgs {
     /// (or stopped) it.
     #[arg(long)]
     auto_resume: bool,
+    /// What happens if its node is lost: fail (default: it shows lost until the node
+    /// returns) or restore (from its last checkpoint stored in object storage, on another
+    /// node; needs a cluster with an object store).
+    #[arg(long, value_name = "POLICY", value_parser = parse_name::<OnNodeLoss>)]
+    on_node_loss: Option<OnNodeLoss>,
+    /// With --on-node-loss restore: seconds between its stored checkpoints (default 300).
+    #[arg(long, value_name = "SECS")]
+    checkpoint_interval: Option<u64>,
+    /// Where its persistent snapshots are kept: node (default) or object-store (also in
+    /// object storage: sandboxes are made from them on any node, also once that one is gone).
+    #[arg(long, value_name = "WHERE", value_parser = parse_name::<SnapshotStorage>)]
+    snapshot_storage: Option<SnapshotStorage>,
     /// Project within the tenant (credentials scoped to it apply).
     #[arg(long)]
     project: Option<String>,
@@ -177,6 +190,12 @@ fn parse_timeout_action(s: &str) -> Result<TimeoutAction, String> {
         let names: Vec<&str> = TimeoutAction::ALL.iter().map(|a| a.as_str()).collect();
         format!("expected one of {}", names.join(", "))
     })
+}
+
+/// A policy's name as the API spells it (`object_store`), or with a dash (`object-store`).
+fn parse_name<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.replace('-', "_")))
+        .map_err(|_| format!("unknown value {s:?}"))
 }
 
 /// `space console`.
@@ -207,6 +226,9 @@ pub async fn run(g: &Global, c: SandboxCmd) -> anyhow::Result<u8> {
                 timeout_secs: a.timeout,
                 on_timeout: a.on_timeout.unwrap_or_default(),
                 auto_resume: a.auto_resume,
+                on_node_loss: a.on_node_loss.unwrap_or_default(),
+                checkpoint_interval_secs: a.checkpoint_interval,
+                snapshot_storage: a.snapshot_storage.unwrap_or_default(),
                 project: a.project,
                 egress: a.egress.policy()?,
                 ..Default::default()

@@ -110,15 +110,25 @@ pub struct Membership {
     state: AppState,
     authority: Authority,
     reconciler: Reconciler,
+    /// How long after its last heartbeat a node is declared lost (told to nodes, which
+    /// fence themselves before then).
+    lost_after: std::time::Duration,
 }
 
 impl Membership {
-    /// Over the replica's state (database and nodes), CA and reconciler.
-    pub fn new(state: AppState, authority: Authority, reconciler: Reconciler) -> Membership {
+    /// Over the replica's state (database and nodes), CA and reconciler; nodes are declared
+    /// lost `lost_after` after their last heartbeat.
+    pub fn new(
+        state: AppState,
+        authority: Authority,
+        reconciler: Reconciler,
+        lost_after: std::time::Duration,
+    ) -> Membership {
         Membership {
             state,
             authority,
             reconciler,
+            lost_after,
         }
     }
 
@@ -208,7 +218,12 @@ impl Membership {
             )
             .await;
         }
-        Ok(HeartbeatReply { not_yours })
+        let restorable = self.state.db.restorable_on(&name).await?;
+        Ok(HeartbeatReply {
+            not_yours,
+            lost_after_ms: u64::try_from(self.lost_after.as_millis()).unwrap_or(u64::MAX),
+            restorable,
+        })
     }
 
     /// A fenced node asks to serve again: it is reconciled first (its sandboxes deleted

@@ -297,6 +297,19 @@ pub const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE sandboxes ADD COLUMN stored_checkpoint_at_ms BIGINT",
         ],
     },
+    // Persistent snapshots kept in object storage (`snapshot_storage: object_store`): a
+    // committed one is the tenant's until deleted, whatever becomes of its sandbox or node;
+    // `info` and `origin` describe it for listings and creates without asking a node.
+    Migration {
+        version: 13,
+        description: "persistent snapshots in object storage",
+        statements: &[
+            "ALTER TABLE stored_snapshots ADD COLUMN persistent BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE stored_snapshots ADD COLUMN info TEXT",
+            "ALTER TABLE stored_snapshots ADD COLUMN origin TEXT",
+            "CREATE INDEX stored_snapshots_tenant ON stored_snapshots (tenant_id, persistent, state)",
+        ],
+    },
 ];
 
 #[cfg(test)]

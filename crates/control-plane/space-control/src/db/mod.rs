@@ -39,7 +39,7 @@ pub use nodes::{
 pub use rate::RateDecision;
 pub use replicas::{QuotaHoldKind, ReplicaId, ReplicaRow};
 pub use sandboxes::{DesiredState, SandboxFilter, SandboxRow, SandboxSpec, SandboxTokens};
-pub use stored_snapshots::{Commit, StoredSnapshotRow, StoredState};
+pub use stored_snapshots::{Commit, StoredPersistent, StoredSnapshotRow, StoredState};
 pub use tenants::{ApiKeyInfo, NewApiKey, Tenant};
 
 /// Why a database operation failed.

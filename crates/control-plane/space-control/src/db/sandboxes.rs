@@ -69,6 +69,9 @@ pub struct SandboxSpec {
     /// With `restore`: seconds between its stored checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_secs: Option<u64>,
+    /// Where its persistent snapshots are kept (rows from before it: on the node).
+    #[serde(default)]
+    pub snapshot_storage: space_core::sandbox::SnapshotStorage,
 }
 
 /// The generation and validity of the access tokens handed out for a sandbox (the E2B
@@ -324,6 +327,28 @@ impl Db {
             .fetch_all(self.pool())
             .await?;
         rows.iter().map(row_to_sandbox).collect()
+    }
+
+    /// The live sandboxes placed on node `node` that are restored elsewhere if it is lost
+    /// (`on_node_loss: restore`; also those without a stored checkpoint yet, so that a node
+    /// knows one well before its first checkpoint could make it restorable).
+    pub async fn restorable_on(&self, node: &str) -> Result<Vec<SandboxId>, DbError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM sandboxes WHERE node = $1 AND desired_state = $2 AND suspended_snapshot IS NULL"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(node)
+            .bind(DesiredState::Running.as_str())
+            .fetch_all(self.pool())
+            .await?;
+        let mut ids = Vec::new();
+        for row in &rows {
+            let row = row_to_sandbox(row)?;
+            if row.spec.on_node_loss == space_core::sandbox::OnNodeLoss::Restore {
+                ids.push(row.id);
+            }
+        }
+        Ok(ids)
     }
 
     /// Marks a sandbox deleted. Returns `false` if it already was (or does not exist), so

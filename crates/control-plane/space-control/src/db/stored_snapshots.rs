@@ -12,8 +12,8 @@
 //! (`node`, `creating_replica`); [`Db::finish_resume`] makes it an ordinary live sandbox
 //! again.
 
-use space_core::{SandboxId, SnapshotId, TenantId};
-use space_node_proto::{StoredArtifact, SuspendedSnapshot};
+use space_core::{SandboxId, SnapshotId, SnapshotInfo, TenantId};
+use space_node_proto::{SnapshotOrigin, StoredArtifact, StoredSnapshot};
 use sqlx::Row;
 
 use super::{now_ms, Db, DbError, DesiredState, ReplicaId};
@@ -75,9 +75,47 @@ pub struct StoredSnapshotRow {
     /// The replica driving its upload (while uploading).
     pub replica: Option<ReplicaId>,
     /// What was stored (once committed).
-    pub manifest: Option<SuspendedSnapshot>,
+    pub manifest: Option<StoredSnapshot>,
     /// ms since the Unix epoch.
     pub created_at_ms: i64,
+}
+
+/// A persistent snapshot kept in object storage, as listings and creates see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPersistent {
+    /// Its description (`stored` set).
+    pub info: SnapshotInfo,
+    /// The sandbox it was taken of, as a sandbox made from it inherits it.
+    pub origin: SnapshotOrigin,
+    /// What is stored.
+    pub manifest: StoredSnapshot,
+}
+
+fn row_to_persistent(row: &sqlx::any::AnyRow) -> Result<StoredPersistent, DbError> {
+    let stored = row_to_stored(row)?;
+    let parse = |column: &str| -> Result<String, DbError> {
+        row.try_get::<Option<String>, _>(column)?.ok_or_else(|| {
+            corrupt(format!(
+                "committed persistent snapshot {} without {column}",
+                stored.id
+            ))
+        })
+    };
+    let mut info: SnapshotInfo = serde_json::from_str(&parse("info")?).map_err(corrupt)?;
+    info.stored = true;
+    info.persistent = true;
+    let origin: SnapshotOrigin = serde_json::from_str(&parse("origin")?).map_err(corrupt)?;
+    let manifest = stored.manifest.ok_or_else(|| {
+        corrupt(format!(
+            "committed snapshot {} without a manifest",
+            stored.id
+        ))
+    })?;
+    Ok(StoredPersistent {
+        info,
+        origin,
+        manifest,
+    })
 }
 
 fn corrupt(reason: impl std::fmt::Display) -> DbError {
@@ -140,7 +178,7 @@ impl Db {
     /// suspended already.
     pub async fn commit_stored_snapshot(
         &self,
-        manifest: &SuspendedSnapshot,
+        manifest: &StoredSnapshot,
         commit: Commit,
     ) -> Result<bool, DbError> {
         let json = serde_json::to_string(manifest).map_err(|e| DbError::Invalid(e.to_string()))?;
@@ -176,6 +214,90 @@ impl Db {
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Commits a persistent snapshot whose every artifact is stored and checked: from now
+    /// on the tenant's until deleted ([`Db::drop_stored_persistent`]), whatever becomes of
+    /// its sandbox or node. `false` (nothing changed): it is no longer uploading.
+    pub async fn commit_stored_persistent(
+        &self,
+        manifest: &StoredSnapshot,
+        info: &SnapshotInfo,
+        origin: &SnapshotOrigin,
+    ) -> Result<bool, DbError> {
+        let json = |r: serde_json::Result<String>| r.map_err(|e| DbError::Invalid(e.to_string()));
+        let manifest_json = json(serde_json::to_string(manifest))?;
+        let info_json = json(serde_json::to_string(info))?;
+        let origin_json = json(serde_json::to_string(origin))?;
+        let mut tx = self.pool().begin().await?;
+        let committed = sqlx::query("UPDATE stored_snapshots SET state = $1, manifest = $2, info = $3, origin = $4, persistent = 1, committed_at_ms = $5, replica = NULL WHERE id = $6 AND sandbox_id = $7 AND state = $8")
+            .bind(StoredState::Committed.as_str())
+            .bind(&manifest_json)
+            .bind(&info_json)
+            .bind(&origin_json)
+            .bind(now_ms())
+            .bind(manifest.snapshot.as_str())
+            .bind(manifest.sandbox_id.as_str())
+            .bind(StoredState::Uploading.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if committed != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        for a in &manifest.artifacts {
+            insert_artifact(&mut tx, &manifest.snapshot, a).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// `tenant`'s committed persistent snapshots in object storage, oldest first.
+    pub async fn stored_persistents(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Vec<StoredPersistent>, DbError> {
+        let sql = format!("SELECT {COLUMNS}, info, origin FROM stored_snapshots WHERE tenant_id = $1 AND persistent = 1 AND state = $2 ORDER BY created_at_ms, id");
+        let rows = sqlx::query(&sql)
+            .bind(tenant.as_str())
+            .bind(StoredState::Committed.as_str())
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(row_to_persistent).collect()
+    }
+
+    /// One of `tenant`'s committed persistent snapshots in object storage.
+    pub async fn stored_persistent(
+        &self,
+        tenant: &TenantId,
+        id: &SnapshotId,
+    ) -> Result<Option<StoredPersistent>, DbError> {
+        let sql = format!("SELECT {COLUMNS}, info, origin FROM stored_snapshots WHERE id = $1 AND tenant_id = $2 AND persistent = 1 AND state = $3");
+        let row = sqlx::query(&sql)
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .bind(StoredState::Committed.as_str())
+            .fetch_optional(self.pool())
+            .await?;
+        row.as_ref().map(row_to_persistent).transpose()
+    }
+
+    /// Deletes one of `tenant`'s persistent snapshots in object storage: it is no longer
+    /// listed or usable, and its objects are collected. `false` if there was none.
+    pub async fn drop_stored_persistent(
+        &self,
+        tenant: &TenantId,
+        id: &SnapshotId,
+    ) -> Result<bool, DbError> {
+        let done = sqlx::query("UPDATE stored_snapshots SET state = $1 WHERE id = $2 AND tenant_id = $3 AND persistent = 1 AND state = $4")
+            .bind(StoredState::Abandoned.as_str())
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .bind(StoredState::Committed.as_str())
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Gives up an uploading snapshot; `false` if it was not uploading.
@@ -221,9 +343,10 @@ impl Db {
         row.as_ref().map(row_to_stored).transpose()
     }
 
-    /// The stored snapshots whose objects are to be collected: abandoned ones, uploading
-    /// ones whose replica is not among `live_replicas` (it died mid-upload), and committed
-    /// ones no live sandbox is suspended in (it resumed, or was deleted). At most `limit`.
+    /// The stored snapshots whose objects are to be collected: abandoned ones (deleted
+    /// persistent ones among them), uploading ones whose replica is not among
+    /// `live_replicas` (it died mid-upload), and committed ones that are not persistent and
+    /// no live sandbox is suspended in or has as its stored checkpoint. At most `limit`.
     pub async fn stored_snapshots_to_collect(
         &self,
         live_replicas: &std::collections::HashSet<ReplicaId>,
@@ -232,7 +355,7 @@ impl Db {
         let sql = format!(
             "SELECT {COLUMNS} FROM stored_snapshots s WHERE s.state = $1 \
              OR s.state = $2 \
-             OR (s.state = $3 AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE (b.suspended_snapshot = s.id OR b.stored_checkpoint = s.id) AND b.desired_state = $4)) \
+             OR (s.state = $3 AND s.persistent = 0 AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE (b.suspended_snapshot = s.id OR b.stored_checkpoint = s.id) AND b.desired_state = $4)) \
              ORDER BY s.created_at_ms LIMIT $5"
         );
         let rows = sqlx::query(&sql)

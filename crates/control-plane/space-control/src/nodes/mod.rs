@@ -17,10 +17,10 @@ use space_core::template::TemplateInfo;
 use space_core::Resources;
 pub use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
 pub use space_node_proto::{
-    CreateFromSnapshot, CreateSandbox, NodeCallError, NodeStatus, PauseCause, PoolShape,
-    ResumeSandbox, SandboxSettings, SandboxView, SnapshotOrigin, SnapshotOwner, SnapshotRequest,
-    SnapshotTaken, StopCause, StoredArtifact, SuspendSandbox, SuspendedSettings, SuspendedSnapshot,
-    VmOrigin,
+    CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
+    PoolShape, ResumeSandbox, SandboxSettings, SandboxView, SnapshotHere, SnapshotOrigin,
+    SnapshotOwner, SnapshotRequest, SnapshotTaken, StopCause, StoreSnapshot, StoredArtifact,
+    StoredSettings, StoredSnapshot, SuspendSandbox, VmOrigin,
 };
 use space_secrets::{AuditEvent, AuditFilter};
 

@@ -31,9 +31,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
 use super::{
-    CreateFromSnapshot, CreateSandbox, EventFeed, EventNotice, NodeApi, NodeCallError, NodeResult,
-    NodeStatus, PauseCause, PoolShape, ResumeSandbox, SandboxView, SnapshotOrigin, SnapshotRequest,
-    SnapshotTaken, StopCause, SuspendSandbox, SuspendedSnapshot,
+    CreateFromSnapshot, CreateSandbox, EventFeed, EventNotice, FetchSnapshot, NodeApi,
+    NodeCallError, NodeResult, NodeStatus, PauseCause, PoolShape, ResumeSandbox, SandboxView,
+    SnapshotHere, SnapshotOrigin, SnapshotRequest, SnapshotTaken, StopCause, StoreSnapshot,
+    StoredSnapshot, SuspendSandbox,
 };
 
 /// Longest wait for a TCP connection and TLS handshake with a node agent.
@@ -182,7 +183,10 @@ fn timeout_of(req: &NodeRequest) -> Duration {
         | NodeRequest::DiffSnapshots { .. }
         | NodeRequest::AbortSuspend { .. } => OPERATION_TIMEOUT,
         // Uploads and downloads of a whole snapshot: memory and disk.
-        NodeRequest::Suspend { .. } | NodeRequest::ResumeSuspended { .. } => TRANSFER_TIMEOUT,
+        NodeRequest::Suspend { .. }
+        | NodeRequest::ResumeSuspended { .. }
+        | NodeRequest::StoreSnapshot { .. }
+        | NodeRequest::FetchSnapshot { .. } => TRANSFER_TIMEOUT,
         _ => QUERY_TIMEOUT,
     }
 }
@@ -362,7 +366,7 @@ impl NodeApi for RemoteNode {
         self.call(NodeRequest::Snapshots { id: id.clone() }).await
     }
 
-    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<SuspendedSnapshot> {
+    async fn suspend(&self, req: SuspendSandbox) -> NodeResult<StoredSnapshot> {
         self.call(NodeRequest::Suspend { req }).await
     }
 
@@ -373,6 +377,14 @@ impl NodeApi for RemoteNode {
 
     async fn resume_suspended(&self, req: ResumeSandbox) -> NodeResult<SandboxView> {
         self.call(NodeRequest::ResumeSuspended { req }).await
+    }
+
+    async fn store_snapshot(&self, req: StoreSnapshot) -> NodeResult<StoredSnapshot> {
+        self.call(NodeRequest::StoreSnapshot { req }).await
+    }
+
+    async fn fetch_snapshot(&self, req: FetchSnapshot) -> NodeResult<SnapshotHere> {
+        self.call(NodeRequest::FetchSnapshot { req }).await
     }
 
     async fn credentials_synced(&self, revision: u64) -> NodeResult<()> {

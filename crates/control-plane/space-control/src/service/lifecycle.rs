@@ -173,6 +173,7 @@ pub async fn fork(
                     // A child is as restorable as its parent.
                     on_node_loss: parent_row.spec.on_node_loss,
                     checkpoint_interval_secs: parent_row.spec.checkpoint_interval_secs,
+                    snapshot_storage: parent_row.spec.snapshot_storage,
                 },
                 labels: labels.clone(),
                 timeout_secs: req.timeout_secs,

@@ -2,19 +2,21 @@
 //! store).
 //!
 //! The leader stores a checkpoint of each such sandbox in object storage every
-//! `checkpoint_interval_secs` while it runs (the suspend path, committed as the sandbox's
-//! `stored_checkpoint` instead of suspending it: the guest is paused while the checkpoint
-//! is taken and uploaded, then runs on; the checkpoint it replaces is collected). When the
+//! `checkpoint_interval_secs` while it runs (a checkpoint taken on its node, the guest
+//! paused only for its final pass, then uploaded while it runs on and committed as the
+//! sandbox's `stored_checkpoint`; the one it replaces is collected). When the
 //! sandbox's node is declared lost, the sandbox becomes suspended in its last stored
 //! checkpoint and is resumed on another node (what it did since that checkpoint is lost);
 //! one without a checkpoint yet stays `lost`, as with `fail`. Its old node, if it returns,
 //! is reconciled before it serves again: the row no longer names it, so its copy is
 //! deleted there.
 //!
-//! Each sandbox is its own task, one at a time per sandbox (an in-flight set), and a
-//! checkpoint that fails is not tried again for [`RETRY_AFTER`].
+//! Each sandbox is its own task, one at a time per sandbox, except that a restore does not
+//! wait for a checkpoint under way (stuck, maybe, on the node that was lost; it cannot
+//! commit once the sandbox is suspended). A job that fails is not tried again for
+//! [`RETRY_AFTER`] (a failed checkpoint does not hold a restore back).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -33,8 +35,9 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// alone until a time (a failure's back-off).
 #[derive(Default)]
 struct Work {
-    in_flight: HashSet<SandboxId>,
-    not_before: HashMap<SandboxId, Instant>,
+    in_flight: HashMap<SandboxId, Job>,
+    /// Per sandbox and job: a failed checkpoint does not hold a restore back.
+    not_before: HashMap<(SandboxId, Job), Instant>,
 }
 
 fn work() -> &'static Mutex<Work> {
@@ -82,7 +85,7 @@ pub async fn run(st: &AppState) -> ApiResult<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Job {
     Checkpoint,
     Restore,
@@ -92,15 +95,19 @@ enum Job {
 fn start(st: &AppState, row: SandboxRow, job: Job) {
     {
         let mut w = work().lock().unwrap_or_else(|p| p.into_inner());
-        if w.in_flight.contains(&row.id)
-            || w.not_before
-                .get(&row.id)
-                .is_some_and(|t| Instant::now() < *t)
-        {
+        // A restore does not wait for a checkpoint under way: that one may be stuck on the
+        // very node that was lost (its commit fails once the sandbox is suspended).
+        let busy = match w.in_flight.get(&row.id) {
+            Some(Job::Checkpoint) => job != Job::Restore,
+            Some(Job::Restore) => true,
+            None => false,
+        };
+        let key = (row.id.clone(), job);
+        if busy || w.not_before.get(&key).is_some_and(|t| Instant::now() < *t) {
             return;
         }
-        w.not_before.remove(&row.id);
-        w.in_flight.insert(row.id.clone());
+        w.not_before.remove(&key);
+        w.in_flight.insert(row.id.clone(), job);
     }
     let st = st.clone();
     tokio::spawn(async move {
@@ -110,10 +117,12 @@ fn start(st: &AppState, row: SandboxRow, job: Job) {
             Job::Restore => restore(&st, row).await,
         };
         let mut w = work().lock().unwrap_or_else(|p| p.into_inner());
-        w.in_flight.remove(&id);
+        if w.in_flight.get(&id) == Some(&job) {
+            w.in_flight.remove(&id);
+        }
         if let Err(e) = result {
             tracing::warn!(sandbox = %id, ?job, error = %e.body.message, "node-loss protection failed; tried again later");
-            w.not_before.insert(id, Instant::now() + RETRY_AFTER);
+            w.not_before.insert((id, job), Instant::now() + RETRY_AFTER);
         }
     });
 }
@@ -169,6 +178,7 @@ mod tests {
                 public_ports: Default::default(),
                 on_node_loss: OnNodeLoss::Restore,
                 checkpoint_interval_secs: every,
+                snapshot_storage: Default::default(),
             },
             labels: Default::default(),
             desired_state: DesiredState::Running,

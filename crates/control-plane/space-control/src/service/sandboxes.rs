@@ -16,7 +16,9 @@ use space_core::process::validate_env;
 use space_core::sandbox::{
     validate_labels, CreateSandboxRequest, ResourcesRequest, SandboxInfo, MAX_TIMEOUT_SECS,
 };
-use space_core::sandbox::{OnNodeLoss, PausedBy, SandboxOrigin, StoppedBy, TimeoutAction};
+use space_core::sandbox::{
+    OnNodeLoss, PausedBy, SandboxOrigin, SnapshotStorage, StoppedBy, TimeoutAction,
+};
 use space_core::template::validate_template_name;
 use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId, TenantId};
 use space_secrets::ProjectId;
@@ -26,8 +28,8 @@ use crate::api::error::{ApiError, ApiResult};
 use crate::api::AppState;
 use crate::db::{now_ms, DesiredState, SandboxFilter, SandboxRow, SandboxSpec};
 use crate::nodes::{
-    CreateFromSnapshot, CreateSandbox, NodeApi, NodeCallError, NodeResult, PauseCause,
-    SandboxSettings, SandboxView, StopCause, VmOrigin,
+    CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeApi, NodeCallError, NodeResult,
+    PauseCause, SandboxSettings, SandboxView, StopCause, VmOrigin,
 };
 use crate::scheduler::NodeState;
 use space_core::error::excerpt;
@@ -72,6 +74,7 @@ pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxView>, creating: bo
         on_timeout: row.on_timeout,
         auto_resume: row.auto_resume,
         on_node_loss: row.spec.on_node_loss,
+        snapshot_storage: row.spec.snapshot_storage,
         stored_checkpoint_at_ms: row
             .stored_checkpoint
             .as_ref()
@@ -87,6 +90,7 @@ pub fn sandbox_info(row: &SandboxRow, record: Option<&SandboxView>, creating: bo
                 PauseCause::User => PausedBy::User,
                 PauseCause::Idle => PausedBy::Idle,
                 PauseCause::Timeout => PausedBy::Timeout,
+                PauseCause::CutOff => PausedBy::CutOff,
             }),
         stopped_by: record
             .filter(|r| r.state == SandboxState::Stopped)
@@ -347,8 +351,8 @@ async fn create_from_snapshot(
     );
     env_keys.sort();
     let (on_node_loss, checkpoint_interval_secs) = node_loss_policy(st, &req)?;
-    // The snapshot's files are on the node that took it: the sandbox is made there.
-    let node = found.node.clone();
+    let snapshot_storage = snapshot_storage_policy(st, &req)?;
+    let (node, source) = snapshot_node(st, &tenant.id, &found).await?;
     let id = SandboxId::generate();
     let row = new_row(
         id.clone(),
@@ -365,6 +369,7 @@ async fn create_from_snapshot(
                 public_ports: req.public_ports.clone(),
                 on_node_loss,
                 checkpoint_interval_secs,
+                snapshot_storage,
             },
             labels,
             timeout_secs: req.timeout_secs,
@@ -375,7 +380,7 @@ async fn create_from_snapshot(
     let create = CreateFromSnapshot {
         id: id.clone(),
         snapshot: snapshot.clone(),
-        source: found.sandbox.map(|r| r.id),
+        source,
         settings: sandbox_settings(req, &tenant.id)?,
     };
     begin_create(st, &row).await?;
@@ -384,6 +389,44 @@ async fn create_from_snapshot(
         node.create_from_snapshot(create).await
     })
     .await
+}
+
+/// Where a sandbox made from snapshot `found` is made, and the live sandbox there it is a
+/// snapshot of (if so). A node that holds the snapshot's files and takes new sandboxes makes
+/// it; else, for a snapshot in object storage, a node the scheduler picks, which fetches it
+/// first (once, however many creates need it); else the node that holds it, whatever its
+/// state (its own answer says why it cannot).
+async fn snapshot_node(
+    st: &AppState,
+    tenant: &TenantId,
+    found: &super::snapshots::FoundSnapshot,
+) -> ApiResult<(Arc<dyn NodeApi>, Option<SandboxId>)> {
+    let live_source = || found.sandbox.as_ref().map(|r| r.id.clone());
+    let holder_takes_sandboxes = found.node.as_ref().is_some_and(|n| {
+        !st.nodes.is_cluster() || st.nodes.state(n.name()) == Some(NodeState::Ready)
+    });
+    match (&found.node, &found.stored) {
+        (Some(node), _) if holder_takes_sandboxes => Ok((node.clone(), live_source())),
+        (_, Some(stored)) => {
+            if st.nodes.is_cluster() {
+                st.nodes.refresh(&st.db.nodes().await?);
+            }
+            let node = st
+                .nodes
+                .place(found.origin.resources, &found.origin.template_digest, &[])
+                .await?;
+            tracing::info!(snapshot = %stored.snapshot, node = node.name(), "making a stored snapshot present on a node");
+            let here = node
+                .fetch_snapshot(FetchSnapshot {
+                    stored: stored.clone(),
+                    tenant: tenant.clone(),
+                })
+                .await?;
+            Ok((node, here.live_sandbox))
+        }
+        (Some(node), None) => Ok((node.clone(), live_source())),
+        (None, None) => Err(ApiError::snapshot_not_found(&found.info.id)),
+    }
 }
 
 /// What a new sandbox row is made of (the rest is set by [`new_row`]).
@@ -433,6 +476,21 @@ pub fn node_loss_policy(
             }
             Ok((OnNodeLoss::Restore, Some(secs)))
         }
+    }
+}
+
+/// Where a create asks its persistent snapshots to be kept, checked: `object_store` needs
+/// one.
+pub fn snapshot_storage_policy(
+    st: &AppState,
+    req: &CreateSandboxRequest,
+) -> ApiResult<SnapshotStorage> {
+    match req.snapshot_storage {
+        SnapshotStorage::ObjectStore if st.objects.is_none() => Err(ApiError::new(
+            ErrorCode::Conflict,
+            "snapshot_storage: object_store needs an object store (`--object-store`)",
+        )),
+        storage => Ok(storage),
     }
 }
 
@@ -595,6 +653,7 @@ pub async fn create(
         .validate(template.image_size_mib)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let (on_node_loss, checkpoint_interval_secs) = node_loss_policy(st, &req)?;
+    let snapshot_storage = snapshot_storage_policy(st, &req)?;
     let node = st.nodes.place(resources, &template.digest, &[]).await?;
 
     let id = SandboxId::generate();
@@ -613,6 +672,7 @@ pub async fn create(
                 public_ports: req.public_ports.clone(),
                 on_node_loss,
                 checkpoint_interval_secs,
+                snapshot_storage,
             },
             labels: req.labels.clone(),
             timeout_secs: req.timeout_secs,
@@ -797,6 +857,7 @@ mod tests {
                 public_ports: Default::default(),
                 on_node_loss: Default::default(),
                 checkpoint_interval_secs: None,
+                snapshot_storage: Default::default(),
             },
             labels: BTreeMap::new(),
             desired_state: desired,

@@ -19,10 +19,14 @@
 //! hourly ([`collect_orphans`]) objects under `snapshots/` that no row names at all (a node
 //! that went on uploading after its replica gave the suspend up and removed what was there).
 
+use std::sync::Arc;
+
 use space_core::sandbox::SandboxInfo;
-use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId};
+use space_core::{ErrorCode, SandboxId, SandboxState, SnapshotId, SnapshotInfo, SnapshotKind};
 use space_node_proto::snapshot::artifacts;
-use space_node_proto::{ResumeSandbox, SnapshotOwner, SuspendSandbox, SuspendedSnapshot};
+use space_node_proto::{
+    ResumeSandbox, SnapshotOwner, SnapshotRequest, StoreSnapshot, StoredSnapshot, SuspendSandbox,
+};
 use space_objects::{Artifact, ObjectKey, Objects};
 
 use super::sandboxes::info_now;
@@ -30,7 +34,10 @@ use super::Caller;
 use crate::api::error::{ApiError, ApiResult};
 use crate::api::AppState;
 use crate::db::{now_ms, Commit, SandboxRow};
+use crate::nodes::NodeApi;
 
+/// Label of the checkpoint a stored checkpoint is uploaded from (on its node until stored).
+const STORED_CHECKPOINT_LABEL: &str = "stored-checkpoint";
 /// Stored snapshots collected per pass at most.
 const COLLECT_BATCH: i64 = 64;
 /// Objects under `snapshots/` that no row names are collected once untouched this long
@@ -58,19 +65,6 @@ pub async fn suspend(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResul
 /// Suspends live sandbox `row` (found by the caller); returns once it is suspended, or
 /// runs again where it was.
 pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
-    store_row(st, row, Commit::Suspended).await
-}
-
-/// Stores a checkpoint of live sandbox `row` in object storage, as a suspend does, but
-/// the sandbox runs on where it is (it is paused while the checkpoint is taken and
-/// uploaded); the committed snapshot becomes its `stored_checkpoint`, what it is restored
-/// from if its node is lost (`service::node_loss`).
-pub async fn checkpoint_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
-    store_row(st, row, Commit::Checkpoint).await
-}
-
-/// A suspend, or a stored checkpoint (`commit` says which).
-async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<()> {
     let objects = objects(st)?.clone();
     let id = &row.id;
     if row.suspended_snapshot.is_some() {
@@ -106,7 +100,9 @@ async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<
                 return Err(ApiError::from(e));
             }
         };
-        if let Err(e) = check_stored(&objects, &stored, id, &snapshot).await {
+        if let Err(e) =
+            check_stored(&objects, &stored, id, &snapshot, SnapshotKind::Checkpoint).await
+        {
             tracing::warn!(sandbox = %id, %snapshot, error = %e.body.message, "stored snapshot does not check out; the sandbox runs again");
             if let Err(again) = node.abort_suspend(id).await {
                 tracing::warn!(sandbox = %id, error = %again, "cannot run the sandbox again after a failed suspend");
@@ -114,7 +110,7 @@ async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<
             give_up(st, &objects, &snapshot).await;
             return Err(e);
         }
-        if !st.db.commit_stored_snapshot(&stored, commit).await? {
+        if !st.db.commit_stored_snapshot(&stored, Commit::Suspended).await? {
             // Deleted or suspended meanwhile: nothing to keep.
             let _ = node.abort_suspend(id).await;
             give_up(st, &objects, &snapshot).await;
@@ -122,14 +118,6 @@ async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<
                 ErrorCode::Conflict,
                 format!("sandbox {id} changed while it was being suspended; it was not suspended"),
             ));
-        }
-        if commit == Commit::Checkpoint {
-            // Stored: it runs on (the reconciler runs it again if this fails).
-            if let Err(e) = node.abort_suspend(id).await {
-                tracing::warn!(sandbox = %id, error = %e, "a checkpointed sandbox does not run again yet; the reconciler retries");
-            }
-            tracing::info!(sandbox = %id, %snapshot, memory_bytes = stored.memory_bytes, "checkpoint stored");
-            return Ok(());
         }
         tracing::info!(sandbox = %id, %snapshot, memory_bytes = stored.memory_bytes, disk_blocks = stored.disk_changed_blocks, "sandbox suspended; its node frees it");
         // Committed: the node lets it go (the reconciler retries if this fails).
@@ -142,21 +130,114 @@ async fn store_row(st: &AppState, row: SandboxRow, commit: Commit) -> ApiResult<
     .map_err(ApiError::internal)?
 }
 
-/// Every artifact of `stored` is one of `snapshot`'s and is in the store at the size the
-/// node reported (its digest is checked when it is read back).
+/// Stores a checkpoint of live sandbox `row` in object storage; the committed snapshot
+/// becomes its `stored_checkpoint`, what it is restored from if its node is lost
+/// (`service::node_loss`), and the one it replaces is collected. The checkpoint is taken on
+/// the node as any (the guest pauses for its final pass only) and uploaded from there while
+/// the sandbox runs on; the node's copy goes once stored.
+pub async fn checkpoint_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
+    let objects = objects(st)?.clone();
+    let node = st.node_of(&row).await?;
+    let request = SnapshotRequest {
+        kind: SnapshotKind::Checkpoint,
+        label: Some(STORED_CHECKPOINT_LABEL.into()),
+        persistent: None,
+    };
+    let task_state = st.clone();
+    // In its own task: a replica's caller going away does not strand the node's copy.
+    tokio::spawn(async move {
+        let st = &task_state;
+        let id = &row.id;
+        let taken = node.take_snapshot(id, request).await?.snapshot;
+        let stored = async {
+            let stored = upload_taken(st, &objects, &node, &row, &taken).await?;
+            if !st.db.commit_stored_snapshot(&stored, Commit::Checkpoint).await? {
+                // Deleted or suspended meanwhile: nothing to keep.
+                give_up(st, &objects, &taken.id).await;
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("sandbox {id} changed while its checkpoint was stored"),
+                ));
+            }
+            Ok(stored)
+        }
+        .await;
+        // Apart: the checkpoint is done once committed (a node lost right after must not
+        // hold the sandbox's restore back while this call waits on it).
+        let (cleanup_node, cleanup_id, snap) = (node.clone(), id.clone(), taken.id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = cleanup_node.delete_snapshot(&cleanup_id, &snap).await {
+                tracing::warn!(sandbox = %cleanup_id, snapshot = %snap, error = %e, "the node keeps its copy of a stored checkpoint");
+            }
+        });
+        let stored = stored?;
+        tracing::info!(sandbox = %id, snapshot = %taken.id, memory_bytes = stored.memory_bytes, disk_blocks = stored.disk_changed_blocks, "checkpoint stored");
+        Ok(())
+    })
+    .await
+    .map_err(ApiError::internal)?
+}
+
+/// Uploads snapshot `taken` of live sandbox `row`, already committed on `node`, to object
+/// storage: its row first (`uploading`, this replica's), then the node's upload (the
+/// sandbox runs on), then each artifact checked in the store. Committing it is the
+/// caller's; on error it is given up (abandoned, its objects removed or left to the
+/// collection).
+pub(super) async fn upload_taken(
+    st: &AppState,
+    objects: &Objects,
+    node: &Arc<dyn NodeApi>,
+    row: &SandboxRow,
+    taken: &SnapshotInfo,
+) -> ApiResult<StoredSnapshot> {
+    let (id, snapshot) = (&row.id, &taken.id);
+    st.db
+        .begin_stored_snapshot(snapshot, id, &row.tenant_id, node.name(), st.replica.id())
+        .await?;
+    let req = StoreSnapshot {
+        id: id.clone(),
+        snapshot: snapshot.clone(),
+        owner: SnapshotOwner {
+            tenant: row.tenant_id.clone(),
+            labels: row.labels.clone(),
+        },
+    };
+    let stored = match node.store_snapshot(req).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            give_up(st, objects, snapshot).await;
+            return Err(ApiError::from(e));
+        }
+    };
+    if let Err(e) = check_stored(objects, &stored, id, snapshot, taken.kind).await {
+        tracing::warn!(sandbox = %id, %snapshot, error = %e.body.message, "stored snapshot does not check out");
+        give_up(st, objects, snapshot).await;
+        return Err(e);
+    }
+    Ok(stored)
+}
+
+/// Every artifact of `stored` (those a snapshot of `kind` has: a disk snapshot no memory)
+/// is one of `snapshot`'s and is in the store at the size the node reported (its digest is
+/// checked when it is read back).
 async fn check_stored(
     objects: &Objects,
-    stored: &SuspendedSnapshot,
+    stored: &StoredSnapshot,
     id: &SandboxId,
     snapshot: &SnapshotId,
+    kind: SnapshotKind,
 ) -> ApiResult<()> {
     let corrupt = |what: String| ApiError::new(ErrorCode::SnapshotCorrupt, what);
     if stored.snapshot != *snapshot || stored.sandbox_id != *id {
         return Err(corrupt("the node reported another snapshot".into()));
     }
     let prefix = format!("snapshots/{snapshot}/");
-    for name in artifacts::ALL {
-        let Some(a) = stored.artifacts.iter().find(|a| a.name == name) else {
+    let expected: &[&str] = match kind {
+        SnapshotKind::Checkpoint => &artifacts::ALL,
+        SnapshotKind::Disk => &[artifacts::DISK, artifacts::SOURCE, artifacts::META],
+    };
+    for name in expected {
+        let Some(a) = stored.artifacts.iter().find(|a| a.name == *name) else {
             return Err(corrupt(format!("the stored snapshot has no {name}")));
         };
         if !a.key.starts_with(&prefix) || a.sha256.len() != 64 {
@@ -171,7 +252,7 @@ async fn check_stored(
             .await
             .map_err(|e| corrupt(e.to_string()))?;
     }
-    if stored.artifacts.len() != artifacts::ALL.len() {
+    if stored.artifacts.len() != expected.len() {
         return Err(corrupt(
             "the stored snapshot has unexpected artifacts".into(),
         ));
@@ -181,7 +262,7 @@ async fn check_stored(
 
 /// Marks the snapshot abandoned and removes whatever of it was uploaded (what this cannot
 /// remove now, the collection does).
-async fn give_up(st: &AppState, objects: &Objects, snapshot: &SnapshotId) {
+pub(super) async fn give_up(st: &AppState, objects: &Objects, snapshot: &SnapshotId) {
     if let Err(e) = st.db.abandon_stored_snapshot(snapshot).await {
         tracing::warn!(%snapshot, error = %e, "cannot mark the stored snapshot abandoned");
         return;

@@ -1,0 +1,385 @@
+//! Snapshots in object storage: a snapshot taken here going up, and a stored one coming
+//! down onto this node. A suspend ([`crate::suspend`]) and a stored checkpoint go up this
+//! way; a resume and a create from a stored persistent snapshot come down this way.
+//!
+//! **Up** ([`Node::upload_snapshot`]): the committed snapshot's files are only read, so the
+//! sandbox runs on meanwhile (a suspend pauses it for its own reasons). Its artifacts are
+//! `memory.zst` (device state and RAM, zstd; checkpoints only), `disk.delta.zst` (only the
+//! blocks that differ from the template's image, zstd), `source.json` (what a sandbox made
+//! from it needs: template, resources, egress policy, environment, CA, labels) and
+//! `meta.json` (its description); each is recorded with its size and SHA-256.
+//!
+//! **Down** ([`Node::download_snapshot`]): the source and description first (small, checked
+//! to describe the expected snapshot of the expected tenant before anything large moves),
+//! then the template if this node lacks it, the disk rebuilt on a reflink of the template's
+//! image and the state decompressed, both bounded by the snapshot's resources; a digest or
+//! size that does not match refuses the snapshot ([`NodeError::SnapshotCorrupt`]). It is
+//! committed into a pending snapshot the caller chose: a resumed sandbox's own directory,
+//! or ([`Node::fetch_snapshot`]) the persistent snapshots whose sandbox is gone.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use space_core::{SnapshotId, SnapshotInfo, SnapshotKind, TenantId};
+use space_node_proto::snapshot::artifacts;
+use space_node_proto::{
+    FetchSnapshot, SnapshotHere, SnapshotOwner, StoreSnapshot, StoredArtifact, StoredSettings,
+    StoredSnapshot,
+};
+use space_objects::{Artifact, ObjectKey, Objects, ObjectsError};
+use space_storage::delta::{apply_delta, write_delta};
+use space_storage::{ExistingDisk, PendingSnapshot};
+
+use crate::packing::{compress_file, decompress_sparse, UnpackError, ZSTD_LEVEL};
+use crate::sandbox_manager::internal;
+use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
+
+/// Largest `source.json` or `meta.json` read back.
+const MAX_JSON_ARTIFACT: u64 = 1024 * 1024;
+/// Device state beside guest RAM a state file may hold, at most.
+const STATE_OVERHEAD: u64 = 64 << 20;
+
+/// A stored snapshot, downloaded and committed on this node.
+pub(crate) struct Downloaded {
+    /// Its description (as committed here).
+    pub info: SnapshotInfo,
+    /// Its source.
+    pub source: SnapshotSource,
+}
+
+impl Node {
+    /// Uploads committed snapshot `snap` of live sandbox `rec` (see the module docs). A
+    /// snapshot without a `source.json` of its own (not persistent) is described by the
+    /// sandbox as it is now, owned by `owner`.
+    pub(crate) async fn upload_snapshot(
+        &self,
+        objects: &Objects,
+        rec: &SandboxRecord,
+        snap: &SnapshotId,
+        owner: &SnapshotOwner,
+    ) -> Result<StoredSnapshot, NodeError> {
+        let id = &rec.id;
+        let (info, paths) = self
+            .inner
+            .store
+            .snapshot(id, snap)?
+            .ok_or_else(|| NodeError::SnapshotNotFound(snap.clone()))?;
+        if paths.memory.is_some() {
+            // Ours save RAM into the state; a separate memory file is not uploaded.
+            return Err(NodeError::Invalid(format!(
+                "snapshot {snap} keeps guest memory in a file of its own: it cannot be stored"
+            )));
+        }
+        let source_json = match space_storage::read_snapshot_source(&paths)? {
+            Some(bytes) => bytes,
+            None => serde_json::to_vec(&self.inner.snapshot_source(id, Some(owner))?)
+                .map_err(|e| internal("snapshot source", e))?,
+        };
+        let meta_json = serde_json::to_vec(&info).map_err(|e| internal("snapshot meta", e))?;
+        let template = self
+            .inner
+            .store
+            .templates()
+            .image_path(&self.template_of(rec)?);
+        // Packed (compressed, diffed) in a scratch directory of the sandbox's, then uploaded.
+        let scratch = self
+            .inner
+            .store
+            .sandbox_dir(id)
+            .join(format!(".upload-{snap}"));
+        let packed = {
+            let (scratch, state, disk) = (scratch.clone(), paths.state.clone(), paths.disk.clone());
+            tokio::task::spawn_blocking(move || pack(&scratch, state.as_deref(), &template, &disk))
+                .await
+                .map_err(|e| internal("packing task", e))?
+        };
+        let uploaded = async {
+            let packed = packed?;
+            let mut files = vec![(artifacts::DISK, scratch.join(artifacts::DISK))];
+            if packed.memory_bytes.is_some() {
+                files.insert(0, (artifacts::MEMORY, scratch.join(artifacts::MEMORY)));
+            }
+            let mut stored_artifacts = Vec::with_capacity(artifacts::ALL.len());
+            for (name, file) in files {
+                let key = artifact_key(snap, name)?;
+                stored_artifacts.push(stored(name, objects.put_file(&key, &file).await?));
+            }
+            for (name, bytes) in [
+                (artifacts::SOURCE, source_json),
+                (artifacts::META, meta_json),
+            ] {
+                let key = artifact_key(snap, name)?;
+                stored_artifacts.push(stored(name, objects.put_bytes(&key, bytes.into()).await?));
+            }
+            Ok::<_, NodeError>((stored_artifacts, packed))
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&scratch);
+        let (stored_artifacts, packed) = uploaded?;
+        Ok(StoredSnapshot {
+            snapshot: snap.clone(),
+            sandbox_id: id.clone(),
+            template: rec.template.clone(),
+            template_digest: rec.template_digest.clone(),
+            resources: rec.resources,
+            artifacts: stored_artifacts,
+            settings: StoredSettings {
+                on_crash: rec.on_crash,
+                auto_pause_secs: rec.auto_pause_secs,
+                snapshots: Some(rec.snapshots.clone()),
+            },
+            memory_bytes: packed.memory_bytes.unwrap_or(0),
+            disk_changed_blocks: packed.disk_changed_blocks,
+        })
+    }
+
+    /// Uploads one of a sandbox's committed snapshots (the control plane's request).
+    pub async fn store_snapshot(&self, req: StoreSnapshot) -> Result<StoredSnapshot, NodeError> {
+        let objects = self.objects()?.clone();
+        let rec = self
+            .sandbox(&req.id)
+            .filter(|r| r.state != space_core::SandboxState::Deleted)
+            .ok_or_else(|| NodeError::SandboxNotFound(req.id.clone()))?;
+        let started = Instant::now();
+        let stored = self
+            .upload_snapshot(&objects, &rec, &req.snapshot, &req.owner)
+            .await?;
+        tracing::info!(id = %req.id, snapshot = %req.snapshot, ms = started.elapsed().as_millis() as u64, "snapshot stored in object storage");
+        Ok(stored)
+    }
+
+    /// Downloads stored snapshot `s` of `tenant`'s into `pending` and commits it there
+    /// (see the module docs); `persistent` marks it so.
+    pub(crate) async fn download_snapshot(
+        &self,
+        objects: &Objects,
+        s: &StoredSnapshot,
+        tenant: &TenantId,
+        pending: PendingSnapshot,
+        persistent: bool,
+    ) -> Result<Downloaded, NodeError> {
+        let artifact = |name: &str| -> Result<Artifact, NodeError> {
+            s.artifacts
+                .iter()
+                .find(|a| a.name == name)
+                .map(|a| Artifact {
+                    key: a.key.clone(),
+                    size: a.size,
+                    sha256: a.sha256.clone(),
+                })
+                .ok_or_else(|| NodeError::SnapshotCorrupt(format!("it has no {name}")))
+        };
+        let source_bytes = objects
+            .get_bytes(&artifact(artifacts::SOURCE)?, MAX_JSON_ARTIFACT)
+            .await?;
+        let source: SnapshotSource = serde_json::from_slice(&source_bytes)
+            .map_err(|e| NodeError::SnapshotCorrupt(format!("its source: {e}")))?;
+        let meta_bytes = objects
+            .get_bytes(&artifact(artifacts::META)?, MAX_JSON_ARTIFACT)
+            .await?;
+        let mut info: SnapshotInfo = serde_json::from_slice(&meta_bytes)
+            .map_err(|e| NodeError::SnapshotCorrupt(format!("its description: {e}")))?;
+        if source.sandbox_id != s.sandbox_id
+            || info.sandbox_id != s.sandbox_id
+            || info.id != s.snapshot
+            || source.tenant.as_ref() != Some(tenant)
+            || source.template_digest != s.template_digest
+            || source.resources != s.resources
+        {
+            return Err(NodeError::SnapshotCorrupt(
+                "it does not describe the snapshot it is stored as".into(),
+            ));
+        }
+        let memory = match info.kind {
+            SnapshotKind::Checkpoint => Some(artifact(artifacts::MEMORY)?),
+            SnapshotKind::Disk => None,
+        };
+        // A node that lacks the template fetches it (once, however many need it).
+        let template = self
+            .ensure_template(&s.template_digest, &s.template)
+            .await?;
+        let scratch = pending.dir().join(".download");
+        std::fs::create_dir_all(&scratch).map_err(|e| internal("download scratch", e))?;
+        let (memory_file, delta_file) = (
+            scratch.join(artifacts::MEMORY),
+            scratch.join(artifacts::DISK),
+        );
+        if let Some(memory) = &memory {
+            objects.get_to_file(memory, &memory_file).await?;
+        }
+        objects
+            .get_to_file(&artifact(artifacts::DISK)?, &delta_file)
+            .await?;
+        self.inner.nm.clone_disk(
+            &self.inner.store,
+            &self.inner.store.templates().image_path(&template),
+            &pending.disk_path(),
+            0,
+            ExistingDisk::Refuse,
+        )?;
+        let max_disk = u64::from(s.resources.disk_mib) << 20;
+        let max_state = (u64::from(s.resources.memory_mib) << 20) + STATE_OVERHEAD;
+        let (disk, state) = (pending.disk_path(), pending.state_path());
+        let memory = memory.is_some().then_some(memory_file);
+        tokio::task::spawn_blocking(move || {
+            unpack(
+                memory.as_deref(),
+                &delta_file,
+                &state,
+                &disk,
+                max_state,
+                max_disk,
+            )
+        })
+        .await
+        .map_err(|e| internal("unpacking task", e))??;
+        let _ = std::fs::remove_dir_all(&scratch);
+        pending.write_source(&source_bytes)?;
+        info.persistent = persistent;
+        let info = pending.commit(info)?;
+        Ok(Downloaded { info, source })
+    }
+
+    /// Makes stored snapshot `req.stored` present on this node (see
+    /// [`space_node_proto::api::NodeApi::fetch_snapshot`]): among a live sandbox's
+    /// snapshots or the persistent ones here already, else downloaded among the latter.
+    pub async fn fetch_snapshot(&self, req: FetchSnapshot) -> Result<SnapshotHere, NodeError> {
+        let s = &req.stored;
+        let here = |node: &Node| -> Result<Option<SnapshotHere>, NodeError> {
+            let live = node
+                .sandbox(&s.sandbox_id)
+                .is_some_and(|r| r.state != space_core::SandboxState::Deleted);
+            if live
+                && node
+                    .inner
+                    .store
+                    .snapshot(&s.sandbox_id, &s.snapshot)?
+                    .is_some()
+            {
+                return Ok(Some(SnapshotHere {
+                    live_sandbox: Some(s.sandbox_id.clone()),
+                }));
+            }
+            Ok(node
+                .inner
+                .store
+                .persistent_snapshot(&s.snapshot)?
+                .map(|_| SnapshotHere { live_sandbox: None }))
+        };
+        if let Some(found) = here(self)? {
+            return Ok(found);
+        }
+        let objects = self.objects()?.clone();
+        let key = format!("snapshot/{}", s.snapshot);
+        let fetch = async {
+            // Whoever went first may have fetched it.
+            if let Some(found) = here(self)? {
+                return Ok(found);
+            }
+            let started = Instant::now();
+            let pending = self.inner.nm.begin_persistent_snapshot(
+                &self.inner.store,
+                &s.sandbox_id,
+                &s.snapshot,
+            )?;
+            let done = self
+                .download_snapshot(&objects, s, &req.tenant, pending, true)
+                .await?;
+            tracing::info!(snapshot = %s.snapshot, kind = %done.info.kind, ms = started.elapsed().as_millis() as u64, "stored snapshot fetched onto this node");
+            Ok(SnapshotHere { live_sandbox: None })
+        };
+        self.inner.published.fetching.run(&key, fetch).await
+    }
+}
+
+fn artifact_key(snap: &SnapshotId, name: &str) -> Result<ObjectKey, NodeError> {
+    ObjectKey::snapshot_artifact(snap.as_str(), name).map_err(|e| NodeError::Invalid(e.to_string()))
+}
+
+fn stored(name: &str, a: Artifact) -> StoredArtifact {
+    StoredArtifact {
+        name: name.to_owned(),
+        key: a.key,
+        size: a.size,
+        sha256: a.sha256,
+    }
+}
+
+/// What packing measured.
+struct Packed {
+    /// Bytes of device state and RAM before compression (checkpoints only).
+    memory_bytes: Option<u64>,
+    disk_changed_blocks: u64,
+}
+
+/// Writes `disk.delta.zst` (the disk's changes against `template`, compressed) and, for a
+/// checkpoint, `memory.zst` (the state, compressed) into `scratch`.
+fn pack(
+    scratch: &Path,
+    state: Option<&Path>,
+    template: &Path,
+    disk: &Path,
+) -> Result<Packed, NodeError> {
+    let io = |what: &str, path: &Path| {
+        let what = format!("{what} {}", path.display());
+        move |e: std::io::Error| internal(&what, e)
+    };
+    let _ = std::fs::remove_dir_all(scratch);
+    std::fs::create_dir_all(scratch).map_err(io("create", scratch))?;
+    let memory_bytes = match state {
+        Some(state) => {
+            let out = scratch.join(artifacts::MEMORY);
+            Some(compress_file(state, &out).map_err(io("compress", &out))?)
+        }
+        None => None,
+    };
+    let delta_out = scratch.join(artifacts::DISK);
+    let out = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
+    let mut enc = zstd::Encoder::new(std::io::BufWriter::new(out), ZSTD_LEVEL)
+        .map_err(io("compress", &delta_out))?;
+    let stats = write_delta(template, disk, &mut enc).map_err(|e| internal("disk delta", e))?;
+    let mut buf = enc.finish().map_err(io("compress", &delta_out))?;
+    buf.flush().map_err(io("compress", &delta_out))?;
+    Ok(Packed {
+        memory_bytes,
+        disk_changed_blocks: stats.changed_blocks,
+    })
+}
+
+/// Decompresses `memory.zst` (if any) into `state` (at most `max_state` bytes) and applies
+/// `disk.delta.zst` to `disk` (a reflink of the template's image; at most `max_disk`).
+fn unpack(
+    memory: Option<&Path>,
+    delta: &Path,
+    state: &Path,
+    disk: &Path,
+    max_state: u64,
+    max_disk: u64,
+) -> Result<(), NodeError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        NodeError::SnapshotCorrupt(format!("its {what}: {e}"))
+    };
+    if let Some(memory) = memory {
+        match decompress_sparse(memory, state, max_state, false) {
+            Ok(_) => {}
+            Err(UnpackError::Malformed(m)) => return Err(bad("memory", &m)),
+            Err(e) => return Err(internal("unpack memory", e)),
+        }
+    }
+    let input = std::fs::File::open(delta).map_err(|e| internal("open disk delta", e))?;
+    let mut dec = zstd::Decoder::new(input).map_err(|e| bad("disk", &e))?;
+    apply_delta(&mut dec, disk, max_disk).map_err(|e| bad("disk", &e))?;
+    Ok(())
+}
+
+impl From<ObjectsError> for NodeError {
+    fn from(e: ObjectsError) -> Self {
+        match e {
+            ObjectsError::Corrupt { .. } | ObjectsError::NotFound(_) | ObjectsError::Key(_) => {
+                NodeError::SnapshotCorrupt(e.to_string())
+            }
+            other => NodeError::Storage(other.to_string()),
+        }
+    }
+}
