@@ -1253,9 +1253,13 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
     req.checkpoint_interval_secs = Some(20);
     let sb = a.create_sandbox(&req).await.expect("create");
     let plain = a.create_sandbox(&create_request()).await.expect("create");
+    // Restorable, but with no checkpoint before the loss: fenced, never restored, resumed
+    // by its node when it is back.
+    req.checkpoint_interval_secs = Some(3600);
+    let young = a.create_sandbox(&req).await.expect("create");
     assert_eq!(
-        (sb.node.as_str(), plain.node.as_str()),
-        ("node-a", "node-a")
+        (sb.node.as_str(), plain.node.as_str(), young.node.as_str()),
+        ("node-a", "node-a", "node-a")
     );
     assert_eq!(sb.on_node_loss, OnNodeLoss::Restore);
     a.set_node_cordoned("node-b", false)
@@ -1317,18 +1321,35 @@ async fn a_lost_nodes_restorable_sandbox_comes_back_on_another_node() {
         "the plain sandbox runs on"
     );
 
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sandbox paused (fenced)") && l.contains(young.id.as_str())),
+        "node-a fenced the restorable sandbox without a checkpoint too"
+    );
+    assert_eq!(
+        a.sandbox(&young.id).await.expect("young").state,
+        SandboxState::Lost,
+        "no checkpoint to restore from: lost until its node returns"
+    );
+
     // node-a is back: reconciled before it serves, it drops its copy of the restored
-    // sandbox; the other one is back.
+    // sandbox; the other two are back, the fenced one resumed by its node.
     cluster.node("node-a").network.set_connected(true);
     wait_until(
         Duration::from_secs(120),
-        "node-a to serve again with the plain sandbox",
+        "node-a to serve again with the plain and the fenced sandbox",
         || async {
-            let info = a.sandbox(&plain.id).await.ok()?;
-            (info.state == SandboxState::Running).then_some(())
+            let plain = a.sandbox(&plain.id).await.ok()?;
+            let young = a.sandbox(&young.id).await.ok()?;
+            (plain.state == SandboxState::Running && young.state == SandboxState::Running)
+                .then_some(())
         },
     )
     .await;
+    assert_eq!(
+        shell(&a, &young.id, "echo awake", false).await.trim(),
+        "awake"
+    );
     let node_a = st.nodes.get("node-a").expect("node-a");
     assert!(
         node_a

@@ -1271,3 +1271,58 @@ async fn stored_persistent_snapshots_stand_until_dropped() {
         assert!(db.stored_snapshot(&snap).await.unwrap().is_none());
     }
 }
+
+/// Actions are recorded while other writes go on (on SQLite a read-then-write append is
+/// refused at once when another writer commits in between): none is lost.
+#[tokio::test]
+async fn audit_appends_survive_concurrent_writers() {
+    use space_control::db::NewAuditRecord;
+    for t in common::test_dbs().await {
+        let db = t.db.clone();
+        let tenant = db.create_tenant("audited").await.unwrap().id;
+        let writer = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                for i in 0..200 {
+                    db.create_tenant(&format!("busy-{i}")).await.unwrap();
+                }
+            })
+        };
+        let appends: Vec<_> = (0..8)
+            .map(|i| {
+                let (db, tenant) = (db.clone(), tenant.clone());
+                tokio::spawn(async move {
+                    for j in 0..10 {
+                        let target = format!("/v1/sandboxes/{i}-{j}");
+                        db.append_audit(&NewAuditRecord {
+                            tenant: &tenant,
+                            ts_ms: 1,
+                            api_key_id: None,
+                            action: "POST /v1/sandboxes",
+                            target: &target,
+                            outcome: "ok",
+                            status: 201,
+                        })
+                        .await
+                        .expect("recorded");
+                    }
+                })
+            })
+            .collect();
+        for a in appends {
+            a.await.unwrap();
+        }
+        writer.await.unwrap();
+        let recorded = db
+            .audit_records(
+                &tenant,
+                &space_control::db::AuditQuery {
+                    limit: 1000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(recorded.len(), 80, "{}", t.label);
+    }
+}

@@ -1,8 +1,9 @@
 //! Issue 15's figures on real VMs: suspend to object storage, and resume on another node to
 //! exec-ready, of a 512 MiB sandbox with 100 MiB of data written (a cluster of two node
 //! processes in namespaces of their own, one replica, PostgreSQL and a private Garage);
-//! bytes uploaded against guest RAM plus disk written; and on the single-machine default, a
-//! suspend and resume through the local store against a plain pause and resume.
+//! bytes uploaded against guest RAM plus disk written; on the single-machine default, a
+//! suspend and resume through the local store against a plain pause and resume; and a
+//! persistent checkpoint kept in object storage against one kept on the node.
 //!
 //! Run with `sudo ./scripts/bench-suspend [samples]` (default 10). Prints percentiles;
 //! every figure is measured.
@@ -213,6 +214,62 @@ async fn one_machine(samples: usize) {
     ts.stop().await;
 }
 
+/// A persistent checkpoint kept in object storage (`snapshot_storage: object_store`: taken
+/// on the node, uploaded while the sandbox runs on) against one kept on the node only: the
+/// call's latency and the guest's pause. The pause is also what a stored checkpoint of
+/// `on_node_loss: restore` costs the guest now; before, that one went the suspend path and
+/// paused the guest for the whole upload (the suspend figures above).
+async fn stored_snapshots(samples: usize) {
+    use space_core::sandbox::{CreateSnapshotRequest, SnapshotStorage};
+    let ts = TestServer::start().await;
+    let c = &ts.client;
+    let stored_sb = c
+        .create_sandbox(&CreateSandboxRequest {
+            snapshot_storage: SnapshotStorage::ObjectStore,
+            ..request()
+        })
+        .await
+        .expect("create");
+    let node_sb = c.create_sandbox(&request()).await.expect("create");
+    write_data(c, &stored_sb.id).await;
+    write_data(c, &node_sb.id).await;
+    let req = CreateSnapshotRequest {
+        kind: space_core::SnapshotKind::Checkpoint,
+        label: None,
+        persistent: true,
+    };
+    let (mut stored_ms, mut stored_pause, mut node_ms, mut node_pause) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        for (id, total, pause, stored) in [
+            (&stored_sb.id, &mut stored_ms, &mut stored_pause, true),
+            (&node_sb.id, &mut node_ms, &mut node_pause, false),
+        ] {
+            let t = Instant::now();
+            let taken = c.create_snapshot(id, &req).await.expect("snapshot");
+            total.push(ms(t.elapsed()));
+            assert_eq!(taken.snapshot.stored, stored);
+            pause.push(taken.guest_pause_ms.unwrap_or(0) as f64);
+            c.delete_tenant_snapshot(&taken.snapshot.id)
+                .await
+                .expect("delete");
+        }
+    }
+    println!(
+        "
+-- persistent checkpoints, one machine (the local store) --"
+    );
+    report("in object storage too: the call", &mut stored_ms, " ms");
+    report(
+        "in object storage too: guest paused",
+        &mut stored_pause,
+        " ms",
+    );
+    report("on the node only: the call", &mut node_ms, " ms");
+    report("on the node only: guest paused", &mut node_pause, " ms");
+    ts.stop().await;
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
     test_support::init_logging();
@@ -225,4 +282,5 @@ async fn main() {
     );
     across_nodes(samples).await;
     one_machine(samples).await;
+    stored_snapshots(samples).await;
 }

@@ -58,7 +58,8 @@ pub struct AuditQuery {
 pub const MAX_AUDIT_PAGE: usize = 1000;
 /// Longest field stored (an action, a target, an outcome), bytes: longer is cut.
 pub const MAX_AUDIT_FIELD: usize = 512;
-/// How many times an append retries after losing a race for the next position.
+/// How many times an append retries after losing a race for the next position (or, on
+/// SQLite, to another writer), with a short back-off.
 const APPEND_ATTEMPTS: usize = 8;
 
 const COLUMNS: &str = "seq, ts_ms, api_key_id, action, target, outcome, status, prev_hash, hash";
@@ -121,14 +122,26 @@ impl Db {
         );
         let _serialised = self.audit_appends.lock().await;
         let mut last_err = None;
-        for _ in 0..APPEND_ATTEMPTS {
+        for attempt in 0..APPEND_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5 << attempt.min(6))).await;
+            }
             let mut tx = self.pool().begin().await?;
-            let last = sqlx::query(
+            let last = match sqlx::query(
                 "SELECT seq, hash FROM audit_log WHERE tenant_id = $1 ORDER BY seq DESC LIMIT 1",
             )
             .bind(new.tenant.as_str())
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            {
+                Ok(last) => last,
+                Err(sqlx::Error::Database(e)) if super::is_busy(e.as_ref()) => {
+                    last_err = Some(sqlx::Error::Database(e));
+                    let _ = tx.rollback().await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let (prev_seq, prev_hash) = match last {
                 Some(row) => (
                     row.try_get::<i64, _>("seq")?,
@@ -169,7 +182,14 @@ impl Db {
             .await;
             match inserted {
                 Ok(_) => {
-                    tx.commit().await?;
+                    match tx.commit().await {
+                        Ok(()) => {}
+                        Err(sqlx::Error::Database(e)) if super::is_busy(e.as_ref()) => {
+                            last_err = Some(sqlx::Error::Database(e));
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                     return Ok(AuditRecord {
                         seq,
                         ts_ms: new.ts_ms,
@@ -182,8 +202,11 @@ impl Db {
                         hash,
                     });
                 }
-                // Another append took this position: read the new last record and retry.
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                // Another append took this position, or (SQLite) another writer committed
+                // between this one's read and its write: read the last record again.
+                Err(sqlx::Error::Database(e))
+                    if e.is_unique_violation() || super::is_busy(e.as_ref()) =>
+                {
                     last_err = Some(sqlx::Error::Database(e));
                     let _ = tx.rollback().await;
                 }

@@ -272,6 +272,18 @@ fn unique_violation(err: sqlx::Error, what: impl FnOnce() -> String) -> DbError 
     }
 }
 
+/// Whether a database error is SQLite's "busy" or "locked" (primary codes 5 and 6, with any
+/// extended code): in WAL mode a transaction that read before it writes gets it at once,
+/// without waiting, when another writer committed meanwhile. Such a transaction is simply
+/// run again.
+pub(crate) fn is_busy(e: &dyn sqlx::error::DatabaseError) -> bool {
+    use sqlx::error::DatabaseError as _;
+    e.try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .and_then(|s| s.code())
+        .and_then(|c| c.parse::<i64>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
