@@ -1201,6 +1201,7 @@ async fn stored_persistent_snapshots_stand_until_dropped() {
             settings: StoredSettings::default(),
             memory_bytes: 0,
             disk_changed_blocks: 1,
+            history: vec![],
         };
         let info = SnapshotInfo {
             id: snap.clone(),

@@ -132,6 +132,8 @@ pub const TRANSITIONS: &[(SandboxState, SandboxEvent, SandboxState)] = &[
     (S::Pausing, E::Abort, S::Running),
     (S::Paused, E::Resume, S::Resuming),
     (S::Resuming, E::Done, S::Running),
+    // A suspended sandbox resumed from object storage: its daemon answers.
+    (S::Resuming, E::Ready, S::Running),
     (S::Resuming, E::Abort, S::Paused),
     (S::Running, E::Stop, S::Stopping),
     (S::Paused, E::Stop, S::Stopping),

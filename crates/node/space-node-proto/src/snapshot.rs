@@ -140,7 +140,14 @@ pub struct StoredSnapshot {
     pub memory_bytes: u64,
     /// Disk blocks (64 KiB) that differ from the template.
     pub disk_changed_blocks: u64,
+    /// A suspend's: the sandbox's lifecycle log until then (its newest
+    /// [`MAX_STORED_HISTORY`] entries), which goes on on the node that resumes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<space_core::LifecycleEntry>,
 }
+
+/// Most lifecycle entries a suspend carries over to the resuming node.
+pub const MAX_STORED_HISTORY: usize = 256;
 
 /// What a suspended sandbox keeps of its node record's settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -53,6 +53,25 @@ impl EventLog {
         let _ = self.tx.send(entry);
     }
 
+    /// Starts the log of a sandbox that has none here with `entries` (its log from another
+    /// node), not broadcast: they happened before. A sandbox with a log here keeps it.
+    pub(crate) fn seed(&self, id: &SandboxId, entries: &[LifecycleEntry]) {
+        let path = self.path(id);
+        if entries.is_empty() || path.exists() || path.with_extension("events.1").exists() {
+            return;
+        }
+        let mut lines = Vec::new();
+        for e in entries.iter().filter(|e| e.sandbox_id == *id) {
+            if let Ok(mut line) = serde_json::to_vec(e) {
+                line.push(b'\n');
+                lines.extend_from_slice(&line);
+            }
+        }
+        if let Err(e) = std::fs::write(&path, &lines) {
+            tracing::warn!(sandbox = %id, error = %e, "cannot carry a sandbox's event log over");
+        }
+    }
+
     /// Every kept entry of a sandbox, oldest first.
     pub(crate) fn read(&self, id: &SandboxId) -> Vec<LifecycleEntry> {
         let path = self.path(id);

@@ -36,6 +36,7 @@ impl Node {
             source,
             req.settings,
             req.source,
+            SandboxState::Creating,
             started,
         )
         .await
@@ -43,7 +44,8 @@ impl Node {
 
     /// Creates sandbox `id` from snapshot `snapshot`, found at `paths` with `source`
     /// (`live_source`: the live sandbox it is a snapshot of, whose CA the new one copies
-    /// when the source carries none).
+    /// when the source carries none). Its record starts `initial`: `creating`, or
+    /// `resuming` for a suspended sandbox coming back under its own id.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn create_from_found(
         &self,
@@ -54,6 +56,7 @@ impl Node {
         source: SnapshotSource,
         settings: SandboxSettings,
         live_source: Option<SandboxId>,
+        initial: SandboxState,
         started: Instant,
     ) -> Result<SandboxRecord, NodeError> {
         let origin = match kind {
@@ -68,7 +71,7 @@ impl Node {
             source.template.clone(),
             source.template_digest.clone(),
             source.resources,
-            SandboxState::Creating,
+            initial,
         );
         record.created_at_ms = now_ms();
         if kind == SnapshotKind::Checkpoint {

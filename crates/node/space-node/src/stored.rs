@@ -131,6 +131,7 @@ impl Node {
             },
             memory_bytes: packed.memory_bytes.unwrap_or(0),
             disk_changed_blocks: packed.disk_changed_blocks,
+            history: Vec::new(),
         })
     }
 

@@ -118,8 +118,15 @@ impl Node {
             stored: false,
         })?;
         debug_assert_eq!(info.id, req.snapshot);
-        self.upload_snapshot(objects, before, &req.snapshot, &req.owner)
-            .await
+        let mut stored = self
+            .upload_snapshot(objects, before, &req.snapshot, &req.owner)
+            .await?;
+        let mut history = self.inner.events.read(id);
+        let cut = history
+            .len()
+            .saturating_sub(space_node_proto::snapshot::MAX_STORED_HISTORY);
+        stored.history = history.split_off(cut);
+        Ok(stored)
     }
 
     /// Gives up a suspend: the paused VM runs again (the snapshot it took stays, as a
@@ -223,8 +230,9 @@ impl Node {
             ..SandboxSettings::new(req.tenant.clone())
         };
         // Back on the node that freed it: its deleted record gives way (its event log goes
-        // on).
+        // on). On another node, the log goes on from the one the suspend carried.
         self.inner.forget_deleted(id);
+        self.inner.events.seed(id, &s.history);
         let rec = self
             .create_from_found(
                 id,
@@ -234,6 +242,7 @@ impl Node {
                 source,
                 settings,
                 None,
+                SandboxState::Resuming,
                 started,
             )
             .await?;

@@ -389,9 +389,14 @@ async fn wake(
         SandboxState::Stopped => {
             let _ = lifecycle::start(app, tenant, &info.id).await?;
         }
-        // In object storage: restored, memory and all, on whichever node has room.
+        // In object storage: restored, memory and all, on whichever node has room; to
+        // come back from its disk only, it then boots again.
         SandboxState::Suspended => {
             let _ = lifecycle::resume(app, tenant, &info.id).await?;
+            if !memory {
+                let _ = lifecycle::stop(app, tenant, &info.id).await?;
+                let _ = lifecycle::start(app, tenant, &info.id).await?;
+            }
         }
         _ => return Ok(true),
     }
@@ -465,8 +470,10 @@ pub struct PauseRequest {
 }
 
 /// `POST /sandboxes/{id}/pause`: 204; 409 if it is not running (the SDKs then return
-/// false). SPACE's pause (its memory stays resident); `memory: false` stops it (its disk
-/// kept). A sandbox suspended through `/v1` reads `paused` here and `connect` resumes it.
+/// false). With an object store (SPACE's suspend), a pause is E2B's: the sandbox is
+/// suspended to it, memory and all, and holds nothing on its node until `connect` resumes
+/// it, on any node; without one it is SPACE's pause (its memory stays resident).
+/// `memory: false` stops it (its disk kept).
 pub async fn pause(
     State(st): State<E2bState>,
     tenant: Caller,
@@ -475,7 +482,23 @@ pub async fn pause(
 ) -> RestResult<StatusCode> {
     let info = visible(&st, &tenant, &raw).await?;
     if req.memory.unwrap_or(true) {
-        let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
+        let idle = info.paused_by == Some(space_core::sandbox::PausedBy::Idle);
+        let running = info.state == SandboxState::Running || idle;
+        match (st.app.objects.is_some(), running) {
+            (true, true) => {
+                let _ =
+                    space_control::service::suspend::suspend(&st.app, &tenant, &info.id).await?;
+            }
+            (true, false) => {
+                return Err(RestError::new(
+                    409,
+                    format!("sandbox {} is not running (it is {})", info.id, info.state),
+                ))
+            }
+            (false, _) => {
+                let _ = lifecycle::pause(&st.app, &tenant, &info.id).await?;
+            }
+        }
     } else {
         if info.state == SandboxState::Stopped {
             return Err(RestError::new(
