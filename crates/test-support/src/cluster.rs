@@ -111,6 +111,40 @@ impl NodeNetwork {
             if connected { "up" } else { "down" },
         ]);
     }
+
+    /// Limits what the node sends to the host (its uploads, its answers) to `mbit` megabits a
+    /// second with a token-bucket qdisc on its end of the veth, or lifts the limit (`None`):
+    /// a test that must act while an upload is under way makes it last instead of racing it.
+    pub fn set_uplink_rate(&self, mbit: Option<u32>) {
+        let mut args = vec![
+            "netns".to_string(),
+            "exec".into(),
+            self.netns.clone(),
+            "tc".into(),
+            "qdisc".into(),
+        ];
+        match mbit {
+            Some(rate) => args.extend(
+                [
+                    "replace",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    &format!("{rate}mbit"),
+                    "burst",
+                    "64kb",
+                    "latency",
+                    "200ms",
+                ]
+                .map(String::from),
+            ),
+            None => args.extend(["del", "dev", "eth0", "root"].map(String::from)),
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ip(&args);
+    }
 }
 
 impl Drop for NodeNetwork {

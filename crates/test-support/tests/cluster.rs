@@ -977,14 +977,23 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
     test_support::start_counter(&a, &id, "/home/user/count").await;
 
     // node-a's software killed in the middle of the suspend: nothing is committed, what
-    // was uploaded is collected, and when node-a is back the sandbox runs on there.
+    // was uploaded is collected, and when node-a is back the sandbox runs on there. Its
+    // uplink is slowed to 8 Mbit/s so the upload (~100 MB) lasts well over a minute: the
+    // kill lands in it on any machine (unslowed, a fast one finished it in 1.1 s).
+    cluster.node("node-a").network.set_uplink_rate(Some(8));
     let suspending = {
         let a = a.clone();
         let id = id.clone();
         tokio::spawn(async move { a.suspend_sandbox(&id).await })
     };
+    wait_until(Duration::from_secs(60), "the suspend to begin", || async {
+        let info = a.sandbox(&id).await.ok()?;
+        (info.state == SandboxState::Suspending).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cluster.node_mut("node-a").kill().await;
+    cluster.node("node-a").network.set_uplink_rate(None);
     let failed = suspending.await.expect("task");
     assert!(
         failed.is_err(),

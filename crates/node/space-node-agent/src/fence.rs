@@ -23,6 +23,8 @@ use tokio::sync::watch;
 /// How far into the control plane's lost timeout, without an answered heartbeat, a node
 /// fences itself.
 pub const FENCE_FRACTION: (u32, u32) = (3, 4);
+/// Shortest heartbeat call timeout.
+pub const MIN_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the fence looks at the time.
 const CHECK_EVERY: Duration = Duration::from_millis(200);
 
@@ -77,6 +79,19 @@ impl Fence {
             s.lost_after = lost_after;
         }
         s.restorable = restorable;
+    }
+
+    /// How long a heartbeat call may take: half the control plane's lost timeout once a
+    /// reply said it (an answer later than that is of no use, and a call stuck on a cut-off
+    /// connection must not delay the next try, or the rejoin, by more), at least
+    /// [`MIN_CALL_TIMEOUT`]; `fallback` before.
+    pub fn call_timeout(&self, fallback: Duration) -> Duration {
+        let lost_after = self.lock().lost_after;
+        if lost_after.is_zero() {
+            fallback
+        } else {
+            (lost_after / 2).clamp(MIN_CALL_TIMEOUT, fallback.max(MIN_CALL_TIMEOUT))
+        }
     }
 
     /// The node is back: resumes each sandbox the fence paused that is still here and
@@ -171,5 +186,18 @@ mod tests {
         assert!(fence_due(Duration::from_secs(60), lost));
         // Until a reply said how long the control plane waits, nothing is fenced.
         assert!(!fence_due(Duration::from_secs(3600), Duration::ZERO));
+    }
+
+    #[test]
+    fn a_heartbeat_call_gives_up_within_half_the_lost_timeout() {
+        let fence = Fence::default();
+        let fallback = Duration::from_secs(30);
+        assert_eq!(fence.call_timeout(fallback), fallback, "nothing known yet");
+        fence.answered(Duration::from_secs(20), vec![]);
+        assert_eq!(fence.call_timeout(fallback), Duration::from_secs(10));
+        fence.answered(Duration::from_secs(4), vec![]);
+        assert_eq!(fence.call_timeout(fallback), MIN_CALL_TIMEOUT);
+        fence.answered(Duration::from_secs(600), vec![]);
+        assert_eq!(fence.call_timeout(fallback), fallback);
     }
 }

@@ -171,13 +171,15 @@ async fn client(
     ))
 }
 
-/// One JSON call; an error answer is [`MembershipError::Refused`] with its body.
+/// One JSON call, given `timeout` for the whole of it; an error answer is
+/// [`MembershipError::Refused`] with its body.
 async fn call<Req: Serialize, Resp: DeserializeOwned>(
     client: &reqwest::Client,
     base: &str,
     addr: &str,
     path: &str,
     body: &Req,
+    timeout: Duration,
 ) -> Result<Resp, MembershipError> {
     let unreachable = |reason: String| MembershipError::Unreachable {
         addr: addr.to_owned(),
@@ -185,6 +187,7 @@ async fn call<Req: Serialize, Resp: DeserializeOwned>(
     };
     let resp = client
         .post(format!("{base}{path}"))
+        .timeout(timeout)
         .json(body)
         .send()
         .await
@@ -250,6 +253,7 @@ pub async fn join(
             advertise: advertise.to_owned(),
             csr_pem,
         },
+        CALL_TIMEOUT,
     )
     .await?;
     if ca_fingerprint(&answer.ca_pem)? != token.ca_fingerprint {
@@ -390,8 +394,15 @@ pub async fn spawn_heartbeat(
                     continue;
                 }
             };
-            let result: Result<HeartbeatReply, _> =
-                call(&client, &base, &addr, HEARTBEAT_PATH, &hb).await;
+            let result: Result<HeartbeatReply, _> = call(
+                &client,
+                &base,
+                &addr,
+                HEARTBEAT_PATH,
+                &hb,
+                fence.call_timeout(CALL_TIMEOUT),
+            )
+            .await;
             match result {
                 Ok(reply) => {
                     if !reply.not_yours.is_empty() {
@@ -408,7 +419,15 @@ pub async fn spawn_heartbeat(
                     let req = RejoinRequest {
                         generation: joined.state.generation,
                     };
-                    match call::<_, RejoinResponse>(&client, &base, &addr, REJOIN_PATH, &req).await
+                    match call::<_, RejoinResponse>(
+                        &client,
+                        &base,
+                        &addr,
+                        REJOIN_PATH,
+                        &req,
+                        CALL_TIMEOUT,
+                    )
+                    .await
                     {
                         Ok(r) => {
                             joined.state.generation = r.generation;
