@@ -48,16 +48,22 @@ pub struct TestCertificates {
 /// Makes a CA and a wildcard certificate for [`TEST_DOMAIN`] (and the name itself) signed by
 /// it, as PEM files in `dir`.
 pub fn test_certificates(dir: &Path) -> TestCertificates {
+    test_certificates_for(dir, &[&format!("*.{TEST_DOMAIN}"), TEST_DOMAIN])
+}
+
+/// Makes a CA and a certificate for `names` (DNS names or IP addresses) signed by it, as PEM
+/// files in `dir`.
+pub fn test_certificates_for(dir: &Path, names: &[&str]) -> TestCertificates {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "SPACE E2B test CA");
+        .push(DnType::CommonName, "SPACE test CA");
     let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
     let key = KeyPair::generate().expect("server key");
-    let params = CertificateParams::new(vec![format!("*.{TEST_DOMAIN}"), TEST_DOMAIN.to_owned()])
+    let params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
         .expect("server params");
     let leaf = params
         .signed_by(&key, &ca, &ca_key)

@@ -11,9 +11,11 @@
 mod child;
 pub mod cluster;
 pub mod e2b;
+pub mod images;
 pub mod leaks;
 pub mod node_agent;
 pub mod node_manager;
+pub mod registry;
 pub mod s3;
 pub mod sandbox_manager;
 mod wait;

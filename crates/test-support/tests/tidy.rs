@@ -133,7 +133,9 @@ fn privileged_calls_stay_in_the_node_manager() {
 /// The host's privileged primitives (mounts, namespaces, `pivot_root`, new processes in new
 /// namespaces, network configuration, VMMs) appear only in the code that runs as the node
 /// manager: the VMM driver and its jail, the store's mount, the network datapath, and
-/// `space_node_manager::LocalNodeManager`. One exception runs in the sandbox manager: the
+/// `space_node_manager::LocalNodeManager`, and the image unpacker's jail
+/// (`space-images/src/oci/jail.rs`: its child unshares a user namespace mapped to a uid range
+/// of its own; only root's `space template build` runs it). One exception runs in the sandbox manager: the
 /// uplink's `setns` (`space-net/src/uplink.rs`), made only when it is told to reach the
 /// outside from a namespace not its own (the tests' stand-in internet); in production the
 /// uplink is its own namespace and it needs no privilege at all, which
@@ -145,6 +147,7 @@ fn privileged_primitives_live_only_in_the_node_manager() {
     let root = workspace_root().join("crates");
     let allowed = [
         "node/space-vmm/src/",
+        "node/space-images/src/oci/jail.rs",
         "node/space-storage/src/loopback.rs",
         "node/space-storage/src/mountinfo.rs",
         "node/space-storage/src/store.rs",

@@ -143,8 +143,29 @@ pub fn print_error(err: &anyhow::Error) {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // The jailed image unpacker (`space template build --from`'s child): it must unshare
+    // its user namespace while the process has one thread, so before the runtime starts.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == space_images::oci::jail::CHILD_ARG)
+    {
+        std::process::exit(space_images::oci::jail::child_main());
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(run());
+}
+
+async fn run() {
     let cli = Cli::parse();
     init_logging(
         if matches!(

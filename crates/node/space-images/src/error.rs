@@ -89,6 +89,9 @@ pub enum ImageError {
         /// What is wrong.
         detail: String,
     },
+    /// A container image could not become a template.
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
     /// A file is too large for the cpio (newc) format.
     #[error("{0} is too large for an initramfs (4 GiB limit per file)")]
     TooLarge(PathBuf),

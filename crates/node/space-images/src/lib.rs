@@ -6,7 +6,10 @@
 //! - [`build_template`]: a recipe's ([`recipes`]) root filesystem as an ext4 image in the
 //!   store, bound to a kernel bundle.
 //!
-//! Both are cached by input digest and built once even when requested concurrently (the
+//! - [`oci::build_from_image`]: a container image (registry, OCI layout, `docker save`
+//!   archive) as a template, unpacked in a jail.
+//!
+//! All are cached by input digest and built once even when requested concurrently (the
 //! store's `build_or_wait`). Both report progress lines through a callback.
 
 mod digest;
@@ -17,6 +20,7 @@ pub mod initramfs;
 mod kernel;
 pub mod mirror;
 pub mod modules;
+pub mod oci;
 pub mod recipes;
 mod rootfs;
 mod run;

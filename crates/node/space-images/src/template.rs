@@ -178,6 +178,10 @@ pub fn build_template(
             default_user: r.default_user.to_owned(),
             description: r.description.to_owned(),
             built_at_ms: now_ms(),
+            image: None,
+            env: Default::default(),
+            workdir: None,
+            start_command: Vec::new(),
         })
     })?;
     let stale = info.kernel_digest != kernel_digest

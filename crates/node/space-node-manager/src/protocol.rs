@@ -333,7 +333,7 @@ pub enum Request {
         /// The directory holding its image.
         staged: NodePath,
         /// What it is (its image's SHA-256 is checked).
-        template: TemplateInfo,
+        template: Box<TemplateInfo>,
     },
     /// Installs a kernel bundle the sandbox manager fetched into `staged` (under `incoming/`).
     InstallKernel {

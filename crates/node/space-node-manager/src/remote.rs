@@ -416,7 +416,7 @@ impl NodeManager for RemoteNodeManager {
     ) -> Result<(), NodeManagerError> {
         self.inner.call_done(&Request::InstallTemplate {
             staged: self.name(staged)?,
-            template: template.clone(),
+            template: Box::new(template.clone()),
         })
     }
 

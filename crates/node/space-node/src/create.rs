@@ -476,6 +476,7 @@ impl Node {
                 hostname: name.clone(),
                 env: Default::default(),
                 default_user: tpl.default_user.clone(),
+                default_workdir: tpl.workdir.clone(),
                 resize_root: false,
                 time_unix_ms: now_ms(),
                 network: self.inner.guest_network(),

@@ -317,6 +317,7 @@ impl OwnedBuild {
             hostname: IMAGE_HOSTNAME.to_owned(),
             env: Default::default(),
             default_user: self.default_user.clone(),
+            default_workdir: None,
             resize_root: true,
             time_unix_ms: crate::sandbox_manager::now_ms(),
             network: None,

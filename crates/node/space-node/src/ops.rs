@@ -308,16 +308,20 @@ impl Inner {
         id: &SandboxId,
         tpl: &TemplateInfo,
     ) -> Result<GuestConfig, NodeError> {
-        let env = self
-            .lock()
-            .get(id)
-            .map(|e| e.record.env.clone())
-            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        // The template's env (an image's `Env`) below the sandbox's own.
+        let mut env = tpl.env.clone();
+        env.extend(
+            self.lock()
+                .get(id)
+                .map(|e| e.record.env.clone())
+                .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?,
+        );
         let trusted_ca_pem = self.guest_trust(id)?;
         Ok(GuestConfig {
             hostname: id.to_string(),
             env,
             default_user: tpl.default_user.clone(),
+            default_workdir: tpl.workdir.clone(),
             resize_root: false,
             time_unix_ms: now_ms(),
             network: self.guest_network(),

@@ -282,6 +282,10 @@ mod tests {
             default_user: "user".into(),
             description: "test".into(),
             built_at_ms: 0,
+            image: None,
+            env: Default::default(),
+            workdir: None,
+            start_command: Vec::new(),
         }
     }
 

@@ -62,6 +62,10 @@ pub struct GuestConfig {
     pub env: BTreeMap<String, String>,
     /// User processes and file operations run as when a request names none.
     pub default_user: String,
+    /// Directory processes start in when a request names none (the template image's
+    /// `WorkingDir`); absent: the user's home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_workdir: Option<String>,
     /// Grow the root filesystem to fill its block device.
     pub resize_root: bool,
     /// Host wall clock, ms since the Unix epoch; the guest sets its clock from it.
@@ -80,6 +84,11 @@ impl GuestConfig {
     pub fn validate(&self) -> Result<(), RequestError> {
         if !valid_hostname(&self.hostname) {
             return Err(RequestError::Hostname);
+        }
+        if let Some(dir) = &self.default_workdir {
+            if !dir.starts_with('/') || dir.len() > 4096 || dir.contains('\0') {
+                return Err(RequestError::Path);
+            }
         }
         if let Some(net) = &self.network {
             net.validate()?;
@@ -192,6 +201,9 @@ pub enum RequestError {
         "trusted_ca_pem must be one PEM CERTIFICATE block of at most {MAX_TRUSTED_CA_PEM} bytes"
     )]
     TrustedCa,
+    /// `GuestConfig::default_workdir` is not an absolute path of at most 4096 bytes.
+    #[error("default_workdir must be an absolute path of at most 4096 bytes")]
+    Path,
 }
 
 /// `POST /v1/fs/freeze`: freeze the guest's disk file systems (FIFREEZE) so the host can

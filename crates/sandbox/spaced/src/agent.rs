@@ -86,6 +86,7 @@ async fn serve(spec: ChannelSpec) -> anyhow::Result<()> {
         config: RwLock::new(RuntimeConfig {
             env: Default::default(),
             default_user: INITIAL_DEFAULT_USER.to_owned(),
+            default_workdir: None,
         }),
         processes: ProcessManager::new(reaper, workload.clone()),
         workload,

@@ -29,6 +29,8 @@ pub struct RuntimeConfig {
     pub env: BTreeMap<String, String>,
     /// User when a request names none.
     pub default_user: String,
+    /// Working directory when a request names none (else the user's home).
+    pub default_workdir: Option<String>,
 }
 
 /// Shared state.

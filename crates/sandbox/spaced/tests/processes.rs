@@ -31,6 +31,7 @@ async fn health_and_configure_without_touching_the_host() {
             ("OVERRIDE".into(), "sandbox".into()),
         ]),
         default_user: "nobody".into(),
+        default_workdir: None,
         resize_root: true,
         time_unix_ms: 1,
         network: None,

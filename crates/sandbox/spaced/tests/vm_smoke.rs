@@ -38,6 +38,7 @@ async fn vm_smoke() {
         hostname: "sbx-vm-smoke".into(),
         env: BTreeMap::from([("FROM_NODE".into(), "yes".into())]),
         default_user: "user".into(),
+        default_workdir: None,
         resize_root: true,
         time_unix_ms: now_ms,
         network: None,

@@ -12,10 +12,30 @@ use crate::{render, Global};
 pub enum TemplateCmd {
     /// List templates.
     List,
-    /// Build a template from its recipe into the local store (needs root).
+    /// Build a template into the local store (needs root): from SPACE's recipe of that
+    /// name, or with `--from` from a container image.
     Build {
-        /// Recipe name, e.g. `base`.
+        /// Template name: a recipe's (`base`, `busybox`), or any name with `--from`.
         name: String,
+        /// The image to build from: `HOST/REPO:TAG` or `docker://…` (a registry, by tag or
+        /// `@sha256:` digest), `oci:DIR[:TAG]` (an OCI layout), `docker-archive:FILE` (a
+        /// `docker save` tarball).
+        #[arg(long, value_name = "REF")]
+        from: Option<String>,
+        /// Registry credentials: a Docker-style auth file (`docker login`/`podman login`
+        /// write one). Never given on the command line.
+        #[arg(long, env = "REGISTRY_AUTH_FILE", value_name = "FILE")]
+        registry_auth: Option<std::path::PathBuf>,
+        /// CA certificates (PEM) to trust for the registry, besides the system's.
+        #[arg(long, value_name = "FILE")]
+        registry_ca: Option<std::path::PathBuf>,
+        /// Speak plain HTTP to this registry (`HOST:PORT`); repeatable.
+        #[arg(long, value_name = "HOST")]
+        plain_http: Vec<String>,
+        /// The account commands run as by default, instead of the image's `User` (or
+        /// `user`, the sandbox user, when the image sets none).
+        #[arg(long)]
+        user: Option<String>,
         /// The static guest daemon for the kernel bundle (default: `spaced` next to this program).
         #[arg(long, env = "SPACE_SPACED_BIN")]
         spaced: Option<std::path::PathBuf>,
@@ -43,6 +63,11 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
         }
         TemplateCmd::Build {
             name,
+            from,
+            registry_auth,
+            registry_ca,
+            plain_http,
+            user,
             spaced,
             mirror,
         } => {
@@ -53,26 +78,66 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             let store = open_store(g)?;
             let spinner = spinner();
             let progress = spinner.clone();
-            let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let kernel_store = store.clone();
+            let kernel = tokio::task::spawn_blocking(move || {
                 let say = |msg: &str| progress.set_message(msg.to_owned());
-                let kernel = space_images::build_kernel_bundle(
-                    &store,
+                space_images::build_kernel_bundle(
+                    &kernel_store,
                     &space_images::KernelOpts::new(spaced),
                     &say,
-                )?;
-                let opts = space_images::BuildOpts {
-                    mirror,
-                    ..Default::default()
-                };
-                Ok(space_images::build_template(
-                    &store,
-                    &name,
-                    &kernel.digest,
-                    &opts,
-                    &say,
-                )?)
+                )
             })
             .await??;
+            let info = match from {
+                Some(reference) => {
+                    let source = space_images::oci::ImageSource::parse(&reference)?;
+                    let opts = space_images::oci::ImageBuildOpts {
+                        registry: space_images::oci::registry::RegistryOpts {
+                            auth_file: registry_auth,
+                            ca_file: registry_ca,
+                            plain_http,
+                        },
+                        unpacker: std::env::current_exe()?,
+                        user,
+                        default_resources: space_core::Resources::default(),
+                        ..Default::default()
+                    };
+                    let progress = spinner.clone();
+                    let verbose = !crate::term::stderr_is_tty();
+                    space_images::oci::build_from_image(
+                        &store,
+                        &name,
+                        &source,
+                        &kernel.digest,
+                        &opts,
+                        std::sync::Arc::new(move |msg: &str| {
+                            if verbose {
+                                eprintln!("{msg}");
+                            }
+                            progress.set_message(msg.to_owned())
+                        }),
+                    )
+                    .await?
+                }
+                None => {
+                    let progress = spinner.clone();
+                    tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+                        let say = |msg: &str| progress.set_message(msg.to_owned());
+                        let opts = space_images::BuildOpts {
+                            mirror,
+                            ..Default::default()
+                        };
+                        Ok(space_images::build_template(
+                            &store,
+                            &name,
+                            &kernel.digest,
+                            &opts,
+                            &say,
+                        )?)
+                    })
+                    .await??
+                }
+            };
             spinner.finish_and_clear();
             if g.json {
                 render::json(&info)?;

@@ -70,6 +70,10 @@ pub fn info(name: &str, digest: &str) -> TemplateInfo {
         default_user: "user".into(),
         description: "test".into(),
         built_at_ms: 0,
+        image: None,
+        env: Default::default(),
+        workdir: None,
+        start_command: Vec::new(),
     }
 }
 

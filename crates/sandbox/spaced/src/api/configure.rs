@@ -42,6 +42,7 @@ pub(super) async fn configure(
         let mut c = st.config.write().unwrap_or_else(|p| p.into_inner());
         c.env = env;
         c.default_user = cfg.default_user.clone();
+        c.default_workdir = cfg.default_workdir.clone();
     }
     if crate::users::lookup(&cfg.default_user).is_err() {
         tracing::warn!(user = %cfg.default_user, "default user does not exist; processes will run as root");

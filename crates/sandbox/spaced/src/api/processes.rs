@@ -29,7 +29,14 @@ pub(super) async fn start(
     spec.validate()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let user = st.user(spec.user.as_deref())?;
-    let cwd = st.path_for(&user, spec.cwd.as_deref().unwrap_or(&user.home))?;
+    let default_workdir = st.config().default_workdir;
+    let cwd = st.path_for(
+        &user,
+        spec.cwd
+            .as_deref()
+            .or(default_workdir.as_deref())
+            .unwrap_or(&user.home),
+    )?;
 
     // Check the working directory as the user, so a bad cwd is a clear 400 and not a
     // confusing exec failure.

@@ -1,0 +1,281 @@
+//! `space template build NAME --from REF`: an image becomes a template in the store.
+//!
+//! The template's digest is derived from the image config's digest (which names every
+//! layer's content), the plumbing's version and the default user, so the same image built
+//! again — from a registry, a layout or an archive, compressed any way — is found in the
+//! store and not unpacked again; when the config says the template is there, no layer is
+//! even downloaded.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use space_core::template::{TemplateImage, TemplateInfo};
+use space_core::Resources;
+use space_storage::{Store, IMAGE_FILE};
+
+use crate::digest::{sha256_file, InputDigest};
+use crate::error::ImageError;
+use crate::kernel::{now_ms, short};
+use crate::oci::fetch::PulledImage;
+use crate::oci::jail::{self, UnpackJob};
+use crate::oci::registry::RegistryOpts;
+use crate::oci::source::ImageSource;
+use crate::oci::unpack::UnpackLimits;
+use crate::oci::{layout, registry, ImageLimits, OciError};
+
+/// Bumped when what [`super::plumbing`] adds changes: templates built before are rebuilt.
+pub const PLUMBING_VERSION: &str = "1";
+
+/// Options of an image build.
+#[derive(Debug, Clone, Default)]
+pub struct ImageBuildOpts {
+    /// Registry credentials, CA and plain-HTTP hosts.
+    pub registry: RegistryOpts,
+    /// Bounds on the image.
+    pub limits: ImageLimits,
+    /// The program the jailed unpacker runs as (`space`, which answers
+    /// [`jail::CHILD_ARG`]).
+    pub unpacker: PathBuf,
+    /// The account commands run as by default, instead of the image's `User` (or the
+    /// sandbox user when it sets none).
+    pub user: Option<String>,
+    /// Resources sandboxes get when a create names none.
+    pub default_resources: Resources,
+}
+
+/// Progress lines of a build.
+pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Builds template `name` from `source` into `store`, bound to kernel bundle
+/// `kernel_digest`. Needs root (the unpacker's uid range). Nothing is registered unless every
+/// step succeeds: the store's staging directory and the work directory are removed on error.
+pub async fn build_from_image(
+    store: &Store,
+    name: &str,
+    source: &ImageSource,
+    kernel_digest: &str,
+    opts: &ImageBuildOpts,
+    progress: Progress,
+) -> Result<TemplateInfo, ImageError> {
+    if store.kernels().get(kernel_digest)?.is_none() {
+        return Err(ImageError::KernelMissing(kernel_digest.to_owned()));
+    }
+    if !space_core::template::validate_template_name(name) {
+        return Err(
+            space_storage::StorageError::InvalidName(name.chars().take(80).collect()).into(),
+        );
+    }
+    let work = WorkDir::new(store)?;
+    let blobs = work.path.join("blobs");
+    let templates = store.templates();
+    let cached = {
+        let templates = templates.clone();
+        let user = opts.user.clone();
+        move |config_digest: &str| {
+            templates
+                .lookup_digest(&template_digest(config_digest, user.as_deref()))
+                .ok()
+                .flatten()
+                .is_some()
+        }
+    };
+    let pulled = fetch(source, &work.path, &blobs, opts, &cached, progress.clone()).await?;
+    let digest = template_digest(&pulled.config_digest, opts.user.as_deref());
+    let store = store.clone();
+    let name = name.to_owned();
+    let kernel_digest = kernel_digest.to_owned();
+    let opts = opts.clone();
+    tokio::task::spawn_blocking(move || {
+        let say = |m: &str| progress(m);
+        if templates.lookup_digest(&digest)?.is_some() {
+            say(&format!("template {name} ({}) is cached", short(&digest)));
+        }
+        let info = templates.build_or_wait(&name, &digest, |staging| {
+            unpack(
+                &pulled,
+                &work.path,
+                staging,
+                &digest,
+                &kernel_digest,
+                &opts,
+                &say,
+            )
+        })?;
+        let info = if info.kernel_digest != kernel_digest {
+            store
+                .templates()
+                .set_kernel_digest(&digest, &kernel_digest)?
+        } else {
+            info
+        };
+        say(&format!(
+            "template {name} ready ({} MiB image, from {})",
+            info.image_size_mib, pulled.source
+        ));
+        drop(work);
+        Ok(TemplateInfo { name, ..info })
+    })
+    .await
+    .map_err(|e| OciError::Unpacker(format!("the build task failed: {e}")))?
+}
+
+/// The template digest of an image (see the module doc).
+pub fn template_digest(config_digest: &str, user: Option<&str>) -> String {
+    let mut d = InputDigest::new("oci-template");
+    d.field("config", config_digest.as_bytes())
+        .field("plumbing", PLUMBING_VERSION.as_bytes())
+        .field("user", user.unwrap_or("").as_bytes());
+    d.finish()
+}
+
+async fn fetch(
+    source: &ImageSource,
+    work: &Path,
+    blobs: &Path,
+    opts: &ImageBuildOpts,
+    cached: &(dyn Fn(&str) -> bool + Sync),
+    progress: Progress,
+) -> Result<PulledImage, OciError> {
+    let described = source.describe();
+    match source {
+        ImageSource::Registry(r) => {
+            registry::pull(r, blobs, &opts.registry, &opts.limits, cached, &*progress).await
+        }
+        ImageSource::Layout { dir, tag } => {
+            let (dir, tag, blobs, limits) =
+                (dir.clone(), tag.clone(), blobs.to_owned(), opts.limits);
+            progress(&format!("reading {described}"));
+            tokio::task::spawn_blocking(move || {
+                layout::read_layout(&dir, tag.as_deref(), &blobs, &limits, &described)
+            })
+            .await
+            .map_err(|e| OciError::Unpacker(e.to_string()))?
+        }
+        ImageSource::Archive(file) => {
+            let (file, blobs, limits) = (file.clone(), blobs.to_owned(), opts.limits);
+            let extracted = work.join("archive");
+            progress(&format!("reading {described}"));
+            tokio::task::spawn_blocking(move || {
+                let r = layout::read_archive(&file, &extracted, &blobs, &limits, &described);
+                let _ = std::fs::remove_dir_all(&extracted);
+                r
+            })
+            .await
+            .map_err(|e| OciError::Unpacker(e.to_string()))?
+        }
+    }
+}
+
+/// Unpacks the pulled image in the jail and moves the image into `staging`.
+fn unpack(
+    pulled: &PulledImage,
+    work: &Path,
+    staging: &Path,
+    digest: &str,
+    kernel_digest: &str,
+    opts: &ImageBuildOpts,
+    say: &dyn Fn(&str),
+) -> Result<TemplateInfo, ImageError> {
+    say(&format!(
+        "unpacking {} layers of {} ({})",
+        pulled.layers.len(),
+        pulled.source,
+        short(&pulled.config_digest)
+    ));
+    if pulled.layers.len() != pulled.config.diff_ids.len() {
+        return Err(OciError::Unpacker(
+            "the template was removed while this build found it cached; build again".into(),
+        )
+        .into());
+    }
+    let layers = pulled
+        .layers
+        .iter()
+        .zip(&pulled.config.diff_ids)
+        .map(|(l, diff_id)| {
+            let rel = l
+                .path
+                .strip_prefix(work)
+                .map_err(|_| OciError::Unpacker("a layer outside the work directory".into()))?;
+            Ok((rel.to_string_lossy().into_owned(), diff_id.clone()))
+        })
+        .collect::<Result<Vec<_>, OciError>>()?;
+    let job = UnpackJob {
+        layers,
+        limits: UnpackLimits {
+            max_bytes: opts.limits.max_unpacked_bytes,
+            max_entries: opts.limits.max_entries,
+        },
+        image_user: opts.user.clone().or_else(|| pulled.config.user.clone()),
+        workdir: pulled.config.working_dir.clone(),
+        min_image_mib: 0,
+    };
+    let report = jail::run_jailed(&opts.unpacker, work, &job, say)?;
+    if !report.skipped_xattrs.is_empty() {
+        say(&format!(
+            "xattrs not applied (not meaningful in a sandbox): {}",
+            report.skipped_xattrs.join(", ")
+        ));
+    }
+    let image = staging.join(IMAGE_FILE);
+    let from = work.join(jail::IMAGE);
+    std::fs::rename(&from, &image).map_err(|e| ImageError::io("move the image to", &image, e))?;
+    say("hashing image");
+    let image_sha256 = sha256_file(&image)?;
+    let config = &pulled.config;
+    Ok(TemplateInfo {
+        name: String::new(),
+        digest: digest.to_owned(),
+        image_sha256,
+        image_size_mib: u32::try_from(report.image_size_mib).unwrap_or(u32::MAX),
+        kernel_digest: kernel_digest.to_owned(),
+        default_resources: opts.default_resources,
+        default_user: report.plumbed.default_user,
+        description: format!("from {}", pulled.source),
+        built_at_ms: now_ms(),
+        image: Some(TemplateImage {
+            reference: pulled.source.clone(),
+            config_digest: pulled.config_digest.clone(),
+        }),
+        env: config.env.clone(),
+        workdir: config.working_dir.clone(),
+        start_command: config.start_command(),
+    })
+}
+
+/// A build's scratch directory in the store (root's, 0700: the unpacker reaches it only
+/// through the descriptor it is given), removed when dropped.
+struct WorkDir {
+    path: PathBuf,
+}
+
+impl WorkDir {
+    fn new(store: &Store) -> Result<WorkDir, ImageError> {
+        let parent = store.root().join(".image-builds");
+        std::fs::create_dir_all(&parent).map_err(|e| ImageError::io("create", &parent, e))?;
+        let path = parent.join(format!("{:016x}", rand_u64()));
+        std::fs::create_dir(&path).map_err(|e| ImageError::io("create", &path, e))?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| ImageError::io("chmod", &path, e))?;
+        Ok(WorkDir { path })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = space_storage::mountinfo::remove_tree(&self.path);
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom(&mut b).is_err() {
+        return u64::from(std::process::id()) << 32 | now_ms() as u64 & 0xffff_ffff;
+    }
+    u64::from_le_bytes(b)
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read as _;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}

@@ -1,0 +1,142 @@
+//! Issue 16's figures: a template built from a ~200 MiB image (pull + verify + unpack in the
+//! jail + ext4), from a registry (TLS, basic auth) and from an OCI layout on disk, side by
+//! side; the same image built again (cached: config fetched, no layer); and the first create
+//! of a fresh template (its memory image built on the way) against the next create.
+//!
+//! Each sample is a fresh store, so every cold build pulls and unpacks everything. Run with
+//! `sudo ./scripts/bench-templates [samples]` (default 5). Prints percentiles; every figure is
+//! measured.
+
+use std::path::Path;
+use std::time::Instant;
+
+use space_core::sandbox::CreateSandboxRequest;
+use test_support::images::{busybox_layer, Image, Layer};
+use test_support::registry::TestRegistry;
+use test_support::{percentile as pct, TestServer};
+
+/// Payload layers and their size.
+const LAYERS: usize = 4;
+const LAYER_MIB: usize = 50;
+
+fn report(name: &str, samples: &mut [f64]) {
+    let (p50, p90) = (pct(samples, 0.5), pct(samples, 0.9));
+    println!(
+        "{name:<58} n={:<3} p50={p50:>9.0} ms p90={p90:>9.0} ms",
+        samples.len()
+    );
+}
+
+/// Incompressible bytes (xorshift): a layer that gzip cannot shrink, like real binaries.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn image() -> Image {
+    let mut layers = vec![busybox_layer(&["sh", "cat", "ls", "true"]).finish()];
+    for l in 0..LAYERS {
+        let mut layer = Layer::new();
+        for f in 0..(LAYER_MIB / 5) {
+            layer = layer.file(
+                &format!("opt/payload{l}/f{f}.bin"),
+                &noise(5 << 20, (l * 1000 + f) as u64 + 1),
+                0o644,
+                0,
+            );
+        }
+        layers.push(layer.finish());
+    }
+    Image {
+        layers,
+        config: serde_json::json!({"Env": ["PATH=/bin"]}),
+    }
+}
+
+fn build(data_dir: &Path, name: &str, from: &str, extra: &[&str]) -> f64 {
+    let t = Instant::now();
+    let (ok, out) = test_support::images::build_template(data_dir, name, from, extra);
+    assert!(ok, "build failed: {out}");
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let samples: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    let image = image();
+    let total: usize = image.layers.iter().map(Vec::len).sum();
+    println!(
+        "image: {} layers, {} MiB uncompressed; {samples} samples, each on a fresh store",
+        image.layers.len(),
+        total >> 20
+    );
+    let registry = TestRegistry::start().await;
+    registry.push("bench/big", "1", &image).await;
+    let reference = format!("{}/bench/big:1", registry.host);
+    let dir = tempfile::tempdir().expect("dir");
+    let layout = dir.path().join("layout");
+    image.write_layout(&layout, "1");
+    let auth = registry.auth_file.to_str().expect("path").to_owned();
+    let ca = registry.ca.to_str().expect("path").to_owned();
+    let creds = [
+        "--registry-auth",
+        auth.as_str(),
+        "--registry-ca",
+        ca.as_str(),
+    ];
+
+    let (mut from_registry, mut from_layout, mut cached) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut first_create, mut next_create) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        let data_dir = test_support::new_data_dir();
+        let config = test_support::test_server_config(&data_dir);
+        from_registry.push(build(&data_dir, "big", &reference, &creds));
+        cached.push(build(&data_dir, "big-again", &reference, &creds));
+        from_layout.push(build(
+            &data_dir,
+            "big-layout",
+            &format!("oci:{}:1", layout.display()),
+            &["--user", &format!("bench{i}")],
+        ));
+        let server = TestServer::start_on(data_dir, config).await;
+        let req = CreateSandboxRequest {
+            template: "big".into(),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let a = server.client.create_sandbox(&req).await.expect("create");
+        first_create.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let b = server.client.create_sandbox(&req).await.expect("create");
+        next_create.push(t.elapsed().as_secs_f64() * 1000.0);
+        for id in [a.id, b.id] {
+            let _ = server.client.delete_sandbox(id.as_str()).await;
+        }
+        server.stop().await;
+    }
+    report(
+        "build from the registry (pull, unpack, ext4)",
+        &mut from_registry,
+    );
+    report(
+        "build from an OCI layout on disk (copy, unpack, ext4)",
+        &mut from_layout,
+    );
+    report("build again, cached (manifest + config only)", &mut cached);
+    report(
+        "first create after the build (memory image built)",
+        &mut first_create,
+    );
+    report("next create (from the memory image)", &mut next_create);
+}
