@@ -11,6 +11,21 @@ pub fn digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
+/// `len` incompressible bytes (xorshift from `seed`): a layer gzip cannot shrink, like real
+/// binaries.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
 /// A layer under construction: an uncompressed tar.
 pub struct Layer(tar::Builder<Vec<u8>>);
 

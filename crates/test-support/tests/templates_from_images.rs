@@ -369,6 +369,13 @@ async fn a_template_from_a_registry_with_auth_and_a_private_ca() {
     let image = Image {
         layers: vec![busybox_layer(&["sh", "cat"])
             .file("srv/tool.txt", b"from the registry", 0o644, 0)
+            // Large enough that the blob is still being written when the download ends.
+            .file(
+                "srv/blob.bin",
+                &test_support::images::noise(6 << 20, 7),
+                0o644,
+                0,
+            )
             .finish()],
         config: serde_json::json!({"Env": ["TOOL=1"]}),
     };

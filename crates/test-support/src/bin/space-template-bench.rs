@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use space_core::sandbox::CreateSandboxRequest;
-use test_support::images::{busybox_layer, Image, Layer};
+use test_support::images::{busybox_layer, noise, Image, Layer};
 use test_support::registry::TestRegistry;
 use test_support::{percentile as pct, TestServer};
 
@@ -25,20 +25,6 @@ fn report(name: &str, samples: &mut [f64]) {
         "{name:<58} n={:<3} p50={p50:>9.0} ms p90={p90:>9.0} ms",
         samples.len()
     );
-}
-
-/// Incompressible bytes (xorshift): a layer that gzip cannot shrink, like real binaries.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 fn image() -> Image {
@@ -98,7 +84,7 @@ async fn main() {
 
     let (mut from_registry, mut from_layout, mut cached) = (Vec::new(), Vec::new(), Vec::new());
     let (mut first_create, mut next_create) = (Vec::new(), Vec::new());
-    for i in 0..samples {
+    for _ in 0..samples {
         let data_dir = test_support::new_data_dir();
         let config = test_support::test_server_config(&data_dir);
         from_registry.push(build(&data_dir, "big", &reference, &creds));
@@ -107,7 +93,8 @@ async fn main() {
             &data_dir,
             "big-layout",
             &format!("oci:{}:1", layout.display()),
-            &["--user", &format!("bench{i}")],
+            // Another default user: another template, so it is unpacked, not found cached.
+            &["--user", "root"],
         ));
         let server = TestServer::start_on(data_dir, config).await;
         let req = CreateSandboxRequest {

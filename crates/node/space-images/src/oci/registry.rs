@@ -303,7 +303,17 @@ pub async fn pull(
                 }
                 e => registry_err(reference, e),
             })?;
-        let size = tokio::fs::metadata(&to).await.map(|m| m.len()).unwrap_or(0);
+        // A tokio file writes in the background: flushed and synced before the unpacker
+        // reads it. What was written is what the bound counted.
+        let stored = async {
+            use tokio::io::AsyncWriteExt as _;
+            out.inner.flush().await?;
+            out.inner.sync_all().await
+        };
+        stored
+            .await
+            .map_err(|e| OciError::Unpacker(format!("{}: {e}", to.display())))?;
+        let size = declared - out.left;
         if size != declared {
             return Err(OciError::BadImage {
                 what: format!("layer {}", l.digest),
