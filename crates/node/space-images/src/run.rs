@@ -60,7 +60,9 @@ pub(crate) fn run(cmd: &mut Command, on_line: &dyn Fn(&str)) -> Result<(), Image
     Ok(())
 }
 
-fn forward(
+/// Passes the lines of `stream` to `tx` (bounded: an endless line comes in pieces, long
+/// ones cut), from a thread of its own.
+pub(crate) fn forward(
     stream: impl std::io::Read + Send + 'static,
     tx: mpsc::Sender<String>,
 ) -> std::thread::JoinHandle<()> {

@@ -65,8 +65,8 @@ pub async fn build_from_image(
             space_storage::StorageError::InvalidName(name.chars().take(80).collect()).into(),
         );
     }
-    let work = WorkDir::new(store)?;
-    let blobs = work.path.join("blobs");
+    let work = work_dir(store)?;
+    let blobs = work.path().join("blobs");
     let templates = store.templates();
     let cached = {
         let templates = templates.clone();
@@ -79,7 +79,7 @@ pub async fn build_from_image(
                 .is_some()
         }
     };
-    let pulled = fetch(source, &work.path, &blobs, opts, &cached, progress.clone()).await?;
+    let pulled = fetch(source, work.path(), &blobs, opts, &cached, progress.clone()).await?;
     let digest = template_digest(&pulled.config_digest, opts.user.as_deref());
     let store = store.clone();
     let name = name.to_owned();
@@ -93,7 +93,7 @@ pub async fn build_from_image(
         let info = templates.build_or_wait(&name, &digest, |staging| {
             unpack(
                 &pulled,
-                &work.path,
+                work.path(),
                 staging,
                 &digest,
                 &kernel_digest,
@@ -243,39 +243,13 @@ fn unpack(
     })
 }
 
-/// A build's scratch directory in the store (root's, 0700: the unpacker reaches it only
-/// through the descriptor it is given), removed when dropped.
-struct WorkDir {
-    path: PathBuf,
-}
-
-impl WorkDir {
-    fn new(store: &Store) -> Result<WorkDir, ImageError> {
-        let parent = store.root().join(".image-builds");
-        std::fs::create_dir_all(&parent).map_err(|e| ImageError::io("create", &parent, e))?;
-        let path = parent.join(format!("{:016x}", rand_u64()));
-        std::fs::create_dir(&path).map_err(|e| ImageError::io("create", &path, e))?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| ImageError::io("chmod", &path, e))?;
-        Ok(WorkDir { path })
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = space_storage::mountinfo::remove_tree(&self.path);
-    }
-}
-
-fn rand_u64() -> u64 {
-    let mut b = [0u8; 8];
-    if getrandom(&mut b).is_err() {
-        return u64::from(std::process::id()) << 32 | now_ms() as u64 & 0xffff_ffff;
-    }
-    u64::from_le_bytes(b)
-}
-
-fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read as _;
-    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+/// A build's scratch directory in the store (root's, 0700, a random name: the unpacker
+/// reaches it only through the descriptor it is given), removed when dropped.
+fn work_dir(store: &Store) -> Result<tempfile::TempDir, ImageError> {
+    let parent = store.root().join(".image-builds");
+    std::fs::create_dir_all(&parent).map_err(|e| ImageError::io("create", &parent, e))?;
+    tempfile::Builder::new()
+        .prefix("build-")
+        .tempdir_in(&parent)
+        .map_err(|e| ImageError::io("create a work directory in", &parent, e))
 }

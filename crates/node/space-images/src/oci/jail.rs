@@ -189,22 +189,7 @@ pub fn run_jailed(
         // stderr: progress lines, passed on here (the callback need not be Send); stdout:
         // the outcome, read on a thread of its own so neither pipe can fill and block it.
         let (tx, rx) = std::sync::mpsc::channel::<String>();
-        let lines = std::thread::spawn(move || {
-            let mut r = BufReader::new(stderr);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match r.by_ref().take(4096).read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let l = String::from_utf8_lossy(&buf).trim_end().to_owned();
-                        if !l.is_empty() && tx.send(l).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
+        let lines = crate::run::forward(stderr, tx);
         let result = std::thread::spawn(move || {
             let mut result = String::new();
             let _ = out.read_to_string(&mut result);
@@ -249,28 +234,44 @@ pub fn run_jailed(
         }
     })();
     let status = child.wait();
+    // The work directory is taken back first, on every path: from then on nothing of the
+    // range can add, rename or replace a name in it.
+    let reclaimed = nix::unistd::chown(
+        work,
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(0)),
+    );
     let _ = space_storage::mountinfo::remove_tree(&tree);
+    reclaimed.map_err(|e| fail("chown the work directory", &e))?;
     let report = result?;
     let status = status.map_err(|e| fail("wait", &e))?;
     if !status.success() {
         return Err(OciError::Unpacker(format!("exited with {status}")));
     }
-    let image = work.join(IMAGE);
-    nix::unistd::chown(
-        &image,
-        Some(nix::unistd::Uid::from_raw(0)),
-        Some(nix::unistd::Gid::from_raw(0)),
-    )
-    .map_err(|e| fail("chown the image", &e))?;
-    std::fs::set_permissions(&image, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .map_err(|e| fail("chmod the image", &e))?;
-    nix::unistd::chown(
-        work,
-        Some(nix::unistd::Uid::from_raw(0)),
-        Some(nix::unistd::Gid::from_raw(0)),
-    )
-    .map_err(|e| fail("chown the work directory", &e))?;
+    take_image(&work.join(IMAGE))?;
     Ok(report)
+}
+
+/// Gives the image the child wrote to root (0644), through a descriptor opened without
+/// following links: the child could have left a symlink or a hard link there instead, and
+/// root must not chown or chmod whatever it points at.
+fn take_image(path: &Path) -> Result<(), OciError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        OciError::Unpacker(format!("{what} {}: {e}", path.display()))
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| fail("open", &e))?;
+    let meta = f.metadata().map_err(|e| fail("stat", &e))?;
+    if !meta.file_type().is_file() || meta.nlink() != 1 {
+        return Err(fail("take", &"not a regular file with one name"));
+    }
+    std::os::unix::fs::fchown(&f, Some(0), Some(0)).map_err(|e| fail("chown", &e))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| fail("chmod", &e))
 }
 
 fn drain(stderr: impl Read) -> String {

@@ -3,7 +3,7 @@
 //! blob hashed against the digest that names it, every path inside an archive a plain
 //! relative name.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
 use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageIndex, OciImageManifest};
@@ -343,7 +343,7 @@ fn archive_member(work: &Path, name: &str) -> Result<PathBuf, String> {
 fn extract_plain_files(f: std::fs::File, work: &Path, limits: &ImageLimits) -> Result<(), String> {
     let mut archive = tar::Archive::new(std::io::BufReader::new(f));
     let mut files = 0usize;
-    let mut seen: BTreeMap<PathBuf, ()> = BTreeMap::new();
+    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
     for entry in archive
         .entries()
         .map_err(|e| format!("not a tar archive: {e}"))?
@@ -381,7 +381,7 @@ fn extract_plain_files(f: std::fs::File, work: &Path, limits: &ImageLimits) -> R
         if files > MAX_ARCHIVE_FILES {
             return Err(format!("more than {MAX_ARCHIVE_FILES} files"));
         }
-        if seen.insert(rel.clone(), ()).is_some() {
+        if !seen.insert(rel.clone()) {
             return Err(format!("{} appears twice", rel.display()));
         }
         let size = entry

@@ -385,7 +385,7 @@ impl Unpacker {
         };
         let kind = entry.header().entry_type();
         if name.starts_with(WHITEOUT) {
-            return self.whiteout(layer, &path, &name, written);
+            return self.whiteout(&path, &name, written);
         }
         let bad = |detail: String| UnpackError::BadEntry {
             layer,
@@ -433,7 +433,7 @@ impl Unpacker {
                     });
                 }
                 self.bytes += size;
-                self.clear(layer, &dir, name, &shown, false)?;
+                self.clear(&dir, name, &shown)?;
                 let fd = rustix::fs::openat(
                     &dir,
                     name,
@@ -462,7 +462,7 @@ impl Unpacker {
                     .as_ref()
                     .is_some_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory);
                 if !is_dir {
-                    self.clear(layer, &dir, name, &shown, true)?;
+                    self.clear(&dir, name, &shown)?;
                     rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700))
                         .map_err(|e| io_err("make directory", &shown, e))?;
                 }
@@ -483,7 +483,7 @@ impl Unpacker {
                 if target.is_empty() || target.len() >= MAX_PATH || target.contains(&0) {
                     return Err(bad("symlink target empty, too long or with a NUL".into()));
                 }
-                self.clear(layer, &dir, name, &shown, true)?;
+                self.clear(&dir, name, &shown)?;
                 rustix::fs::symlinkat(target.as_slice(), &dir, name)
                     .map_err(|e| io_err("make symlink", &shown, e))?;
                 rustix::fs::chownat(&dir, name, owner.0, owner.1, AtFlags::SYMLINK_NOFOLLOW)
@@ -516,26 +516,18 @@ impl Unpacker {
                         )))
                     }
                 }
-                self.clear(layer, &dir, name, &shown, true)?;
+                self.clear(&dir, name, &shown)?;
                 rustix::fs::linkat(&tdir, target_name, &dir, name, AtFlags::empty())
                     .map_err(|e| io_err("make hard link", &shown, e))?;
             }
             T::Fifo => {
-                self.clear(layer, &dir, name, &shown, true)?;
+                self.clear(&dir, name, &shown)?;
                 rustix::fs::mknodat(&dir, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
                     .map_err(|e| io_err("make fifo", &shown, e))?;
-                let fd = rustix::fs::openat(
-                    &dir,
-                    name,
-                    OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| io_err("open", &shown, e))?;
                 rustix::fs::chownat(&dir, name, owner.0, owner.1, AtFlags::SYMLINK_NOFOLLOW)
                     .map_err(|e| io_err("chown", &shown, e))?;
                 rustix::fs::chmodat(&dir, name, Mode::from_raw_mode(mode), AtFlags::empty())
                     .map_err(|e| io_err("chmod", &shown, e))?;
-                drop(fd);
             }
             T::Char | T::Block => return Err(UnpackError::DeviceNode { layer, path: shown }),
             T::XGlobalHeader => return Ok(()),
@@ -614,8 +606,7 @@ impl Unpacker {
     /// Applies a whiteout: `.wh.NAME` removes NAME, `.wh..wh..opq` empties the directory of
     /// what lower layers put there.
     fn whiteout(
-        &mut self,
-        layer: usize,
+        &self,
         path: &TreePath,
         name: &str,
         written: &HashSet<TreePath>,
@@ -649,7 +640,6 @@ impl Unpacker {
         if written.contains(&TreePath(p)) {
             return Ok(());
         }
-        let _ = layer;
         match remove_at(&dir, target, 0) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(io_err("remove", &shown, e)),
@@ -670,14 +660,7 @@ impl Unpacker {
 
     /// Makes way for a new entry `name` in `dir`: whatever is there goes, a directory with
     /// its contents (a directory re-declared as a directory is kept by the caller).
-    fn clear(
-        &self,
-        _layer: usize,
-        dir: &OwnedFd,
-        name: &str,
-        shown: &str,
-        _any: bool,
-    ) -> Result<(), UnpackError> {
+    fn clear(&self, dir: &OwnedFd, name: &str, shown: &str) -> Result<(), UnpackError> {
         match remove_at(dir, name, 0) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(io_err("replace", shown, e)),

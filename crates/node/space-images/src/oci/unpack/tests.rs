@@ -1,7 +1,7 @@
 //! The layer rules, on real trees (run as root, as the suite does: owners are applied).
 
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use super::*;
@@ -133,7 +133,7 @@ fn files_links_owners_modes_and_xattrs() {
     assert!(std::fs::symlink_metadata(p.join("run-fifo"))
         .unwrap()
         .file_type()
-        .is_fifo_like());
+        .is_fifo());
     let caps = xattr_of(&p.join("usr/bin/ping"), "security.capability");
     assert_eq!(caps.as_deref(), Some(&cap_net_raw()[..]));
     assert_eq!(
@@ -141,16 +141,6 @@ fn files_links_owners_modes_and_xattrs() {
         Some(&b"v"[..])
     );
     assert!(u.skipped_xattrs.contains("trusted.x"));
-}
-
-trait FifoLike {
-    fn is_fifo_like(&self) -> bool;
-}
-impl FifoLike for std::fs::FileType {
-    fn is_fifo_like(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt;
-        self.is_fifo()
-    }
 }
 
 /// A version-2 `security.capability` value granting cap_net_raw (bit 13), effective.
