@@ -170,6 +170,8 @@ pub fn test_server_config_without_template(data_dir: &Path) -> ServerConfig {
     // Every test server would otherwise keep the production pool warm (many VMs each, all
     // competing for CI's two cores); tests of the pool itself ask for one.
     config.node.pool_size = 0;
+    // Nor warm a template at start (a memory image each: a VM boot per test server).
+    config.node.warm_templates = Vec::new();
     Store::open(data_dir, 1 << 30).expect("test data dir is on btrfs");
     if node_manager::enabled() {
         config.node.node_manager = Some(node_manager::for_data_dir(data_dir));

@@ -23,7 +23,7 @@ use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, EventList, ForkRequest, PoolStatusList,
     SandboxInfo, SandboxList, SetTimeoutRequest, SnapshotList, SnapshotTaken,
 };
-use space_core::template::TemplateInfo;
+use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
 use space_core::{
     ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
     SnapshotInfo,
@@ -293,6 +293,62 @@ impl SpaceClient {
     /// `GET /v1/templates`.
     pub async fn templates(&self) -> ClientResult<Vec<TemplateInfo>> {
         Self::json(self.request(Method::GET, "/v1/templates")).await
+    }
+
+    /// `GET /v1/templates/{name}`.
+    pub async fn template(&self, name: &str) -> ClientResult<TemplateInfo> {
+        Self::json(self.request(Method::GET, &Self::template_path(name))).await
+    }
+
+    /// `POST /v1/templates`: starts a build (the operator's); returns its first status.
+    pub async fn build_template(
+        &self,
+        req: &serde_json::Value,
+    ) -> ClientResult<TemplateBuildStatus> {
+        Self::json(self.request(Method::POST, "/v1/templates").json(req)).await
+    }
+
+    /// `POST /v1/templates` followed: the build's events as they come, until `ready` or
+    /// `failed`.
+    pub async fn build_template_followed(
+        &self,
+        req: &serde_json::Value,
+    ) -> ClientResult<BoxStream<'static, ClientResult<TemplateBuildEvent>>> {
+        let resp = Self::send(
+            self.request(Method::POST, "/v1/templates")
+                .header(reqwest::header::ACCEPT, "application/x-ndjson")
+                .json(req),
+        )
+        .await?;
+        Ok(decode_ndjson(resp, 64 * 1024))
+    }
+
+    /// `GET /v1/templates/builds/{id}?logs_from=N`.
+    pub async fn template_build(
+        &self,
+        id: &str,
+        logs_from: u64,
+    ) -> ClientResult<TemplateBuildStatus> {
+        let id: String = form_urlencoded::byte_serialize(id.as_bytes()).collect();
+        Self::json(self.request(
+            Method::GET,
+            &format!("/v1/templates/builds/{id}?logs_from={logs_from}"),
+        ))
+        .await
+    }
+
+    /// `DELETE /v1/templates/{name}` (`force`: even while in use).
+    pub async fn delete_template(&self, name: &str, force: bool) -> ClientResult<()> {
+        Self::empty(self.request(
+            Method::DELETE,
+            &format!("{}?force={force}", Self::template_path(name)),
+        ))
+        .await
+    }
+
+    fn template_path(name: &str) -> String {
+        let encoded: String = form_urlencoded::byte_serialize(name.as_bytes()).collect();
+        format!("/v1/templates/{encoded}")
     }
 
     /// `POST /v1/sandboxes`: returns once the sandbox runs.

@@ -55,11 +55,183 @@ pub struct TemplateImage {
     pub config_digest: String,
 }
 
-/// A template name: `[a-z0-9][a-z0-9_-]{0,62}`.
+/// A template name: `NAME` or `NAME:TAG`, where `NAME` is `[a-z0-9][a-z0-9_-]{0,62}` and
+/// `TAG` (like an image tag: `3.12`, `v2-slim`) is `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+/// `NAME:latest` is `NAME` (see [`canonical_template_name`]).
 pub fn validate_template_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().enumerate().all(|(i, b)| {
+    let (base, tag) = match name.split_once(':') {
+        Some((base, tag)) => (base, Some(tag)),
+        None => (name, None),
+    };
+    let base_ok = !base.is_empty()
+        && base.len() <= 63
+        && base.bytes().enumerate().all(|(i, b)| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && (b == b'-' || b == b'_'))
-        })
+        });
+    let tag_ok = tag.is_none_or(|t| {
+        !t.is_empty()
+            && t.len() <= 128
+            && t.bytes().enumerate().all(|(i, b)| {
+                b.is_ascii_alphanumeric() || b == b'_' || (i > 0 && (b == b'.' || b == b'-'))
+            })
+    });
+    base_ok && tag_ok
+}
+
+/// The one spelling of a template name: `NAME:latest` becomes `NAME`; `None` if invalid.
+pub fn canonical_template_name(name: &str) -> Option<String> {
+    if !validate_template_name(name) {
+        return None;
+    }
+    Some(name.strip_suffix(":latest").unwrap_or(name).to_owned())
+}
+
+/// Where a template build is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateBuildState {
+    /// Fetching, unpacking or preparing.
+    Building,
+    /// Built: the template is named and can be used.
+    Ready,
+    /// Failed: see the build's `error`; nothing was registered.
+    Failed,
+}
+
+/// Why a template build failed, as a machine-readable code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateBuildErrorCode {
+    /// The image reference cannot be understood, or names no registry image.
+    BadReference,
+    /// No such image or tag.
+    ImageNotFound,
+    /// The registry refused the credentials (or asked for some).
+    RegistryUnauthorized,
+    /// The registry could not be reached or failed.
+    RegistryUnavailable,
+    /// The image is malformed, hostile (escaping paths, device nodes) or has no linux/amd64
+    /// variant.
+    BadImage,
+    /// The image is larger than the node allows.
+    ImageTooLarge,
+    /// The node failed (storage, the unpacker): not the image's fault.
+    NodeFailed,
+}
+
+/// A failed build's error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateBuildError {
+    /// What kind of failure.
+    pub code: TemplateBuildErrorCode,
+    /// What happened, for a human.
+    pub message: String,
+}
+
+/// A line of a build's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateBuildLine {
+    /// Its number in the build's log, from 0.
+    pub index: u64,
+    /// When, ms since the Unix epoch.
+    pub ts_ms: i64,
+    /// The line.
+    pub line: String,
+}
+
+/// A template build and its log (from the offset asked for).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateBuildStatus {
+    /// The build's id.
+    pub build_id: String,
+    /// The template name it builds.
+    pub name: String,
+    /// The image it builds from.
+    pub from_image: String,
+    /// Where it is.
+    pub state: TemplateBuildState,
+    /// Log lines from the offset asked for (older lines may have been dropped: a build
+    /// keeps its newest 2,000).
+    pub logs: Vec<TemplateBuildLine>,
+    /// The index the next line will have: the offset to ask for next.
+    pub next_log_index: u64,
+    /// The template, once ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateInfo>,
+    /// The failure, once failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<TemplateBuildError>,
+    /// When it started, ms since the Unix epoch.
+    pub started_at_ms: i64,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<i64>,
+}
+
+/// One line of a followed build (`POST /v1/templates` with `Accept: application/x-ndjson`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TemplateBuildEvent {
+    /// The build started.
+    Started {
+        /// Its id (`GET /v1/templates/builds/{id}` follows it too).
+        build_id: String,
+        /// The template name.
+        name: String,
+    },
+    /// A line of its log.
+    Log(TemplateBuildLine),
+    /// Built: the template.
+    Ready {
+        /// It.
+        template: Box<TemplateInfo>,
+    },
+    /// Failed; nothing was registered.
+    Failed {
+        /// Why.
+        error: TemplateBuildError,
+    },
+}
+
+/// A valid build id: 1-64 of `[a-z0-9-]`.
+pub fn validate_build_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_names_and_tags() {
+        for ok in [
+            "base",
+            "python:3.12",
+            "a-b_c:v2-slim",
+            "x:latest",
+            "py:3.12.1_rc",
+        ] {
+            assert!(validate_template_name(ok), "{ok}");
+        }
+        for bad in [
+            "", "Base", "-x", "x:", ":x", "x:.1", "x:a:b", "x/y", "x:a/b", "x y", "x:-a",
+        ] {
+            assert!(!validate_template_name(bad), "{bad:?}");
+        }
+        assert!(!validate_template_name(&"a".repeat(64)));
+        assert!(!validate_template_name(&format!("a:{}", "b".repeat(129))));
+        assert_eq!(canonical_template_name("x:latest").as_deref(), Some("x"));
+        assert_eq!(canonical_template_name("x:3").as_deref(), Some("x:3"));
+        assert_eq!(canonical_template_name("X"), None);
+    }
 }

@@ -82,9 +82,14 @@ impl ObjectKey {
         ObjectKey::join(&["templates", digest, file])
     }
 
-    /// `template-names/<name>`.
+    /// Where the digest template name `name` means is kept: `template-names/<NAME>`, or
+    /// `template-tags/<NAME>/<TAG>` for `NAME:TAG` (a key component has no `:`, and a
+    /// name's key cannot also be a directory of its tags in a local store).
     pub fn template_name(name: &str) -> Result<ObjectKey, KeyError> {
-        ObjectKey::join(&["template-names", name])
+        match name.split_once(':') {
+            Some((base, tag)) => ObjectKey::join(&["template-tags", base, tag]),
+            None => ObjectKey::join(&["template-names", name]),
+        }
     }
 
     /// `kernels/<digest>/<file>`.
@@ -118,6 +123,14 @@ mod tests {
                 .unwrap()
                 .file_name(),
             "rootfs.ext4"
+        );
+        assert_eq!(
+            ObjectKey::template_name("py").unwrap().as_str(),
+            "template-names/py"
+        );
+        assert_eq!(
+            ObjectKey::template_name("py:3.12").unwrap().as_str(),
+            "template-tags/py/3.12"
         );
     }
 }

@@ -70,6 +70,9 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
         }
         R::Templates => reply(api.templates().await),
         R::Template { name } => reply(api.template(&name).await),
+        R::StartTemplateBuild { req } => reply(api.start_template_build(req).await),
+        R::TemplateBuild { id, logs_from } => reply(api.template_build(&id, logs_from).await),
+        R::DeleteTemplate { name } => reply(api.delete_template(&name).await),
         R::PoolStatus => reply(api.pool_status().await),
         R::Credentials => reply(api.credentials().await),
         R::PutCredential { credential, value } => match SecretValue::new(value.0) {

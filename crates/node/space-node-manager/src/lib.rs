@@ -48,6 +48,9 @@ pub enum NodeManagerError {
     /// Network namespace, TAP or firewall failure.
     #[error(transparent)]
     Network(#[from] NetError),
+    /// An image could not become a template.
+    #[error(transparent)]
+    Image(#[from] space_images::ImageError),
     /// The node manager refused or failed the request (see [`protocol::RefusalCode`]).
     #[error("node manager: {0}")]
     Refused(#[from] protocol::Refusal),
@@ -153,6 +156,28 @@ pub trait NodeManager: Send + Sync + 'static {
         staged: &Path,
         template: &TemplateInfo,
     ) -> Result<(), NodeManagerError>;
+    /// Builds template `build.name` from the image the sandbox manager staged in `staged` (a
+    /// directory of its `incoming/`, see [`space_images::oci::staged`]): read as the
+    /// sandbox manager and checked, unpacked by the jailed unpacker, installed in the
+    /// store's templates (root's) once per digest. Blocking: minutes for a large image;
+    /// `progress` gets its lines.
+    fn build_template(
+        &self,
+        store: &Store,
+        staged: &Path,
+        build: &protocol::TemplateBuild,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<TemplateInfo, NodeManagerError>;
+    /// Points template name `name` at template `digest`, which the store has.
+    fn name_template(
+        &self,
+        store: &Store,
+        name: &str,
+        digest: &str,
+    ) -> Result<(), NodeManagerError>;
+    /// Removes template name `name`, and the template unless another name points there;
+    /// whether the name existed.
+    fn remove_template_name(&self, store: &Store, name: &str) -> Result<bool, NodeManagerError>;
     /// Installs kernel bundle `kernel`, fetched into `staged` (its `vmlinuz` and
     /// `initramfs.cpio`), into the store's kernels, once per digest.
     fn install_kernel(

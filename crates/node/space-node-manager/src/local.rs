@@ -150,6 +150,40 @@ impl NodeManager for LocalNodeManager {
         Ok(())
     }
 
+    fn build_template(
+        &self,
+        store: &Store,
+        staged: &Path,
+        build: &crate::protocol::TemplateBuild,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<TemplateInfo, NodeManagerError> {
+        // In one process the sandbox manager is this process: nothing to act as.
+        let input = open_staged_image(staged)?;
+        build_staged_template(store, &input, build, progress)
+    }
+
+    fn name_template(
+        &self,
+        store: &Store,
+        name: &str,
+        digest: &str,
+    ) -> Result<(), NodeManagerError> {
+        let templates = store.templates();
+        if templates.lookup_digest(digest)?.is_none() {
+            return Err(space_storage::StorageError::NotFound {
+                what: "template",
+                name: digest.to_owned(),
+                dir: templates.dir().to_owned(),
+            }
+            .into());
+        }
+        Ok(templates.set_name(name, digest)?)
+    }
+
+    fn remove_template_name(&self, store: &Store, name: &str) -> Result<bool, NodeManagerError> {
+        Ok(store.templates().remove(name)?)
+    }
+
     fn install_kernel(
         &self,
         store: &Store,
@@ -414,4 +448,40 @@ pub(crate) fn open_staged(dir: &Path, name: &str) -> Result<std::fs::File, NodeM
         return Err(io(std::io::Error::other("not a regular file")));
     }
     Ok(file)
+}
+
+/// Opens and checks a staged image (see [`space_images::oci::staged`]).
+pub(crate) fn open_staged_image(
+    dir: &Path,
+) -> Result<space_images::oci::StagedInput, NodeManagerError> {
+    space_images::oci::open_staged(dir, &space_images::oci::ImageLimits::default())
+        .map_err(|e| NodeManagerError::Image(e.into()))
+}
+
+/// Builds a template from a staged image opened by [`open_staged_image`], as root: the
+/// unpacker is this program, re-run in its jail.
+pub(crate) fn build_staged_template(
+    store: &Store,
+    input: &space_images::oci::StagedInput,
+    build: &crate::protocol::TemplateBuild,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<TemplateInfo, NodeManagerError> {
+    let unpacker = std::env::current_exe().map_err(|source| NodeManagerError::Io {
+        what: "find this program (the image unpacker)",
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let opts = space_images::oci::ImageBuildOpts {
+        unpacker,
+        user: build.user.clone(),
+        ..Default::default()
+    };
+    Ok(space_images::oci::build_staged(
+        store,
+        &build.name,
+        input,
+        &build.kernel_digest,
+        &opts,
+        progress,
+    )?)
 }

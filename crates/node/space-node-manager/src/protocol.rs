@@ -21,12 +21,14 @@ use space_storage::KernelMeta;
 
 /// The protocol version this build speaks. A server refuses a client of another version
 /// (there is one of each per node, upgraded together).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest request frame the server reads; a larger one ends the connection.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Largest response frame the client reads.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// Longest progress line sent (longer ones are cut).
+pub const MAX_PROGRESS_LINE: usize = 4096;
 /// Most descriptors one response carries (a batch of uplink sockets).
 pub const MAX_FDS: usize = crate::MAX_UPLINK_SOCKETS;
 
@@ -335,6 +337,28 @@ pub enum Request {
         /// What it is (its image's SHA-256 is checked).
         template: Box<TemplateInfo>,
     },
+    /// Builds a template from the image the sandbox manager staged in `staged` (under
+    /// `incoming/`; see `space_images::oci::staged`). Answered by any number of
+    /// [`Response::Progress`] frames, then [`Response::Template`] or a refusal.
+    BuildTemplate {
+        /// The staged image's directory.
+        staged: NodePath,
+        /// What to build.
+        build: TemplateBuild,
+    },
+    /// Points template name `name` at template `digest` (in the store). Answered `Done`.
+    NameTemplate {
+        /// The name (`NAME` or `NAME:TAG`).
+        name: String,
+        /// The template's digest.
+        digest: String,
+    },
+    /// Removes template name `name`, and its template unless another name points there.
+    /// Answered with a [`Response::Flag`]: whether the name existed.
+    RemoveTemplateName {
+        /// The name.
+        name: String,
+    },
     /// Installs a kernel bundle the sandbox manager fetched into `staged` (under `incoming/`).
     InstallKernel {
         /// The directory holding its files.
@@ -443,6 +467,17 @@ pub enum Request {
     },
 }
 
+/// A template build's parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateBuild {
+    /// The name to give it (validated by the node manager too).
+    pub name: String,
+    /// The account commands run as by default, instead of the image's `User`.
+    pub user: Option<String>,
+    /// The kernel bundle it boots with (in the store).
+    pub kernel_digest: String,
+}
+
 impl Request {
     /// The operation's name, for logs and metrics.
     pub fn op(&self) -> &'static str {
@@ -454,6 +489,9 @@ impl Request {
             Request::SnapshotDisk { .. } => "snapshot_disk",
             Request::LinkDisk { .. } => "link_disk",
             Request::InstallTemplate { .. } => "install_template",
+            Request::BuildTemplate { .. } => "build_template",
+            Request::NameTemplate { .. } => "name_template",
+            Request::RemoveTemplateName { .. } => "remove_template_name",
             Request::InstallKernel { .. } => "install_kernel",
             Request::RemoveDir { .. } => "remove_dir",
             Request::ForgetMemoryImage { .. } => "forget_memory_image",
@@ -526,6 +564,16 @@ pub enum Response {
     UdpFlowSocket,
     /// Uplink sockets, passed as the descriptors with this frame.
     UplinkSockets,
+    /// A line of a build's progress; more frames follow.
+    Progress {
+        /// The line (at most [`MAX_PROGRESS_LINE`] bytes).
+        line: String,
+    },
+    /// A template was built (or found built) and named.
+    Template {
+        /// It.
+        template: Box<TemplateInfo>,
+    },
     /// The request was refused or failed; nothing else happened.
     Refused(Refusal),
 }
@@ -592,6 +640,8 @@ pub enum RefusalCode {
     Network,
     /// A file system operation failed.
     Io,
+    /// An image could not become a template (malformed, hostile or too large).
+    BadImage,
 }
 
 impl fmt::Display for RefusalCode {
@@ -607,6 +657,7 @@ impl fmt::Display for RefusalCode {
             RefusalCode::Vmm => "vmm",
             RefusalCode::Network => "network",
             RefusalCode::Io => "io",
+            RefusalCode::BadImage => "bad_image",
         };
         f.write_str(s)
     }

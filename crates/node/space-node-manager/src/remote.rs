@@ -37,6 +37,8 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long one request may take (a VM launch restoring a large state under TCG is the
 /// slowest).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a template build may go without a line of progress (one large layer).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 8;
 
@@ -254,6 +256,39 @@ impl Client {
         r
     }
 
+    /// A request answered by [`Response::Progress`] frames (each given to `progress`) and
+    /// then one final answer, on a connection of its own that waits up to `timeout` for
+    /// each frame. The connection is not reused: a build's end may leave it mid-stream.
+    fn call_streaming(
+        &self,
+        request: &Request,
+        timeout: Duration,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<Response, NodeManagerError> {
+        let stream = self.open()?;
+        let broken =
+            |e: wire::WireError| NodeManagerError::Connection(format!("{}: {e}", request.op()));
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| broken(e.into()))?;
+        wire::send(&stream, request, &[]).map_err(broken)?;
+        loop {
+            let frame = wire::recv(&stream, MAX_RESPONSE_BYTES)
+                .map_err(broken)?
+                .ok_or_else(|| {
+                    NodeManagerError::Connection(format!(
+                        "{}: the node manager hung up",
+                        request.op()
+                    ))
+                })?;
+            match frame.parse::<Response>().map_err(broken)? {
+                Response::Progress { line } => progress(&line),
+                Response::Refused(r) => return Err(NodeManagerError::Refused(r)),
+                r => return Ok(r),
+            }
+        }
+    }
+
     fn call_done(&self, request: &Request) -> Result<(), NodeManagerError> {
         match self.call(request)? {
             (Response::Done, _) => Ok(()),
@@ -418,6 +453,47 @@ impl NodeManager for RemoteNodeManager {
             staged: self.name(staged)?,
             template: Box::new(template.clone()),
         })
+    }
+
+    fn build_template(
+        &self,
+        _store: &Store,
+        staged: &Path,
+        build: &crate::protocol::TemplateBuild,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<TemplateInfo, NodeManagerError> {
+        let request = Request::BuildTemplate {
+            staged: self.name(staged)?,
+            build: build.clone(),
+        };
+        match self
+            .inner
+            .call_streaming(&request, BUILD_TIMEOUT, progress)?
+        {
+            Response::Template { template } => Ok(*template),
+            other => Err(unexpected(request.op(), &other)),
+        }
+    }
+
+    fn name_template(
+        &self,
+        _store: &Store,
+        name: &str,
+        digest: &str,
+    ) -> Result<(), NodeManagerError> {
+        self.inner.call_done(&Request::NameTemplate {
+            name: name.to_owned(),
+            digest: digest.to_owned(),
+        })
+    }
+
+    fn remove_template_name(&self, _store: &Store, name: &str) -> Result<bool, NodeManagerError> {
+        match self.inner.call(&Request::RemoveTemplateName {
+            name: name.to_owned(),
+        })? {
+            (Response::Flag { value }, _) => Ok(value),
+            (other, _) => Err(unexpected("remove_template_name", &other)),
+        }
     }
 
     fn install_kernel(

@@ -24,7 +24,8 @@ use crate::confine::{Access, Areas};
 use crate::ownership;
 use crate::protocol::{
     check_name, Area, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response,
-    VmEnd, VmSpec, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    TemplateBuild, VmEnd, VmSpec, MAX_NAME_BYTES, MAX_PROGRESS_LINE, MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
 };
 use crate::wire::{self, WireError};
 use crate::{LocalNodeManager, NodeManager, NodeManagerError};
@@ -330,7 +331,14 @@ fn serve_connection(stream: &UnixStream, host: &Host, client_uid: u32) {
             Ok(request) => {
                 let op = request.op();
                 let t0 = Instant::now();
-                match host.handle(request) {
+                let handled = match request {
+                    // The one request answered in several frames.
+                    Request::BuildTemplate { staged, build } => {
+                        host.build_template(stream, &staged, &build)
+                    }
+                    request => host.handle(request),
+                };
+                match handled {
                     Ok(done) => {
                         tracing::debug!(
                             op,
@@ -390,6 +398,11 @@ impl Host {
             Request::Hello { .. } => answer(Response::Welcome {
                 version: PROTOCOL_VERSION,
             }),
+            // Streamed: see `build_template`.
+            Request::BuildTemplate { .. } => Err(Refusal::new(
+                RefusalCode::BadRequest,
+                "build_template is answered in frames of its own".to_owned(),
+            )),
             Request::OpenStore => {
                 self.local
                     .open_store(self.store.data_dir(), self.loop_size)
@@ -457,6 +470,20 @@ impl Host {
                     .install(&template, &image)
                     .map_err(|e| refusal(e.into()))?;
                 done()
+            }
+            Request::NameTemplate { name, digest } => {
+                // The store validates both (a name of plain characters, a hex digest).
+                self.local
+                    .name_template(&self.store, &name, &digest)
+                    .map_err(refusal)?;
+                done()
+            }
+            Request::RemoveTemplateName { name } => {
+                let value = self
+                    .local
+                    .remove_template_name(&self.store, &name)
+                    .map_err(refusal)?;
+                answer(Response::Flag { value })
             }
             Request::InstallKernel { staged, kernel } => {
                 let staged = self.staged(&staged)?;
@@ -649,6 +676,49 @@ impl Host {
     /// directories it may write, where a symlink of its making must lead nowhere it could
     /// not go itself. What `f` makes is the sandbox manager's.
     /// A directory of fetched files in the store's `incoming/`.
+    /// Builds a template from an image the client staged, sending the build's lines as
+    /// [`Response::Progress`] frames on `stream` as they come.
+    fn build_template(
+        &self,
+        stream: &UnixStream,
+        staged: &NodePath,
+        build: &TemplateBuild,
+    ) -> Handled {
+        if !space_core::template::validate_template_name(&build.name) {
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                "invalid template name".to_owned(),
+            ));
+        }
+        if build.user.as_ref().is_some_and(|u| {
+            u.is_empty() || u.len() > MAX_NAME_BYTES || u.chars().any(|c| c.is_control())
+        }) {
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                "invalid default user".to_owned(),
+            ));
+        }
+        let staged = self.staged(staged)?;
+        // Everything the client staged is read as the client, through descriptors.
+        let input = self.as_client(|| crate::local::open_staged_image(&staged))?;
+        let progress = |line: &str| {
+            let mut cut = line.len().min(MAX_PROGRESS_LINE);
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let frame = Response::Progress {
+                line: line[..cut].to_owned(),
+            };
+            // A client gone mid-build loses its lines; the build finishes and is stored.
+            let _ = wire::send(stream, &frame, &[]);
+        };
+        let template = crate::local::build_staged_template(&self.store, &input, build, &progress)
+            .map_err(refusal)?;
+        answer(Response::Template {
+            template: Box::new(template),
+        })
+    }
+
     fn staged(&self, p: &NodePath) -> Result<PathBuf, Refusal> {
         if p.area != Area::Store || !p.rel.is_under(space_storage::INCOMING_DIR) {
             return Err(Refusal::new(
@@ -835,6 +905,9 @@ fn refusal(e: NodeManagerError) -> Refusal {
         NodeManagerError::Vmm(_) => RefusalCode::Vmm,
         NodeManagerError::Network(_) => RefusalCode::Network,
         NodeManagerError::Io { .. } => RefusalCode::Io,
+        NodeManagerError::Image(space_images::ImageError::Oci(_)) => RefusalCode::BadImage,
+        NodeManagerError::Image(space_images::ImageError::Storage(_)) => RefusalCode::Storage,
+        NodeManagerError::Image(_) => RefusalCode::Io,
         NodeManagerError::Refused(r) => r.code,
         NodeManagerError::Connection(_) => RefusalCode::Io,
     };

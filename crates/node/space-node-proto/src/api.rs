@@ -10,12 +10,13 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
-use space_core::template::TemplateInfo;
+use space_core::template::{TemplateBuildStatus, TemplateInfo};
 use space_core::{LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, TenantId};
 use space_guest_client::GuestClient;
 use space_secrets::secret::SecretValue;
 use space_secrets::{AuditEvent, AuditFilter, Credential, CredentialId};
 
+use crate::template::BuildTemplate;
 use crate::{
     CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
     PoolShape, ResumeSandbox, SandboxView, SnapshotHere, SnapshotOrigin, SnapshotRequest,
@@ -169,6 +170,14 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn templates(&self) -> NodeResult<Vec<TemplateInfo>>;
     /// One template.
     async fn template(&self, name: &str) -> NodeResult<TemplateInfo>;
+    /// Starts building a template from a registry image; returns at once (the build goes
+    /// on without its caller: follow it with [`NodeApi::template_build`]).
+    async fn start_template_build(&self, req: BuildTemplate) -> NodeResult<TemplateBuildStatus>;
+    /// A build started here, with its log lines from index `logs_from`.
+    async fn template_build(&self, id: &str, logs_from: u64) -> NodeResult<TemplateBuildStatus>;
+    /// Removes template name `name` here (the template with it unless another name points
+    /// there), and from the object store's names; whether the name was known.
+    async fn delete_template(&self, name: &str) -> NodeResult<bool>;
     /// What the warm pool holds.
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>>;
 

@@ -17,6 +17,7 @@ pub mod identity;
 mod node;
 mod sandbox;
 pub mod snapshot;
+pub mod template;
 pub mod wire;
 
 pub use error::NodeCallError;

@@ -143,6 +143,12 @@ pub enum NodeRequest {
     DeletePersistentSnapshot { snapshot: SnapshotId },
     /// → `Vec<TemplateInfo>`
     Templates,
+    /// → `TemplateBuildStatus`
+    StartTemplateBuild { req: crate::template::BuildTemplate },
+    /// → `TemplateBuildStatus`
+    TemplateBuild { id: String, logs_from: u64 },
+    /// → `bool`
+    DeleteTemplate { name: String },
     /// → `TemplateInfo`
     Template { name: String },
     /// → `Vec<PoolShape>`

@@ -10,13 +10,14 @@ use futures::StreamExt;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
 use space_core::snapshot::SnapshotTrigger;
-use space_core::template::TemplateInfo;
+use space_core::template::{TemplateBuildStatus, TemplateInfo};
 use space_core::{
     ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId, SnapshotInfo,
     SnapshotKind, TenantId,
 };
 use space_guest_client::{GuestClient, GuestError};
 use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
+use space_node_proto::template::BuildTemplate;
 use space_node_proto::{
     CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
     PoolShape, ResumeSandbox, SandboxView, SnapshotHere, SnapshotOrigin, SnapshotRequest,
@@ -355,6 +356,18 @@ impl NodeApi for Node {
                 }),
             found => found,
         }
+    }
+
+    async fn start_template_build(&self, req: BuildTemplate) -> NodeResult<TemplateBuildStatus> {
+        self.start_template_build(req).map_err(call_error)
+    }
+
+    async fn template_build(&self, id: &str, logs_from: u64) -> NodeResult<TemplateBuildStatus> {
+        Node::template_build(self, id, logs_from).map_err(call_error)
+    }
+
+    async fn delete_template(&self, name: &str) -> NodeResult<bool> {
+        Node::delete_template(self, name).await.map_err(call_error)
     }
 
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>> {

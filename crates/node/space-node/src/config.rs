@@ -63,6 +63,16 @@ pub struct NodeConfig {
     /// that lack them (a cluster's nodes; not the single machine, whose store only it
     /// reads).
     pub publish_templates: bool,
+    /// Templates made ready at start (memory image made, warm pool filled), so that even
+    /// the first sandbox of them after a start is quick; those the node lacks are skipped.
+    pub warm_templates: Vec<String>,
+    /// Registries (`HOST[:PORT]`) template builds speak plain HTTP to (an operator's own
+    /// registry on a private network); every other one is reached over TLS, trusting the
+    /// system's roots and `registry_ca_pem`.
+    pub registry_plain_http: Vec<String>,
+    /// PEM CA certificates template builds trust for registries besides the system's (a
+    /// private registry's).
+    pub registry_ca_pem: Option<String>,
     /// The cluster's credential placeholder key file, given at join (it must exist): a
     /// sandbox that moves between nodes keeps its placeholders. `None`: the node's own
     /// `placeholder.key` in its data directory, created on first use.
@@ -116,6 +126,9 @@ impl NodeConfig {
             object_store: None,
             publish_templates: false,
             placeholder_key: None,
+            registry_plain_http: Vec::new(),
+            registry_ca_pem: None,
+            warm_templates: vec!["base".into()],
         }
     }
 }

@@ -421,6 +421,7 @@ impl Node {
         self.start_scheduler();
         self.start_metrics();
         self.start_publisher();
+        self.start_warming();
         if self.inner.pool.target() == 0 || !self.inner.cfg.memory_images {
             return;
         }

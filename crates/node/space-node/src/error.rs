@@ -35,6 +35,9 @@ pub enum NodeError {
         /// The state it is in.
         state: space_core::SandboxState,
     },
+    /// No such template build on this node.
+    #[error("template build {0} not found")]
+    BuildNotFound(String),
     /// No such snapshot of this sandbox.
     #[error("snapshot {0} not found")]
     SnapshotNotFound(space_core::SnapshotId),
@@ -96,7 +99,7 @@ impl NodeError {
             | NodeError::NotServing(_)
             | NodeError::WrongState { .. }
             | NodeError::SnapshotRefused(_) => ErrorCode::Conflict,
-            NodeError::SnapshotNotFound(_) => ErrorCode::NotFound,
+            NodeError::SnapshotNotFound(_) | NodeError::BuildNotFound(_) => ErrorCode::NotFound,
             NodeError::StoreFull(_) => ErrorCode::InsufficientCapacity,
             NodeError::Capacity(space_core::ResourcesError::OutOfRange { .. }) => {
                 ErrorCode::InvalidRequest

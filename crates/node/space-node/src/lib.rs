@@ -38,6 +38,7 @@ mod settings;
 pub mod snapshots;
 pub mod stored;
 pub mod suspend;
+mod template_builds;
 mod vm_start;
 
 use std::collections::BTreeMap;

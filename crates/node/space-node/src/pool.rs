@@ -154,6 +154,21 @@ impl Pool {
             .and_then(|s| s.members.pop_back())
     }
 
+    /// Forgets every shape of template `digest` (removed), handing back their members to
+    /// discard; fills in flight for them are handed back when they finish.
+    pub(crate) fn drain_template(&self, digest: &str) -> Vec<Member> {
+        let mut shapes = self.lock();
+        let gone: Vec<String> = shapes
+            .iter()
+            .filter(|(_, s)| s.template.digest == digest)
+            .map(|(k, _)| k.clone())
+            .collect();
+        gone.iter()
+            .filter_map(|k| shapes.remove(k))
+            .flat_map(|s| s.members)
+            .collect()
+    }
+
     /// Fills in flight.
     pub(crate) fn filling(&self) -> usize {
         self.lock().values().map(|s| s.filling).sum()

@@ -119,6 +119,10 @@ fn key(parts: &[&str]) -> Result<ObjectKey, NodeError> {
     ObjectKey::join(parts).map_err(|e| NodeError::Invalid(e.to_string()))
 }
 
+fn name_key(name: &str) -> Result<ObjectKey, NodeError> {
+    ObjectKey::template_name(name).map_err(|e| NodeError::Invalid(e.to_string()))
+}
+
 fn manifest_json<T: Serialize>(manifest: &T) -> Result<Bytes, NodeError> {
     serde_json::to_vec_pretty(manifest)
         .map(Bytes::from)
@@ -215,7 +219,7 @@ impl Node {
             // The name: the last published build of a name is what it means.
             objects
                 .put_bytes(
-                    &key(&["template-names", &tpl.name])?,
+                    &name_key(&tpl.name)?,
                     manifest_json(&NameManifest {
                         format: MANIFEST_FORMAT,
                         digest: tpl.digest.clone(),
@@ -327,7 +331,7 @@ impl Node {
         if !validate_template_name(name) {
             return Ok(None);
         }
-        let name_key = key(&["template-names", name])?;
+        let name_key = name_key(name)?;
         let Some(bytes) = objects.get_manifest(&name_key, MAX_MANIFEST).await? else {
             return Ok(None);
         };
@@ -530,13 +534,44 @@ impl Node {
         Ok(())
     }
 
+    /// Says in the object store that template name `name` means `digest` (a build's names:
+    /// the publisher skips templates it knows, so a new name for one would not be seen).
+    pub(crate) async fn publish_template_name(
+        &self,
+        name: &str,
+        digest: &str,
+    ) -> Result<(), NodeError> {
+        self.objects()?
+            .put_bytes(
+                &name_key(name)?,
+                manifest_json(&NameManifest {
+                    format: MANIFEST_FORMAT,
+                    digest: digest.to_owned(),
+                })?,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Removes name `name` from the object store's template names (the published template
+    /// stays: stored snapshots may be restored onto it); whether it was there.
+    pub(crate) async fn unpublish_template_name(&self, name: &str) -> Result<bool, NodeError> {
+        let objects = self.objects()?.clone();
+        let key = name_key(name)?;
+        let existed = objects.size(&key).await?.is_some();
+        if existed {
+            objects.delete(&key).await?;
+        }
+        Ok(existed)
+    }
+
     /// Templates and kernel bundles this node fetched since it started.
     pub fn fetched_from_object_store(&self) -> u64 {
         self.inner.published.fetched.load(Ordering::Relaxed)
     }
 
     /// A fresh directory of `incoming/` for `digest`'s `what` (publish or fetch).
-    fn scratch_dir(&self, digest: &str, what: &str) -> Result<PathBuf, NodeError> {
+    pub(crate) fn scratch_dir(&self, digest: &str, what: &str) -> Result<PathBuf, NodeError> {
         let dir = self.inner.store.incoming_dir().join(format!(
             "{what}-{digest}-{}",
             space_core::SandboxId::generate()

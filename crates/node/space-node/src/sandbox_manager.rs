@@ -69,6 +69,8 @@ pub(crate) struct Inner {
     /// Templates and kernel bundles in the object store: what is known published, fetches
     /// under way.
     pub(crate) published: crate::published::Published,
+    /// Template builds started here.
+    pub(crate) template_builds: crate::template_builds::TemplateBuilds,
     sandboxes: Mutex<HashMap<SandboxId, Entry>>,
 }
 
@@ -198,6 +200,7 @@ impl Node {
                     ),
                 objects,
                 published: Default::default(),
+                template_builds: Default::default(),
                 sandboxes: Mutex::new(HashMap::new()),
             }),
         };

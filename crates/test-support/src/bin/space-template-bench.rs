@@ -1,7 +1,9 @@
 //! Issue 16's figures: a template built from a ~200 MiB image (pull + verify + unpack in the
 //! jail + ext4), from a registry (TLS, basic auth) and from an OCI layout on disk, side by
 //! side; the same image built again (cached: config fetched, no layer); and the first create
-//! of a fresh template (its memory image built on the way) against the next create.
+//! of a fresh template (its memory image built on the way) against the next create; and a
+//! build through the API (`POST /v1/templates`, pulled by the node and warmed: memory image
+//! and a pool member made right after it), with the first create after that.
 //!
 //! Each sample is a fresh store, so every cold build pulls and unpacks everything. Run with
 //! `sudo ./scripts/bench-templates [samples]` (default 5). Prints percentiles; every figure is
@@ -84,6 +86,8 @@ async fn main() {
 
     let (mut from_registry, mut from_layout, mut cached) = (Vec::new(), Vec::new(), Vec::new());
     let (mut first_create, mut next_create) = (Vec::new(), Vec::new());
+    let (mut api_build, mut api_warm, mut api_first) = (Vec::new(), Vec::new(), Vec::new());
+    let ca_pem = std::fs::read_to_string(&registry.ca).expect("registry CA");
     for _ in 0..samples {
         let data_dir = test_support::new_data_dir();
         let config = test_support::test_server_config(&data_dir);
@@ -110,6 +114,56 @@ async fn main() {
         for id in [a.id, b.id] {
             let _ = server.client.delete_sandbox(id.as_str()).await;
         }
+        let (data_dir, _) = server.stop_keep_vms().await;
+
+        // Through the API, on a server with a warm pool of one per shape (production's is
+        // 32): another default user makes it another template, so it is unpacked.
+        let mut config = test_support::test_server_config(&data_dir);
+        config.node.pool_size = 1;
+        config.node.registry_ca_pem = Some(ca_pem.clone());
+        let server = TestServer::start_on(data_dir, config).await;
+        let c = &server.client;
+        let t = Instant::now();
+        let req = serde_json::json!({
+            "name": "big-api", "from_image": reference, "user": "0",
+            "registry_auth": {"username": test_support::registry::USER, "password": test_support::registry::PASSWORD},
+        });
+        let mut events = c.build_template_followed(&req).await.expect("build");
+        let mut ready = false;
+        while let Some(ev) = futures::StreamExt::next(&mut events).await {
+            match ev.expect("event") {
+                space_core::template::TemplateBuildEvent::Ready { .. } => ready = true,
+                space_core::template::TemplateBuildEvent::Failed { error } => {
+                    panic!("API build failed: {error:?}")
+                }
+                _ => {}
+            }
+        }
+        assert!(ready, "the build stream ended early");
+        api_build.push(t.elapsed().as_secs_f64() * 1000.0);
+        test_support::wait_until(
+            std::time::Duration::from_secs(300),
+            "the pool member",
+            || async {
+                c.pool().await.ok().filter(|p| {
+                    p.pools
+                        .iter()
+                        .any(|s| s.template == "big-api" && s.ready >= 1)
+                })
+            },
+        )
+        .await;
+        api_warm.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        let a = c
+            .create_sandbox(&CreateSandboxRequest {
+                template: "big-api".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("create");
+        api_first.push(t.elapsed().as_secs_f64() * 1000.0);
+        let _ = c.delete_sandbox(a.id.as_str()).await;
         server.stop().await;
     }
     report(
@@ -126,4 +180,13 @@ async fn main() {
         &mut first_create,
     );
     report("next create (from the memory image)", &mut next_create);
+    report(
+        "API build, followed to ready (pull, unpack, memory image)",
+        &mut api_build,
+    );
+    report("API build until its pool member is ready", &mut api_warm);
+    report(
+        "first create after an API build (warm pool)",
+        &mut api_first,
+    );
 }

@@ -45,7 +45,7 @@ pub enum NodeCmd {
         #[arg(long, default_value_t = 2)]
         heartbeat_secs: u64,
         #[command(flatten)]
-        node: NodeArgs,
+        node: Box<NodeArgs>,
     },
     /// The cluster's nodes.
     List,
@@ -119,7 +119,7 @@ pub async fn run(g: &Global, c: NodeCmd) -> anyhow::Result<u8> {
             listen,
             heartbeat_secs,
             node,
-        } => run_node(g, listen, Duration::from_secs(heartbeat_secs.max(1)), node).await,
+        } => run_node(g, listen, Duration::from_secs(heartbeat_secs.max(1)), *node).await,
         NodeCmd::List => {
             let list = g.client()?.nodes().await?;
             if g.json {

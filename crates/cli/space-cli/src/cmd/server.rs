@@ -47,6 +47,18 @@ pub struct NodeArgs {
     /// node and control-plane replica of a cluster names the same store.
     #[arg(long, value_name = "FILE")]
     object_store: Option<std::path::PathBuf>,
+    /// A template made ready at start (memory image, warm pool), so the first sandbox of
+    /// it is as quick as the next (repeatable; default: `base`). `--warm-template none`
+    /// warms nothing.
+    #[arg(long, value_name = "NAME")]
+    warm_template: Vec<String>,
+    /// A registry (`HOST:PORT`) template builds speak plain HTTP to, e.g. an internal one
+    /// without TLS (repeatable; every other registry is reached over TLS).
+    #[arg(long, value_name = "HOST")]
+    registry_plain_http: Vec<String>,
+    /// CA certificates (PEM) template builds trust for registries, besides the system's.
+    #[arg(long, value_name = "FILE")]
+    registry_ca: Option<std::path::PathBuf>,
 }
 
 impl NodeArgs {
@@ -85,6 +97,20 @@ impl NodeArgs {
                 .map_err(|e| anyhow::anyhow!("bad egress policy in {}: {e}", path.display()))?;
         }
         node.egress_grants = self.egress_grant;
+        if !self.warm_template.is_empty() {
+            node.warm_templates = self
+                .warm_template
+                .into_iter()
+                .filter(|t| t != "none")
+                .collect();
+        }
+        node.registry_plain_http = self.registry_plain_http;
+        if let Some(path) = &self.registry_ca {
+            node.registry_ca_pem = Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+            );
+        }
         node.upstream_dns = self.upstream_dns;
         node.node_manager = self.node_manager;
         if let Some(program) = self.credential_helper {

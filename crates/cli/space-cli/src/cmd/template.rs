@@ -96,6 +96,7 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
                             auth_file: registry_auth,
                             ca_file: registry_ca,
                             plain_http,
+                            ..Default::default()
                         },
                         unpacker: std::env::current_exe()?,
                         user,

@@ -92,7 +92,12 @@ pub async fn openapi_json(Extension(doc): Extension<OpenApiDocument>) -> Respons
 /// The authenticated `/v1` routes.
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(templates::list_templates))
+        .routes(routes!(
+            templates::list_templates,
+            templates::build_template
+        ))
+        .routes(routes!(templates::get_template, templates::delete_template))
+        .routes(routes!(templates::get_build))
         .routes(routes!(
             sandboxes::create_sandbox,
             sandboxes::list_sandboxes

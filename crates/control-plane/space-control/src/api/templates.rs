@@ -1,15 +1,25 @@
-//! `GET /v1/templates`: the templates sandboxes can be created from.
+//! `/v1/templates`: the templates sandboxes can be created from, and their builds.
 
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use space_core::template::TemplateInfo;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
 use space_core::ErrorBody;
 
 use super::error::ApiResult;
+use super::extract::{ApiJson, ApiQuery};
+use super::processes::NDJSON;
 use super::AppState;
+use crate::service::templates::{self, TemplateBuildRequest};
 use crate::service::Caller;
 
-/// List the templates on the node.
+/// List the templates: name, size, origin (the image it was built from), defaults.
 #[utoipa::path(
     get,
     path = "/v1/templates",
@@ -24,15 +34,138 @@ pub async fn list_templates(
     State(st): State<AppState>,
     _tenant: Caller,
 ) -> ApiResult<Json<Vec<TemplateInfo>>> {
-    // Every node's, once each (nodes of one cluster are given the same templates).
-    let mut templates: Vec<TemplateInfo> = Vec::new();
-    for node in st.nodes.all() {
-        for t in node.templates().await? {
-            if !templates.iter().any(|have| have.digest == t.digest) {
-                templates.push(t);
-            }
-        }
+    Ok(Json(templates::list(&st).await?))
+}
+
+/// Build a template from a registry image (the operator's). Answers `202` with the build's
+/// status, or, asked with `Accept: application/x-ndjson`, follows the build: one
+/// `TemplateBuildEvent` per line (`started`, its `log` lines, then `ready` or `failed`). A
+/// client that goes away does not stop the build.
+#[utoipa::path(
+    post,
+    path = "/v1/templates",
+    tag = "templates",
+    request_body = TemplateBuildRequest,
+    responses(
+        (status = 202, description = "Build started", body = TemplateBuildStatus),
+        (status = 200, description = "The build followed, one event per line", body = TemplateBuildEvent, content_type = "application/x-ndjson"),
+        (status = 400, description = "Invalid name, tag or reference", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn build_template(
+    State(st): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<TemplateBuildRequest>,
+) -> ApiResult<Response> {
+    let status = templates::start_build(&st, &caller, req).await?;
+    let follow = headers
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(NDJSON));
+    if !follow {
+        return Ok((StatusCode::ACCEPTED, Json(status)).into_response());
     }
-    templates.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Json(templates))
+    let lines = templates::follow_build(st, status).map(|ev| {
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    Ok((
+        [(CONTENT_TYPE, NDJSON), (CACHE_CONTROL, "no-store")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+/// One template.
+#[utoipa::path(
+    get,
+    path = "/v1/templates/{name}",
+    tag = "templates",
+    params(("name" = String, Path, description = "Template name: NAME or NAME:TAG")),
+    responses(
+        (status = 200, description = "The template", body = TemplateInfo),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_template(
+    State(st): State<AppState>,
+    _tenant: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Json<TemplateInfo>> {
+    Ok(Json(templates::get(&st, &name).await?))
+}
+
+/// `DELETE /v1/templates/{name}` options.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Delete even while sandboxes or snapshots were made from it.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Delete a template name (the operator's); the template goes with its last name.
+/// Refused (`409`) while sandboxes or snapshots were made from it, unless `force=true`.
+#[utoipa::path(
+    delete,
+    path = "/v1/templates/{name}",
+    tag = "templates",
+    params(("name" = String, Path, description = "Template name: NAME or NAME:TAG"), DeleteQuery),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 409, description = "In use", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete_template(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> ApiResult<StatusCode> {
+    templates::delete(&st, &caller, &name, q.force).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/templates/builds/{id}` options.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct BuildQuery {
+    /// Log lines from this index on (the previous answer's `next_log_index`).
+    #[serde(default)]
+    pub logs_from: u64,
+}
+
+/// A template build: its state, its log from `logs_from`, and its template or error.
+#[utoipa::path(
+    get,
+    path = "/v1/templates/builds/{id}",
+    tag = "templates",
+    params(("id" = String, Path, description = "Build id"), BuildQuery),
+    responses(
+        (status = 200, description = "The build", body = TemplateBuildStatus),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 404, description = "No such build", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_build(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<BuildQuery>,
+) -> ApiResult<Json<TemplateBuildStatus>> {
+    caller.require_operator()?;
+    Ok(Json(templates::build_status(&st, &id, q.logs_from).await?))
 }

@@ -329,6 +329,19 @@ impl Db {
         rows.iter().map(row_to_sandbox).collect()
     }
 
+    /// How many sandboxes that are not deleted were made from template `digest` (all
+    /// tenants: a template is shared).
+    pub async fn count_using_template(&self, digest: &str) -> Result<i64, DbError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sandboxes WHERE template_digest = $1 AND desired_state <> $2",
+        )
+        .bind(digest)
+        .bind(DesiredState::Deleted.as_str())
+        .fetch_one(self.pool())
+        .await?;
+        Ok(n)
+    }
+
     /// The live sandboxes placed on node `node` that are restored elsewhere if it is lost
     /// (`on_node_loss: restore`; also those without a stored checkpoint yet, so that a node
     /// knows one well before its first checkpoint could make it restorable).

@@ -150,6 +150,19 @@ fn row_to_stored(row: &sqlx::any::AnyRow) -> Result<StoredSnapshotRow, DbError> 
 const COLUMNS: &str = "id, sandbox_id, tenant_id, state, node, replica, manifest, created_at_ms";
 
 impl Db {
+    /// How many committed stored snapshots were taken of sandboxes of template `digest`
+    /// (their manifests name it: a 64-digit hex digest names nothing else).
+    pub async fn count_stored_using_template(&self, digest: &str) -> Result<i64, DbError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM stored_snapshots WHERE state = $1 AND manifest LIKE $2",
+        )
+        .bind(StoredState::Committed.as_str())
+        .bind(format!("%{digest}%"))
+        .fetch_one(self.pool())
+        .await?;
+        Ok(n)
+    }
+
     /// Records a suspend's snapshot before its upload starts.
     pub async fn begin_stored_snapshot(
         &self,

@@ -18,9 +18,10 @@ use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
-use space_core::template::TemplateInfo;
+use space_core::template::{TemplateBuildStatus, TemplateInfo};
 use space_core::{LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, TenantId};
 use space_guest_client::{ready_of, ClientOptions, GuestClient, GuestError, NodeConnection};
+use space_node_proto::template::BuildTemplate;
 use space_node_proto::wire::{
     guest_prefix, GuestReady, NodeRequest, SecretString, WireEvent, WireReply, CALL_PATH,
     EVENTS_PATH, MAX_EVENT_LINE, MAX_REPLY_BODY,
@@ -473,6 +474,25 @@ impl NodeApi for RemoteNode {
 
     async fn template(&self, name: &str) -> NodeResult<TemplateInfo> {
         self.call(NodeRequest::Template {
+            name: name.to_owned(),
+        })
+        .await
+    }
+
+    async fn start_template_build(&self, req: BuildTemplate) -> NodeResult<TemplateBuildStatus> {
+        self.call(NodeRequest::StartTemplateBuild { req }).await
+    }
+
+    async fn template_build(&self, id: &str, logs_from: u64) -> NodeResult<TemplateBuildStatus> {
+        self.call(NodeRequest::TemplateBuild {
+            id: id.to_owned(),
+            logs_from,
+        })
+        .await
+    }
+
+    async fn delete_template(&self, name: &str) -> NodeResult<bool> {
+        self.call(NodeRequest::DeleteTemplate {
             name: name.to_owned(),
         })
         .await

@@ -15,6 +15,8 @@
 //! - [`metrics`]: a sandbox's resource samples.
 //! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
 //!   sandbox needs any more.
+//! - [`templates`]: templates as objects: list, get, build from a registry image (followed
+//!   from any replica), delete unless in use.
 //! - [`drain`]: moving every sandbox off a node (the operator's).
 //! - [`node_loss`]: stored checkpoints of restorable sandboxes, and restoring those of a
 //!   lost node elsewhere (the leader's).
@@ -31,6 +33,7 @@ pub mod node_loss;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod suspend;
+pub mod templates;
 
 use space_core::TenantId;
 

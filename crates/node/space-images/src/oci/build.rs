@@ -20,6 +20,7 @@ use crate::oci::fetch::PulledImage;
 use crate::oci::jail::{self, UnpackJob};
 use crate::oci::registry::RegistryOpts;
 use crate::oci::source::ImageSource;
+use crate::oci::staged::{self, StagedImage, StagedInput};
 use crate::oci::unpack::UnpackLimits;
 use crate::oci::{layout, registry, ImageLimits, OciError};
 
@@ -47,8 +48,8 @@ pub struct ImageBuildOpts {
 pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Builds template `name` from `source` into `store`, bound to kernel bundle
-/// `kernel_digest`. Needs root (the unpacker's uid range). Nothing is registered unless every
-/// step succeeds: the store's staging directory and the work directory are removed on error.
+/// `kernel_digest`, in this process: [`stage_image`] then [`build_staged`] (the CLI's way;
+/// a node splits the two between its sandbox manager and its node manager). Needs root.
 pub async fn build_from_image(
     store: &Store,
     name: &str,
@@ -57,6 +58,51 @@ pub async fn build_from_image(
     opts: &ImageBuildOpts,
     progress: Progress,
 ) -> Result<TemplateInfo, ImageError> {
+    check_build(store, name, kernel_digest)?;
+    let work = work_dir(store)?;
+    let blobs = work.path().join("blobs");
+    stage_image(store, source, &blobs, opts, progress.clone()).await?;
+    let store = store.clone();
+    let (name, kernel_digest, opts) = (name.to_owned(), kernel_digest.to_owned(), opts.clone());
+    tokio::task::spawn_blocking(move || {
+        let input = staged::open_staged(&blobs, &opts.limits)?;
+        let info = build_staged(&store, &name, &input, &kernel_digest, &opts, &*progress);
+        drop(work);
+        info
+    })
+    .await
+    .map_err(|e| OciError::Unpacker(format!("the build task failed: {e}")))?
+}
+
+/// Fetches `source` into directory `dir` as a staged image (see [`staged`]); scratch space
+/// (an archive's extraction) goes beside it. When the template the image makes is in
+/// `store` already, no layer is fetched. Needs no privilege.
+pub async fn stage_image(
+    store: &Store,
+    source: &ImageSource,
+    dir: &Path,
+    opts: &ImageBuildOpts,
+    progress: Progress,
+) -> Result<StagedImage, OciError> {
+    let templates = store.templates();
+    let user = opts.user.clone();
+    let cached = move |config_digest: &str| {
+        templates
+            .lookup_digest(&template_digest(config_digest, user.as_deref()))
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    let scratch = dir.with_extension("scratch");
+    let pulled = fetch(source, &scratch, dir, opts, &cached, progress).await?;
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || staged::stage(&pulled, &dir))
+        .await
+        .map_err(|e| OciError::Unpacker(format!("the staging task failed: {e}")))?
+}
+
+/// Checks what a build needs before anything is fetched: a valid name and the kernel bundle.
+pub fn check_build(store: &Store, name: &str, kernel_digest: &str) -> Result<(), ImageError> {
     if store.kernels().get(kernel_digest)?.is_none() {
         return Err(ImageError::KernelMissing(kernel_digest.to_owned()));
     }
@@ -65,58 +111,52 @@ pub async fn build_from_image(
             space_storage::StorageError::InvalidName(name.chars().take(80).collect()).into(),
         );
     }
-    let work = work_dir(store)?;
-    let blobs = work.path().join("blobs");
+    Ok(())
+}
+
+/// Builds template `name` from a staged image (opened and checked by
+/// [`staged::open_staged`]) into `store`, unless the store has it already; points `name` at
+/// it. Blocking; needs root (the unpacker's uid range). Nothing is registered unless every
+/// step succeeds.
+pub fn build_staged(
+    store: &Store,
+    name: &str,
+    input: &StagedInput,
+    kernel_digest: &str,
+    opts: &ImageBuildOpts,
+    say: &dyn Fn(&str),
+) -> Result<TemplateInfo, ImageError> {
+    check_build(store, name, kernel_digest)?;
+    let digest = template_digest(&input.config_digest, opts.user.as_deref());
     let templates = store.templates();
-    let cached = {
-        let templates = templates.clone();
-        let user = opts.user.clone();
-        move |config_digest: &str| {
-            templates
-                .lookup_digest(&template_digest(config_digest, user.as_deref()))
-                .ok()
-                .flatten()
-                .is_some()
-        }
+    if templates.lookup_digest(&digest)?.is_some() {
+        say(&format!("template {name} ({}) is cached", short(&digest)));
+    }
+    let info = templates.build_or_wait(name, &digest, |staging| {
+        let work = work_dir(store)?;
+        unpack(
+            input,
+            work.path(),
+            staging,
+            &digest,
+            kernel_digest,
+            opts,
+            say,
+        )
+    })?;
+    let info = if info.kernel_digest != kernel_digest {
+        templates.set_kernel_digest(&digest, kernel_digest)?
+    } else {
+        info
     };
-    let pulled = fetch(source, work.path(), &blobs, opts, &cached, progress.clone()).await?;
-    let digest = template_digest(&pulled.config_digest, opts.user.as_deref());
-    let store = store.clone();
-    let name = name.to_owned();
-    let kernel_digest = kernel_digest.to_owned();
-    let opts = opts.clone();
-    tokio::task::spawn_blocking(move || {
-        let say = |m: &str| progress(m);
-        if templates.lookup_digest(&digest)?.is_some() {
-            say(&format!("template {name} ({}) is cached", short(&digest)));
-        }
-        let info = templates.build_or_wait(&name, &digest, |staging| {
-            unpack(
-                &pulled,
-                work.path(),
-                staging,
-                &digest,
-                &kernel_digest,
-                &opts,
-                &say,
-            )
-        })?;
-        let info = if info.kernel_digest != kernel_digest {
-            store
-                .templates()
-                .set_kernel_digest(&digest, &kernel_digest)?
-        } else {
-            info
-        };
-        say(&format!(
-            "template {name} ready ({} MiB image, from {})",
-            info.image_size_mib, pulled.source
-        ));
-        drop(work);
-        Ok(TemplateInfo { name, ..info })
+    say(&format!(
+        "template {name} ready ({} MiB image, from {})",
+        info.image_size_mib, input.image.source
+    ));
+    Ok(TemplateInfo {
+        name: name.to_owned(),
+        ..info
     })
-    .await
-    .map_err(|e| OciError::Unpacker(format!("the build task failed: {e}")))?
 }
 
 /// The template digest of an image (see the module doc).
@@ -130,7 +170,7 @@ pub fn template_digest(config_digest: &str, user: Option<&str>) -> String {
 
 async fn fetch(
     source: &ImageSource,
-    work: &Path,
+    scratch: &Path,
     blobs: &Path,
     opts: &ImageBuildOpts,
     cached: &(dyn Fn(&str) -> bool + Sync),
@@ -153,7 +193,7 @@ async fn fetch(
         }
         ImageSource::Archive(file) => {
             let (file, blobs, limits) = (file.clone(), blobs.to_owned(), opts.limits);
-            let extracted = work.join("archive");
+            let extracted = scratch.to_owned();
             progress(&format!("reading {described}"));
             tokio::task::spawn_blocking(move || {
                 let r = layout::read_archive(&file, &extracted, &blobs, &limits, &described);
@@ -166,9 +206,10 @@ async fn fetch(
     }
 }
 
-/// Unpacks the pulled image in the jail and moves the image into `staging`.
+/// Unpacks the staged image in the jail (its work directory `work`) and moves the image
+/// into `staging`.
 fn unpack(
-    pulled: &PulledImage,
+    input: &StagedInput,
     work: &Path,
     staging: &Path,
     digest: &str,
@@ -176,41 +217,24 @@ fn unpack(
     opts: &ImageBuildOpts,
     say: &dyn Fn(&str),
 ) -> Result<TemplateInfo, ImageError> {
+    let config = &input.config;
     say(&format!(
         "unpacking {} layers of {} ({})",
-        pulled.layers.len(),
-        pulled.source,
-        short(&pulled.config_digest)
+        input.image.layers.len(),
+        input.image.source,
+        short(&input.config_digest)
     ));
-    if pulled.layers.len() != pulled.config.diff_ids.len() {
-        return Err(OciError::Unpacker(
-            "the template was removed while this build found it cached; build again".into(),
-        )
-        .into());
-    }
-    let layers = pulled
-        .layers
-        .iter()
-        .zip(&pulled.config.diff_ids)
-        .map(|(l, diff_id)| {
-            let rel = l
-                .path
-                .strip_prefix(work)
-                .map_err(|_| OciError::Unpacker("a layer outside the work directory".into()))?;
-            Ok((rel.to_string_lossy().into_owned(), diff_id.clone()))
-        })
-        .collect::<Result<Vec<_>, OciError>>()?;
     let job = UnpackJob {
-        layers,
+        layers: input.layers()?,
         limits: UnpackLimits {
             max_bytes: opts.limits.max_unpacked_bytes,
             max_entries: opts.limits.max_entries,
         },
-        image_user: opts.user.clone().or_else(|| pulled.config.user.clone()),
-        workdir: pulled.config.working_dir.clone(),
+        image_user: opts.user.clone().or_else(|| config.user.clone()),
+        workdir: config.working_dir.clone(),
         min_image_mib: 0,
     };
-    let report = jail::run_jailed(&opts.unpacker, work, &job, say)?;
+    let report = jail::run_jailed(&opts.unpacker, work, &input.dir, &job, say)?;
     if !report.skipped_xattrs.is_empty() {
         say(&format!(
             "xattrs not applied (not meaningful in a sandbox): {}",
@@ -222,7 +246,6 @@ fn unpack(
     std::fs::rename(&from, &image).map_err(|e| ImageError::io("move the image to", &image, e))?;
     say("hashing image");
     let image_sha256 = sha256_file(&image)?;
-    let config = &pulled.config;
     Ok(TemplateInfo {
         name: String::new(),
         digest: digest.to_owned(),
@@ -231,11 +254,11 @@ fn unpack(
         kernel_digest: kernel_digest.to_owned(),
         default_resources: opts.default_resources,
         default_user: report.plumbed.default_user,
-        description: format!("from {}", pulled.source),
+        description: format!("from {}", input.image.source),
         built_at_ms: now_ms(),
         image: Some(TemplateImage {
-            reference: pulled.source.clone(),
-            config_digest: pulled.config_digest.clone(),
+            reference: input.image.source.clone(),
+            config_digest: input.config_digest.clone(),
         }),
         env: config.env.clone(),
         workdir: config.working_dir.clone(),

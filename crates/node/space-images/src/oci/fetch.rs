@@ -19,6 +19,8 @@ pub struct PulledImage {
     /// `sha256:<hex>` of its config: the image's identity (its config names every layer's
     /// uncompressed digest).
     pub config_digest: String,
+    /// Its config's bytes, as they hash to `config_digest`.
+    pub config_bytes: Vec<u8>,
     /// Its config.
     pub config: ImageConfig,
     /// Its layers, lowest first.

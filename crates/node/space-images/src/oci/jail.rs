@@ -15,7 +15,7 @@
 //! to root, read-only, and the tree removed.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -33,10 +33,12 @@ pub const CHILD_ARG: &str = "__unpack-image";
 const LOCK_DIR: &str = "/run/space/unpack-ranges";
 /// The work directory's descriptor in the child.
 const WORK_FD: i32 = 3;
+/// The staged image's directory's descriptor in the child (layers are read beneath it).
+const INPUT_FD: i32 = 4;
 /// Longest a job may take (a multi-GiB image on a slow disk takes minutes).
 const DEADLINE: Duration = Duration::from_secs(3600);
 
-/// What the child is to do; paths are relative to the work directory.
+/// What the child is to do; layer paths are relative to the staged image's directory.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UnpackJob {
     /// Layer blobs, lowest first, with the config's `diff_id` of each.
@@ -111,11 +113,13 @@ fn claim_range() -> Result<Range, OciError> {
     )))
 }
 
-/// Runs `job` in a jailed child of `program` on work directory `work` (which holds the
-/// blobs the job names), leaving `work/rootfs.ext4` (root's, 0644) and no tree. Needs root.
+/// Runs `job` in a jailed child of `program` on work directory `work`, reading the layers
+/// it names beneath directory `input`, leaving `work/rootfs.ext4` (root's, 0644) and no
+/// tree. Needs root.
 pub fn run_jailed(
     program: &Path,
     work: &Path,
+    input: &impl AsFd,
     job: &UnpackJob,
     progress: &dyn Fn(&str),
 ) -> Result<UnpackReport, OciError> {
@@ -135,6 +139,7 @@ pub fn run_jailed(
         .map_err(|e| fail("open the work directory", &e))?
         .into();
     let raw = dir.as_raw_fd();
+    let input_raw = input.as_fd().as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.arg(CHILD_ARG)
         .env_clear()
@@ -143,10 +148,12 @@ pub fn run_jailed(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: dup2 is async-signal-safe; it runs in the forked child before exec and gives
-    // the child the work directory as fd 3 (dup2 clears close-on-exec).
+    // the child the work directory as fd 3 and the input as fd 4 (dup2 clears
+    // close-on-exec). The input is moved out of the way first should it be fd 3.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw, WORK_FD) < 0 {
+            let input = libc::fcntl(input_raw, libc::F_DUPFD_CLOEXEC, 10);
+            if input < 0 || libc::dup2(raw, WORK_FD) < 0 || libc::dup2(input, INPUT_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -363,7 +370,11 @@ fn child_run() -> Result<UnpackReport, UnpackError> {
         {
             return Err(setup_err("open a layer", "not a relative path"));
         }
-        let f = std::fs::File::open(work.join(rel)).map_err(|e| setup_err("open a layer", e))?;
+        // SAFETY: fd 4 is the input directory the parent gave this process; it stays open
+        // for the whole run.
+        let input = unsafe { BorrowedFd::borrow_raw(INPUT_FD) };
+        let f = crate::oci::staged::open_beneath(&input, blob)
+            .map_err(|e| setup_err(&format!("open layer {}", i + 1), e))?;
         unpacker.apply_layer(i + 1, f, diff_id)?;
     }
     say("adding the sandbox plumbing");

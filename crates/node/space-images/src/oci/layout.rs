@@ -84,6 +84,7 @@ pub fn read_layout(
     Ok(PulledImage {
         source: source.to_owned(),
         config_digest: manifest.config.digest,
+        config_bytes,
         config,
         layers,
     })
@@ -321,6 +322,7 @@ fn read_legacy_save(
     Ok(PulledImage {
         source: source.to_owned(),
         config_digest,
+        config_bytes,
         config,
         layers,
     })

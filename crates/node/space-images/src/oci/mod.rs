@@ -7,6 +7,8 @@
 //! 2. [`fetch`]: the image's manifest, config and layers into a blob directory, every blob
 //!    checked against its digest and bounded in size ([`registry`] pulls from a registry with
 //!    `oci-client`; [`layout`] reads layout directories and archives).
+//!    [`staged`] writes what was fetched down for the build, which may be another
+//!    process's: on a node, the unprivileged sandbox manager fetches and root builds.
 //! 3. [`jail`]: the layers applied and the ext4 image written by a child process in user,
 //!    mount and network namespaces of its own, "root" only over a uid range of its own
 //!    ([`UNPACK_UID_BASE`]): a hostile layer can do no more than a hostile file owner could.
@@ -25,12 +27,14 @@ pub mod layout;
 pub mod plumbing;
 pub mod registry;
 pub mod source;
+pub mod staged;
 pub mod unpack;
 
 use serde::{Deserialize, Serialize};
 
-pub use build::{build_from_image, ImageBuildOpts};
+pub use build::{build_from_image, build_staged, stage_image, ImageBuildOpts};
 pub use source::ImageSource;
+pub use staged::{open_staged, StagedImage, StagedInput};
 pub use unpack::UnpackError;
 
 /// First host uid (and gid) of the ranges image unpackers run as: 65,536 ids each
@@ -159,4 +163,26 @@ pub enum OciError {
         /// What is wrong.
         detail: String,
     },
+}
+
+impl OciError {
+    /// The machine-readable code a build that failed this way reports.
+    pub fn build_error_code(&self) -> space_core::template::TemplateBuildErrorCode {
+        use space_core::template::TemplateBuildErrorCode as Code;
+        match self {
+            OciError::BadReference { .. } => Code::BadReference,
+            OciError::Unauthorized { .. } | OciError::Credentials { .. } => {
+                Code::RegistryUnauthorized
+            }
+            OciError::NotFound { .. } => Code::ImageNotFound,
+            OciError::Registry { .. } => Code::RegistryUnavailable,
+            OciError::Layout { .. }
+            | OciError::BadImage { .. }
+            | OciError::NoPlatform { .. }
+            | OciError::DigestMismatch { .. }
+            | OciError::Unpack(_) => Code::BadImage,
+            OciError::TooLarge { .. } => Code::ImageTooLarge,
+            OciError::Unpacker(_) => Code::NodeFailed,
+        }
+    }
 }

@@ -27,8 +27,31 @@ pub struct RegistryOpts {
     pub auth_file: Option<PathBuf>,
     /// A PEM file of CA certificates to trust besides the system's.
     pub ca_file: Option<PathBuf>,
+    /// PEM CA certificates to trust besides the system's (a node's configured ones).
+    pub ca_pem: Option<Vec<u8>>,
     /// Speak plain HTTP to these registries (`HOST[:PORT]`), e.g. one on loopback.
     pub plain_http: Vec<String>,
+    /// A user name and password given with the build (an API caller's), used instead of
+    /// the file's.
+    pub login: Option<RegistryLogin>,
+}
+
+/// A registry user name and password; the password never shows in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistryLogin {
+    /// The user name.
+    pub username: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryLogin")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 /// Largest credentials or CA file read.
@@ -95,6 +118,12 @@ pub fn credentials_for(auth_file: &Path, registry: &str) -> Result<RegistryAuth,
 
 fn client(opts: &RegistryOpts) -> Result<Client, OciError> {
     let mut extra_root_certificates = Vec::new();
+    if let Some(data) = &opts.ca_pem {
+        extra_root_certificates.push(Certificate {
+            encoding: CertificateEncoding::Pem,
+            data: data.clone(),
+        });
+    }
     if let Some(ca) = &opts.ca_file {
         let data = crate::oci::fetch::read_bounded(
             std::fs::File::open(ca).map_err(|e| OciError::Credentials {
@@ -229,9 +258,10 @@ pub async fn pull(
                 reference: reference.to_owned(),
                 reason: e.to_string(),
             })?;
-    let auth = match &opts.auth_file {
-        Some(f) => credentials_for(f, parsed.resolve_registry())?,
-        None => RegistryAuth::Anonymous,
+    let auth = match (&opts.login, &opts.auth_file) {
+        (Some(l), _) => RegistryAuth::Basic(l.username.clone(), l.password.clone()),
+        (None, Some(f)) => credentials_for(f, parsed.resolve_registry())?,
+        (None, None) => RegistryAuth::Anonymous,
     };
     let client = client(opts)?;
     progress(&format!("pulling manifest of {reference}"));
@@ -260,6 +290,7 @@ pub async fn pull(
         return Ok(PulledImage {
             source: format!("docker://{reference}"),
             config_digest: manifest.config.digest,
+            config_bytes: config,
             config: image_config,
             layers: Vec::new(),
         });
@@ -330,6 +361,7 @@ pub async fn pull(
     Ok(PulledImage {
         source: format!("docker://{reference}"),
         config_digest: manifest.config.digest,
+        config_bytes: config,
         config: image_config,
         layers,
     })

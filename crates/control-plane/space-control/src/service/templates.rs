@@ -1,0 +1,329 @@
+//! Templates as objects: list, get, build from a registry image, delete.
+//!
+//! Templates are shared by every tenant, so building and deleting are the operator's (a
+//! tenant could otherwise replace `base` under everyone). A build runs on one node, which
+//! keeps its log; its id finds it from any replica (every node is asked: there are few, and
+//! a build's node is not desired state worth a row). A deletion is refused while sandboxes
+//! or snapshots need the template, unless forced.
+
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use space_core::template::{
+    canonical_template_name, validate_build_id, TemplateBuildEvent, TemplateBuildState,
+    TemplateBuildStatus, TemplateInfo,
+};
+use space_core::ErrorCode;
+use space_node_proto::template::{BuildTemplate, RegistryLogin, MAX_IMAGE_REFERENCE};
+use space_node_proto::wire::SecretString;
+use space_node_proto::NodeCallError;
+
+use crate::api::error::ApiError;
+use crate::service::Caller;
+use crate::AppState;
+
+/// How often a followed build is polled.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(250);
+/// How long a followed build may go unanswered by its node before the stream ends with an
+/// error (the build itself goes on).
+const FOLLOW_GIVE_UP: Duration = Duration::from_secs(30);
+
+/// `POST /v1/templates`: build a template from a registry image.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateBuildRequest {
+    /// The template's name: `NAME` or `NAME:TAG`.
+    pub name: String,
+    /// A registry image: `HOST/REPO:TAG`, `HOST/REPO@sha256:…` (a bare `REPO` is Docker
+    /// Hub's).
+    pub from_image: String,
+    /// More tags for the same build: `python` with tags `["3.12"]` is also `python:3.12`.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The account commands run as by default, instead of the image's `USER`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Credentials for a private registry (used for this pull only, never stored or logged).
+    #[serde(default)]
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// A registry user name and password.
+#[derive(Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuth {
+    /// User name.
+    pub username: String,
+    /// Password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most tags one build may add.
+const MAX_TAGS: usize = 15;
+
+/// Every template, by name (each node's, once: a cluster's nodes share them).
+pub async fn list(st: &AppState) -> Result<Vec<TemplateInfo>, ApiError> {
+    let mut templates: Vec<TemplateInfo> = Vec::new();
+    for node in st.nodes.all() {
+        for t in node.templates().await? {
+            if !templates.iter().any(|have| have.name == t.name) {
+                templates.push(t);
+            }
+        }
+    }
+    templates.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(templates)
+}
+
+/// One template.
+pub async fn get(st: &AppState, name: &str) -> Result<TemplateInfo, ApiError> {
+    let name = canonical(name)?;
+    Ok(st.nodes.template(&name).await?)
+}
+
+/// Starts a build on a node; returns its first status.
+pub async fn start_build(
+    st: &AppState,
+    caller: &Caller,
+    req: TemplateBuildRequest,
+) -> Result<TemplateBuildStatus, ApiError> {
+    caller.require_operator()?;
+    let name = canonical(&req.name)?;
+    if req.tags.len() > MAX_TAGS {
+        return Err(ApiError::invalid(format!(
+            "at most {MAX_TAGS} tags per build"
+        )));
+    }
+    let base = name.split(':').next().unwrap_or(&name).to_owned();
+    let also_named = req
+        .tags
+        .iter()
+        .map(|tag| canonical(&format!("{base}:{tag}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if req.from_image.trim().is_empty() || req.from_image.len() > MAX_IMAGE_REFERENCE {
+        return Err(ApiError::invalid(format!(
+            "from_image must be an image reference of 1 to {MAX_IMAGE_REFERENCE} bytes"
+        )));
+    }
+    let local = ["oci:", "oci-archive:", "docker-archive:", "/", ".", "~"];
+    if local.iter().any(|p| req.from_image.starts_with(p)) {
+        return Err(ApiError::invalid(
+            "from_image must name a registry image; local layouts and archives are built with the CLI on the node (`space template build NAME --from oci:DIR`)",
+        ));
+    }
+    let build = BuildTemplate {
+        build_id: format!(
+            "tb-{}",
+            space_core::SandboxId::generate()
+                .as_str()
+                .trim_start_matches(space_core::SandboxId::PREFIX)
+        ),
+        name,
+        also_named,
+        from_image: req.from_image,
+        user: req.user,
+        registry_login: req.registry_auth.map(|a| RegistryLogin {
+            username: a.username,
+            password: SecretString(a.password),
+        }),
+    };
+    let node = st.nodes.any()?;
+    tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, node = node.name(), "template build started");
+    Ok(node.start_template_build(build).await?)
+}
+
+/// Build `id` with its log lines from `logs_from`, from whichever node runs it.
+pub async fn build_status(
+    st: &AppState,
+    id: &str,
+    logs_from: u64,
+) -> Result<TemplateBuildStatus, ApiError> {
+    if !validate_build_id(id) {
+        return Err(build_not_found(id));
+    }
+    for node in st.nodes.all() {
+        match node.template_build(id, logs_from).await {
+            Ok(status) => return Ok(status),
+            Err(NodeCallError::Refused { body }) if body.code == ErrorCode::NotFound => {}
+            Err(e) => tracing::warn!(node = node.name(), error = %e, "build lookup failed"),
+        }
+    }
+    Err(build_not_found(id))
+}
+
+/// Follows build `first` until it ends: its log lines, then `ready` or `failed`.
+pub fn follow_build(
+    st: AppState,
+    first: TemplateBuildStatus,
+) -> BoxStream<'static, TemplateBuildEvent> {
+    struct Follow {
+        st: AppState,
+        id: String,
+        next: u64,
+        pending: std::collections::VecDeque<TemplateBuildEvent>,
+        done: bool,
+        last_answer: tokio::time::Instant,
+    }
+    let mut pending = std::collections::VecDeque::new();
+    pending.push_back(TemplateBuildEvent::Started {
+        build_id: first.build_id.clone(),
+        name: first.name.clone(),
+    });
+    let follow = Follow {
+        st,
+        id: first.build_id,
+        next: 0,
+        pending,
+        done: false,
+        last_answer: tokio::time::Instant::now(),
+    };
+    futures::stream::unfold(follow, |mut f| async move {
+        loop {
+            if let Some(ev) = f.pending.pop_front() {
+                return Some((ev, f));
+            }
+            if f.done {
+                return None;
+            }
+            match build_status(&f.st, &f.id, f.next).await {
+                Ok(status) => {
+                    f.last_answer = tokio::time::Instant::now();
+                    for line in status.logs {
+                        f.next = line.index + 1;
+                        f.pending.push_back(TemplateBuildEvent::Log(line));
+                    }
+                    f.next = f.next.max(status.next_log_index);
+                    match status.state {
+                        TemplateBuildState::Building => {}
+                        TemplateBuildState::Ready => {
+                            f.done = true;
+                            if let Some(template) = status.template {
+                                f.pending.push_back(TemplateBuildEvent::Ready {
+                                    template: Box::new(template),
+                                });
+                            }
+                        }
+                        TemplateBuildState::Failed => {
+                            f.done = true;
+                            if let Some(error) = status.error {
+                                f.pending.push_back(TemplateBuildEvent::Failed { error });
+                            }
+                        }
+                    }
+                }
+                Err(e) if f.last_answer.elapsed() > FOLLOW_GIVE_UP => {
+                    f.done = true;
+                    f.pending.push_back(TemplateBuildEvent::Failed {
+                        error: space_core::template::TemplateBuildError {
+                            code: space_core::template::TemplateBuildErrorCode::NodeFailed,
+                            message: format!("lost track of the build: {}", e.body.message),
+                        },
+                    });
+                }
+                Err(_) => {}
+            }
+            if f.pending.is_empty() && !f.done {
+                tokio::time::sleep(FOLLOW_INTERVAL).await;
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Deletes template name `name` on every node (and from the object store's names). Unless
+/// `force`, refused (`409 conflict`) while sandboxes that are not deleted, or snapshots,
+/// were made from the template it names.
+pub async fn delete(
+    st: &AppState,
+    caller: &Caller,
+    name: &str,
+    force: bool,
+) -> Result<(), ApiError> {
+    caller.require_operator()?;
+    let name = canonical(name)?;
+    let template = st.nodes.template(&name).await?;
+    if !force {
+        let users = users_of(st, &template.digest).await?;
+        if users.any() {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "template {name} is in use by {} sandbox(es), {} stored snapshot(s) and {} persistent snapshot(s); delete them first, or delete with force=true (they keep their disks; a suspended sandbox or stored snapshot then needs the template from the object store)",
+                    users.sandboxes, users.stored_snapshots, users.persistent_snapshots
+                ),
+            ));
+        }
+    }
+    let mut removed = false;
+    for node in st.nodes.all() {
+        removed |= node.delete_template(&name).await?;
+    }
+    if !removed {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("template '{name}' not found"),
+        ));
+    }
+    tracing::info!(name, digest = %template.digest, force, "template deleted");
+    Ok(())
+}
+
+/// What still needs a template.
+#[derive(Debug, Default)]
+struct Users {
+    sandboxes: i64,
+    stored_snapshots: i64,
+    persistent_snapshots: usize,
+}
+
+impl Users {
+    fn any(&self) -> bool {
+        self.sandboxes > 0 || self.stored_snapshots > 0 || self.persistent_snapshots > 0
+    }
+}
+
+async fn users_of(st: &AppState, digest: &str) -> Result<Users, ApiError> {
+    let mut users = Users {
+        sandboxes: st.db.count_using_template(digest).await?,
+        stored_snapshots: st.db.count_stored_using_template(digest).await?,
+        persistent_snapshots: 0,
+    };
+    for node in st.nodes.all() {
+        users.persistent_snapshots += node
+            .persistent_snapshots()
+            .await?
+            .iter()
+            .filter(|(_, origin)| origin.template_digest == digest)
+            .count();
+    }
+    Ok(users)
+}
+
+fn canonical(name: &str) -> Result<String, ApiError> {
+    canonical_template_name(name).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "invalid template name {:?}: NAME or NAME:TAG, NAME of [a-z0-9_-] (at most 63), TAG of [A-Za-z0-9_.-] (at most 128)",
+            name.chars().take(80).collect::<String>()
+        ))
+    })
+}
+
+fn build_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "template build {:?} not found (a node forgets its builds when it restarts)",
+            id.chars().take(64).collect::<String>()
+        ),
+    )
+}

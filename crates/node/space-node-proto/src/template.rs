@@ -1,0 +1,38 @@
+//! Template builds: what the control plane asks a node to build.
+
+use serde::{Deserialize, Serialize};
+
+use crate::wire::SecretString;
+
+/// Longest image reference accepted.
+pub const MAX_IMAGE_REFERENCE: usize = 1024;
+
+/// Build template `name` from registry image `from_image` on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildTemplate {
+    /// The build's id (chosen by the control plane; see
+    /// [`space_core::template::validate_build_id`]).
+    pub build_id: String,
+    /// The name (canonical, see [`space_core::template::canonical_template_name`]).
+    pub name: String,
+    /// More names for the same build (`NAME:TAG`s).
+    #[serde(default)]
+    pub also_named: Vec<String>,
+    /// A registry image: `HOST/REPO:TAG`, `HOST/REPO@sha256:…` or `docker://…`.
+    pub from_image: String,
+    /// The account commands run as by default, instead of the image's `User`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Registry credentials given with the build.
+    #[serde(default)]
+    pub registry_login: Option<RegistryLogin>,
+}
+
+/// A registry user name and password (redacted in every formatting).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryLogin {
+    /// User name.
+    pub username: String,
+    /// Password or token.
+    pub password: SecretString,
+}

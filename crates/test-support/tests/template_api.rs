@@ -1,0 +1,290 @@
+//! Templates as objects through `/v1/templates`, on a real registry (TLS with a private CA,
+//! basic auth): a build followed line by line, its tags, the memory image and warm pool
+//! prepared right after it, get and list with size and origin, deletion refused while a
+//! sandbox uses the template and done once it does not (or when forced), failed builds with
+//! clear codes and nothing registered, and building or deleting refused to tenants other
+//! than the operator.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+use space_core::sandbox::CreateSandboxRequest;
+use space_core::template::{
+    TemplateBuildErrorCode, TemplateBuildEvent, TemplateBuildState, TemplateInfo,
+};
+use test_support::images::{busybox_layer, Image, Layer};
+use test_support::registry::{TestRegistry, PASSWORD, USER};
+use test_support::{shell, wait_until, TestServer};
+
+/// Follows a build to its end: (every event, the template or the error).
+async fn follow(
+    c: &space_cli::client::SpaceClient,
+    req: &serde_json::Value,
+) -> (
+    Vec<TemplateBuildEvent>,
+    Result<TemplateInfo, space_core::template::TemplateBuildError>,
+) {
+    let events: Vec<TemplateBuildEvent> = c
+        .build_template_followed(req)
+        .await
+        .expect("build started")
+        .map(|e| e.expect("a build event"))
+        .collect()
+        .await;
+    let end = match events.last() {
+        Some(TemplateBuildEvent::Ready { template }) => Ok((**template).clone()),
+        Some(TemplateBuildEvent::Failed { error }) => Err(error.clone()),
+        other => panic!("the build stream ended with {other:?}"),
+    };
+    assert!(
+        matches!(events.first(), Some(TemplateBuildEvent::Started { .. })),
+        "{events:?}"
+    );
+    (events, end)
+}
+
+fn log_text(events: &[TemplateBuildEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TemplateBuildEvent::Log(l) => Some(l.line.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn code(err: space_cli::client::ClientError) -> String {
+    match err.code() {
+        Some(code) => format!("{code:?}"),
+        None => panic!("not an API error: {err}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
+    let registry = TestRegistry::start().await;
+    let image = Image {
+        layers: vec![busybox_layer(&["sh", "cat", "env", "pwd"])
+            .file("srv/app.txt", b"built through the API\n", 0o644, 0)
+            .finish()],
+        config: json!({"Env": ["APP_MODE=api"], "WorkingDir": "/srv"}),
+    };
+    registry.push("team/app", "1.0", &image).await;
+    let hostile = Image {
+        layers: vec![Layer::new()
+            .raw(tar::EntryType::Regular, "../escape.txt", "", 1, b"x")
+            .finish()],
+        config: json!({}),
+    };
+    registry.push("team/hostile", "1", &hostile).await;
+    let ca = std::fs::read_to_string(&registry.ca).expect("registry CA");
+    let server = TestServer::start_with(|c| {
+        c.node.registry_ca_pem = Some(ca);
+        c.node.pool_size = 1;
+    })
+    .await;
+    let c = &server.client;
+    let auth = json!({"username": USER, "password": PASSWORD});
+    let reference = format!("{}/team/app:1.0", registry.host);
+
+    // Built and followed: the pull, the jailed unpack, the warm-up, then the template.
+    let (events, end) = follow(
+        c,
+        &json!({"name": "app", "from_image": reference, "tags": ["1.0", "stable"], "registry_auth": auth}),
+    )
+    .await;
+    let log = log_text(&events);
+    let template = end.unwrap_or_else(|e| panic!("build failed: {e:?}\n{log}"));
+    assert_eq!(template.name, "app");
+    for step in [
+        "pulling layer 1/1",
+        "applying layer 1/1",
+        "preparing the memory image",
+    ] {
+        assert!(log.contains(step), "{step:?} missing from the log:\n{log}");
+    }
+    assert!(!log.contains(PASSWORD), "the password reached the log");
+    assert_eq!(template.env["APP_MODE"], "api");
+    assert_eq!(
+        template.image.as_ref().map(|i| i.reference.clone()),
+        Some(format!("docker://{reference}"))
+    );
+
+    // Its build can be looked up afterwards, with its log from any offset.
+    let Some(TemplateBuildEvent::Started { build_id, .. }) = events.first() else {
+        unreachable!()
+    };
+    let status = c.template_build(build_id, 2).await.expect("build status");
+    assert_eq!(status.state, TemplateBuildState::Ready);
+    assert!(status.logs.iter().all(|l| l.index >= 2) && !status.logs.is_empty());
+
+    // Names: the tags and `:latest` mean the same template; the list has size and origin.
+    for name in ["app:1.0", "app:stable", "app:latest"] {
+        let t = c.template(name).await.expect(name);
+        assert_eq!(t.digest, template.digest, "{name}");
+    }
+    let listed = c.templates().await.expect("list");
+    let app = listed.iter().find(|t| t.name == "app").expect("app listed");
+    assert!(app.image_size_mib > 0 && app.image.is_some());
+    assert!(listed.iter().any(|t| t.name == "app:1.0"));
+
+    // Warm right after the build: a pool member of its default shape is made without any
+    // create having asked for it.
+    wait_until(
+        Duration::from_secs(120),
+        "the new template's pool member",
+        || async {
+            c.pool().await.ok().and_then(|p| {
+                p.pools
+                    .into_iter()
+                    .find(|s| s.template == "app" && s.ready >= 1)
+            })
+        },
+    )
+    .await;
+    let sbx = c
+        .create_sandbox(&CreateSandboxRequest {
+            template: "app:1.0".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create from the built template");
+    eprintln!(
+        "first create after the build: {:?} ms",
+        sbx.create_latency_ms
+    );
+    let out = shell(c, &sbx.id, "pwd; cat app.txt; echo $APP_MODE", false).await;
+    assert_eq!(out, "/srv\nbuilt through the API\napi\n");
+
+    // In use: deleting the name its sandbox was made from is refused, unless forced.
+    let refused = c.delete_template("app:1.0", false).await.unwrap_err();
+    assert_eq!(code(refused), "Conflict");
+    c.delete_sandbox(&sbx.id).await.expect("delete sandbox");
+    // Unused: one name goes, the template stays while another name points at it.
+    c.delete_template("app:1.0", false)
+        .await
+        .expect("delete a tag");
+    assert_eq!(code(c.template("app:1.0").await.unwrap_err()), "NotFound");
+    assert_eq!(
+        c.template("app").await.expect("still named").digest,
+        template.digest
+    );
+    c.delete_template("app:stable", false)
+        .await
+        .expect("delete a tag");
+    c.delete_template("app", false)
+        .await
+        .expect("delete the last name");
+    assert_eq!(code(c.template("app").await.unwrap_err()), "NotFound");
+    assert_eq!(
+        code(c.delete_template("app", false).await.unwrap_err()),
+        "NotFound"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the deleted template's pool to go",
+        || async {
+            c.pool()
+                .await
+                .ok()
+                .filter(|p| !p.pools.iter().any(|s| s.template == "app"))
+        },
+    )
+    .await;
+
+    // Failed builds: each with its code, and nothing registered under the name.
+    let wrong = json!({"username": USER, "password": "not-it"});
+    let cases = [
+        (
+            json!({"name": "nope", "from_image": reference, "registry_auth": wrong}),
+            TemplateBuildErrorCode::RegistryUnauthorized,
+        ),
+        (
+            json!({"name": "nope", "from_image": format!("{}/team/app:9.9", registry.host), "registry_auth": auth}),
+            TemplateBuildErrorCode::ImageNotFound,
+        ),
+        (
+            json!({"name": "nope", "from_image": format!("{}/team/hostile:1", registry.host), "registry_auth": auth}),
+            TemplateBuildErrorCode::BadImage,
+        ),
+    ];
+    for (req, want) in cases {
+        let (events, end) = follow(c, &req).await;
+        let err = end.expect_err("the build must fail");
+        assert_eq!(err.code, want, "{err:?}\n{}", log_text(&events));
+        assert_eq!(code(c.template("nope").await.unwrap_err()), "NotFound");
+    }
+    // Refused before any build: a bad name, a local path, unknown fields.
+    for req in [
+        json!({"name": "Bad Name", "from_image": reference}),
+        json!({"name": "x", "from_image": "oci:/etc"}),
+        json!({"name": "x", "from_image": "/var/lib/space"}),
+        json!({"name": "x", "from_image": reference, "mystery": 1}),
+    ] {
+        let err = c.build_template(&req).await.unwrap_err();
+        assert_eq!(code(err), "InvalidRequest", "{req}");
+    }
+
+    // Templates are shared: another tenant may list them but not build or delete them.
+    let other = server.new_tenant_client("not-the-operator").await;
+    assert!(other.templates().await.is_ok());
+    let err = other
+        .build_template(&json!({"name": "mine", "from_image": reference}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), "Forbidden");
+    let err = other
+        .delete_template(test_support::TEST_TEMPLATE, true)
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), "Forbidden");
+    assert!(!registry.log().contains("panic"), "{}", registry.log());
+}
+
+/// A template the server is told to warm has its memory image and a pool member made at
+/// start, before any create asks: the first create is a pool claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_template_is_ready_before_its_first_create() {
+    let server = TestServer::start_with(|c| {
+        c.node.pool_size = 1;
+        c.node.warm_templates = vec![test_support::TEST_TEMPLATE.into(), "missing".into()];
+    })
+    .await;
+    let c = &server.client;
+    wait_until(
+        Duration::from_secs(120),
+        "the warm template's pool member",
+        || async {
+            c.pool().await.ok().filter(|p| {
+                p.pools
+                    .iter()
+                    .any(|s| s.template == test_support::TEST_TEMPLATE && s.ready >= 1)
+            })
+        },
+    )
+    .await;
+    let sbx = c
+        .create_sandbox(&CreateSandboxRequest {
+            template: test_support::TEST_TEMPLATE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let pool = c.pool().await.expect("pool");
+    let shape = pool
+        .pools
+        .iter()
+        .find(|s| s.template == test_support::TEST_TEMPLATE)
+        .expect("the shape");
+    assert!(
+        shape.ready == 0 || shape.filling > 0 || sbx.create_latency_ms.is_some_and(|ms| ms < 1000),
+        "the first create did not take the warm member: {shape:?} {:?}",
+        sbx.create_latency_ms
+    );
+    eprintln!(
+        "first create of a warm template: {:?} ms",
+        sbx.create_latency_ms
+    );
+}
