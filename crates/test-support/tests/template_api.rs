@@ -227,6 +227,50 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
         assert_eq!(code(err), "InvalidRequest", "{req}");
     }
 
+    // The CLI's way to the same: `space template build --api` sends the auth file's
+    // credentials for that pull and prints the log; `get` and `rm` go through the API.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(test_support::node_manager::space_binary())
+            .args(["--url", &server.url(), "--api-key", &server.api_key])
+            .args(args)
+            .output()
+            .expect("run space");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let auth_file = registry.auth_file.to_str().expect("path").to_owned();
+    let (ok, out) = tokio::task::block_in_place(|| {
+        cli(&[
+            "template",
+            "build",
+            "cli-app",
+            "--from",
+            &reference,
+            "--api",
+            "--tag",
+            "v1",
+            "--registry-auth",
+            &auth_file,
+        ])
+    });
+    assert!(
+        ok && out.contains("applying layer") && out.contains("built template cli-app"),
+        "{out}"
+    );
+    assert!(!out.contains(PASSWORD), "{out}");
+    let (ok, out) = tokio::task::block_in_place(|| cli(&["template", "get", "cli-app:v1"]));
+    assert!(ok && out.contains("cli-app:v1"), "{out}");
+    for name in ["cli-app:v1", "cli-app"] {
+        let (ok, out) = tokio::task::block_in_place(|| cli(&["template", "rm", name]));
+        assert!(ok, "{out}");
+    }
+    let (ok, out) = tokio::task::block_in_place(|| cli(&["template", "rm", "cli-app"]));
+    assert!(!ok && out.contains("not_found"), "{out}");
+
     // Templates are shared: another tenant may list them but not build or delete them.
     let other = server.new_tenant_client("not-the-operator").await;
     assert!(other.templates().await.is_ok());

@@ -106,6 +106,10 @@ pub(crate) struct Qmp {
     /// One descriptor in flight at a time: QEMU keeps the last one received until a `getfd`
     /// takes it.
     passing: tokio::sync::Mutex<()>,
+    /// Set when a command failed to be written or went unanswered: `qapi` then still holds
+    /// that command's slot, and panics on the next command (without out-of-band support
+    /// every command has id 0). Nothing more is sent on a broken connection.
+    broken: std::sync::atomic::AtomicBool,
 }
 
 impl Qmp {
@@ -174,6 +178,7 @@ impl Qmp {
                 service,
                 socket,
                 passing: tokio::sync::Mutex::new(()),
+                broken: std::sync::atomic::AtomicBool::new(false),
             },
             events,
         ))
@@ -184,14 +189,30 @@ impl Qmp {
     where
         C: qmp::QmpCommand,
     {
-        match tokio::time::timeout(COMMAND_TIMEOUT, self.service.execute(command)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(VmmError::Qmp(format!("{} on VM {}: {e}", C::NAME, self.vm))),
-            Err(_) => Err(VmmError::Timeout(format!(
-                "QMP {} on VM {} did not answer within {COMMAND_TIMEOUT:?}",
+        use std::sync::atomic::Ordering;
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(VmmError::Qmp(format!(
+                "{} on VM {}: its QMP connection broke earlier",
                 C::NAME,
                 self.vm
-            ))),
+            )));
+        }
+        match tokio::time::timeout(COMMAND_TIMEOUT, self.service.execute(command)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if matches!(e, qapi::ExecuteError::Io(_)) {
+                    self.broken.store(true, Ordering::SeqCst);
+                }
+                Err(VmmError::Qmp(format!("{} on VM {}: {e}", C::NAME, self.vm)))
+            }
+            Err(_) => {
+                self.broken.store(true, Ordering::SeqCst);
+                Err(VmmError::Timeout(format!(
+                    "QMP {} on VM {} did not answer within {COMMAND_TIMEOUT:?}",
+                    C::NAME,
+                    self.vm
+                )))
+            }
         }
     }
 }

@@ -19,6 +19,11 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
 /// Sets the hostname and maps it in `/etc/hosts` (best effort: a failure there is only
 /// logged). Blocking: `/etc/hosts` is on the root disk, which may be frozen.
 pub fn apply_hostname(name: &str) -> io::Result<()> {
+    // One at a time, so the kernel's name and the file agree: a restore and a configure
+    // can both set it, and two truncating writes of `/etc/hosts` that interleave leave the
+    // longer one's tail behind (a second hostname line).
+    static APPLYING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = APPLYING.lock().unwrap_or_else(|p| p.into_inner());
     set_hostname(name)?;
     if let Err(e) = ensure_hosts_entry(name) {
         tracing::warn!(error = %e, "cannot add hostname to /etc/hosts");

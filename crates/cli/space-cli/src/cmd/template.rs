@@ -1,4 +1,5 @@
-//! `space template`: list (through the API), build and remove (on the local node's store).
+//! `space template`: list, get and remove through the API; build into the local node's
+//! store (root), or with `--api` on the server's node.
 
 use std::time::Duration;
 
@@ -12,6 +13,11 @@ use crate::{render, Global};
 pub enum TemplateCmd {
     /// List templates.
     List,
+    /// One template, with its defaults and origin.
+    Get {
+        /// Template name (`NAME` or `NAME:TAG`).
+        name: String,
+    },
     /// Build a template into the local store (needs root): from SPACE's recipe of that
     /// name, or with `--from` from a container image.
     Build {
@@ -42,11 +48,23 @@ pub enum TemplateCmd {
         /// Debian mirror for debootstrap.
         #[arg(long)]
         mirror: Option<String>,
+        /// Build on the server's node through the API (the operator's key), following its
+        /// log, instead of into this machine's store: the node pulls the image (a registry
+        /// image only), then makes its memory image and warm pool.
+        #[arg(long, requires = "from")]
+        api: bool,
+        /// With `--api`: another tag for the build (`NAME:TAG`; repeatable).
+        #[arg(long, requires = "api")]
+        tag: Vec<String>,
     },
-    /// Remove a template from the local store (sandboxes made from it are unaffected).
+    /// Remove a template name through the API (the template goes with its last name);
+    /// refused while sandboxes or snapshots were made from it, unless `--force`.
     Rm {
-        /// Template name.
+        /// Template name (`NAME` or `NAME:TAG`).
         name: String,
+        /// Remove it even while in use (sandboxes keep their disks).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -61,6 +79,23 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
                 render::templates(&list);
             }
         }
+        TemplateCmd::Get { name } => {
+            let t = g.client()?.template(&name).await?;
+            if g.json {
+                render::json(&t)?;
+            } else {
+                render::templates(std::slice::from_ref(&t));
+            }
+        }
+        TemplateCmd::Build {
+            name,
+            from: Some(from),
+            registry_auth,
+            user,
+            api: true,
+            tag,
+            ..
+        } => return build_through_api(g, name, from, registry_auth, user, tag).await,
         TemplateCmd::Build {
             name,
             from,
@@ -70,6 +105,7 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             user,
             spaced,
             mirror,
+            ..
         } => {
             let spaced = match spaced {
                 Some(p) => p,
@@ -151,19 +187,60 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
                 );
             }
         }
-        TemplateCmd::Rm { name } => {
-            let store = open_store(g)?;
-            let removed = tokio::task::spawn_blocking(move || {
-                store.templates().remove(&name).map(|r| (r, name))
-            })
-            .await??;
-            match removed {
-                (true, name) => println!("removed template {name}"),
-                (false, name) => anyhow::bail!("template '{name}' not found"),
-            }
+        TemplateCmd::Rm { name, force } => {
+            g.client()?.delete_template(&name, force).await?;
+            println!("removed template {name}");
         }
     }
     Ok(0)
+}
+
+/// `space template build --api`: starts the build on the server and prints its log as it
+/// comes; registry credentials from the auth file are sent for that pull only.
+async fn build_through_api(
+    g: &Global,
+    name: String,
+    from: String,
+    registry_auth: Option<std::path::PathBuf>,
+    user: Option<String>,
+    tags: Vec<String>,
+) -> anyhow::Result<u8> {
+    use futures::StreamExt;
+    use space_core::template::TemplateBuildEvent;
+    let mut req = serde_json::json!({"name": name, "from_image": from, "tags": tags});
+    if let Some(user) = user {
+        req["user"] = user.into();
+    }
+    if let Some(file) = registry_auth {
+        if let Some(login) = space_images::oci::registry::login_for_reference(&file, &from)? {
+            req["registry_auth"] =
+                serde_json::json!({"username": login.username, "password": login.password});
+        }
+    }
+    let mut events = g.client()?.build_template_followed(&req).await?;
+    while let Some(ev) = events.next().await {
+        match ev? {
+            TemplateBuildEvent::Started { build_id, .. } => eprintln!("build {build_id}"),
+            TemplateBuildEvent::Log(line) => eprintln!("{}", line.line),
+            TemplateBuildEvent::Ready { template } => {
+                if g.json {
+                    render::json(&template)?;
+                } else {
+                    println!(
+                        "built template {} ({}, {} MiB)",
+                        template.name,
+                        render::short(&template.digest),
+                        template.image_size_mib
+                    );
+                }
+                return Ok(0);
+            }
+            TemplateBuildEvent::Failed { error } => {
+                anyhow::bail!("the build failed: {} ({:?})", error.message, error.code)
+            }
+        }
+    }
+    anyhow::bail!("the server ended the build's stream early; see `space template get {name}`")
 }
 
 fn open_store(g: &Global) -> anyhow::Result<space_storage::Store> {

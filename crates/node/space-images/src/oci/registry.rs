@@ -116,6 +116,27 @@ pub fn credentials_for(auth_file: &Path, registry: &str) -> Result<RegistryAuth,
     Ok(RegistryAuth::Basic(u.to_owned(), p.to_owned()))
 }
 
+/// The user name and password `auth_file` holds for the registry of image `reference`
+/// (`None`: it has none for it), to hand to a server that pulls on our behalf.
+pub fn login_for_reference(
+    auth_file: &Path,
+    reference: &str,
+) -> Result<Option<RegistryLogin>, OciError> {
+    let bare = reference.strip_prefix("docker://").unwrap_or(reference);
+    let parsed: Reference =
+        bare.parse()
+            .map_err(|e: oci_client::ParseError| OciError::BadReference {
+                reference: bare.chars().take(200).collect(),
+                reason: e.to_string(),
+            })?;
+    Ok(
+        match credentials_for(auth_file, parsed.resolve_registry())? {
+            RegistryAuth::Basic(username, password) => Some(RegistryLogin { username, password }),
+            _ => None,
+        },
+    )
+}
+
 fn client(opts: &RegistryOpts) -> Result<Client, OciError> {
     let mut extra_root_certificates = Vec::new();
     if let Some(data) = &opts.ca_pem {
