@@ -282,11 +282,28 @@ impl Image {
 /// Runs the real `space template build NAME --from REF [extra…]` on `data_dir`, as an
 /// operator would: (success, stdout and stderr).
 pub fn build_template(data_dir: &Path, name: &str, from: &str, extra: &[&str]) -> (bool, String) {
+    let data_dir = data_dir.to_str().expect("a UTF-8 data directory");
+    let args = [
+        &[
+            "--data-dir",
+            data_dir,
+            "template",
+            "build",
+            name,
+            "--from",
+            from,
+        ][..],
+        extra,
+    ]
+    .concat();
+    run_space(&args)
+}
+
+/// Runs the `space` binary with `args` (and this suite's `spaced` for kernel bundles):
+/// (success, stdout and stderr).
+pub fn run_space(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(crate::node_manager::space_binary())
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["template", "build", name, "--from", from])
-        .args(extra)
+        .args(args)
         .env("SPACE_SPACED_BIN", crate::spaced_binary())
         .output()
         .expect("run space");

@@ -229,18 +229,10 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
 
     // The CLI's way to the same: `space template build --api` sends the auth file's
     // credentials for that pull and prints the log; `get` and `rm` go through the API.
+    let url = server.url();
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(test_support::node_manager::space_binary())
-            .args(["--url", &server.url(), "--api-key", &server.api_key])
-            .args(args)
-            .output()
-            .expect("run space");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        let args = [&["--url", &url, "--api-key", &server.api_key][..], args].concat();
+        test_support::images::run_space(&args)
     };
     let auth_file = registry.auth_file.to_str().expect("path").to_owned();
     let (ok, out) = tokio::task::block_in_place(|| {

@@ -160,10 +160,7 @@ impl ErrorBody {
     /// Cuts the message to [`MAX_ERROR_MESSAGE`] bytes (at a char boundary) and strips
     /// control characters: used on errors that came from a guest.
     pub fn sanitised(mut self) -> Self {
-        let mut cut = self.message.len().min(MAX_ERROR_MESSAGE);
-        while !self.message.is_char_boundary(cut) {
-            cut -= 1;
-        }
+        let cut = crate::text::prefix_at_char_boundary(&self.message, MAX_ERROR_MESSAGE).len();
         self.message.truncate(cut);
         self.message.retain(|c| !c.is_control());
         self

@@ -23,6 +23,7 @@ pub mod resources;
 pub mod sandbox;
 pub mod snapshot;
 pub mod template;
+pub mod text;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use id::{IdError, SandboxId, SnapshotId, TenantId};

@@ -78,6 +78,12 @@ pub fn validate_template_name(name: &str) -> bool {
     base_ok && tag_ok
 }
 
+/// A default user a template build may name (`--user`): an account name or uid of 1-64
+/// bytes without control characters (the build resolves it in the image).
+pub fn validate_default_user(user: &str) -> bool {
+    !user.is_empty() && user.len() <= 64 && !user.chars().any(|c| c.is_control())
+}
+
 /// The one spelling of a template name: `NAME:latest` becomes `NAME`; `None` if invalid.
 pub fn canonical_template_name(name: &str) -> Option<String> {
     if !validate_template_name(name) {

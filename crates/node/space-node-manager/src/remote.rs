@@ -218,15 +218,21 @@ impl Client {
         stream: &UnixStream,
         request: &Request,
     ) -> Result<(Response, Vec<OwnedFd>), NodeManagerError> {
-        let broken =
-            |e: wire::WireError| NodeManagerError::Connection(format!("{}: {e}", request.op()));
-        wire::send(stream, request, &[]).map_err(broken)?;
+        wire::send(stream, request, &[]).map_err(|e| broken(request, e))?;
+        Self::receive(stream, request)
+    }
+
+    /// Reads the next answer to `request` from `stream`; a refusal is an error.
+    fn receive(
+        stream: &UnixStream,
+        request: &Request,
+    ) -> Result<(Response, Vec<OwnedFd>), NodeManagerError> {
         let frame = wire::recv(stream, MAX_RESPONSE_BYTES)
-            .map_err(broken)?
+            .map_err(|e| broken(request, e))?
             .ok_or_else(|| {
                 NodeManagerError::Connection(format!("{}: the node manager hung up", request.op()))
             })?;
-        match frame.parse::<Response>().map_err(broken)? {
+        match frame.parse::<Response>().map_err(|e| broken(request, e))? {
             Response::Refused(r) => Err(NodeManagerError::Refused(r)),
             r => Ok((r, frame.fds)),
         }
@@ -266,25 +272,14 @@ impl Client {
         progress: &(dyn Fn(&str) + Send + Sync),
     ) -> Result<Response, NodeManagerError> {
         let stream = self.open()?;
-        let broken =
-            |e: wire::WireError| NodeManagerError::Connection(format!("{}: {e}", request.op()));
         stream
             .set_read_timeout(Some(timeout))
-            .map_err(|e| broken(e.into()))?;
-        wire::send(&stream, request, &[]).map_err(broken)?;
+            .map_err(|e| broken(request, e.into()))?;
+        wire::send(&stream, request, &[]).map_err(|e| broken(request, e))?;
         loop {
-            let frame = wire::recv(&stream, MAX_RESPONSE_BYTES)
-                .map_err(broken)?
-                .ok_or_else(|| {
-                    NodeManagerError::Connection(format!(
-                        "{}: the node manager hung up",
-                        request.op()
-                    ))
-                })?;
-            match frame.parse::<Response>().map_err(broken)? {
-                Response::Progress { line } => progress(&line),
-                Response::Refused(r) => return Err(NodeManagerError::Refused(r)),
-                r => return Ok(r),
+            match Self::receive(&stream, request)? {
+                (Response::Progress { line }, _) => progress(&line),
+                (r, _) => return Ok(r),
             }
         }
     }
@@ -309,6 +304,11 @@ impl Client {
             (other, _) => Err(unexpected(request.op(), &other)),
         }
     }
+}
+
+/// The connection broke (or the protocol did) during `request`.
+fn broken(request: &Request, e: wire::WireError) -> NodeManagerError {
+    NodeManagerError::Connection(format!("{}: {e}", request.op()))
 }
 
 fn unexpected(op: &str, r: &Response) -> NodeManagerError {

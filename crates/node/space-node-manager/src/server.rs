@@ -24,8 +24,7 @@ use crate::confine::{Access, Areas};
 use crate::ownership;
 use crate::protocol::{
     check_name, Area, Existing, MemorySpec, NodePath, Refusal, RefusalCode, Request, Response,
-    TemplateBuild, VmEnd, VmSpec, MAX_NAME_BYTES, MAX_PROGRESS_LINE, MAX_REQUEST_BYTES,
-    PROTOCOL_VERSION,
+    TemplateBuild, VmEnd, VmSpec, MAX_PROGRESS_LINE, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::wire::{self, WireError};
 use crate::{LocalNodeManager, NodeManager, NodeManagerError};
@@ -690,9 +689,11 @@ impl Host {
                 "invalid template name".to_owned(),
             ));
         }
-        if build.user.as_ref().is_some_and(|u| {
-            u.is_empty() || u.len() > MAX_NAME_BYTES || u.chars().any(|c| c.is_control())
-        }) {
+        if build
+            .user
+            .as_deref()
+            .is_some_and(|u| !space_core::template::validate_default_user(u))
+        {
             return Err(Refusal::new(
                 RefusalCode::BadRequest,
                 "invalid default user".to_owned(),
@@ -702,12 +703,8 @@ impl Host {
         // Everything the client staged is read as the client, through descriptors.
         let input = self.as_client(|| crate::local::open_staged_image(&staged))?;
         let progress = |line: &str| {
-            let mut cut = line.len().min(MAX_PROGRESS_LINE);
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
             let frame = Response::Progress {
-                line: line[..cut].to_owned(),
+                line: space_core::text::prefix_at_char_boundary(line, MAX_PROGRESS_LINE).to_owned(),
             };
             // A client gone mid-build loses its lines; the build finishes and is stored.
             let _ = wire::send(stream, &frame, &[]);

@@ -217,15 +217,7 @@ impl Node {
                 count += 1;
             }
             // The name: the last published build of a name is what it means.
-            objects
-                .put_bytes(
-                    &name_key(&tpl.name)?,
-                    manifest_json(&NameManifest {
-                        format: MANIFEST_FORMAT,
-                        digest: tpl.digest.clone(),
-                    })?,
-                )
-                .await?;
+            self.publish_template_name(&tpl.name, &tpl.digest).await?;
             published.learn(&tpl.digest);
         }
         Ok(count)

@@ -17,8 +17,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use space_core::template::{
-    canonical_template_name, validate_build_id, TemplateBuildError, TemplateBuildErrorCode,
-    TemplateBuildLine, TemplateBuildState, TemplateBuildStatus, TemplateInfo,
+    canonical_template_name, validate_build_id, validate_default_user, TemplateBuildError,
+    TemplateBuildErrorCode, TemplateBuildLine, TemplateBuildState, TemplateBuildStatus,
+    TemplateInfo,
 };
 use space_images::oci::registry::{RegistryLogin, RegistryOpts};
 use space_images::oci::{ImageBuildOpts, ImageSource};
@@ -64,17 +65,13 @@ struct BuildRecord {
 
 impl BuildRecord {
     fn log(&mut self, line: &str) {
-        let mut cut = line.len().min(MAX_LINE_BYTES);
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
         if self.lines.len() == MAX_LINES {
             self.lines.pop_front();
         }
         self.lines.push_back(TemplateBuildLine {
             index: self.status.next_log_index,
             ts_ms: now_ms(),
-            line: line[..cut].to_owned(),
+            line: space_core::text::prefix_at_char_boundary(line, MAX_LINE_BYTES).to_owned(),
         });
         self.status.next_log_index += 1;
     }
@@ -121,7 +118,7 @@ impl Node {
             )));
         }
         if let Some(user) = &req.user {
-            if user.is_empty() || user.len() > 64 || user.chars().any(|c| c.is_control()) {
+            if !validate_default_user(user) {
                 return Err(NodeError::Invalid("invalid default user".into()));
             }
         }

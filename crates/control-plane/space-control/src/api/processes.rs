@@ -37,10 +37,13 @@ pub fn validate_spec(spec: &ProcessSpec) -> Result<(), ApiError> {
     })
 }
 
-/// A stream of events from the guest (output, watch) as an NDJSON response body.
-pub fn ndjson_response<T: Serialize + Send + 'static>(
-    events: BoxStream<'static, Result<T, GuestError>>,
-) -> Response {
+/// A stream of events (the guest's output or watch events, a followed build's) as an
+/// NDJSON response body; an error ends the body.
+pub fn ndjson_response<T, E>(events: BoxStream<'static, Result<T, E>>) -> Response
+where
+    T: Serialize + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
     let lines = events
         .map_ok(|ev| {
             let mut line = serde_json::to_vec(&ev).unwrap_or_default();

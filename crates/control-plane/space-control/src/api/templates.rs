@@ -1,12 +1,10 @@
 //! `/v1/templates`: the templates sandboxes can be created from, and their builds.
 
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::ACCEPT;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
@@ -14,7 +12,7 @@ use space_core::ErrorBody;
 
 use super::error::ApiResult;
 use super::extract::{ApiJson, ApiQuery};
-use super::processes::NDJSON;
+use super::processes::{ndjson_response, NDJSON};
 use super::AppState;
 use crate::service::templates::{self, TemplateBuildRequest};
 use crate::service::Caller;
@@ -69,16 +67,8 @@ pub async fn build_template(
     if !follow {
         return Ok((StatusCode::ACCEPTED, Json(status)).into_response());
     }
-    let lines = templates::follow_build(st, status).map(|ev| {
-        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(Bytes::from(line))
-    });
-    Ok((
-        [(CONTENT_TYPE, NDJSON), (CACHE_CONTROL, "no-store")],
-        Body::from_stream(lines),
-    )
-        .into_response())
+    let events = templates::follow_build(st, status).map(Ok::<_, std::convert::Infallible>);
+    Ok(ndjson_response(events.boxed()))
 }
 
 /// One template.

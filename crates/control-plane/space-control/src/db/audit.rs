@@ -102,14 +102,7 @@ where
 
 /// `s` cut to [`MAX_AUDIT_FIELD`] bytes at a character boundary.
 fn bounded(s: &str) -> &str {
-    if s.len() <= MAX_AUDIT_FIELD {
-        return s;
-    }
-    let mut end = MAX_AUDIT_FIELD;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    space_core::text::prefix_at_char_boundary(s, MAX_AUDIT_FIELD)
 }
 
 impl Db {

@@ -122,19 +122,28 @@ pub fn login_for_reference(
     auth_file: &Path,
     reference: &str,
 ) -> Result<Option<RegistryLogin>, OciError> {
-    let bare = reference.strip_prefix("docker://").unwrap_or(reference);
-    let parsed: Reference =
-        bare.parse()
-            .map_err(|e: oci_client::ParseError| OciError::BadReference {
-                reference: bare.chars().take(200).collect(),
-                reason: e.to_string(),
-            })?;
+    let crate::oci::ImageSource::Registry(registry_ref) =
+        crate::oci::ImageSource::parse(reference)?
+    else {
+        return Ok(None);
+    };
+    let parsed = parse_reference(&registry_ref)?;
     Ok(
         match credentials_for(auth_file, parsed.resolve_registry())? {
             RegistryAuth::Basic(username, password) => Some(RegistryLogin { username, password }),
             _ => None,
         },
     )
+}
+
+/// A registry reference (`HOST/REPO:TAG`, `…@sha256:…`) as `oci-client` reads it.
+fn parse_reference(reference: &str) -> Result<Reference, OciError> {
+    reference
+        .parse()
+        .map_err(|e: oci_client::ParseError| OciError::BadReference {
+            reference: reference.chars().take(200).collect(),
+            reason: e.to_string(),
+        })
 }
 
 fn client(opts: &RegistryOpts) -> Result<Client, OciError> {
@@ -272,13 +281,7 @@ pub async fn pull(
     cached: &(dyn Fn(&str) -> bool + Sync),
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<PulledImage, OciError> {
-    let parsed: Reference =
-        reference
-            .parse()
-            .map_err(|e: oci_client::ParseError| OciError::BadReference {
-                reference: reference.to_owned(),
-                reason: e.to_string(),
-            })?;
+    let parsed = parse_reference(reference)?;
     let auth = match (&opts.login, &opts.auth_file) {
         (Some(l), _) => RegistryAuth::Basic(l.username.clone(), l.password.clone()),
         (None, Some(f)) => credentials_for(f, parsed.resolve_registry())?,

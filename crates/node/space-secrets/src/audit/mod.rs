@@ -194,13 +194,8 @@ pub enum AuditError {
 
 /// Cuts `s` to at most `max` bytes at a character boundary.
 fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
+    let end = space_core::text::prefix_at_char_boundary(s, max).len();
+    s.truncate(end);
 }
 
 fn now_ms() -> i64 {
