@@ -308,6 +308,20 @@ impl SpaceClient {
         Self::json(self.request(Method::POST, "/v1/templates").json(req)).await
     }
 
+    /// `PUT /v1/templates/files/{sha256}`: uploads an archive of files for build steps.
+    pub async fn put_build_files(
+        &self,
+        sha256: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> ClientResult<serde_json::Value> {
+        Self::json(
+            self.request(Method::PUT, &format!("/v1/templates/files/{sha256}"))
+                .header("content-type", "application/x-tar")
+                .body(body),
+        )
+        .await
+    }
+
     /// `POST /v1/templates` followed: the build's events as they come, until `ready` or
     /// `failed`.
     pub async fn build_template_followed(

@@ -2,7 +2,9 @@
 //! talk to a server over its HTTP API (`--url`, `--api-key`), except the local admin
 //! commands (`key`, `template build|rm`) that work on the data directory directly.
 
+mod build_context;
 mod cmd;
+mod dockerfile;
 mod render;
 mod term;
 

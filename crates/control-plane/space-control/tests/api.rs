@@ -19,6 +19,8 @@ const ROUTES: &[&str] = &[
     "GET /v1/templates/{name}",
     "DELETE /v1/templates/{name}",
     "GET /v1/templates/builds/{id}",
+    "PUT /v1/templates/files/{sha256}",
+    "GET /v1/templates/files/{sha256}",
     "POST /v1/sandboxes",
     "GET /v1/sandboxes",
     "GET /v1/sandboxes/{id}",

@@ -141,6 +141,15 @@ pub struct ResolvedLink {
     pub mode: u32,
 }
 
+/// What unpacking an archive into a sandbox wrote (`PUT /v1/files/archive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnpackedArchive {
+    /// Entries written.
+    pub entries: u64,
+    /// Bytes of file contents written.
+    pub bytes: u64,
+}
+
 /// Metadata of one entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -9,6 +9,7 @@
 //! shared by the guest daemon, so it must stay small.
 
 pub mod audit;
+pub mod build_steps;
 pub mod cluster;
 pub mod egress;
 pub mod error;

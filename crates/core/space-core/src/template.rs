@@ -123,8 +123,15 @@ pub enum TemplateBuildErrorCode {
     BadImage,
     /// The image is larger than the node allows.
     ImageTooLarge,
-    /// The node failed (storage, the unpacker): not the image's fault.
+    /// The node failed (storage, the unpacker, a builder sandbox): not the image's fault.
     NodeFailed,
+    /// A build step failed: a `RUN` exited non-zero or timed out, a `COPY` or `WORKDIR`
+    /// could not be written. The log says which and shows its output.
+    StepFailed,
+    /// A `COPY`'s files were not uploaded (`PUT /v1/templates/files/{sha256}`).
+    FilesNotFound,
+    /// The build's steps are invalid.
+    BadStep,
 }
 
 /// A failed build's error.

@@ -114,6 +114,20 @@ impl GuestClient {
             .await
     }
 
+    /// `PUT /v1/files/archive`: unpacks the tar archive `body` under directory `path` (made
+    /// if missing), its entries owned by `user` (default root).
+    pub async fn unpack_archive(
+        &self,
+        path: &str,
+        user: Option<&str>,
+        body: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<space_core::files::UnpackedArchive, GuestError> {
+        let target = file_target(routes::FILES_ARCHIVE, path, user)?;
+        self.transport()
+            .upload_json(Method::PUT, target, body)
+            .await
+    }
+
     /// `GET /v1/files/stat`: metadata of `path` (not following a final symlink).
     pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<FileStat, GuestError> {
         let target = file_target(routes::FILES_STAT, path, user)?;

@@ -150,12 +150,15 @@ pub trait NodeManager: Send + Sync + 'static {
     /// directory of its `incoming/` holding [`space_storage::IMAGE_FILE`]), into the store's
     /// templates (root's): copied from the files as opened (as the sandbox manager), checked
     /// against the template's recorded SHA-256, once per digest.
+    /// `named`: whether `template.name` is pointed at it (else only its digest finds it).
+    /// An empty `image_sha256` is computed from what was stored. Returns what was installed.
     fn install_template(
         &self,
         store: &Store,
         staged: &Path,
         template: &TemplateInfo,
-    ) -> Result<(), NodeManagerError>;
+        named: bool,
+    ) -> Result<TemplateInfo, NodeManagerError>;
     /// Builds template `build.name` from the image the sandbox manager staged in `staged` (a
     /// directory of its `incoming/`, see [`space_images::oci::staged`]): read as the
     /// sandbox manager and checked, unpacked by the jailed unpacker, installed in the

@@ -144,10 +144,10 @@ impl NodeManager for LocalNodeManager {
         store: &Store,
         staged: &Path,
         template: &TemplateInfo,
-    ) -> Result<(), NodeManagerError> {
+        named: bool,
+    ) -> Result<TemplateInfo, NodeManagerError> {
         let image = open_staged(staged, space_storage::IMAGE_FILE)?;
-        store.templates().install(template, &image)?;
-        Ok(())
+        install(store, template, &image, named)
     }
 
     fn build_template(
@@ -450,6 +450,21 @@ pub(crate) fn open_staged(dir: &Path, name: &str) -> Result<std::fs::File, NodeM
     Ok(file)
 }
 
+/// Installs `template` from the open image file, named or not.
+pub(crate) fn install(
+    store: &Store,
+    template: &TemplateInfo,
+    image: &std::fs::File,
+    named: bool,
+) -> Result<TemplateInfo, NodeManagerError> {
+    let templates = store.templates();
+    Ok(if named {
+        templates.install(template, image)?
+    } else {
+        templates.install_unnamed(template, image)?
+    })
+}
+
 /// Opens and checks a staged image (see [`space_images::oci::staged`]).
 pub(crate) fn open_staged_image(
     dir: &Path,
@@ -478,7 +493,7 @@ pub(crate) fn build_staged_template(
     };
     Ok(space_images::oci::build_staged(
         store,
-        &build.name,
+        build.name.as_deref(),
         input,
         &build.kernel_digest,
         &opts,

@@ -21,7 +21,7 @@ use space_storage::KernelMeta;
 
 /// The protocol version this build speaks. A server refuses a client of another version
 /// (there is one of each per node, upgraded together).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest request frame the server reads; a larger one ends the connection.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
@@ -330,12 +330,18 @@ pub enum Request {
         /// New name.
         dst: NodePath,
     },
-    /// Installs a template the sandbox manager fetched into `staged` (under `incoming/`).
+    /// Installs a template the sandbox manager fetched or made into `staged` (under
+    /// `incoming/`). Answered with [`Response::Template`].
     InstallTemplate {
         /// The directory holding its image.
         staged: NodePath,
-        /// What it is (its image's SHA-256 is checked).
+        /// What it is (its image's SHA-256 is checked; empty: computed, for an image made on
+        /// this node, such as a build step's disk).
         template: Box<TemplateInfo>,
+        /// Whether its name is pointed at it; unnamed, only its digest finds it (a build
+        /// step's cache).
+        #[serde(default = "yes")]
+        named: bool,
     },
     /// Builds a template from the image the sandbox manager staged in `staged` (under
     /// `incoming/`; see `space_images::oci::staged`). Answered by any number of
@@ -467,11 +473,16 @@ pub enum Request {
     },
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// A template build's parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplateBuild {
-    /// The name to give it (validated by the node manager too).
-    pub name: String,
+    /// The name to give it (validated by the node manager too); `None`: found by its digest
+    /// only (the base of a build with steps).
+    pub name: Option<String>,
     /// The account commands run as by default, instead of the image's `User`.
     pub user: Option<String>,
     /// The kernel bundle it boots with (in the store).

@@ -448,11 +448,17 @@ impl NodeManager for RemoteNodeManager {
         _store: &Store,
         staged: &Path,
         template: &TemplateInfo,
-    ) -> Result<(), NodeManagerError> {
-        self.inner.call_done(&Request::InstallTemplate {
+        named: bool,
+    ) -> Result<TemplateInfo, NodeManagerError> {
+        let request = Request::InstallTemplate {
             staged: self.name(staged)?,
             template: Box::new(template.clone()),
-        })
+            named,
+        };
+        match self.inner.call(&request)?.0 {
+            Response::Template { template } => Ok(*template),
+            other => Err(unexpected(request.op(), &other)),
+        }
     }
 
     fn build_template(

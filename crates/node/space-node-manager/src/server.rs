@@ -459,16 +459,20 @@ impl Host {
                 self.as_client(|| self.local.link_disk(&src, &dst))?;
                 done()
             }
-            Request::InstallTemplate { staged, template } => {
+            Request::InstallTemplate {
+                staged,
+                template,
+                named,
+            } => {
                 let staged = self.staged(&staged)?;
                 let image = self
                     .as_client(|| crate::local::open_staged(&staged, space_storage::IMAGE_FILE))?;
                 // Root writes the template from the descriptors opened as the client.
-                self.store
-                    .templates()
-                    .install(&template, &image)
-                    .map_err(|e| refusal(e.into()))?;
-                done()
+                let template = crate::local::install(&self.store, &template, &image, named)
+                    .map_err(refusal)?;
+                answer(Response::Template {
+                    template: Box::new(template),
+                })
             }
             Request::NameTemplate { name, digest } => {
                 // The store validates both (a name of plain characters, a hex digest).
@@ -683,7 +687,11 @@ impl Host {
         staged: &NodePath,
         build: &TemplateBuild,
     ) -> Handled {
-        if !space_core::template::validate_template_name(&build.name) {
+        if build
+            .name
+            .as_deref()
+            .is_some_and(|n| !space_core::template::validate_template_name(n))
+        {
             return Err(Refusal::new(
                 RefusalCode::BadRequest,
                 "invalid template name".to_owned(),

@@ -178,6 +178,15 @@ pub trait NodeApi: Send + Sync + 'static {
     /// Removes template name `name` here (the template with it unless another name points
     /// there), and from the object store's names; whether the name was known.
     async fn delete_template(&self, name: &str) -> NodeResult<bool>;
+    /// Stores an archive of files for build steps' `COPY`, named by its SHA-256 (hex) and
+    /// checked against it; one stored before is kept. Returns its size.
+    async fn put_build_files(
+        &self,
+        sha256: &str,
+        body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> NodeResult<u64>;
+    /// Whether the node has the archive of files `sha256`.
+    async fn has_build_files(&self, sha256: &str) -> NodeResult<bool>;
     /// What the warm pool holds.
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>>;
 

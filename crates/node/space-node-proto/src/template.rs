@@ -18,8 +18,15 @@ pub struct BuildTemplate {
     /// More names for the same build (`NAME:TAG`s).
     #[serde(default)]
     pub also_named: Vec<String>,
-    /// A registry image: `HOST/REPO:TAG`, `HOST/REPO@sha256:…` or `docker://…`.
+    /// A registry image: `HOST/REPO:TAG`, `HOST/REPO@sha256:…` or `docker://…`; empty
+    /// when the build starts from a template.
     pub from_image: String,
+    /// A template the node has, to start from instead of an image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_template: Option<String>,
+    /// What is done on top of the base, in order (see `space_core::build_steps`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<space_core::build_steps::BuildStep>,
     /// The account commands run as by default, instead of the image's `User`.
     #[serde(default)]
     pub user: Option<String>,

@@ -114,11 +114,17 @@ impl NodeApi for Node {
     }
 
     async fn sandbox(&self, id: &SandboxId) -> NodeResult<Option<SandboxView>> {
-        Ok(self.sandbox(id).map(|r| r.view()))
+        // A template build's builder is the node's own.
+        Ok(self
+            .sandbox(id)
+            .filter(|r| r.template_build.is_none())
+            .map(|r| r.view()))
     }
 
     async fn sandboxes(&self) -> NodeResult<Vec<SandboxView>> {
-        Ok(views(self.sandboxes()))
+        let mut records = self.sandboxes();
+        records.retain(|r| r.template_build.is_none());
+        Ok(views(records))
     }
 
     async fn create_sandbox(&self, req: CreateSandbox) -> NodeResult<SandboxView> {
@@ -368,6 +374,18 @@ impl NodeApi for Node {
 
     async fn delete_template(&self, name: &str) -> NodeResult<bool> {
         Node::delete_template(self, name).await.map_err(call_error)
+    }
+
+    async fn put_build_files(
+        &self,
+        sha256: &str,
+        body: futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> NodeResult<u64> {
+        self.put_build_files(sha256, body).await.map_err(call_error)
+    }
+
+    async fn has_build_files(&self, sha256: &str) -> NodeResult<bool> {
+        Ok(self.has_build_files(sha256))
     }
 
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>> {

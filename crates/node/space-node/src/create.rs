@@ -51,6 +51,16 @@ pub(crate) type StartError = (NodeError, Option<Vm>);
 impl Node {
     /// Creates a sandbox and returns when its daemon is ready (`running`), or fails it.
     pub async fn create_sandbox(&self, req: CreateSandbox) -> Result<SandboxRecord, NodeError> {
+        self.create_sandbox_for(req, None).await
+    }
+
+    /// Creates a sandbox, a builder of template build `build` if one is named (see
+    /// [`SandboxRecord::template_build`]).
+    pub(crate) async fn create_sandbox_for(
+        &self,
+        req: CreateSandbox,
+        build: Option<&str>,
+    ) -> Result<SandboxRecord, NodeError> {
         let started = Instant::now();
         let tpl = self
             .template_to_create(&req.template, req.template_digest.as_deref())
@@ -67,6 +77,7 @@ impl Node {
             SandboxState::Creating,
         );
         record.created_at_ms = now_ms();
+        record.template_build = build.map(str::to_owned);
         let inherited = Inherited {
             egress: self.inner.cfg.egress.clone(),
             ..Inherited::default()
@@ -79,7 +90,10 @@ impl Node {
         )?;
         let op = self.inner.admit(record)?;
         let _guard = op.lock().await;
-        match self.materialise(&req, &tpl, &resources).await {
+        match self
+            .materialise(&req, &tpl, &resources, build.is_none())
+            .await
+        {
             Ok(s) => {
                 let latency = started.elapsed().as_millis() as u64;
                 let pid = s.vm.pid();
@@ -108,6 +122,9 @@ impl Node {
         req: &CreateSandbox,
         tpl: &TemplateInfo,
         resources: &Resources,
+        // A build's builder boots: its template is used once, not worth a memory image or
+        // a pool.
+        from_memory: bool,
     ) -> Result<Started, StartError> {
         let config = GuestConfig {
             resize_root: resources.disk_mib > tpl.image_size_mib,
@@ -121,7 +138,10 @@ impl Node {
             .store
             .sandbox_dir(&req.id)
             .join(SANDBOX_DISK_FILE);
-        if self.inner.cfg.memory_images && resources.disk_mib >= tpl.default_resources.disk_mib {
+        if from_memory
+            && self.inner.cfg.memory_images
+            && resources.disk_mib >= tpl.default_resources.disk_mib
+        {
             let key = ImageKey::new(
                 tpl,
                 resources,

@@ -39,6 +39,7 @@ pub mod snapshots;
 pub mod stored;
 pub mod suspend;
 mod template_builds;
+mod template_steps;
 mod vm_start;
 
 use std::collections::BTreeMap;
@@ -126,6 +127,10 @@ pub struct SandboxRecord {
     /// hold their credential placeholders, which its gateway takes for its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inherited_from: Vec<SandboxId>,
+    /// The template build this sandbox runs the steps of (a builder): the node's own, never
+    /// shown to the control plane, deleted with its build or at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_build: Option<String>,
 }
 
 /// How many generations of memory a sandbox's gateway recognises placeholders of.
@@ -164,6 +169,7 @@ impl SandboxRecord {
             project: None,
             egress: EgressPolicy::default(),
             inherited_from: Vec::new(),
+            template_build: None,
         }
     }
 

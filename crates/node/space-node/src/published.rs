@@ -428,7 +428,7 @@ impl Node {
                 tpl.clone(),
                 staged.clone(),
             );
-            tokio::task::spawn_blocking(move || nm.install_template(&store, &dir, &tpl2))
+            tokio::task::spawn_blocking(move || nm.install_template(&store, &dir, &tpl2, true))
                 .await
                 .map_err(|e| internal("installing task", e))?
                 .map_err(|e| NodeError::Storage(format!("installing template {}: {e}", tpl.digest)))

@@ -102,6 +102,7 @@ mod tests {
             project: Some("apollo".parse().unwrap()),
             egress: space_core::egress::EgressPolicy::allow_all_public(),
             inherited_from: Vec::new(),
+            template_build: Some("tb-1".into()),
         };
         store.save(&rec).unwrap();
         fs::write(dir.path().join("junk.json"), b"{not json").unwrap();

@@ -523,7 +523,11 @@ impl Node {
             .map_err(|e| internal("cannot load records", e))?;
         let now = now_ms();
         let mut work = Vec::new();
+        let mut builders = Vec::new();
         for rec in records {
+            if rec.template_build.is_some() && rec.state != SandboxState::Deleted {
+                builders.push(rec.id.clone());
+            }
             if rec.state == SandboxState::Deleted
                 && now - rec.created_at_ms > DELETED_RECORD_RETENTION_MS
             {
@@ -537,6 +541,13 @@ impl Node {
             work.push(async move { self.recover_one(&id, state).await });
         }
         futures::future::join_all(work).await;
+        // Builds do not survive a restart: their builders go.
+        for id in builders {
+            tracing::info!(%id, "deleting the builder of a template build a restart ended");
+            if let Err(e) = self.delete_sandbox(&id).await {
+                tracing::warn!(%id, error = %e, "cannot delete a template build's builder");
+            }
+        }
         self.remove_orphans().await;
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! Template builds on this node, from registry images, started by the control plane and
-//! followed by it.
+//! Template builds on this node, from registry images or templates it has, with steps
+//! (see [`crate::template_steps`]) or without, started by the control plane and followed
+//! by it.
 //!
 //! A build is split by privilege: this process (the sandbox manager, unprivileged) pulls
 //! the image into a directory of the store's `incoming/` (see `space_images::oci::staged`);
@@ -89,7 +90,7 @@ impl BuildRecord {
     }
 }
 
-type Log = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl Node {
     /// Starts build `req` (see the module doc) and returns its first status.
@@ -112,6 +113,19 @@ impl Node {
                 "a build gives at most {MAX_NAMES} names"
             )));
         }
+        match (&req.from_template, req.from_image.is_empty()) {
+            (None, true) | (Some(_), false) => {
+                return Err(NodeError::Invalid(
+                    "a build starts from an image or from a template: exactly one".into(),
+                ))
+            }
+            (Some(t), true) => {
+                canonical(t)?;
+            }
+            (None, false) => {}
+        }
+        space_core::build_steps::validate_steps(&req.steps)
+            .map_err(|e| NodeError::Invalid(e.to_string()))?;
         if req.from_image.len() > MAX_IMAGE_REFERENCE {
             return Err(NodeError::Invalid(format!(
                 "the image reference is longer than {MAX_IMAGE_REFERENCE} bytes"
@@ -136,7 +150,10 @@ impl Node {
                 status: TemplateBuildStatus {
                     build_id: req.build_id.clone(),
                     name: names[0].clone(),
-                    from_image: req.from_image.clone(),
+                    from_image: match &req.from_template {
+                        Some(t) => format!("template:{t}"),
+                        None => req.from_image.clone(),
+                    },
                     state: TemplateBuildState::Building,
                     logs: Vec::new(),
                     next_log_index: 0,
@@ -288,12 +305,90 @@ impl Node {
             .push(task.abort_handle());
     }
 
-    /// The build itself: pull here, unpack and install by the node manager, publish, warm.
+    /// The build itself: the base (pulled here, unpacked and installed by the node manager;
+    /// or a template the node has), the steps, then names, publication and warmth.
     async fn build_template(
         &self,
         req: &BuildTemplate,
         names: &[String],
         log: Log,
+    ) -> Result<TemplateInfo, TemplateBuildError> {
+        let node_failed = |e: &dyn std::fmt::Display| TemplateBuildError {
+            code: TemplateBuildErrorCode::NodeFailed,
+            message: e.to_string(),
+        };
+        let base = match &req.from_template {
+            Some(name) => {
+                log(&format!("building {} from template {name}", names[0]));
+                self.template(name).map_err(|e| TemplateBuildError {
+                    code: TemplateBuildErrorCode::BadReference,
+                    message: e.to_string(),
+                })?
+            }
+            // Named by the image build itself when there are no steps.
+            None => self.build_image_base(req, names, &log).await?,
+        };
+        let template = if req.steps.is_empty() && req.from_template.is_none() {
+            base
+        } else {
+            self.run_build_steps(&req.build_id, &base, &req.steps, &log)
+                .await?
+        };
+        let first_named = if req.steps.is_empty() && req.from_template.is_none() {
+            1
+        } else {
+            0
+        };
+        for other in &names[first_named..] {
+            let (nm, store, name, digest) = (
+                self.inner.nm.clone(),
+                self.inner.store.clone(),
+                other.clone(),
+                template.digest.clone(),
+            );
+            tokio::task::spawn_blocking(move || nm.name_template(&store, &name, &digest))
+                .await
+                .map_err(|e| node_failed(&e))?
+                .map_err(|e| manager_failure(&e))?;
+            log(&format!("named {other}"));
+        }
+        let template = TemplateInfo {
+            name: names[0].clone(),
+            ..template
+        };
+        if self.inner.cfg.publish_templates && self.inner.objects.is_some() {
+            log("publishing to the object store");
+            self.publish_templates()
+                .await
+                .map_err(|e| node_failed(&e))?;
+            for name in names {
+                self.publish_template_name(name, &template.digest)
+                    .await
+                    .map_err(|e| node_failed(&e))?;
+            }
+        }
+        if self.inner.cfg.memory_images {
+            log("preparing the memory image and the warm pool");
+            // A template that cannot be warmed is still built: its first create will say
+            // what is wrong with it.
+            if let Err(e) = self.warm_template(&template).await {
+                log(&format!("warning: could not prepare the memory image: {e}"));
+            }
+        }
+        log(&format!(
+            "template {} ready ({} MiB)",
+            names[0], template.image_size_mib
+        ));
+        Ok(template)
+    }
+
+    /// A build's base image: pulled here, unpacked and installed by the node manager; named
+    /// `names[0]` unless steps follow (then only its digest finds it).
+    async fn build_image_base(
+        &self,
+        req: &BuildTemplate,
+        names: &[String],
+        log: &Log,
     ) -> Result<TemplateInfo, TemplateBuildError> {
         let failed =
             |code: TemplateBuildErrorCode, message: String| TemplateBuildError { code, message };
@@ -331,7 +426,7 @@ impl Node {
             let nm = self.inner.nm.clone();
             let store = self.inner.store.clone();
             let build = TemplateBuild {
-                name: names[0].clone(),
+                name: req.steps.is_empty().then(|| names[0].clone()),
                 user: req.user.clone(),
                 kernel_digest,
             };
@@ -346,47 +441,7 @@ impl Node {
         .await;
         let scratch = dir.clone();
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(scratch)).await;
-        let template = built?;
-        for other in &names[1..] {
-            let (nm, store, name, digest) = (
-                self.inner.nm.clone(),
-                self.inner.store.clone(),
-                other.clone(),
-                template.digest.clone(),
-            );
-            tokio::task::spawn_blocking(move || nm.name_template(&store, &name, &digest))
-                .await
-                .map_err(|e| node_failed(&e))?
-                .map_err(|e| manager_failure(&e))?;
-            log(&format!("named {other}"));
-        }
-        if self.inner.cfg.publish_templates && self.inner.objects.is_some() {
-            log("publishing to the object store");
-            self.publish_templates()
-                .await
-                .map_err(|e| node_failed(&e))?;
-            for name in names {
-                self.publish_template_name(name, &template.digest)
-                    .await
-                    .map_err(|e| node_failed(&e))?;
-            }
-        }
-        if self.inner.cfg.memory_images {
-            log("preparing the memory image and the warm pool");
-            // A template that cannot be warmed is still built: its first create will say
-            // what is wrong with it.
-            if let Err(e) = self.warm_template(&template).await {
-                log(&format!("warning: could not prepare the memory image: {e}"));
-            }
-        }
-        log(&format!(
-            "template {} ready ({} MiB)",
-            names[0], template.image_size_mib
-        ));
-        Ok(TemplateInfo {
-            name: names[0].clone(),
-            ..template
-        })
+        built
     }
 
     /// The kernel bundle new templates boot with: the newest in the store.

@@ -76,10 +76,18 @@ impl TemplateStore {
         }
     }
 
-    /// Points `name` at `digest` (atomically replacing what it pointed at).
+    /// Points `name` at `digest` (atomically replacing what it pointed at). A template whose
+    /// image was never hashed (a build step's, see [`TemplateStore::install_unnamed`]) is
+    /// hashed first: every named template can be published and checked.
     pub fn set_name(&self, name: &str, digest: &str) -> Result<(), StorageError> {
         check_name(name)?;
         validate_digest(digest)?;
+        if let Some(info) = self.cas.get(digest)? {
+            if info.image_sha256.is_empty() {
+                let sha = fsops::sha256_of(&self.image_path(&info))?;
+                self.cas.update_meta(digest, |t| t.image_sha256 = sha)?;
+            }
+        }
         let dir = self.names_dir();
         fsops::create_dir_all(&dir)?;
         fsops::write_atomic(&dir.join(name), format!("{digest}\n").as_bytes())
@@ -188,8 +196,20 @@ impl TemplateStore {
         build: impl FnOnce(&Path) -> Result<TemplateInfo, E>,
     ) -> Result<TemplateInfo, E> {
         check_name(name)?;
-        let mut info = self
-            .cas
+        let mut info = self.build_unnamed_or_wait(digest, build)?;
+        self.set_name(name, digest)?;
+        info.name = name.to_owned();
+        Ok(info)
+    }
+
+    /// [`TemplateStore::build_or_wait`] without a name: a template only its digest finds (a
+    /// build's base or one of its cached steps), listed under no name.
+    pub fn build_unnamed_or_wait<E: From<StorageError>>(
+        &self,
+        digest: &str,
+        build: impl FnOnce(&Path) -> Result<TemplateInfo, E>,
+    ) -> Result<TemplateInfo, E> {
+        self.cas
             .build_or_wait(digest, |staging| -> Result<TemplateInfo, E> {
                 let info = build(staging)?;
                 let image = staging.join(IMAGE_FILE);
@@ -202,10 +222,7 @@ impl TemplateStore {
                     .into());
                 }
                 Ok(info)
-            })?;
-        self.set_name(name, digest)?;
-        info.name = name.to_owned();
-        Ok(info)
+            })
     }
 
     /// Sets the kernel bundle a template boots with (templates are keyed by their rootfs
@@ -231,9 +248,27 @@ impl TemplateStore {
         image: &std::fs::File,
     ) -> Result<TemplateInfo, StorageError> {
         check_name(&info.name)?;
-        let mut installed = self.cas.build_or_wait(&info.digest, |staging| {
+        let mut installed = self.install_unnamed(info, image)?;
+        self.set_name(&info.name, &info.digest)?;
+        installed.name = info.name.clone();
+        Ok(installed)
+    }
+
+    /// [`TemplateStore::install`] without pointing a name at it. An empty
+    /// `info.image_sha256` stays empty (an image made here, a build step's cache, that only
+    /// its digest finds): hashing a multi-GiB sparse disk at every step would cost more than
+    /// the step; [`TemplateStore::set_name`] hashes it when it becomes a named template.
+    pub fn install_unnamed(
+        &self,
+        info: &TemplateInfo,
+        image: &std::fs::File,
+    ) -> Result<TemplateInfo, StorageError> {
+        self.cas.build_or_wait(&info.digest, |staging| {
             let dst = staging.join(IMAGE_FILE);
             fsops::copy_open_file(image, Path::new("(the fetched image)"), &dst)?;
+            if info.image_sha256.is_empty() {
+                return Ok(info.clone());
+            }
             let got = fsops::sha256_of(&dst)?;
             if got != info.image_sha256 {
                 return Err(StorageError::ContentMismatch {
@@ -243,10 +278,7 @@ impl TemplateStore {
                 });
             }
             Ok(info.clone())
-        })?;
-        self.set_name(&info.name, &info.digest)?;
-        installed.name = info.name.clone();
-        Ok(installed)
+        })
     }
 
     /// Copies template `name` from another template store (reflinks on the same btrfs,

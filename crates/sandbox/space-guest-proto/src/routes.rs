@@ -99,6 +99,8 @@ pub const FILES_MKDIR: &str = "/v1/files/mkdir";
 pub const FILES_RENAME: &str = "/v1/files/rename";
 /// Watch a directory (NDJSON stream of `WatchEvent`).
 pub const FILES_WATCH: &str = "/v1/files/watch";
+/// Unpack a tar archive (PUT body) under a directory.
+pub const FILES_ARCHIVE: &str = "/v1/files/archive";
 /// Response header with the size of a file being read.
 pub const FILE_SIZE_HEADER: &str = "x-space-file-size";
 /// Content type of output streams.

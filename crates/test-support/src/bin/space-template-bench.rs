@@ -3,7 +3,9 @@
 //! side; the same image built again (cached: config fetched, no layer); and the first create
 //! of a fresh template (its memory image built on the way) against the next create; and a
 //! build through the API (`POST /v1/templates`, pulled by the node and warmed: memory image
-//! and a pool member made right after it), with the first create after that.
+//! and a pool member made right after it), with the first create after that; and build steps
+//! on top of that template (a Dockerfile's `COPY`, `ENV`, `WORKDIR` and three `RUN`s, in a
+//! builder sandbox), cold and then taken whole from the step cache.
 //!
 //! Each sample is a fresh store, so every cold build pulls and unpacks everything. Run with
 //! `sudo ./scripts/bench-templates [samples]` (default 5). Prints percentiles; every figure is
@@ -87,6 +89,7 @@ async fn main() {
     let (mut from_registry, mut from_layout, mut cached) = (Vec::new(), Vec::new(), Vec::new());
     let (mut first_create, mut next_create) = (Vec::new(), Vec::new());
     let (mut api_build, mut api_warm, mut api_first) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut steps_cold, mut steps_cached) = (Vec::new(), Vec::new());
     let ca_pem = std::fs::read_to_string(&registry.ca).expect("registry CA");
     for _ in 0..samples {
         let data_dir = test_support::new_data_dir();
@@ -128,18 +131,7 @@ async fn main() {
             "name": "big-api", "from_image": reference, "user": "0",
             "registry_auth": {"username": test_support::registry::USER, "password": test_support::registry::PASSWORD},
         });
-        let mut events = c.build_template_followed(&req).await.expect("build");
-        let mut ready = false;
-        while let Some(ev) = futures::StreamExt::next(&mut events).await {
-            match ev.expect("event") {
-                space_core::template::TemplateBuildEvent::Ready { .. } => ready = true,
-                space_core::template::TemplateBuildEvent::Failed { error } => {
-                    panic!("API build failed: {error:?}")
-                }
-                _ => {}
-            }
-        }
-        assert!(ready, "the build stream ended early");
+        follow_to_ready(c, &req).await;
         api_build.push(t.elapsed().as_secs_f64() * 1000.0);
         test_support::wait_until(
             std::time::Duration::from_secs(300),
@@ -164,6 +156,28 @@ async fn main() {
             .expect("create");
         api_first.push(t.elapsed().as_secs_f64() * 1000.0);
         let _ = c.delete_sandbox(a.id.as_str()).await;
+
+        // Build steps on that template, as a Dockerfile has them.
+        let files = tar_of(&[("app/main.sh", b"echo main\n")]);
+        let sha = hex_sha256(&files);
+        c.put_build_files(&sha, files).await.expect("upload");
+        let steps = serde_json::json!([
+            {"env": {"APP": "bench"}},
+            {"workdir": "/srv/app"},
+            {"copy": {"files": sha, "dest": "."}},
+            {"run": "cat app/main.sh > built.txt"},
+            {"run": "dd if=/dev/zero of=/srv/app/blob bs=1M count=10 2>/dev/null"},
+            {"run": "ls -l /srv/app > listing.txt"},
+        ]);
+        for (name, into) in [
+            ("steps", &mut steps_cold),
+            ("steps-again", &mut steps_cached),
+        ] {
+            let t = Instant::now();
+            let req = serde_json::json!({"name": name, "from_template": "big-api", "steps": steps});
+            follow_to_ready(c, &req).await;
+            into.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
         server.stop().await;
     }
     report(
@@ -189,4 +203,44 @@ async fn main() {
         "first create after an API build (warm pool)",
         &mut api_first,
     );
+    report(
+        "steps build: COPY, ENV, WORKDIR, 3 RUN (builder, warm-up)",
+        &mut steps_cold,
+    );
+    report(
+        "the same steps again (step cache, warm-up)",
+        &mut steps_cached,
+    );
+}
+
+/// Starts build `req` and follows it until it is ready (panics if it fails).
+async fn follow_to_ready(c: &space_cli::client::SpaceClient, req: &serde_json::Value) {
+    let mut events = c.build_template_followed(req).await.expect("build");
+    while let Some(ev) = futures::StreamExt::next(&mut events).await {
+        match ev.expect("event") {
+            space_core::template::TemplateBuildEvent::Ready { .. } => return,
+            space_core::template::TemplateBuildEvent::Failed { error } => {
+                panic!("the build failed: {error:?}")
+            }
+            _ => {}
+        }
+    }
+    panic!("the build stream ended early");
+}
+
+/// A tar archive of `files` (path, contents), as the CLI packs a `COPY`'s.
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, path, *data).expect("tar");
+    }
+    b.into_inner().expect("tar")
+}
+
+fn hex_sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
 }

@@ -9,6 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::{render, Global};
 
 /// Template commands.
+// Parsed once per run: the size of `Build` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum TemplateCmd {
     /// List templates.
@@ -19,15 +21,26 @@ pub enum TemplateCmd {
         name: String,
     },
     /// Build a template into the local store (needs root): from SPACE's recipe of that
-    /// name, or with `--from` from a container image.
+    /// name, or with `--from` from a container image. With `--file`, from a Dockerfile, on
+    /// the server's node (its `RUN`s run in a builder sandbox there).
     Build {
         /// Template name: a recipe's (`base`, `busybox`), or any name with `--from`.
         name: String,
         /// The image to build from: `HOST/REPO:TAG` or `docker://…` (a registry, by tag or
         /// `@sha256:` digest), `oci:DIR[:TAG]` (an OCI layout), `docker-archive:FILE` (a
         /// `docker save` tarball).
-        #[arg(long, value_name = "REF")]
+        #[arg(long, value_name = "REF", conflicts_with = "file")]
         from: Option<String>,
+        /// A Dockerfile to build (through the API, like `--api`): its `FROM` image (a
+        /// registry's), then its steps; `COPY` sources come from `--context`.
+        #[arg(long, short = 'f', value_name = "DOCKERFILE")]
+        file: Option<std::path::PathBuf>,
+        /// The build context `COPY` reads from (default: the Dockerfile's directory).
+        #[arg(long, value_name = "DIR", requires = "file")]
+        context: Option<std::path::PathBuf>,
+        /// A Dockerfile `ARG`'s value: `NAME=VALUE` (repeatable).
+        #[arg(long, value_name = "NAME=VALUE", requires = "file")]
+        build_arg: Vec<String>,
         /// Registry credentials: a Docker-style auth file (`docker login`/`podman login`
         /// write one). Never given on the command line.
         #[arg(long, env = "REGISTRY_AUTH_FILE", value_name = "FILE")]
@@ -53,8 +66,8 @@ pub enum TemplateCmd {
         /// image only), then makes its memory image and warm pool.
         #[arg(long, requires = "from")]
         api: bool,
-        /// With `--api`: another tag for the build (`NAME:TAG`; repeatable).
-        #[arg(long, requires = "api")]
+        /// With `--api` or `--file`: another tag for the build (`NAME:TAG`; repeatable).
+        #[arg(long)]
         tag: Vec<String>,
     },
     /// Remove a template name through the API (the template goes with its last name);
@@ -89,13 +102,32 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
         }
         TemplateCmd::Build {
             name,
+            file: Some(file),
+            context,
+            build_arg,
+            registry_auth,
+            user,
+            tag,
+            ..
+        } => {
+            let req = dockerfile_request(g, &name, &file, context, &build_arg, user, tag).await?;
+            return follow_build(g, name, req, registry_auth).await;
+        }
+        TemplateCmd::Build {
+            name,
             from: Some(from),
             registry_auth,
             user,
             api: true,
             tag,
             ..
-        } => return build_through_api(g, name, from, registry_auth, user, tag).await,
+        } => {
+            let mut req = serde_json::json!({"name": name, "from_image": from, "tags": tag});
+            if let Some(user) = user {
+                req["user"] = user.into();
+            }
+            return follow_build(g, name, req, registry_auth).await;
+        }
         TemplateCmd::Build {
             name,
             from,
@@ -105,8 +137,14 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             user,
             spaced,
             mirror,
+            tag,
             ..
         } => {
+            if !tag.is_empty() {
+                anyhow::bail!(
+                    "--tag names a build through the API: add --api (or build with --file)"
+                );
+            }
             let spaced = match spaced {
                 Some(p) => p,
                 None => std::env::current_exe()?.with_file_name("spaced"),
@@ -195,23 +233,92 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// `space template build --api`: starts the build on the server and prints its log as it
-/// comes; registry credentials from the auth file are sent for that pull only.
-async fn build_through_api(
+/// The build request for a Dockerfile: its steps, each `COPY`'s sources packed from the
+/// context and uploaded (unless the server has them already).
+async fn dockerfile_request(
     g: &Global,
-    name: String,
-    from: String,
-    registry_auth: Option<std::path::PathBuf>,
+    name: &str,
+    file: &std::path::Path,
+    context: Option<std::path::PathBuf>,
+    build_args: &[String],
     user: Option<String>,
     tags: Vec<String>,
-) -> anyhow::Result<u8> {
-    use futures::StreamExt;
-    use space_core::template::TemplateBuildEvent;
-    let mut req = serde_json::json!({"name": name, "from_image": from, "tags": tags});
+) -> anyhow::Result<serde_json::Value> {
+    use crate::dockerfile::{self, PlannedStep};
+    use space_core::build_steps::{BuildStep, CopyStep};
+    let text =
+        std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut args = std::collections::BTreeMap::new();
+    for a in build_args {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--build-arg {a:?}: NAME=VALUE"))?;
+        args.insert(k.to_owned(), v.to_owned());
+    }
+    let plan = dockerfile::parse(&text, &args)?;
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
+    }
+    let context = match context {
+        Some(c) => c,
+        None => file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|p| p.to_owned())
+            .unwrap_or_else(|| ".".into()),
+    };
+    let client = g.client()?;
+    let mut steps = Vec::new();
+    for planned in plan.steps {
+        let step = match planned {
+            PlannedStep::Step(step) => step,
+            PlannedStep::Copy {
+                sources,
+                dest,
+                chown,
+            } => {
+                let (ctx, srcs, to) = (context.clone(), sources.clone(), dest.clone());
+                let packed = tokio::task::spawn_blocking(move || {
+                    crate::build_context::pack(&ctx, &srcs, &to)
+                })
+                .await??;
+                let body = tokio::fs::File::open(packed.file.path()).await?;
+                client.put_build_files(&packed.sha256, body).await?;
+                eprintln!(
+                    "uploaded {} for COPY {} ({})",
+                    sources.join(" "),
+                    dest,
+                    crate::render::short(&packed.sha256)
+                );
+                BuildStep::Copy(CopyStep {
+                    files: packed.sha256,
+                    dest: packed.dest_dir,
+                    chown,
+                })
+            }
+        };
+        steps.push(step);
+    }
+    let mut req =
+        serde_json::json!({"name": name, "from_image": plan.from, "steps": steps, "tags": tags});
     if let Some(user) = user {
         req["user"] = user.into();
     }
-    if let Some(file) = registry_auth {
+    Ok(req)
+}
+
+/// Starts build `req` on the server and prints its log as it comes; registry credentials
+/// from the auth file are sent for that pull only.
+async fn follow_build(
+    g: &Global,
+    name: String,
+    mut req: serde_json::Value,
+    registry_auth: Option<std::path::PathBuf>,
+) -> anyhow::Result<u8> {
+    use futures::StreamExt;
+    use space_core::template::TemplateBuildEvent;
+    let from = req["from_image"].as_str().unwrap_or_default().to_owned();
+    if let Some(file) = registry_auth.filter(|_| !from.is_empty()) {
         if let Some(login) = space_images::oci::registry::login_for_reference(&file, &from)? {
             req["registry_auth"] =
                 serde_json::json!({"username": login.username, "password": login.password});

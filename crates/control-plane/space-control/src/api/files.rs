@@ -241,16 +241,10 @@ pub async fn write_file(
     let limit = st.max_upload_bytes;
     let too_large =
         || ApiError::too_large(format!("upload is larger than the limit of {limit} bytes"));
-    if let Some(len) = content_length(&headers).filter(|&len| len > limit) {
-        if len <= MAX_DRAIN_BYTES {
-            drain(body).await;
-        }
-        return Err(too_large());
-    }
+    // Going over the limit fails the stream, which aborts the guest's atomic write, so
+    // nothing partial remains.
+    let (data, exceeded) = bounded_upload(&headers, body, limit, too_large).await?;
     let guest = st.guest(&tenant.id, &id).await?;
-    // Count while streaming: the header may be absent (chunked) or lie. Going over the limit
-    // fails the stream, which aborts the guest's atomic write, so nothing partial remains.
-    let (data, exceeded) = limit_stream(body.into_data_stream().map_err(io::Error::other), limit);
     match guest
         .write_file(&q.path, q.user.as_deref(), mode, &metadata, data)
         .await
@@ -259,6 +253,33 @@ pub async fn write_file(
         Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// An upload's body, refused at once (`too_large()`, after draining a small one) when its
+/// `Content-Length` is over `limit`, and otherwise counted as it streams: the header may be
+/// absent (chunked) or lie. The flag tells afterwards whether the stream failed for size.
+pub async fn bounded_upload(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    too_large: impl Fn() -> ApiError,
+) -> Result<
+    (
+        BoxStream<'static, Result<Bytes, io::Error>>,
+        Arc<AtomicBool>,
+    ),
+    ApiError,
+> {
+    if let Some(len) = content_length(headers).filter(|&len| len > limit) {
+        if len <= MAX_DRAIN_BYTES {
+            drain(body).await;
+        }
+        return Err(too_large());
+    }
+    Ok(limit_stream(
+        body.into_data_stream().map_err(io::Error::other),
+        limit,
+    ))
 }
 
 /// Largest oversized upload the server reads and throws away before it answers 413: a

@@ -99,6 +99,10 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(templates::get_build))
         .routes(routes!(
+            templates::put_build_files,
+            templates::get_build_files
+        ))
+        .routes(routes!(
             sandboxes::create_sandbox,
             sandboxes::list_sandboxes
         ))

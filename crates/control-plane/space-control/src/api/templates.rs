@@ -1,5 +1,8 @@
 //! `/v1/templates`: the templates sandboxes can be created from, and their builds.
 
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::header::ACCEPT;
 use axum::http::{HeaderMap, StatusCode};
@@ -7,14 +10,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
+use space_core::build_steps::MAX_BUILD_FILES_BYTES;
 use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
 use space_core::ErrorBody;
 
-use super::error::ApiResult;
+use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, ApiQuery};
+use super::files::bounded_upload;
 use super::processes::{ndjson_response, NDJSON};
 use super::AppState;
-use crate::service::templates::{self, TemplateBuildRequest};
+use crate::service::templates::{self, BuildFiles, TemplateBuildRequest};
 use crate::service::Caller;
 
 /// List the templates: name, size, origin (the image it was built from), defaults.
@@ -158,4 +163,61 @@ pub async fn get_build(
 ) -> ApiResult<Json<TemplateBuildStatus>> {
     caller.require_operator()?;
     Ok(Json(templates::build_status(&st, &id, q.logs_from).await?))
+}
+
+/// Upload an archive of files (a tar) for build steps' `copy`, named by its SHA-256 (the
+/// operator's, like builds). Checked against the hash as it is stored; one uploaded before
+/// is kept. Larger than 1 GiB: 413.
+#[utoipa::path(
+    put,
+    path = "/v1/templates/files/{sha256}",
+    tag = "templates",
+    params(("sha256" = String, Path, description = "Lowercase hex SHA-256 of the archive")),
+    request_body(content = Vec<u8>, content_type = "application/x-tar", description = "The tar archive, streamed"),
+    responses(
+        (status = 200, description = "Stored", body = BuildFiles),
+        (status = 400, description = "Not the archive the hash names", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 413, description = "Larger than 1 GiB", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn put_build_files(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(sha256): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<BuildFiles>> {
+    let limit = MAX_BUILD_FILES_BYTES;
+    let too_large = || ApiError::too_large(format!("an archive of files is at most {limit} bytes"));
+    let (data, exceeded) = bounded_upload(&headers, body, limit, too_large).await?;
+    match templates::put_build_files(&st, &caller, &sha256, data).await {
+        Ok(stored) => Ok(Json(stored)),
+        Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether an archive of files for build steps is uploaded.
+#[utoipa::path(
+    get,
+    path = "/v1/templates/files/{sha256}",
+    tag = "templates",
+    params(("sha256" = String, Path, description = "Lowercase hex SHA-256 of the archive")),
+    responses(
+        (status = 200, description = "Whether it is there", body = BuildFiles),
+        (status = 400, description = "Not a SHA-256", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_build_files(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(sha256): Path<String>,
+) -> ApiResult<Json<BuildFiles>> {
+    Ok(Json(templates::build_files(&st, &caller, &sha256).await?))
 }

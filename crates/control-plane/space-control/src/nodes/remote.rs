@@ -167,6 +167,14 @@ impl RemoteNode {
 }
 
 /// How long a call may take: operations that boot, save or restore VMs get long.
+/// Files for build steps' `COPY` cannot reach a remote node yet.
+fn no_build_files() -> NodeCallError {
+    NodeCallError::refused(
+        space_core::ErrorCode::InvalidRequest,
+        "COPY in template builds is not available on a cluster's remote nodes yet; build without COPY, or on a single node",
+    )
+}
+
 fn timeout_of(req: &NodeRequest) -> Duration {
     match req {
         NodeRequest::CreateSandbox { .. }
@@ -496,6 +504,20 @@ impl NodeApi for RemoteNode {
             name: name.to_owned(),
         })
         .await
+    }
+
+    // The node protocol carries no request bodies but JSON calls yet: a cluster's builds
+    // cannot `COPY` (said so, never pretended).
+    async fn put_build_files(
+        &self,
+        _sha256: &str,
+        _body: futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> NodeResult<u64> {
+        Err(no_build_files())
+    }
+
+    async fn has_build_files(&self, _sha256: &str) -> NodeResult<bool> {
+        Err(no_build_files())
     }
 
     async fn pool_status(&self) -> NodeResult<Vec<PoolShape>> {

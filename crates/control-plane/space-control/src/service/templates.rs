@@ -1,4 +1,5 @@
-//! Templates as objects: list, get, build from a registry image, delete.
+//! Templates as objects: list, get, build (from a registry image or a template, with build
+//! steps such as a Dockerfile's), delete; and the archives build steps copy from.
 //!
 //! Templates are shared by every tenant, so building and deleting are the operator's (a
 //! tenant could otherwise replace `base` under everyone). A build runs on one node, which
@@ -37,8 +38,19 @@ pub struct TemplateBuildRequest {
     /// The template's name: `NAME` or `NAME:TAG`.
     pub name: String,
     /// A registry image: `HOST/REPO:TAG`, `HOST/REPO@sha256:…` (a bare `REPO` is Docker
-    /// Hub's).
-    pub from_image: String,
+    /// Hub's). Exactly one of `from_image` and `from_template`.
+    #[serde(default)]
+    pub from_image: Option<String>,
+    /// A template to build on instead of an image.
+    #[serde(default)]
+    pub from_template: Option<String>,
+    /// What is done on top, in order: `{"run": "LINE"}` or `{"run": [ARGV]}`,
+    /// `{"copy": {"files": SHA256, "dest": DIR, "chown": USER}}` (an archive uploaded with
+    /// `PUT /v1/templates/files/{sha256}`), `{"env": {NAME: VALUE}}`, `{"workdir": DIR}`,
+    /// `{"user": USER}`. Each `run` runs in a builder sandbox; an unchanged step on an
+    /// unchanged base is taken from the cache.
+    #[serde(default)]
+    pub steps: Vec<space_core::build_steps::BuildStep>,
     /// More tags for the same build: `python` with tags `["3.12"]` is also `python:3.12`.
     #[serde(default)]
     pub tags: Vec<String>,
@@ -110,17 +122,20 @@ pub async fn start_build(
         .iter()
         .map(|tag| canonical(&format!("{base}:{tag}")))
         .collect::<Result<Vec<_>, _>>()?;
-    if req.from_image.trim().is_empty() || req.from_image.len() > MAX_IMAGE_REFERENCE {
-        return Err(ApiError::invalid(format!(
-            "from_image must be an image reference of 1 to {MAX_IMAGE_REFERENCE} bytes"
-        )));
+    let (from_image, from_template) = match (req.from_image, req.from_template) {
+        (Some(image), None) => (image, None),
+        (None, Some(template)) => (String::new(), Some(canonical(&template)?)),
+        _ => {
+            return Err(ApiError::invalid(
+                "a build starts from_image or from_template: exactly one of them",
+            ))
+        }
+    };
+    if from_template.is_none() {
+        check_image_reference(&from_image)?;
     }
-    let local = ["oci:", "oci-archive:", "docker-archive:", "/", ".", "~"];
-    if local.iter().any(|p| req.from_image.starts_with(p)) {
-        return Err(ApiError::invalid(
-            "from_image must name a registry image; local layouts and archives are built with the CLI on the node (`space template build NAME --from oci:DIR`)",
-        ));
-    }
+    space_core::build_steps::validate_steps(&req.steps)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let build = BuildTemplate {
         build_id: format!(
             "tb-{}",
@@ -130,7 +145,9 @@ pub async fn start_build(
         ),
         name,
         also_named,
-        from_image: req.from_image,
+        from_image,
+        from_template,
+        steps: req.steps,
         user: req.user,
         registry_login: req.registry_auth.map(|a| RegistryLogin {
             username: a.username,
@@ -138,8 +155,78 @@ pub async fn start_build(
         }),
     };
     let node = st.nodes.any()?;
-    tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, node = node.name(), "template build started");
+    tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, template = ?build.from_template, steps = build.steps.len(), node = node.name(), "template build started");
     Ok(node.start_template_build(build).await?)
+}
+
+fn check_image_reference(reference: &str) -> Result<(), ApiError> {
+    if reference.trim().is_empty() || reference.len() > MAX_IMAGE_REFERENCE {
+        return Err(ApiError::invalid(format!(
+            "from_image must be an image reference of 1 to {MAX_IMAGE_REFERENCE} bytes"
+        )));
+    }
+    let local = ["oci:", "oci-archive:", "docker-archive:", "/", ".", "~"];
+    if local.iter().any(|p| reference.starts_with(p)) {
+        return Err(ApiError::invalid(
+            "from_image must name a registry image; local layouts and archives are built with the CLI on the node (`space template build NAME --from oci:DIR`)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether an archive of files for build steps is uploaded (on the node builds run on).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BuildFiles {
+    /// The archive's SHA-256 (hex).
+    pub sha256: String,
+    /// Whether it is there.
+    pub present: bool,
+    /// Its size, once uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// Stores an archive of files for build steps' `COPY` (the operator's, like builds).
+pub async fn put_build_files(
+    st: &AppState,
+    caller: &Caller,
+    sha256: &str,
+    body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+) -> Result<BuildFiles, ApiError> {
+    caller.require_operator()?;
+    check_files_hash(sha256)?;
+    let size = st.nodes.any()?.put_build_files(sha256, body).await?;
+    Ok(BuildFiles {
+        sha256: sha256.to_owned(),
+        present: true,
+        size: Some(size),
+    })
+}
+
+/// Whether the archive `sha256` is uploaded.
+pub async fn build_files(
+    st: &AppState,
+    caller: &Caller,
+    sha256: &str,
+) -> Result<BuildFiles, ApiError> {
+    caller.require_operator()?;
+    check_files_hash(sha256)?;
+    let present = st.nodes.any()?.has_build_files(sha256).await?;
+    Ok(BuildFiles {
+        sha256: sha256.to_owned(),
+        present,
+        size: None,
+    })
+}
+
+fn check_files_hash(sha256: &str) -> Result<(), ApiError> {
+    if space_core::build_steps::validate_files_hash(sha256) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "files are named by the lowercase hex SHA-256 of their tar archive",
+        ))
+    }
 }
 
 /// Build `id` with its log lines from `logs_from`, from whichever node runs it.

@@ -58,7 +58,7 @@ pub async fn build_from_image(
     opts: &ImageBuildOpts,
     progress: Progress,
 ) -> Result<TemplateInfo, ImageError> {
-    check_build(store, name, kernel_digest)?;
+    check_build(store, Some(name), kernel_digest)?;
     let work = work_dir(store)?;
     let blobs = work.path().join("blobs");
     stage_image(store, source, &blobs, opts, progress.clone()).await?;
@@ -66,7 +66,14 @@ pub async fn build_from_image(
     let (name, kernel_digest, opts) = (name.to_owned(), kernel_digest.to_owned(), opts.clone());
     tokio::task::spawn_blocking(move || {
         let input = staged::open_staged(&blobs, &opts.limits)?;
-        let info = build_staged(&store, &name, &input, &kernel_digest, &opts, &*progress);
+        let info = build_staged(
+            &store,
+            Some(&name),
+            &input,
+            &kernel_digest,
+            &opts,
+            &*progress,
+        );
         drop(work);
         info
     })
@@ -101,12 +108,17 @@ pub async fn stage_image(
         .map_err(|e| OciError::Unpacker(format!("the staging task failed: {e}")))?
 }
 
-/// Checks what a build needs before anything is fetched: a valid name and the kernel bundle.
-pub fn check_build(store: &Store, name: &str, kernel_digest: &str) -> Result<(), ImageError> {
+/// Checks what a build needs before anything is fetched: a valid name (if any) and the
+/// kernel bundle.
+pub fn check_build(
+    store: &Store,
+    name: Option<&str>,
+    kernel_digest: &str,
+) -> Result<(), ImageError> {
     if store.kernels().get(kernel_digest)?.is_none() {
         return Err(ImageError::KernelMissing(kernel_digest.to_owned()));
     }
-    if !space_core::template::validate_template_name(name) {
+    if let Some(name) = name.filter(|n| !space_core::template::validate_template_name(n)) {
         return Err(
             space_storage::StorageError::InvalidName(name.chars().take(80).collect()).into(),
         );
@@ -116,11 +128,12 @@ pub fn check_build(store: &Store, name: &str, kernel_digest: &str) -> Result<(),
 
 /// Builds template `name` from a staged image (opened and checked by
 /// [`staged::open_staged`]) into `store`, unless the store has it already; points `name` at
-/// it. Blocking; needs root (the unpacker's uid range). Nothing is registered unless every
-/// step succeeds.
+/// it (none: the template is found by its digest only, e.g. the base of a build with steps).
+/// Blocking; needs root (the unpacker's uid range). Nothing is registered unless every step
+/// succeeds.
 pub fn build_staged(
     store: &Store,
-    name: &str,
+    name: Option<&str>,
     input: &StagedInput,
     kernel_digest: &str,
     opts: &ImageBuildOpts,
@@ -129,10 +142,11 @@ pub fn build_staged(
     check_build(store, name, kernel_digest)?;
     let digest = template_digest(&input.config_digest, opts.user.as_deref());
     let templates = store.templates();
+    let shown = name.unwrap_or("image");
     if templates.lookup_digest(&digest)?.is_some() {
-        say(&format!("template {name} ({}) is cached", short(&digest)));
+        say(&format!("template {shown} ({}) is cached", short(&digest)));
     }
-    let info = templates.build_or_wait(name, &digest, |staging| {
+    let build = |staging: &Path| {
         let work = work_dir(store)?;
         unpack(
             input,
@@ -143,18 +157,22 @@ pub fn build_staged(
             opts,
             say,
         )
-    })?;
+    };
+    let info = match name {
+        Some(name) => templates.build_or_wait(name, &digest, build)?,
+        None => templates.build_unnamed_or_wait(&digest, build)?,
+    };
     let info = if info.kernel_digest != kernel_digest {
         templates.set_kernel_digest(&digest, kernel_digest)?
     } else {
         info
     };
     say(&format!(
-        "template {name} ready ({} MiB image, from {})",
+        "template {shown} ready ({} MiB image, from {})",
         info.image_size_mib, input.image.source
     ));
     Ok(TemplateInfo {
-        name: name.to_owned(),
+        name: name.unwrap_or_default().to_owned(),
         ..info
     })
 }

@@ -168,25 +168,83 @@ pub(super) async fn write(
             }
         }
     });
-    let feed = async move {
-        let mut body = body;
-        while let Some(frame) = body.frame().await {
-            let frame =
-                frame.map_err(|e| ApiError::invalid(format!("reading request body: {e}")))?;
-            if let Ok(data) = frame.into_data() {
-                // A send error means the writer failed; its error is the one to report.
-                if tx.send(WriteMsg::Data(data)).await.is_err() {
-                    return Ok(());
-                }
-            }
-        }
-        let _ = tx.send(WriteMsg::End).await;
-        Ok::<(), ApiError>(())
-    };
-    let (written, fed) = tokio::join!(writer, feed);
+    let (written, fed) = tokio::join!(writer, feed(body, tx));
     let stat = written?;
     fed?;
     Ok(Json(stat))
+}
+
+/// Sends a request body's chunks to the blocking thread that consumes them, then `End`.
+async fn feed(mut body: Body, tx: mpsc::Sender<WriteMsg>) -> Result<(), ApiError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::invalid(format!("reading request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            // A send error means the consumer failed; its error is the one to report.
+            if tx.send(WriteMsg::Data(data)).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+    let _ = tx.send(WriteMsg::End).await;
+    Ok(())
+}
+
+/// `PUT /v1/files/archive`: the body, a tar archive, unpacked under `path` as the user.
+pub(super) async fn unpack_archive(
+    st: St,
+    ApiQuery(q): ApiQuery<FileQuery>,
+    body: Body,
+) -> Result<Json<space_core::files::UnpackedArchive>, ApiError> {
+    let (user, path) = target(&st, &q.path, q.user.as_deref())?;
+    let (tx, rx) = mpsc::channel::<WriteMsg>(CHANNEL_CHUNKS);
+    let unpacker = as_user(user, move || {
+        crate::files::archive::unpack(ChannelReader::new(rx), &path)
+    });
+    let (unpacked, fed) = tokio::join!(unpacker, feed(body, tx));
+    let unpacked = unpacked?;
+    fed?;
+    Ok(Json(unpacked))
+}
+
+/// A blocking reader over the chunks a request body's feeder sends; a body that ends
+/// without `End` (it failed) is an error, not the end of the archive.
+struct ChannelReader {
+    rx: mpsc::Receiver<WriteMsg>,
+    chunk: Bytes,
+    ended: bool,
+}
+
+impl ChannelReader {
+    fn new(rx: mpsc::Receiver<WriteMsg>) -> Self {
+        ChannelReader {
+            rx,
+            chunk: Bytes::new(),
+            ended: false,
+        }
+    }
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(WriteMsg::Data(d)) => self.chunk = d,
+                Some(WriteMsg::End) => self.ended = true,
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "request body ended early",
+                    ))
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
 }
 
 pub(super) async fn remove(

@@ -20,7 +20,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -64,6 +64,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(routes::FILES_MKDIR, post(files::mkdir))
         .route(routes::FILES_RENAME, post(files::rename))
         .route(routes::FILES_WATCH, get(files::watch))
+        .route(routes::FILES_ARCHIVE, put(files::unpack_archive))
         .route("/v1/ports/{port}/connect", post(ports::connect))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

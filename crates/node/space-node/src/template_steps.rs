@@ -1,0 +1,594 @@
+//! A template build's steps (`RUN`, `COPY`, `ENV`, `WORKDIR`, `USER`; see
+//! `space_core::build_steps`), run in a builder sandbox on this node.
+//!
+//! The builder is an ordinary sandbox of the image built so far (its own VM, the node's
+//! egress policy, a tenant of its own with no credentials), marked as the build's so the
+//! control plane never sees it. Each step that changes the disk runs in it, then its disk is
+//! snapshotted (file systems frozen for the instant) and installed by the node manager as an
+//! unnamed template whose digest is the step's cache key: a later build with the same step
+//! on the same base finds it and runs nothing. Only the first step not in the cache starts
+//! a builder; the builder goes with the build, whatever its outcome.
+//!
+//! `COPY` reads archives uploaded beforehand ([`Node::put_build_files`]) from the node's
+//! `build-files/` directory, checked against their SHA-256 as they are stored.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use space_core::build_steps::{
+    changes_disk, step_key, validate_files_hash, BuildStep, RunCommand, StepContext,
+    MAX_BUILD_FILES_BYTES,
+};
+use space_core::process::{OutputEvent, ProcessSpec};
+use space_core::sandbox::ResourcesRequest;
+use space_core::template::{TemplateBuildError, TemplateBuildErrorCode, TemplateInfo};
+use space_core::{SandboxId, SnapshotTrigger, TenantId};
+use space_guest_client::GuestClient;
+use space_node_proto::{CreateSandbox, SandboxSettings};
+use tokio::io::AsyncWriteExt;
+
+use crate::sandbox_manager::{internal, now_ms};
+use crate::template_builds::Log;
+use crate::{Node, NodeError};
+
+/// Disk a builder has beyond its base image, for what the steps install (the template's
+/// image is this size, sparse; hashed once, when the build names it).
+const BUILD_HEADROOM_MIB: u32 = 2048;
+/// Longest a single `RUN` may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// How long an uploaded archive of files is kept after it was last uploaded or used.
+const BUILD_FILES_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest partial output line kept before it is logged anyway.
+const MAX_PENDING_LINE: usize = 2048;
+
+/// A running builder.
+struct Builder {
+    id: SandboxId,
+    guest: GuestClient,
+}
+
+fn failed(code: TemplateBuildErrorCode, message: impl Into<String>) -> TemplateBuildError {
+    TemplateBuildError {
+        code,
+        message: message.into(),
+    }
+}
+
+fn node_failed(e: impl std::fmt::Display) -> TemplateBuildError {
+    failed(TemplateBuildErrorCode::NodeFailed, e.to_string())
+}
+
+/// What the log shows of a step.
+fn describe(step: &BuildStep) -> String {
+    let text = match step {
+        BuildStep::Run(RunCommand::Shell(line)) => format!("RUN {line}"),
+        BuildStep::Run(RunCommand::Exec(argv)) => {
+            format!("RUN {}", serde_json::to_string(argv).unwrap_or_default())
+        }
+        BuildStep::Copy(c) => format!(
+            "COPY {}{} {}",
+            c.chown
+                .as_deref()
+                .map(|u| format!("--chown={u} "))
+                .unwrap_or_default(),
+            &c.files[..12.min(c.files.len())],
+            c.dest
+        ),
+        BuildStep::Env(vars) => {
+            format!("ENV {}", vars.keys().cloned().collect::<Vec<_>>().join(" "))
+        }
+        BuildStep::Workdir(dir) => format!("WORKDIR {dir}"),
+        BuildStep::User(user) => format!("USER {user}"),
+    };
+    space_core::text::prefix_at_char_boundary(&text, 300).to_owned()
+}
+
+impl Node {
+    /// Where uploaded `COPY` archives are kept.
+    fn build_files_dir(&self) -> PathBuf {
+        self.inner.cfg.data_dir.join("build-files")
+    }
+
+    /// Stores a `COPY` archive whose SHA-256 is `sha256` (hex), streamed from `body`; an
+    /// archive stored before is kept (and the body not read). Refused if the bytes do not
+    /// hash to `sha256` or pass [`MAX_BUILD_FILES_BYTES`]. Returns the archive's size.
+    pub async fn put_build_files(
+        &self,
+        sha256: &str,
+        mut body: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> Result<u64, NodeError> {
+        if !validate_files_hash(sha256) {
+            return Err(NodeError::Invalid(
+                "files are named by the hex SHA-256 of their archive".into(),
+            ));
+        }
+        let dir = self.build_files_dir();
+        let path = dir.join(sha256);
+        if let Ok(md) = tokio::fs::metadata(&path).await {
+            touch(&path);
+            return Ok(md.len());
+        }
+        let sweep = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || forget_old_files(&sweep)).await;
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|e| internal("build files directory", e))?;
+        let tmp = tempfile::NamedTempFile::new_in(&dir)
+            .map_err(|e| internal("build files temporary file", e))?;
+        let (std_file, tmp_path) = tmp.into_parts();
+        let mut file = tokio::fs::File::from_std(std_file);
+        let mut hash = Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| NodeError::Invalid(format!("reading the files: {e}")))?;
+            size += chunk.len() as u64;
+            if size > MAX_BUILD_FILES_BYTES {
+                return Err(NodeError::Invalid(format!(
+                    "an archive of files is at most {MAX_BUILD_FILES_BYTES} bytes"
+                )));
+            }
+            hash.update(&chunk);
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| internal("writing build files", e))?;
+        }
+        let got = hex::encode(hash.finalize());
+        if got != sha256 {
+            return Err(NodeError::Invalid(format!(
+                "the files hash to {got}, not {sha256}"
+            )));
+        }
+        file.sync_all()
+            .await
+            .map_err(|e| internal("writing build files", e))?;
+        tmp_path
+            .persist(&path)
+            .map_err(|e| internal("storing build files", e.error))?;
+        Ok(size)
+    }
+
+    /// Whether the `COPY` archive `sha256` is here.
+    pub fn has_build_files(&self, sha256: &str) -> bool {
+        validate_files_hash(sha256) && self.build_files_dir().join(sha256).is_file()
+    }
+
+    /// Runs `steps` on top of template `base`; returns the template they make (unnamed: the
+    /// caller names it), from the cache where every step is.
+    pub(crate) async fn run_build_steps(
+        &self,
+        build_id: &str,
+        base: &TemplateInfo,
+        steps: &[BuildStep],
+        log: &Log,
+    ) -> Result<TemplateInfo, TemplateBuildError> {
+        for step in steps {
+            if let BuildStep::Copy(c) = step {
+                if !self.has_build_files(&c.files) {
+                    return Err(failed(
+                        TemplateBuildErrorCode::FilesNotFound,
+                        format!(
+                            "COPY's files {} were not uploaded to this node (PUT /v1/templates/files/{})",
+                            c.files, c.files
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut builder: Option<Builder> = None;
+        let outcome = self
+            .run_steps_with(build_id, base, steps, log, &mut builder)
+            .await;
+        if let Some(b) = builder {
+            if let Err(e) = self.delete_sandbox(&b.id).await {
+                tracing::warn!(build = build_id, sandbox = %b.id, error = %e, "cannot delete a builder");
+            }
+        }
+        outcome
+    }
+
+    async fn run_steps_with(
+        &self,
+        build_id: &str,
+        base: &TemplateInfo,
+        steps: &[BuildStep],
+        log: &Log,
+        builder: &mut Option<Builder>,
+    ) -> Result<TemplateInfo, TemplateBuildError> {
+        let mut cx = StepContext {
+            env: base.env.clone(),
+            workdir: base.workdir.clone(),
+            // Steps run as root until a USER says otherwise, as in Docker; the template's
+            // sandboxes keep the base's default user unless a USER step set one.
+            user: "root".into(),
+        };
+        let disk_mib = base
+            .image_size_mib
+            .max(base.default_resources.disk_mib)
+            .saturating_add(BUILD_HEADROOM_MIB);
+        let mut key = base.digest.clone();
+        let mut current = base.clone();
+        for (i, step) in steps.iter().enumerate() {
+            log(&format!(
+                "step {}/{}: {}",
+                i + 1,
+                steps.len(),
+                describe(step)
+            ));
+            let next = step_key(&key, &cx, step);
+            let before = cx.clone();
+            cx.apply(step);
+            key = next;
+            if !changes_disk(step) {
+                continue;
+            }
+            if let Some(cached) = self.cached_step(&key)? {
+                log("  cached");
+                current = cached;
+                // A builder holds an older disk than the cache's: start again from it.
+                if let Some(b) = builder.take() {
+                    let _ = self.delete_sandbox(&b.id).await;
+                }
+                continue;
+            }
+            let b = match builder {
+                Some(b) => b,
+                None => builder.insert(
+                    self.start_builder(build_id, &current, disk_mib, log)
+                        .await?,
+                ),
+            };
+            let started = std::time::Instant::now();
+            self.run_step(b, step, &before, &cx, log).await?;
+            current = self
+                .commit_step(
+                    build_id,
+                    b,
+                    base,
+                    &current,
+                    &key,
+                    &cx,
+                    disk_mib,
+                    &steps[..=i],
+                )
+                .await?;
+            log(&format!(
+                "  done in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        if current.digest == key {
+            return Ok(current);
+        }
+        // Trailing ENV or USER steps: the image as it is, under the final key with the
+        // final context.
+        if let Some(cached) = self.cached_step(&key)? {
+            return Ok(cached);
+        }
+        let b = match builder {
+            Some(b) => b,
+            None => builder.insert(
+                self.start_builder(build_id, &current, disk_mib, log)
+                    .await?,
+            ),
+        };
+        self.commit_step(build_id, b, base, &current, &key, &cx, disk_mib, steps)
+            .await
+    }
+
+    fn cached_step(&self, key: &str) -> Result<Option<TemplateInfo>, TemplateBuildError> {
+        self.inner
+            .store
+            .templates()
+            .lookup_digest(key)
+            .map_err(node_failed)
+    }
+
+    /// Starts a builder from template `from` (booted, not from a memory image or the pool:
+    /// each step's template is used once).
+    async fn start_builder(
+        &self,
+        build_id: &str,
+        from: &TemplateInfo,
+        disk_mib: u32,
+        log: &Log,
+    ) -> Result<Builder, TemplateBuildError> {
+        log("  starting a builder sandbox");
+        let id = SandboxId::generate();
+        let req = CreateSandbox {
+            id: id.clone(),
+            template: if from.name.is_empty() {
+                "build".into()
+            } else {
+                from.name.clone()
+            },
+            template_digest: Some(from.digest.clone()),
+            resources: ResourcesRequest {
+                disk_mib: Some(disk_mib),
+                ..Default::default()
+            },
+            settings: SandboxSettings::new(TenantId::generate()),
+        };
+        self.create_sandbox_for(req, Some(build_id))
+            .await
+            .map_err(|e| node_failed(format!("the builder sandbox did not start: {e}")))?;
+        let guest = self
+            .guest_waking(&id)
+            .await
+            .map_err(|e| node_failed(format!("the builder sandbox's daemon: {e}")))?;
+        Ok(Builder { id, guest })
+    }
+
+    /// Runs one disk step in the builder. `before` is the context it runs in, `after` the
+    /// one it leaves (a `WORKDIR`'s directory).
+    async fn run_step(
+        &self,
+        b: &Builder,
+        step: &BuildStep,
+        before: &StepContext,
+        after: &StepContext,
+        log: &Log,
+    ) -> Result<(), TemplateBuildError> {
+        let step_failed = |m: String| failed(TemplateBuildErrorCode::StepFailed, m);
+        match step {
+            BuildStep::Run(cmd) => {
+                let spec = ProcessSpec {
+                    argv: Some(cmd.argv()),
+                    env: before.env.clone(),
+                    // Docker's default: `/`, not the user's home (which the image may lack).
+                    cwd: Some(before.workdir.clone().unwrap_or_else(|| "/".into())),
+                    user: Some(before.user.clone()),
+                    timeout_ms: Some(STEP_TIMEOUT.as_millis() as u64),
+                    tag: Some("template-build".into()),
+                    ..Default::default()
+                };
+                let info = b
+                    .guest
+                    .start_process(&spec)
+                    .await
+                    .map_err(|e| step_failed(format!("RUN could not start: {e}")))?;
+                let mut events = b
+                    .guest
+                    .output(info.id, None)
+                    .await
+                    .map_err(|e| node_failed(format!("RUN's output: {e}")))?;
+                let mut lines = LineSplitter::default();
+                while let Some(event) = events.next().await {
+                    let event = event.map_err(|e| node_failed(format!("RUN's output: {e}")))?;
+                    if let Some((_, bytes)) = event.bytes() {
+                        for line in lines.push(&bytes) {
+                            log(&format!("  | {line}"));
+                        }
+                        continue;
+                    }
+                    if let OutputEvent::Exit { status, .. } = event {
+                        if let Some(rest) = lines.finish() {
+                            log(&format!("  | {rest}"));
+                        }
+                        if status.timed_out {
+                            return Err(step_failed(format!(
+                                "RUN took longer than {} s",
+                                STEP_TIMEOUT.as_secs()
+                            )));
+                        }
+                        return match (status.exit_code, status.signal) {
+                            (Some(0), _) => Ok(()),
+                            (Some(code), _) => {
+                                Err(step_failed(format!("RUN exited with code {code}")))
+                            }
+                            (None, Some(sig)) => {
+                                Err(step_failed(format!("RUN was killed by signal {sig}")))
+                            }
+                            (None, None) => Err(step_failed("RUN ended without a status".into())),
+                        };
+                    }
+                }
+                Err(node_failed("RUN's output ended before it exited"))
+            }
+            BuildStep::Copy(c) => {
+                let dest = before.resolve(&c.dest);
+                let path = self.build_files_dir().join(&c.files);
+                touch(&path);
+                let file = tokio::fs::File::open(&path)
+                    .await
+                    .map_err(|e| node_failed(format!("COPY's files: {e}")))?;
+                let body = tokio_util::io::ReaderStream::new(file).boxed();
+                let user = c.chown.as_deref().unwrap_or("root");
+                let done = b
+                    .guest
+                    .unpack_archive(&dest, Some(user), body)
+                    .await
+                    .map_err(|e| step_failed(format!("COPY into {dest}: {e}")))?;
+                log(&format!(
+                    "  copied {} entries ({} bytes) into {dest}",
+                    done.entries, done.bytes
+                ));
+                Ok(())
+            }
+            BuildStep::Workdir(_) => {
+                let Some(dir) = after.workdir.clone() else {
+                    return Ok(());
+                };
+                b.guest
+                    .mkdir(&space_core::files::MkdirRequest {
+                        path: dir.clone(),
+                        user: Some("root".into()),
+                        mode: None,
+                    })
+                    .await
+                    .map_err(|e| step_failed(format!("WORKDIR {dir}: {e}")))?;
+                Ok(())
+            }
+            BuildStep::Env(_) | BuildStep::User(_) => Ok(()),
+        }
+    }
+
+    /// The builder's disk as it is now, installed as the unnamed template `key` with the
+    /// context `cx` as its defaults (`done`: the steps so far, for its default user).
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_step(
+        &self,
+        build_id: &str,
+        b: &Builder,
+        base: &TemplateInfo,
+        current: &TemplateInfo,
+        key: &str,
+        cx: &StepContext,
+        disk_mib: u32,
+        done: &[BuildStep],
+    ) -> Result<TemplateInfo, TemplateBuildError> {
+        let default_user = if done.iter().any(|s| matches!(s, BuildStep::User(_))) {
+            cx.user.clone()
+        } else {
+            base.default_user.clone()
+        };
+        let snap = self
+            .snapshot_disk(
+                &b.id,
+                Some(format!("template build {build_id}")),
+                SnapshotTrigger::Manual,
+                None,
+            )
+            .await
+            .map_err(|e| node_failed(format!("snapshotting the builder: {e}")))?;
+        let installed = async {
+            let (_, paths) = self
+                .inner
+                .store
+                .snapshot(&b.id, &snap.id)
+                .map_err(node_failed)?
+                .ok_or_else(|| node_failed("the builder's snapshot is gone"))?;
+            let staged = self.scratch_dir(key, "step").map_err(node_failed)?;
+            let template = TemplateInfo {
+                name: String::new(),
+                digest: key.to_owned(),
+                // Hashed only if the build names it (see `TemplateStore::install_unnamed`).
+                image_sha256: String::new(),
+                image_size_mib: disk_mib,
+                kernel_digest: current.kernel_digest.clone(),
+                default_resources: space_core::Resources {
+                    disk_mib: base.default_resources.disk_mib.max(disk_mib),
+                    ..base.default_resources
+                },
+                default_user,
+                description: format!("{} with build steps", base.description),
+                built_at_ms: now_ms(),
+                image: base.image.clone(),
+                env: cx.env.clone(),
+                workdir: cx.workdir.clone(),
+                start_command: base.start_command.clone(),
+            };
+            let (nm, store, dir) = (
+                self.inner.nm.clone(),
+                self.inner.store.clone(),
+                staged.clone(),
+            );
+            let result = tokio::task::spawn_blocking(move || {
+                space_storage::reflink(&paths.disk, &dir.join(space_storage::IMAGE_FILE))
+                    .map_err(|e| e.to_string())?;
+                nm.install_template(&store, &dir, &template, false)
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(node_failed)?
+            .map_err(|e| node_failed(format!("installing the step's image: {e}")));
+            let _ = tokio::fs::remove_dir_all(&staged).await;
+            result
+        }
+        .await;
+        if let Err(e) = self.delete_snapshot(&b.id, &snap.id).await {
+            tracing::warn!(build = build_id, error = %e, "cannot delete a builder's snapshot");
+        }
+        installed
+    }
+}
+
+/// Marks an archive as used now (its modification time), so the sweep keeps it.
+fn touch(path: &std::path::Path) {
+    let now = std::fs::FileTimes::new().set_modified(std::time::SystemTime::now());
+    if let Ok(f) = std::fs::File::options().append(true).open(path) {
+        let _ = f.set_times(now);
+    }
+}
+
+/// Removes archives nobody uploaded or used for [`BUILD_FILES_KEEP`] (the directory would
+/// otherwise grow with every changed build context). A step's cache outlives its archive:
+/// a build that needs it again uploads it again.
+fn forget_old_files(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > BUILD_FILES_KEEP);
+        if old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Splits a process's output into lines for the build log, bounding a line that never
+/// ends.
+#[derive(Default)]
+struct LineSplitter {
+    pending: Vec<u8>,
+}
+
+impl LineSplitter {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &b in bytes {
+            if b == b'\n' {
+                out.push(self.take());
+            } else if b != b'\r' {
+                self.pending.push(b);
+                if self.pending.len() >= MAX_PENDING_LINE {
+                    out.push(self.take());
+                }
+            }
+        }
+        out
+    }
+
+    fn take(&mut self) -> String {
+        let line = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        line
+    }
+
+    fn finish(&mut self) -> Option<String> {
+        (!self.pending.is_empty()).then(|| self.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_split_into_bounded_lines() {
+        let mut s = LineSplitter::default();
+        assert_eq!(s.push(b"a\r\nb"), vec!["a".to_string()]);
+        assert_eq!(s.push(b"c\n"), vec!["bc".to_string()]);
+        let long = vec![b'x'; MAX_PENDING_LINE + 10];
+        let lines = s.push(&long);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].len(), MAX_PENDING_LINE);
+        assert_eq!(s.finish().map(|l| l.len()), Some(10));
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn steps_are_described_briefly() {
+        let d = describe(&BuildStep::Run(RunCommand::Shell("x".repeat(1000))));
+        assert!(d.len() <= 300 && d.starts_with("RUN xx"));
+        assert_eq!(describe(&BuildStep::User("app".into())), "USER app");
+    }
+}
