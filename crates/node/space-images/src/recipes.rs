@@ -60,7 +60,8 @@ pub enum RecipeKind {
         /// Symbolic links created.
         links: &'static [Link],
     },
-    /// `debootstrap --variant=<variant> --include=<packages> <suite>`, then a `user` account.
+    /// `debootstrap --variant=<variant> --include=<packages> <suite>`, then `apt-get
+    /// install <apt_packages>` in the tree, then a `user` account.
     Debootstrap {
         /// Debian suite.
         suite: &'static str,
@@ -82,6 +83,9 @@ pub struct TemplateRecipe {
     pub kind: RecipeKind,
     /// Packages installed (debootstrap recipes).
     pub packages: Vec<String>,
+    /// Packages installed with apt-get in the debootstrapped tree (debootstrap recipes):
+    /// what debootstrap's `--include` cannot configure (npm's dependencies).
+    pub apt_packages: Vec<String>,
     /// Files written into the root filesystem.
     pub files: &'static [ConfigFile],
     /// Fixed image size; `None`: used space + 30% + 64 MiB.
@@ -220,6 +224,16 @@ const BASE_FILES: &[ConfigFile] = &[
 ];
 
 const BASE_PACKAGES: &str = include_str!("../../../../images/templates/base/packages");
+const BASE_APT_PACKAGES: &str = include_str!("../../../../images/templates/base/apt-packages");
+
+/// A package list file's packages (blank lines and `#` comments skipped).
+fn package_list(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
 
 /// The size of the busybox template's image (about 24 MiB of files).
 pub const BUSYBOX_IMAGE_MIB: u32 = 64;
@@ -230,9 +244,10 @@ pub fn recipes() -> Vec<TemplateRecipe> {
         TemplateRecipe {
             name: "base",
             version: 1,
-            description: "Debian 12 (bookworm) minbase with python3, git, curl, sudo; user 'user' with passwordless sudo",
+            description: "Debian 12 (bookworm) with Python 3 (pip, venv), Node.js (npm), git, curl, gcc/g++/make; user 'user' with passwordless sudo",
             kind: RecipeKind::Debootstrap { suite: "bookworm", variant: "minbase" },
-            packages: BASE_PACKAGES.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned).collect(),
+            packages: package_list(BASE_PACKAGES),
+            apt_packages: package_list(BASE_APT_PACKAGES),
             files: BASE_FILES,
             image_size_mib: None,
             default_resources: Resources { vcpus: 1, memory_mib: 512, disk_mib: 4096 },
@@ -248,6 +263,7 @@ pub fn recipes() -> Vec<TemplateRecipe> {
                 links: BUSYBOX_LINKS,
             },
             packages: Vec::new(),
+            apt_packages: Vec::new(),
             files: BUSYBOX_FILES,
             image_size_mib: Some(BUSYBOX_IMAGE_MIB),
             default_resources: Resources { vcpus: 1, memory_mib: 256, disk_mib: 256 },
@@ -296,6 +312,9 @@ impl TemplateRecipe {
                     .field("variant", variant.as_bytes());
             }
         }
+        for p in &self.apt_packages {
+            d.field("apt_package", p.as_bytes());
+        }
         for p in &self.packages {
             d.field("package", p.as_bytes());
         }
@@ -336,6 +355,15 @@ mod tests {
                 "iproute2"
             ]
         );
+        for p in [
+            "python3-pip",
+            "python3-venv",
+            "nodejs",
+            "npm",
+            "build-essential",
+        ] {
+            assert!(base.apt_packages.iter().any(|a| a == p), "{p}");
+        }
         assert!(base
             .files
             .iter()

@@ -95,13 +95,16 @@ pub(crate) fn busybox_tree(
     write_files(tree, files)
 }
 
-/// A Debian tree by debootstrap, with the sandbox user (uid/gid 1000, home /home/user,
-/// bash) and the recipe's files; apt lists, caches and the machine id are cleared.
+/// A Debian tree by debootstrap, then `apt_packages` installed in it, with the sandbox user
+/// (uid/gid 1000, home /home/user, bash) and the recipe's files; apt lists, caches and the
+/// machine id are cleared.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn debootstrap_tree(
     tree: &Path,
     suite: &str,
     variant: &str,
     packages: &[String],
+    apt_packages: &[String],
     mirror: &str,
     files: &[ConfigFile],
     progress: &dyn Fn(&str),
@@ -118,8 +121,12 @@ pub(crate) fn debootstrap_tree(
             .arg(mirror),
         &|l| progress(&format!("debootstrap: {l}")),
     )?;
-    progress("adding user 'user'");
     let chroot = |args: &[&str]| run::run(Command::new("chroot").arg(tree).args(args), progress);
+    if !apt_packages.is_empty() {
+        progress(&format!("installing {}", apt_packages.join(" ")));
+        apt_install(tree, apt_packages, progress)?;
+    }
+    progress("adding user 'user'");
     chroot(&["groupadd", "--gid", "1000", "user"])?;
     chroot(&[
         "useradd",
@@ -136,6 +143,39 @@ pub(crate) fn debootstrap_tree(
     ])?;
     write_files(tree, files)?;
     clean(tree)
+}
+
+/// `apt-get install` in the tree, with `/proc` mounted for the packages' scripts (and
+/// unmounted whatever happens).
+fn apt_install(
+    tree: &Path,
+    packages: &[String],
+    progress: &dyn Fn(&str),
+) -> Result<(), ImageError> {
+    let proc = tree.join("proc");
+    run::run(
+        Command::new("mount")
+            .args(["-t", "proc", "proc"])
+            .arg(&proc),
+        progress,
+    )?;
+    let installed = run::run(
+        Command::new("chroot")
+            .arg(tree)
+            .args([
+                "env",
+                "DEBIAN_FRONTEND=noninteractive",
+                "apt-get",
+                "install",
+                "-y",
+                "--no-install-recommends",
+            ])
+            .args(packages),
+        &|l| progress(&format!("apt-get: {l}")),
+    );
+    let unmounted = run::run(Command::new("umount").arg(&proc), progress);
+    installed?;
+    unmounted
 }
 
 /// Removes what must not be shared by every sandbox (machine id) or is only bulk (apt lists

@@ -141,6 +141,7 @@ pub fn build_template(
                     suite,
                     variant,
                     &r.packages,
+                    &r.apt_packages,
                     &m,
                     r.files,
                     progress,
