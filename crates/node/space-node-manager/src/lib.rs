@@ -151,7 +151,8 @@ pub trait NodeManager: Send + Sync + 'static {
     /// templates (root's): copied from the files as opened (as the sandbox manager), checked
     /// against the template's recorded SHA-256, once per digest.
     /// `named`: whether `template.name` is pointed at it (else only its digest finds it).
-    /// An empty `image_sha256` is computed from what was stored. Returns what was installed.
+    /// An empty `image_sha256` stays empty until a name points at it (see
+    /// `space_storage::TemplateStore::install_unnamed`). Returns what was installed.
     fn install_template(
         &self,
         store: &Store,

@@ -335,8 +335,8 @@ pub enum Request {
     InstallTemplate {
         /// The directory holding its image.
         staged: NodePath,
-        /// What it is (its image's SHA-256 is checked; empty: computed, for an image made on
-        /// this node, such as a build step's disk).
+        /// What it is (its image's SHA-256 is checked; empty for an image made on this node,
+        /// a build step's disk: hashed when a name first points at it).
         template: Box<TemplateInfo>,
         /// Whether its name is pointed at it; unnamed, only its digest finds it (a build
         /// step's cache).

@@ -328,18 +328,18 @@ impl Node {
             // Named by the image build itself when there are no steps.
             None => self.build_image_base(req, names, &log).await?,
         };
-        let template = if req.steps.is_empty() && req.from_template.is_none() {
-            base
+        // An image without steps is the template, named by its own build; anything else is
+        // made by the steps and named here.
+        let image_only = req.steps.is_empty() && req.from_template.is_none();
+        let (template, named) = if image_only {
+            (base, 1)
         } else {
-            self.run_build_steps(&req.build_id, &base, &req.steps, &log)
-                .await?
+            let made = self
+                .run_build_steps(&req.build_id, &base, &req.steps, &log)
+                .await?;
+            (made, 0)
         };
-        let first_named = if req.steps.is_empty() && req.from_template.is_none() {
-            1
-        } else {
-            0
-        };
-        for other in &names[first_named..] {
+        for other in &names[named..] {
             let (nm, store, name, digest) = (
                 self.inner.nm.clone(),
                 self.inner.store.clone(),

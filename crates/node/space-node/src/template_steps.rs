@@ -234,13 +234,9 @@ impl Node {
                 }
                 continue;
             }
-            let b = match builder {
-                Some(b) => b,
-                None => builder.insert(
-                    self.start_builder(build_id, &current, disk_mib, log)
-                        .await?,
-                ),
-            };
+            let b = self
+                .ensure_builder(builder, build_id, &current, disk_mib, log)
+                .await?;
             let started = std::time::Instant::now();
             self.run_step(b, step, &before, &cx, log).await?;
             current = self
@@ -268,13 +264,9 @@ impl Node {
         if let Some(cached) = self.cached_step(&key)? {
             return Ok(cached);
         }
-        let b = match builder {
-            Some(b) => b,
-            None => builder.insert(
-                self.start_builder(build_id, &current, disk_mib, log)
-                    .await?,
-            ),
-        };
+        let b = self
+            .ensure_builder(builder, build_id, &current, disk_mib, log)
+            .await?;
         self.commit_step(build_id, b, base, &current, &key, &cx, disk_mib, steps)
             .await
     }
@@ -285,6 +277,23 @@ impl Node {
             .templates()
             .lookup_digest(key)
             .map_err(node_failed)
+    }
+
+    /// The running builder, started from `current` if there is none.
+    async fn ensure_builder<'b>(
+        &self,
+        builder: &'b mut Option<Builder>,
+        build_id: &str,
+        current: &TemplateInfo,
+        disk_mib: u32,
+        log: &Log,
+    ) -> Result<&'b Builder, TemplateBuildError> {
+        if builder.is_none() {
+            *builder = Some(self.start_builder(build_id, current, disk_mib, log).await?);
+        }
+        builder
+            .as_ref()
+            .ok_or_else(|| node_failed("the builder is gone"))
     }
 
     /// Starts a builder from template `from` (booted, not from a memory image or the pool:
