@@ -114,7 +114,7 @@ async fn a_template_from_an_image_runs_as_the_image_says() {
     assert_eq!(tpl.default_user, "app");
     assert_eq!(tpl.workdir.as_deref(), Some("/work"));
     assert_eq!(tpl.env["GREETING"], "hello from the image");
-    assert_eq!(tpl.start_command, ["/bin/sh", "-c", "echo started"]);
+    assert_eq!(tpl.image_command, ["/bin/sh", "-c", "echo started"]);
     let origin = tpl.image.clone().expect("image origin");
     assert_eq!(
         origin.config_digest,

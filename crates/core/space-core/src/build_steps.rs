@@ -79,6 +79,66 @@ pub struct CopyStep {
     pub chown: Option<String>,
 }
 
+/// Default bound on a start command's ready check (E2B's, too).
+pub const DEFAULT_READY_TIMEOUT_SECS: u32 = 600;
+/// Longest ready check a build may ask for.
+pub const MAX_READY_TIMEOUT_SECS: u32 = 3600;
+
+/// A template's start command: a process its sandboxes have running from their first
+/// instant, started once when the template's memory image is made (so every sandbox
+/// restored from it has it running and ready) and again whenever a sandbox of it boots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TemplateStart {
+    /// What to start, as the template's default user, in its working directory, with its
+    /// environment. It runs in the background; its exit with code 0 counts as ready.
+    pub command: RunCommand,
+    /// Run again (every second) until it exits with code 0: the start command is ready.
+    /// Without one, the start command is ready as soon as it has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<RunCommand>,
+    /// Longest the ready check may take (default [`DEFAULT_READY_TIMEOUT_SECS`], at most
+    /// [`MAX_READY_TIMEOUT_SECS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_secs: Option<u32>,
+}
+
+impl TemplateStart {
+    /// The checks a build applies to a start command.
+    pub fn validate(&self) -> Result<(), String> {
+        check_command("the start command", &self.command)?;
+        if let Some(ready) = &self.ready {
+            check_command("the ready command", ready)?;
+        }
+        match self.ready_timeout_secs {
+            Some(t) if t == 0 || t > MAX_READY_TIMEOUT_SECS => Err(format!(
+                "ready_timeout_secs is 1 to {MAX_READY_TIMEOUT_SECS}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// How long the ready check may take.
+    pub fn ready_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.ready_timeout_secs
+                .unwrap_or(DEFAULT_READY_TIMEOUT_SECS),
+        ))
+    }
+
+    /// The digest of template `base` with this start command: the same disk, another
+    /// template (its memory image has the command running).
+    pub fn template_key(&self, base: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(b"space-template-start-v1\0");
+        h.update(base.as_bytes());
+        h.update(b"\0");
+        h.update(serde_json::to_vec(self).unwrap_or_default());
+        hex::encode(h.finalize())
+    }
+}
+
 /// Why a build's steps were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("step {index}: {reason}")]
@@ -184,24 +244,30 @@ fn check_path(what: &str, path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A command is 1 to [`MAX_COMMAND_BYTES`] bytes without NUL, its program not blank.
+fn check_command(what: &str, cmd: &RunCommand) -> Result<(), String> {
+    let argv = match cmd {
+        RunCommand::Shell(line) => vec![line.as_str()],
+        RunCommand::Exec(argv) => argv.iter().map(String::as_str).collect(),
+    };
+    if argv.is_empty() || argv[0].trim().is_empty() {
+        return Err(format!("{what} needs a command"));
+    }
+    let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if bytes > MAX_COMMAND_BYTES {
+        return Err(format!(
+            "{what}'s command is over {MAX_COMMAND_BYTES} bytes"
+        ));
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(format!("{what}'s command contains NUL"));
+    }
+    Ok(())
+}
+
 fn check_step(step: &BuildStep) -> Result<(), String> {
     match step {
-        BuildStep::Run(cmd) => {
-            let argv = match cmd {
-                RunCommand::Shell(line) => vec![line.as_str()],
-                RunCommand::Exec(argv) => argv.iter().map(String::as_str).collect(),
-            };
-            if argv.is_empty() || argv[0].trim().is_empty() {
-                return Err("RUN needs a command".into());
-            }
-            let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
-            if bytes > MAX_COMMAND_BYTES {
-                return Err(format!("RUN's command is over {MAX_COMMAND_BYTES} bytes"));
-            }
-            if argv.iter().any(|a| a.contains('\0')) {
-                return Err("RUN's command contains NUL".into());
-            }
-        }
+        BuildStep::Run(cmd) => check_command("RUN", cmd)?,
         BuildStep::Copy(c) => {
             if !validate_files_hash(&c.files) {
                 return Err("COPY's files must be the hex SHA-256 of an uploaded archive".into());

@@ -39,9 +39,17 @@ pub struct TemplateInfo {
     /// `WorkingDir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
-    /// The image's `Entrypoint` followed by its `Cmd`: what the image would run.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub start_command: Vec<String>,
+    /// The image's `Entrypoint` followed by its `Cmd`: what the image would run (recorded,
+    /// not run: a build's `start` says what its sandboxes run).
+    #[serde(
+        default,
+        alias = "start_command",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub image_command: Vec<String>,
+    /// The process the template's sandboxes have running from the start, ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<crate::build_steps::TemplateStart>,
 }
 
 /// Where a template built from a container image came from.
@@ -130,8 +138,11 @@ pub enum TemplateBuildErrorCode {
     StepFailed,
     /// A `COPY`'s files were not uploaded (`PUT /v1/templates/files/{sha256}`).
     FilesNotFound,
-    /// The build's steps are invalid.
+    /// The build's steps (or its start command) are invalid.
     BadStep,
+    /// The start command exited with an error, or its ready check did not pass in time.
+    /// The log shows its output.
+    StartFailed,
 }
 
 /// A failed build's error.

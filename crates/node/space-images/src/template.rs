@@ -182,7 +182,8 @@ pub fn build_template(
             image: None,
             env: Default::default(),
             workdir: None,
-            start_command: Vec::new(),
+            image_command: Vec::new(),
+            start: None,
         })
     })?;
     let stale = info.kernel_digest != kernel_digest

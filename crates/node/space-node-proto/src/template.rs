@@ -27,6 +27,10 @@ pub struct BuildTemplate {
     /// What is done on top of the base, in order (see `space_core::build_steps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<space_core::build_steps::BuildStep>,
+    /// What the template's sandboxes have running from the start (see
+    /// `space_core::build_steps::TemplateStart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<space_core::build_steps::TemplateStart>,
     /// The account commands run as by default, instead of the image's `User`.
     #[serde(default)]
     pub user: Option<String>,

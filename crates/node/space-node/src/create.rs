@@ -164,7 +164,7 @@ impl Node {
                     }
                 }
             }
-            match self.template_image(&key, tpl).await {
+            match self.template_image(&key, tpl, None).await {
                 Ok(image) => {
                     let run_dir = self.inner.vm_run_dir(req.id.as_str());
                     return self
@@ -184,6 +184,8 @@ impl Node {
                             origin: VmOrigin::TemplateImage { pooled: false },
                         });
                 }
+                // The start command would fail a boot the same way: say so now.
+                Err(e @ NodeError::TemplateStartFailed(_)) => return Err((e, None)),
                 Err(e) => {
                     tracing::warn!(id = %req.id, error = %e, "no memory image; booting instead")
                 }
@@ -196,6 +198,7 @@ impl Node {
             &disk,
             ExistingDisk::Refuse,
             &config,
+            from_memory,
         )
         .await
         .map(|(vm, guest)| Started {
@@ -207,7 +210,10 @@ impl Node {
     }
 
     /// Clones the template disk (unless `existing` is `Replace` and the disk is to be
-    /// reused as is, see [`Node::start`]), boots the VM, connects and configures.
+    /// reused as is, see [`Node::start`]), boots the VM, connects and configures; then, with
+    /// `with_start`, starts the template's start command and waits until it is ready (a
+    /// build's builder never runs it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn boot(
         &self,
         vm_name: &str,
@@ -216,6 +222,7 @@ impl Node {
         disk: &Path,
         existing: ExistingDisk,
         config: &GuestConfig,
+        with_start: bool,
     ) -> Result<(Vm, GuestClient), StartError> {
         let inner = &self.inner;
         let kernel = inner.kernel(tpl).map_err(|e| (e, None))?;
@@ -254,6 +261,18 @@ impl Node {
                 ..config.clone()
             };
             guest.configure(&config).await?;
+            if let (true, Some(start)) = (with_start, &tpl.start) {
+                // The sandbox's env is configured already; the template's is in it.
+                crate::template_start::start_and_wait_ready(
+                    &guest,
+                    start,
+                    &Default::default(),
+                    tpl.workdir.as_deref(),
+                    &image::node_log(vm_name),
+                )
+                .await
+                .map_err(|e| NodeError::TemplateStartFailed(e.0))?;
+            }
             Ok::<_, NodeError>(guest)
         };
         match ready.await {
@@ -406,6 +425,7 @@ impl Node {
         &self,
         key: &ImageKey,
         tpl: &TemplateInfo,
+        log: Option<crate::template_builds::Log>,
     ) -> Result<MemoryImage, NodeError> {
         let inner = &self.inner;
         let kernel = inner.kernel(tpl)?;
@@ -415,7 +435,8 @@ impl Node {
             key,
             kernel: &kernel,
             template_image: &template_image,
-            default_user: &tpl.default_user,
+            template: tpl,
+            log,
             run_dir: inner.vm_run_dir(&vm_name),
             netns: inner
                 .cfg
@@ -461,7 +482,7 @@ impl Node {
         tpl: &TemplateInfo,
         resources: &Resources,
     ) -> Result<Member, NodeError> {
-        let image = self.template_image(key, tpl).await?;
+        let image = self.template_image(key, tpl, None).await?;
         let name = format!(
             "{}{}",
             pool::MEMBER_PREFIX,

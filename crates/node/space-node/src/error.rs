@@ -68,6 +68,9 @@ pub enum NodeError {
     /// Object storage failed or could not be reached.
     #[error("object storage: {0}")]
     Storage(String),
+    /// The template's start command failed or was not ready in time.
+    #[error("the template's start command failed: {0}")]
+    TemplateStartFailed(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -105,7 +108,9 @@ impl NodeError {
                 ErrorCode::InvalidRequest
             }
             NodeError::Capacity(_) => ErrorCode::InsufficientCapacity,
-            NodeError::SandboxFailed(_) => ErrorCode::SandboxFailed,
+            NodeError::SandboxFailed(_) | NodeError::TemplateStartFailed(_) => {
+                ErrorCode::SandboxFailed
+            }
             NodeError::Guest(g) => g.code(),
             NodeError::NodeManager(_) | NodeError::Internal(_) => ErrorCode::Internal,
         }

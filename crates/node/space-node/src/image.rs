@@ -23,7 +23,15 @@ use space_core::Resources;
 use space_storage::{Artifact, CasDir, ExistingDisk, KernelBundleInfo};
 use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
+use crate::template_builds::Log;
 use crate::NodeError;
+
+/// A log of a VM's start command into the node's own log (at debug: it is the workload's
+/// output).
+pub(crate) fn node_log(vm: &str) -> Log {
+    let vm = vm.to_owned();
+    std::sync::Arc::new(move |line: &str| tracing::debug!(vm = %vm, "{line}"))
+}
 
 /// The memory file of an image.
 pub const MEMORY_FILE: &str = "memory";
@@ -150,8 +158,11 @@ pub(crate) struct ImageBuild<'a> {
     pub key: &'a ImageKey,
     pub kernel: &'a KernelBundleInfo,
     pub template_image: &'a Path,
-    /// The template's default user (the image VM is configured like a sandbox).
-    pub default_user: &'a str,
+    /// The template: its default user (the image VM is configured like a sandbox), and
+    /// its start command, started and found ready before the image is saved.
+    pub template: &'a TemplateInfo,
+    /// Where the start command's progress goes (a build's log); the node's log otherwise.
+    pub log: Option<Log>,
     pub run_dir: PathBuf,
     pub vm_name: String,
     pub cfg: &'a crate::NodeConfig,
@@ -197,7 +208,8 @@ struct OwnedBuild {
     key: ImageKey,
     kernel: KernelBundleInfo,
     template_image: PathBuf,
-    default_user: String,
+    template: TemplateInfo,
+    log: Option<Log>,
     run_dir: PathBuf,
     vm_name: String,
     ready_timeout: Duration,
@@ -214,7 +226,8 @@ impl From<&ImageBuild<'_>> for OwnedBuild {
             key: b.key.clone(),
             kernel: b.kernel.clone(),
             template_image: b.template_image.to_owned(),
-            default_user: b.default_user.to_owned(),
+            template: b.template.clone(),
+            log: b.log.clone(),
             run_dir: b.run_dir.clone(),
             vm_name: b.vm_name.clone(),
             ready_timeout: Duration::from_secs(b.cfg.ready_timeout_secs),
@@ -316,7 +329,7 @@ impl OwnedBuild {
         let config = space_guest_proto::GuestConfig {
             hostname: IMAGE_HOSTNAME.to_owned(),
             env: Default::default(),
-            default_user: self.default_user.clone(),
+            default_user: self.template.default_user.clone(),
             default_workdir: None,
             resize_root: true,
             time_unix_ms: crate::sandbox_manager::now_ms(),
@@ -328,6 +341,18 @@ impl OwnedBuild {
             .configure(&config)
             .await?;
         guest.health().await?;
+        if let Some(start) = &self.template.start {
+            let log = self.log.clone().unwrap_or_else(|| node_log(&self.vm_name));
+            crate::template_start::start_and_wait_ready(
+                &guest,
+                start,
+                &self.template.env,
+                self.template.workdir.as_deref(),
+                &log,
+            )
+            .await
+            .map_err(|e| NodeError::TemplateStartFailed(e.0))?;
+        }
         let boot_ms = started.elapsed().as_millis() as u64;
         // Close the channel before saving: a restored VM starts with no host connected and
         // the daemon waits for a fresh handshake.

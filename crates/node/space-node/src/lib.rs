@@ -21,6 +21,7 @@ mod events;
 pub mod fork;
 mod from_snapshot;
 mod gateway;
+mod guest_run;
 pub mod image;
 pub mod metrics;
 pub mod network;
@@ -39,6 +40,7 @@ pub mod snapshots;
 pub mod stored;
 pub mod suspend;
 mod template_builds;
+mod template_start;
 mod template_steps;
 mod vm_start;
 

@@ -281,6 +281,7 @@ impl Node {
                 &disk,
                 ExistingDisk::Replace,
                 config,
+                true,
             )
             .await
         {

@@ -126,6 +126,9 @@ impl Node {
         }
         space_core::build_steps::validate_steps(&req.steps)
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        if let Some(start) = &req.start {
+            start.validate().map_err(NodeError::Invalid)?;
+        }
         if req.from_image.len() > MAX_IMAGE_REFERENCE {
             return Err(NodeError::Invalid(format!(
                 "the image reference is longer than {MAX_IMAGE_REFERENCE} bytes"
@@ -260,6 +263,15 @@ impl Node {
     /// Makes what the first sandbox of `tpl` with its default resources needs: the memory
     /// image, and the warm pool's members (filled in the background).
     pub async fn warm_template(&self, tpl: &TemplateInfo) -> Result<(), NodeError> {
+        self.warm_template_logged(tpl, None).await
+    }
+
+    /// [`Node::warm_template`], the start command's progress into `log`.
+    async fn warm_template_logged(
+        &self,
+        tpl: &TemplateInfo,
+        log: Option<Log>,
+    ) -> Result<(), NodeError> {
         if !self.inner.cfg.memory_images {
             return Ok(());
         }
@@ -270,7 +282,7 @@ impl Node {
             self.inner.accel,
             self.inner.cfg.sandbox_network,
         );
-        self.template_image(&key, tpl).await?;
+        self.template_image(&key, tpl, log).await?;
         self.inner.pool.want(&key, tpl, &resources);
         Ok(())
     }
@@ -325,18 +337,22 @@ impl Node {
                     message: e.to_string(),
                 })?
             }
-            // Named by the image build itself when there are no steps.
+            // Named by the image build itself when nothing follows it.
             None => self.build_image_base(req, names, &log).await?,
         };
-        // An image without steps is the template, named by its own build; anything else is
-        // made by the steps and named here.
-        let image_only = req.steps.is_empty() && req.from_template.is_none();
+        // An image without steps or start command is the template, named by its own
+        // build; anything else is made here (unnamed) and named once it has all passed.
+        let image_only = req.steps.is_empty() && req.from_template.is_none() && req.start.is_none();
         let (template, named) = if image_only {
             (base, 1)
         } else {
             let made = self
                 .run_build_steps(&req.build_id, &base, &req.steps, &log)
                 .await?;
+            let made = match &req.start {
+                Some(start) => self.with_start(&req.build_id, &made, start, &log).await?,
+                None => made,
+            };
             (made, 0)
         };
         for other in &names[named..] {
@@ -370,8 +386,11 @@ impl Node {
         if self.inner.cfg.memory_images {
             log("preparing the memory image and the warm pool");
             // A template that cannot be warmed is still built: its first create will say
-            // what is wrong with it.
-            if let Err(e) = self.warm_template(&template).await {
+            // what is wrong with it. (A start command was tried before it was named.)
+            if let Err(e) = self
+                .warm_template_logged(&template, Some(log.clone()))
+                .await
+            {
                 log(&format!("warning: could not prepare the memory image: {e}"));
             }
         }
@@ -383,7 +402,7 @@ impl Node {
     }
 
     /// A build's base image: pulled here, unpacked and installed by the node manager; named
-    /// `names[0]` unless steps follow (then only its digest finds it).
+    /// `names[0]` unless steps or a start command follow (then only its digest finds it).
     async fn build_image_base(
         &self,
         req: &BuildTemplate,
@@ -426,7 +445,7 @@ impl Node {
             let nm = self.inner.nm.clone();
             let store = self.inner.store.clone();
             let build = TemplateBuild {
-                name: req.steps.is_empty().then(|| names[0].clone()),
+                name: (req.steps.is_empty() && req.start.is_none()).then(|| names[0].clone()),
                 user: req.user.clone(),
                 kernel_digest,
             };

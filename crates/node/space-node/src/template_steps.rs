@@ -23,7 +23,7 @@ use space_core::build_steps::{
     changes_disk, step_key, validate_files_hash, BuildStep, RunCommand, StepContext,
     MAX_BUILD_FILES_BYTES,
 };
-use space_core::process::{OutputEvent, ProcessSpec};
+use space_core::process::ProcessSpec;
 use space_core::sandbox::ResourcesRequest;
 use space_core::template::{TemplateBuildError, TemplateBuildErrorCode, TemplateInfo};
 use space_core::{SandboxId, SnapshotTrigger, TenantId};
@@ -31,6 +31,7 @@ use space_guest_client::GuestClient;
 use space_node_proto::{CreateSandbox, SandboxSettings};
 use tokio::io::AsyncWriteExt;
 
+use crate::guest_run::{failure, run_to_exit, RunError};
 use crate::sandbox_manager::{internal, now_ms};
 use crate::template_builds::Log;
 use crate::{Node, NodeError};
@@ -42,13 +43,11 @@ const BUILD_HEADROOM_MIB: u32 = 2048;
 const STEP_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 /// How long an uploaded archive of files is kept after it was last uploaded or used.
 const BUILD_FILES_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Longest partial output line kept before it is logged anyway.
-const MAX_PENDING_LINE: usize = 2048;
 
 /// A running builder.
-struct Builder {
-    id: SandboxId,
-    guest: GuestClient,
+pub(crate) struct Builder {
+    pub(crate) id: SandboxId,
+    pub(crate) guest: GuestClient,
 }
 
 fn failed(code: TemplateBuildErrorCode, message: impl Into<String>) -> TemplateBuildError {
@@ -58,7 +57,7 @@ fn failed(code: TemplateBuildErrorCode, message: impl Into<String>) -> TemplateB
     }
 }
 
-fn node_failed(e: impl std::fmt::Display) -> TemplateBuildError {
+pub(crate) fn node_failed(e: impl std::fmt::Display) -> TemplateBuildError {
     failed(TemplateBuildErrorCode::NodeFailed, e.to_string())
 }
 
@@ -260,15 +259,45 @@ impl Node {
             return Ok(current);
         }
         // Trailing ENV or USER steps: the image as it is, under the final key with the
-        // final context.
+        // final context (no builder needed: the disk does not change).
         if let Some(cached) = self.cached_step(&key)? {
             return Ok(cached);
         }
-        let b = self
-            .ensure_builder(builder, build_id, &current, disk_mib, log)
-            .await?;
-        self.commit_step(build_id, b, base, &current, &key, &cx, disk_mib, steps)
-            .await
+        let template = TemplateInfo {
+            image_size_mib: current.image_size_mib,
+            ..step_template(base, &current, &key, &cx, disk_mib, steps)
+        };
+        self.derive_template(&current, template).await
+    }
+
+    /// Installs `template` (unnamed), whose image is `from`'s as it is: a reflink, no VM.
+    /// For what changes only a template's defaults: trailing `ENV`/`USER` steps, a start
+    /// command.
+    pub(crate) async fn derive_template(
+        &self,
+        from: &TemplateInfo,
+        template: TemplateInfo,
+    ) -> Result<TemplateInfo, TemplateBuildError> {
+        let image = self.inner.store.templates().image_path(from);
+        let staged = self
+            .scratch_dir(&template.digest, "derive")
+            .map_err(node_failed)?;
+        let (nm, store, dir) = (
+            self.inner.nm.clone(),
+            self.inner.store.clone(),
+            staged.clone(),
+        );
+        let result = tokio::task::spawn_blocking(move || {
+            space_storage::reflink(&image, &dir.join(space_storage::IMAGE_FILE))
+                .map_err(|e| e.to_string())?;
+            nm.install_template(&store, &dir, &template, false)
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(node_failed)?
+        .map_err(|e| node_failed(format!("installing the template: {e}")));
+        let _ = tokio::fs::remove_dir_all(&staged).await;
+        result
     }
 
     fn cached_step(&self, key: &str) -> Result<Option<TemplateInfo>, TemplateBuildError> {
@@ -298,7 +327,7 @@ impl Node {
 
     /// Starts a builder from template `from` (booted, not from a memory image or the pool:
     /// each step's template is used once).
-    async fn start_builder(
+    pub(crate) async fn start_builder(
         &self,
         build_id: &str,
         from: &TemplateInfo,
@@ -354,48 +383,16 @@ impl Node {
                     tag: Some("template-build".into()),
                     ..Default::default()
                 };
-                let info = b
-                    .guest
-                    .start_process(&spec)
+                let status = run_to_exit(&b.guest, &spec, |line| log(&format!("  | {line}")))
                     .await
-                    .map_err(|e| step_failed(format!("RUN could not start: {e}")))?;
-                let mut events = b
-                    .guest
-                    .output(info.id, None)
-                    .await
-                    .map_err(|e| node_failed(format!("RUN's output: {e}")))?;
-                let mut lines = LineSplitter::default();
-                while let Some(event) = events.next().await {
-                    let event = event.map_err(|e| node_failed(format!("RUN's output: {e}")))?;
-                    if let Some((_, bytes)) = event.bytes() {
-                        for line in lines.push(&bytes) {
-                            log(&format!("  | {line}"));
-                        }
-                        continue;
-                    }
-                    if let OutputEvent::Exit { status, .. } = event {
-                        if let Some(rest) = lines.finish() {
-                            log(&format!("  | {rest}"));
-                        }
-                        if status.timed_out {
-                            return Err(step_failed(format!(
-                                "RUN took longer than {} s",
-                                STEP_TIMEOUT.as_secs()
-                            )));
-                        }
-                        return match (status.exit_code, status.signal) {
-                            (Some(0), _) => Ok(()),
-                            (Some(code), _) => {
-                                Err(step_failed(format!("RUN exited with code {code}")))
-                            }
-                            (None, Some(sig)) => {
-                                Err(step_failed(format!("RUN was killed by signal {sig}")))
-                            }
-                            (None, None) => Err(step_failed("RUN ended without a status".into())),
-                        };
-                    }
+                    .map_err(|e| match e {
+                        RunError::Start(e) => step_failed(format!("RUN could not start: {e}")),
+                        RunError::Output(e) => node_failed(format!("RUN's output: {e}")),
+                    })?;
+                match failure(&status, STEP_TIMEOUT.as_secs()) {
+                    None => Ok(()),
+                    Some(why) => Err(step_failed(format!("RUN {why}"))),
                 }
-                Err(node_failed("RUN's output ended before it exited"))
             }
             BuildStep::Copy(c) => {
                 let dest = before.resolve(&c.dest);
@@ -449,11 +446,7 @@ impl Node {
         disk_mib: u32,
         done: &[BuildStep],
     ) -> Result<TemplateInfo, TemplateBuildError> {
-        let default_user = if done.iter().any(|s| matches!(s, BuildStep::User(_))) {
-            cx.user.clone()
-        } else {
-            base.default_user.clone()
-        };
+        let template = step_template(base, current, key, cx, disk_mib, done);
         let snap = self
             .snapshot_disk(
                 &b.id,
@@ -471,25 +464,6 @@ impl Node {
                 .map_err(node_failed)?
                 .ok_or_else(|| node_failed("the builder's snapshot is gone"))?;
             let staged = self.scratch_dir(key, "step").map_err(node_failed)?;
-            let template = TemplateInfo {
-                name: String::new(),
-                digest: key.to_owned(),
-                // Hashed only if the build names it (see `TemplateStore::install_unnamed`).
-                image_sha256: String::new(),
-                image_size_mib: disk_mib,
-                kernel_digest: current.kernel_digest.clone(),
-                default_resources: space_core::Resources {
-                    disk_mib: base.default_resources.disk_mib.max(disk_mib),
-                    ..base.default_resources
-                },
-                default_user,
-                description: format!("{} with build steps", base.description),
-                built_at_ms: now_ms(),
-                image: base.image.clone(),
-                env: cx.env.clone(),
-                workdir: cx.workdir.clone(),
-                start_command: base.start_command.clone(),
-            };
             let (nm, store, dir) = (
                 self.inner.nm.clone(),
                 self.inner.store.clone(),
@@ -512,6 +486,44 @@ impl Node {
             tracing::warn!(build = build_id, error = %e, "cannot delete a builder's snapshot");
         }
         installed
+    }
+}
+
+/// The unnamed template the steps `done` make on `base` (`current` the one before the last)
+/// on a builder disk of `disk_mib`, under cache key `key` with context `cx` as its defaults. A start command is never
+/// inherited: a build's own is added after its steps.
+fn step_template(
+    base: &TemplateInfo,
+    current: &TemplateInfo,
+    key: &str,
+    cx: &StepContext,
+    disk_mib: u32,
+    done: &[BuildStep],
+) -> TemplateInfo {
+    let default_user = if done.iter().any(|s| matches!(s, BuildStep::User(_))) {
+        cx.user.clone()
+    } else {
+        base.default_user.clone()
+    };
+    TemplateInfo {
+        name: String::new(),
+        digest: key.to_owned(),
+        // Hashed only if the build names it (see `TemplateStore::install_unnamed`).
+        image_sha256: String::new(),
+        image_size_mib: disk_mib,
+        kernel_digest: current.kernel_digest.clone(),
+        default_resources: space_core::Resources {
+            disk_mib: base.default_resources.disk_mib.max(disk_mib),
+            ..base.default_resources
+        },
+        default_user,
+        description: format!("{} with build steps", base.description),
+        built_at_ms: now_ms(),
+        image: base.image.clone(),
+        env: cx.env.clone(),
+        workdir: cx.workdir.clone(),
+        image_command: base.image_command.clone(),
+        start: None,
     }
 }
 
@@ -543,56 +555,9 @@ fn forget_old_files(dir: &std::path::Path) {
     }
 }
 
-/// Splits a process's output into lines for the build log, bounding a line that never
-/// ends.
-#[derive(Default)]
-struct LineSplitter {
-    pending: Vec<u8>,
-}
-
-impl LineSplitter {
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut out = Vec::new();
-        for &b in bytes {
-            if b == b'\n' {
-                out.push(self.take());
-            } else if b != b'\r' {
-                self.pending.push(b);
-                if self.pending.len() >= MAX_PENDING_LINE {
-                    out.push(self.take());
-                }
-            }
-        }
-        out
-    }
-
-    fn take(&mut self) -> String {
-        let line = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        line
-    }
-
-    fn finish(&mut self) -> Option<String> {
-        (!self.pending.is_empty()).then(|| self.take())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn output_is_split_into_bounded_lines() {
-        let mut s = LineSplitter::default();
-        assert_eq!(s.push(b"a\r\nb"), vec!["a".to_string()]);
-        assert_eq!(s.push(b"c\n"), vec!["bc".to_string()]);
-        let long = vec![b'x'; MAX_PENDING_LINE + 10];
-        let lines = s.push(&long);
-        assert_eq!(lines.len(), 1);
-        assert_eq!(lines[0].len(), MAX_PENDING_LINE);
-        assert_eq!(s.finish().map(|l| l.len()), Some(10));
-        assert_eq!(s.finish(), None);
-    }
 
     #[test]
     fn steps_are_described_briefly() {

@@ -317,7 +317,8 @@ mod tests {
             image: None,
             env: Default::default(),
             workdir: None,
-            start_command: Vec::new(),
+            image_command: Vec::new(),
+            start: None,
         }
     }
 

@@ -69,6 +69,17 @@ pub enum TemplateCmd {
         /// With `--api` or `--file`: another tag for the build (`NAME:TAG`; repeatable).
         #[arg(long)]
         tag: Vec<String>,
+        /// With `--api` or `--file`: a command (a shell line) the template's sandboxes have
+        /// running from the start, started before its memory image is saved.
+        #[arg(long, value_name = "LINE")]
+        start_cmd: Option<String>,
+        /// The start command's ready check (a shell line), run every second until it exits
+        /// with 0 (e.g. `curl -sf localhost:8000/health`).
+        #[arg(long, value_name = "LINE", requires = "start_cmd")]
+        ready_cmd: Option<String>,
+        /// Longest the ready check may take, in seconds (default 600).
+        #[arg(long, value_name = "SECS", requires = "ready_cmd")]
+        ready_timeout: Option<u32>,
     },
     /// Remove a template name through the API (the template goes with its last name);
     /// refused while sandboxes or snapshots were made from it, unless `--force`.
@@ -108,9 +119,14 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             registry_auth,
             user,
             tag,
+            start_cmd,
+            ready_cmd,
+            ready_timeout,
             ..
         } => {
-            let req = dockerfile_request(g, &name, &file, context, &build_arg, user, tag).await?;
+            let mut req =
+                dockerfile_request(g, &name, &file, context, &build_arg, user, tag).await?;
+            add_start(&mut req, start_cmd, ready_cmd, ready_timeout);
             return follow_build(g, name, req, registry_auth).await;
         }
         TemplateCmd::Build {
@@ -120,12 +136,16 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             user,
             api: true,
             tag,
+            start_cmd,
+            ready_cmd,
+            ready_timeout,
             ..
         } => {
             let mut req = serde_json::json!({"name": name, "from_image": from, "tags": tag});
             if let Some(user) = user {
                 req["user"] = user.into();
             }
+            add_start(&mut req, start_cmd, ready_cmd, ready_timeout);
             return follow_build(g, name, req, registry_auth).await;
         }
         TemplateCmd::Build {
@@ -138,11 +158,17 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             spaced,
             mirror,
             tag,
+            start_cmd,
             ..
         } => {
             if !tag.is_empty() {
                 anyhow::bail!(
                     "--tag names a build through the API: add --api (or build with --file)"
+                );
+            }
+            if start_cmd.is_some() {
+                anyhow::bail!(
+                    "--start-cmd is tried in a sandbox on the server's node: add --api (or build with --file)"
                 );
             }
             let spaced = match spaced {
@@ -305,6 +331,24 @@ async fn dockerfile_request(
         req["user"] = user.into();
     }
     Ok(req)
+}
+
+/// Adds the `start` of a build request from the command line's flags.
+fn add_start(
+    req: &mut serde_json::Value,
+    command: Option<String>,
+    ready: Option<String>,
+    ready_timeout_secs: Option<u32>,
+) {
+    if let Some(command) = command {
+        req["start"] = serde_json::json!({"command": command});
+        if let Some(ready) = ready {
+            req["start"]["ready"] = ready.into();
+        }
+        if let Some(secs) = ready_timeout_secs {
+            req["start"]["ready_timeout_secs"] = secs.into();
+        }
+    }
 }
 
 /// Starts build `req` on the server and prints its log as it comes; registry credentials

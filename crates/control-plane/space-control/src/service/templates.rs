@@ -51,6 +51,13 @@ pub struct TemplateBuildRequest {
     /// unchanged base is taken from the cache.
     #[serde(default)]
     pub steps: Vec<space_core::build_steps::BuildStep>,
+    /// A process the template's sandboxes have running from the start: `{"command": LINE
+    /// or [ARGV], "ready": LINE or [ARGV], "ready_timeout_secs": N}`. It is started, and
+    /// the ready check run every second until it exits with 0, before the template's memory
+    /// image is saved: every sandbox starts with it running and ready. A command that fails
+    /// fails the build (`start_failed`).
+    #[serde(default)]
+    pub start: Option<space_core::build_steps::TemplateStart>,
     /// More tags for the same build: `python` with tags `["3.12"]` is also `python:3.12`.
     #[serde(default)]
     pub tags: Vec<String>,
@@ -136,6 +143,9 @@ pub async fn start_build(
     }
     space_core::build_steps::validate_steps(&req.steps)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if let Some(start) = &req.start {
+        start.validate().map_err(ApiError::invalid)?;
+    }
     let build = BuildTemplate {
         build_id: format!(
             "tb-{}",
@@ -148,6 +158,7 @@ pub async fn start_build(
         from_image,
         from_template,
         steps: req.steps,
+        start: req.start,
         user: req.user,
         registry_login: req.registry_auth.map(|a| RegistryLogin {
             username: a.username,

@@ -280,7 +280,8 @@ fn unpack(
         }),
         env: config.env.clone(),
         workdir: config.working_dir.clone(),
-        start_command: config.start_command(),
+        image_command: config.image_command(),
+        start: None,
     })
 }
 

@@ -173,7 +173,7 @@ impl ImageConfig {
     }
 
     /// The command the image would run (`Entrypoint` then `Cmd`), if any.
-    pub fn start_command(&self) -> Vec<String> {
+    pub fn image_command(&self) -> Vec<String> {
         self.entrypoint.iter().chain(&self.cmd).cloned().collect()
     }
 }
@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(c.env["EMPTY"], "");
         assert_eq!(c.working_dir.as_deref(), Some("/app"));
         assert_eq!(c.user.as_deref(), Some("app"));
-        assert_eq!(c.start_command(), ["python3", "-m", "http.server"]);
+        assert_eq!(c.image_command(), ["python3", "-m", "http.server"]);
         assert_eq!(c.platform, "linux/amd64");
         // No config section at all (a scratch image) is fine.
         assert_eq!(

@@ -73,7 +73,8 @@ pub fn info(name: &str, digest: &str) -> TemplateInfo {
         image: None,
         env: Default::default(),
         workdir: None,
-        start_command: Vec::new(),
+        image_command: Vec::new(),
+        start: None,
     }
 }
 
