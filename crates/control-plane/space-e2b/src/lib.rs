@@ -23,6 +23,7 @@ pub mod ports;
 pub mod rest;
 pub mod state;
 pub mod surface;
+pub mod template_files;
 pub mod timestamp;
 pub mod token;
 

@@ -14,6 +14,7 @@ pub mod network;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod stored_tokens;
+pub mod templates;
 
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post, put};
@@ -310,6 +311,18 @@ pub fn router(st: SharedState) -> Router {
         .route("/v2/sandboxes/{id}/logs", get(logs::v2))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
+        .route("/v3/templates", post(templates::request_build))
+        .route("/v2/templates", post(templates::request_build))
+        .route("/templates/{id}/files/{hash}", get(templates::files_link))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::build_status),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
         // The layer added last runs first: the key, its request rate, idempotency (scoped to
         // its tenant), then the action log.
         .route_layer(middleware::from_fn_with_state(
@@ -332,6 +345,11 @@ pub fn router(st: SharedState) -> Router {
             st.clone(),
             auth::require_api_key,
         ))
+        // Signed, like the presigned URLs E2B hands out: no API key (see `templates`).
+        .route(
+            "/templates/files/upload/{tenant}/{hash}",
+            put(templates::upload_files),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::e2b_error_bodies))
@@ -340,7 +358,7 @@ pub fn router(st: SharedState) -> Router {
 
 async fn not_found(req: Request) -> error::RestError {
     error::RestError::not_found(format!(
-        "no route for {} {} (SPACE serves the E2B sandbox API; templates, builds, volumes and secrets are managed with SPACE's own API)",
+        "no route for {} {} (SPACE serves the E2B sandbox API and template builds; template tags, volumes and secrets are managed with SPACE's own API)",
         req.method(),
         excerpt(req.uri().path(), 128)
     ))

@@ -23,16 +23,27 @@ pub struct E2bState {
     pub tokens: TokenKey,
     /// Watchers made by `CreateWatcher`, polled by `GetWatcherEvents`.
     pub watchers: Watchers,
+    /// Template builds asked for and their uploaded files (`rest::templates`), under the
+    /// server's data directory.
+    pub template_builds: crate::rest::templates::BuildsDir,
 }
 
 impl E2bState {
     /// State over SPACE's own.
-    pub fn new(app: AppState, config: E2bConfig, tokens: TokenKey) -> Self {
+    pub fn new(
+        app: AppState,
+        config: E2bConfig,
+        tokens: TokenKey,
+        data_dir: &std::path::Path,
+    ) -> Self {
         Self {
             app,
             config: Arc::new(config),
             tokens,
             watchers: Watchers::default(),
+            template_builds: crate::rest::templates::BuildsDir::new(
+                data_dir.join("e2b-template-builds"),
+            ),
         }
     }
 

@@ -107,7 +107,7 @@ impl ApiSurface for E2bApi {
             domain: self.config.advertised_domain(ctx.addr, ctx.tls_addr),
             ..self.config.clone()
         };
-        let st = E2bState::new(ctx.state, config, TokenKey::new(*key));
+        let st = E2bState::new(ctx.state, config, TokenKey::new(*key), ctx.data_dir);
         let native = ctx.native;
         let dispatcher = Dispatcher {
             envd: envd::router(st.clone()),

@@ -26,6 +26,9 @@ const CONTEXT: &[u8] = b"space-e2b/envd-access-token/v2\0";
 /// Domain separation of traffic tokens (private ports) from access tokens.
 const TRAFFIC_CONTEXT: &[u8] = b"space-e2b/traffic-access-token/v2\0";
 
+/// Domain separation of template file upload URLs.
+const UPLOAD_CONTEXT: &[u8] = b"space-e2b/template-files-upload/v1\0";
+
 /// Between the sandbox id and the MAC of an access token (in neither's alphabet).
 const ID_SEPARATOR: char = '.';
 
@@ -49,6 +52,35 @@ impl TokenKey {
     /// A key from its bytes (kept in a key file by the node).
     pub fn new(bytes: [u8; KEY_LEN]) -> Self {
         TokenKey(bytes)
+    }
+
+    /// The signature of an upload URL for template files `hash` of tenant `tenant`, valid
+    /// until `expires_ms` (what the SDKs PUT to carries no API key, like a presigned URL).
+    pub fn upload_signature(&self, tenant: &str, hash: &str, expires_ms: i64) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+        mac.update(UPLOAD_CONTEXT);
+        // Neither a tenant id nor a hash holds a NUL: the fields cannot run into each other.
+        for field in [tenant.as_bytes(), b"\0", hash.as_bytes(), b"\0"] {
+            mac.update(field);
+        }
+        mac.update(&expires_ms.to_be_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// Whether `signature` is [`TokenKey::upload_signature`]'s for these, unexpired at
+    /// `now_ms` (compared in constant time).
+    pub fn verify_upload(
+        &self,
+        tenant: &str,
+        hash: &str,
+        expires_ms: i64,
+        signature: &str,
+        now_ms: i64,
+    ) -> bool {
+        use subtle::ConstantTimeEq;
+        let want = self.upload_signature(tenant, hash, expires_ms);
+        now_ms <= expires_ms && bool::from(want.as_bytes().ct_eq(signature.as_bytes()))
     }
 
     fn mac(&self, context: &[u8], id: &SandboxId, epoch: u64) -> Hmac<Sha256> {

@@ -116,6 +116,30 @@ pub async fn start_build(
     caller: &Caller,
     req: TemplateBuildRequest,
 ) -> Result<TemplateBuildStatus, ApiError> {
+    start_build_as(st, caller, req, new_build_id()).await
+}
+
+/// A fresh build id (`tb-…`).
+pub fn new_build_id() -> String {
+    format!(
+        "tb-{}",
+        space_core::SandboxId::generate()
+            .as_str()
+            .trim_start_matches(space_core::SandboxId::PREFIX)
+    )
+}
+
+/// [`start_build`] under the id `build_id` (one handed out before the build was asked
+/// for, as E2B's protocol does).
+pub async fn start_build_as(
+    st: &AppState,
+    caller: &Caller,
+    req: TemplateBuildRequest,
+    build_id: String,
+) -> Result<TemplateBuildStatus, ApiError> {
+    if !validate_build_id(&build_id) {
+        return Err(ApiError::invalid("invalid build id"));
+    }
     caller.require_operator()?;
     let name = canonical(&req.name)?;
     if req.tags.len() > MAX_TAGS {
@@ -147,12 +171,7 @@ pub async fn start_build(
         start.validate().map_err(ApiError::invalid)?;
     }
     let build = BuildTemplate {
-        build_id: format!(
-            "tb-{}",
-            space_core::SandboxId::generate()
-                .as_str()
-                .trim_start_matches(space_core::SandboxId::PREFIX)
-        ),
+        build_id,
         name,
         also_named,
         from_image,
