@@ -1086,7 +1086,8 @@ async fn a_sandbox_suspended_on_one_node_resumes_on_another() {
 /// it fetches the template (and the kernel bundle it boots) from the object store once,
 /// counted at the S3 server, and every one of them runs with its files. Then that node is
 /// drained: every sandbox moves back, as it was (running, or paused); a stopped one cannot
-/// and says so.
+/// and says so. Last, ten creates at once on a third node that lacks the template: one
+/// download, one memory image, ten sandboxes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
     const SANDBOXES: usize = 10;
@@ -1222,6 +1223,58 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
     );
     let missing = a.drain_node("node-zz").await.expect_err("no such node");
     assert_eq!(missing.code(), Some(ErrorCode::NotFound), "{missing}");
+
+    // Ten creates at once of a template a node has never had: one download of it, one
+    // memory image, ten sandboxes.
+    cluster.add_node_without_template("node-d").await;
+    cluster
+        .wait_nodes(3, |n| n.name != "node-d" || n.state == NodeState::Ready)
+        .await;
+    a.set_node_cordoned("node-a", true).await.expect("cordon a");
+    let node_d = st.nodes.get("node-d").expect("node-d");
+    let garage = cluster.garage();
+    let images_before = garage.requests("GET", "/rootfs.ext4.zst");
+    let burst = std::time::Instant::now();
+    let created = futures::future::join_all((0..SANDBOXES).map(|_| {
+        let a = a.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let sb = a.create_sandbox(&create_request()).await.expect("create");
+            (sb, started.elapsed().as_secs_f64() * 1000.0)
+        }
+    }))
+    .await;
+    let burst_ms = burst.elapsed().as_millis();
+    let mut latencies: Vec<f64> = created.iter().map(|c| c.1).collect();
+    for (sb, _) in &created {
+        assert_eq!(sb.node, "node-d", "{}", sb.id);
+    }
+    assert_eq!(
+        garage.requests("GET", "/rootfs.ext4.zst") - images_before,
+        1,
+        "one download of the template image for ten creates"
+    );
+    let status = node_d.status().await.expect("node-d status");
+    assert_eq!(status.templates_fetched, 2, "the template and its kernel");
+    assert_eq!(
+        status.memory_images.len(),
+        1,
+        "one memory image for ten creates: {:?}",
+        status.memory_images
+    );
+    for (i, (sb, _)) in created.iter().enumerate() {
+        assert_eq!(
+            shell(&a, &sb.id, &format!("echo burst-{i}"), false)
+                .await
+                .trim(),
+            format!("burst-{i}")
+        );
+    }
+    println!(
+        "ten creates of a template node-d lacked: {burst_ms} ms in all, each p50 {:.0} ms, p90 {:.0} ms",
+        test_support::percentile(&mut latencies, 0.5),
+        test_support::percentile(&mut latencies, 0.9)
+    );
     cluster.stop().await;
 }
 

@@ -5,10 +5,12 @@
 //! build through the API (`POST /v1/templates`, pulled by the node and warmed: memory image
 //! and a pool member made right after it), with the first create after that; and build steps
 //! on top of that template (a Dockerfile's `COPY`, `ENV`, `WORKDIR` and three `RUN`s, in a
-//! builder sandbox), cold and then taken whole from the step cache.
+//! builder sandbox), cold and then taken whole from the step cache. Last, on a cluster with
+//! an object store: a burst of ten creates of a template a node has never had (one
+//! download, one memory image) against the next burst of ten on that node.
 //!
 //! Each sample is a fresh store, so every cold build pulls and unpacks everything. Run with
-//! `sudo ./scripts/bench-templates [samples]` (default 5). Prints percentiles; every figure is
+//! `sudo ./scripts/bench-templates [samples] [burst]` (default 5; `burst`: only the burst). Prints percentiles; every figure is
 //! measured.
 
 use std::path::Path;
@@ -64,6 +66,11 @@ async fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(5);
+    // `space-template-bench N burst`: only the burst figures.
+    if std::env::args().nth(2).as_deref() == Some("burst") {
+        burst(samples).await;
+        return;
+    }
     let image = image();
     let total: usize = image.layers.iter().map(Vec::len).sum();
     println!(
@@ -211,6 +218,82 @@ async fn main() {
         "the same steps again (step cache, warm-up)",
         &mut steps_cached,
     );
+    burst(samples).await;
+}
+
+/// Ten creates at once on a node that lacks the template, then ten more there: each sample
+/// a new node (a node agent in its own network namespace) that has never had it.
+async fn burst(samples: usize) {
+    const BURST: usize = 10;
+    let mut cluster = test_support::cluster::Cluster::start_with_objects(1, 1).await;
+    let c = cluster.clients[0].clone();
+    let st = cluster.replicas[0].state().clone();
+    let template = st
+        .nodes
+        .template(test_support::TEST_TEMPLATE)
+        .await
+        .expect("template");
+    let objects = space_objects::Objects::open(&cluster.object_store().expect("object store"))
+        .expect("objects");
+    let manifest =
+        space_objects::ObjectKey::join(&["templates", &template.digest, "template.json"])
+            .expect("key");
+    test_support::wait_until(
+        std::time::Duration::from_secs(180),
+        "node-a to publish the template",
+        || async { objects.size(&manifest).await.ok()?.map(|_| ()) },
+    )
+    .await;
+    let (mut cold, mut cold_each, mut warm, mut warm_each) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut previous = "node-a".to_owned();
+    for s in 0..samples {
+        let name = format!("burst-{s}");
+        cluster.add_node_without_template(&name).await;
+        cluster
+            .wait_nodes(s + 2, |n| {
+                n.name != name || n.state == space_core::cluster::NodeState::Ready
+            })
+            .await;
+        c.set_node_cordoned(&previous, true).await.expect("cordon");
+        for (total, each) in [(&mut cold, &mut cold_each), (&mut warm, &mut warm_each)] {
+            let t = Instant::now();
+            let made = futures::future::join_all((0..BURST).map(|_| {
+                let c = c.clone();
+                async move {
+                    let t = Instant::now();
+                    let sb = c
+                        .create_sandbox(&CreateSandboxRequest {
+                            template: test_support::TEST_TEMPLATE.into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("create");
+                    (sb, t.elapsed().as_secs_f64() * 1000.0)
+                }
+            }))
+            .await;
+            total.push(t.elapsed().as_secs_f64() * 1000.0);
+            for (sb, ms) in made {
+                assert_eq!(sb.node, name);
+                each.push(ms);
+                let _ = c.delete_sandbox(sb.id.as_str()).await;
+            }
+        }
+        previous = name;
+    }
+    println!("\n-- a burst of {BURST} creates, on a node without the template (object store) --");
+    report(
+        "10 creates, template not on the node: whole burst",
+        &mut cold,
+    );
+    report("  each create of that burst", &mut cold_each);
+    report(
+        "10 creates, template and memory image there: burst",
+        &mut warm,
+    );
+    report("  each create of that burst", &mut warm_each);
+    cluster.stop().await;
 }
 
 /// Starts build `req` and follows it until it is ready (panics if it fails).
