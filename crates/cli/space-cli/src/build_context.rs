@@ -1,6 +1,12 @@
 //! Packing a Dockerfile `COPY`'s sources from the build context into a tar archive whose
 //! SHA-256 names it: entries in name order, with no owners or times (`HeaderMode::
 //! Deterministic`), so unchanged files pack to the same archive and the step's cache holds.
+//!
+//! As Docker: a source may be a wildcard (`*.py`, `src/*/conf.?`; `*` does not cross `/`),
+//! matched against the context's paths; the context's `.dockerignore` (one pattern a line,
+//! `**` for any depth, `!` re-including, the last matching line deciding, a directory's
+//! pattern covering what is under it) leaves files out of every `COPY`, and a source it
+//! excludes is "not in the context".
 
 use std::io::{Seek, Write};
 use std::path::{Component, Path, PathBuf};
@@ -17,23 +23,155 @@ pub struct PackedFiles {
     pub dest_dir: String,
 }
 
-/// Packs `sources` (paths in `context`) for a `COPY` into `dest`, with Docker's meaning of
-/// `dest`: a directory when it ends in `/`, when several sources are copied or a source is
-/// a directory (whose contents are copied); otherwise the file's new path.
-pub fn pack(context: &Path, sources: &[String], dest: &str) -> anyhow::Result<PackedFiles> {
+/// The context's `.dockerignore`: patterns in order, each negated (`!`) or not.
+#[derive(Default)]
+pub struct DockerIgnore {
+    patterns: Vec<(globset::GlobMatcher, bool)>,
+}
+
+impl DockerIgnore {
+    /// Reads `context/.dockerignore`; none is an empty one.
+    pub fn load(context: &Path) -> anyhow::Result<DockerIgnore> {
+        match std::fs::read_to_string(context.join(".dockerignore")) {
+            Ok(text) => DockerIgnore::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DockerIgnore::default()),
+            Err(e) => Err(anyhow::anyhow!(".dockerignore: {e}")),
+        }
+    }
+
+    /// Parses `.dockerignore` text (comments with `#`, blank lines skipped).
+    pub fn parse(text: &str) -> anyhow::Result<DockerIgnore> {
+        let mut patterns = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (negated, pattern) = match line.strip_prefix('!') {
+                Some(p) => (true, p.trim()),
+                None => (false, line),
+            };
+            // Relative to the context's root, however it is written.
+            let pattern = pattern.trim_start_matches('/').trim_start_matches("./");
+            let pattern = pattern.trim_end_matches('/');
+            if pattern.is_empty() {
+                continue;
+            }
+            patterns.push((
+                glob(pattern).map_err(|e| anyhow::anyhow!(".dockerignore line {}: {e}", n + 1))?,
+                negated,
+            ));
+        }
+        Ok(DockerIgnore { patterns })
+    }
+
+    /// Whether `rel` (a path in the context, `/`-separated) is left out: the last pattern
+    /// that matches it or a directory above it decides.
+    pub fn excludes(&self, rel: &Path) -> bool {
+        let mut excluded = false;
+        for (m, negated) in &self.patterns {
+            let hit = rel
+                .ancestors()
+                .any(|a| !a.as_os_str().is_empty() && m.is_match(a));
+            if hit {
+                excluded = !negated;
+            }
+        }
+        excluded
+    }
+}
+
+/// A Docker pattern: `*` and `?` within one path component, `**` across any.
+fn glob(pattern: &str) -> Result<globset::GlobMatcher, globset::Error> {
+    Ok(globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()?
+        .compile_matcher())
+}
+
+/// Whether `s` is a wildcard source.
+fn is_wildcard(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// The context's paths (relative, in name order) that wildcard `pattern` matches and the
+/// ignore file keeps.
+fn expand(root: &Path, pattern: &str, ignore: &DockerIgnore) -> anyhow::Result<Vec<PathBuf>> {
+    let pattern = pattern.trim_start_matches('/').trim_start_matches("./");
+    let m = glob(pattern).map_err(|e| anyhow::anyhow!("COPY {pattern}: {e}"))?;
+    let mut out = Vec::new();
+    walk(root, Path::new(""), ignore, &mut |rel| {
+        if m.is_match(rel) {
+            out.push(rel.to_owned());
+        }
+    })?;
+    out.sort();
+    Ok(out)
+}
+
+/// Calls `each` with every path under `dir` (relative to the context) the ignore file keeps.
+fn walk(
+    root: &Path,
+    dir: &Path,
+    ignore: &DockerIgnore,
+    each: &mut dyn FnMut(&Path),
+) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(root.join(dir))?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let rel = dir.join(e.file_name());
+        if ignore.excludes(&rel) {
+            continue;
+        }
+        each(&rel);
+        if e.file_type()?.is_dir() {
+            walk(root, &rel, ignore, each)?;
+        }
+    }
+    Ok(())
+}
+
+/// Packs `sources` (paths or wildcards in `context`, less what `ignore` leaves out) for a
+/// `COPY` into `dest`, with Docker's meaning of `dest`: a directory when it ends in `/`,
+/// when several files are copied or a source is a directory (whose contents are copied);
+/// otherwise the file's new path.
+pub fn pack(
+    context: &Path,
+    sources: &[String],
+    dest: &str,
+    ignore: &DockerIgnore,
+) -> anyhow::Result<PackedFiles> {
     let root = context
         .canonicalize()
         .map_err(|e| anyhow::anyhow!("build context {}: {e}", context.display()))?;
     let mut resolved = Vec::new();
     for s in sources {
-        let rel = relative(s)?;
-        let path = root.join(&rel);
-        let md = std::fs::symlink_metadata(&path)
-            .map_err(|e| anyhow::anyhow!("COPY {s}: {e} (in the context {})", root.display()))?;
-        resolved.push((rel, path, md.is_dir()));
+        let rels = if is_wildcard(s) {
+            let found = expand(&root, s, ignore)?;
+            if found.is_empty() {
+                anyhow::bail!(
+                    "COPY {s}: no file in the context {} matches",
+                    root.display()
+                );
+            }
+            found
+        } else {
+            vec![relative(s)?]
+        };
+        for rel in rels {
+            if ignore.excludes(&rel) {
+                anyhow::bail!("COPY {s}: excluded by the context's .dockerignore");
+            }
+            let path = root.join(&rel);
+            let md = std::fs::symlink_metadata(&path).map_err(|e| {
+                anyhow::anyhow!("COPY {s}: {e} (in the context {})", root.display())
+            })?;
+            resolved.push((rel, path, md.is_dir()));
+        }
     }
     let into_dir =
-        dest.ends_with('/') || dest == "." || sources.len() > 1 || resolved.iter().any(|r| r.2);
+        dest.ends_with('/') || dest == "." || resolved.len() > 1 || resolved.iter().any(|r| r.2);
     let (dest_dir, rename) = if into_dir {
         (dest.to_owned(), None)
     } else {
@@ -54,7 +192,7 @@ pub fn pack(context: &Path, sources: &[String], dest: &str) -> anyhow::Result<Pa
     tar.follow_symlinks(false);
     for (rel, path, is_dir) in &resolved {
         if *is_dir {
-            add_tree(&mut tar, path, Path::new(""))?;
+            add_tree(&mut tar, path, rel, Path::new(""), ignore)?;
         } else {
             let name = match &rename {
                 Some(n) => n.clone(),
@@ -94,17 +232,28 @@ fn relative(s: &str) -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-/// Adds directory `dir`'s contents under `name`, in name order.
-fn add_tree(tar: &mut tar::Builder<std::fs::File>, dir: &Path, name: &Path) -> anyhow::Result<()> {
+/// Adds directory `dir`'s contents (`rel` in the context) under `name`, in name order,
+/// less what `ignore` leaves out.
+fn add_tree(
+    tar: &mut tar::Builder<std::fs::File>,
+    dir: &Path,
+    rel: &Path,
+    name: &Path,
+    ignore: &DockerIgnore,
+) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let path = e.path();
+        let entry_rel = rel.join(e.file_name());
+        if ignore.excludes(&entry_rel) {
+            continue;
+        }
         let entry_name = name.join(e.file_name());
         let md = std::fs::symlink_metadata(&path)?;
         if md.is_dir() {
             tar.append_dir(&entry_name, &path)?;
-            add_tree(tar, &path, &entry_name)?;
+            add_tree(tar, &path, &entry_rel, &entry_name, ignore)?;
         } else {
             tar.append_path_with_name(&path, &entry_name)?;
         }
@@ -132,6 +281,8 @@ mod tests {
         std::fs::write(ctx.path().join("src/z.py"), "z").unwrap();
         std::fs::write(ctx.path().join("src/sub/b.py"), "b").unwrap();
 
+        let none = DockerIgnore::default();
+        let pack = |ctx: &Path, s: &[String], d: &str| pack(ctx, s, d, &none);
         let renamed = pack(ctx.path(), &["a.txt".into()], "/app/b.txt").unwrap();
         assert_eq!(renamed.dest_dir, "/app");
         assert_eq!(names(&renamed), vec!["b.txt"]);
@@ -152,5 +303,44 @@ mod tests {
 
         assert!(pack(ctx.path(), &["../etc/passwd".into()], "/x").is_err());
         assert!(pack(ctx.path(), &["missing".into()], "/x").is_err());
+    }
+
+    #[test]
+    fn wildcards_and_dockerignore_as_docker_has_them() {
+        let ctx = tempfile::tempdir().unwrap();
+        for (f, body) in [
+            ("a.py", "a"),
+            ("b.py", "b"),
+            ("c.txt", "c"),
+            ("src/x.py", "x"),
+            ("src/secret.env", "s"),
+            ("src/keep.env", "k"),
+            ("node_modules/m/index.js", "m"),
+        ] {
+            let p = ctx.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        }
+        let ignore =
+            DockerIgnore::parse("# comment\nnode_modules\n**/*.env\n!src/keep.env\n/c.txt\n")
+                .unwrap();
+        // `*` stays in one directory; several matches go into the destination directory.
+        let py = pack(ctx.path(), &["*.py".into()], "/app/", &ignore).unwrap();
+        assert_eq!(names(&py), vec!["a.py", "b.py"]);
+        let nested = pack(ctx.path(), &["*/*.py".into()], "/app/", &ignore).unwrap();
+        assert_eq!(names(&nested), vec!["x.py"]);
+        // A directory loses what the ignore file leaves out, and keeps what `!` brings back.
+        let tree = pack(ctx.path(), &[".".into()], "/app", &ignore).unwrap();
+        assert_eq!(
+            names(&tree),
+            vec!["a.py", "b.py", "src", "src/keep.env", "src/x.py"]
+        );
+        assert!(pack(ctx.path(), &["c.txt".into()], "/x", &ignore).is_err());
+        assert!(pack(ctx.path(), &["*.none".into()], "/x/", &ignore).is_err());
+        let e = DockerIgnore::parse("[")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("line 1"), "{e}");
     }
 }

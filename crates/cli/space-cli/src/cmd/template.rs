@@ -294,6 +294,7 @@ async fn dockerfile_request(
             .unwrap_or_else(|| ".".into()),
     };
     let client = g.client()?;
+    let ignore = std::sync::Arc::new(crate::build_context::DockerIgnore::load(&context)?);
     let mut steps = Vec::new();
     for planned in plan.steps {
         let step = match planned {
@@ -303,9 +304,14 @@ async fn dockerfile_request(
                 dest,
                 chown,
             } => {
-                let (ctx, srcs, to) = (context.clone(), sources.clone(), dest.clone());
+                let (ctx, srcs, to, ignore) = (
+                    context.clone(),
+                    sources.clone(),
+                    dest.clone(),
+                    ignore.clone(),
+                );
                 let packed = tokio::task::spawn_blocking(move || {
-                    crate::build_context::pack(&ctx, &srcs, &to)
+                    crate::build_context::pack(&ctx, &srcs, &to, &ignore)
                 })
                 .await??;
                 let body = tokio::fs::File::open(packed.file.path()).await?;
