@@ -158,6 +158,8 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
     let out = shell(c, &sbx.id, "pwd; cat app.txt; echo $APP_MODE", false).await;
     assert_eq!(out, "/srv\nbuilt through the API\napi\n");
 
+    let node = server.server().state().nodes.any().expect("the node");
+    let images_before = node.status().await.expect("status").memory_images;
     // In use: deleting the name its sandbox was made from is refused, unless forced.
     let refused = c.delete_template("app:1.0", false).await.unwrap_err();
     assert_eq!(code(refused), "Conflict");
@@ -181,6 +183,12 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
     assert_eq!(
         code(c.delete_template("app", false).await.unwrap_err()),
         "NotFound"
+    );
+    // Its memory image went with it.
+    let images_after = node.status().await.expect("status").memory_images;
+    assert!(
+        images_before.difference(&images_after).next().is_some(),
+        "the template's memory image is removed: {images_before:?} -> {images_after:?}"
     );
     wait_until(
         Duration::from_secs(30),

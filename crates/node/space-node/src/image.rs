@@ -153,6 +153,22 @@ pub(crate) fn image_dir(store: &space_storage::Store) -> CasDir<ImageInfo> {
     CasDir::new(store.root().join("images"))
 }
 
+/// Removes the memory images of template `template_digest` (every shape); how many. A VM
+/// started from one keeps its mapping (the file goes when the last one closes it).
+pub(crate) fn remove_images_of(
+    store: &space_storage::Store,
+    template_digest: &str,
+) -> Result<usize, space_storage::StorageError> {
+    let cas = image_dir(store);
+    let mut removed = 0;
+    for info in cas.list()? {
+        if info.key.template_digest == template_digest && cas.remove(&info.digest)? {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// What building an image needs from the node.
 pub(crate) struct ImageBuild<'a> {
     pub key: &'a ImageKey,

@@ -250,6 +250,23 @@ impl Node {
                 for member in self.inner.pool.drain_template(&digest) {
                     self.inner.discard_member(member).await;
                 }
+                // Its memory images would otherwise stay on disk for good.
+                let store = self.inner.store.clone();
+                match tokio::task::spawn_blocking(move || {
+                    crate::image::remove_images_of(&store, &digest)
+                })
+                .await
+                {
+                    Ok(Ok(n)) => {
+                        tracing::info!(template = %name, images = n, "removed the template's memory images")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(template = %name, error = %e, "cannot remove the template's memory images")
+                    }
+                    Err(e) => {
+                        tracing::warn!(template = %name, error = %e, "memory image removal task")
+                    }
+                }
             }
         }
         let unpublished = if self.inner.objects.is_some() {
