@@ -279,8 +279,19 @@ impl Node {
         template: TemplateInfo,
     ) -> Result<TemplateInfo, TemplateBuildError> {
         let image = self.inner.store.templates().image_path(from);
+        self.install_reflink_of(image, template, "derive").await
+    }
+
+    /// Installs `template` (unnamed) with a reflink of `image` as its image, through the
+    /// node manager; `what` names the scratch directory (`step`, `derive`).
+    async fn install_reflink_of(
+        &self,
+        image: PathBuf,
+        template: TemplateInfo,
+        what: &str,
+    ) -> Result<TemplateInfo, TemplateBuildError> {
         let staged = self
-            .scratch_dir(&template.digest, "derive")
+            .scratch_dir(&template.digest, what)
             .map_err(node_failed)?;
         let (nm, store, dir) = (
             self.inner.nm.clone(),
@@ -463,23 +474,7 @@ impl Node {
                 .snapshot(&b.id, &snap.id)
                 .map_err(node_failed)?
                 .ok_or_else(|| node_failed("the builder's snapshot is gone"))?;
-            let staged = self.scratch_dir(key, "step").map_err(node_failed)?;
-            let (nm, store, dir) = (
-                self.inner.nm.clone(),
-                self.inner.store.clone(),
-                staged.clone(),
-            );
-            let result = tokio::task::spawn_blocking(move || {
-                space_storage::reflink(&paths.disk, &dir.join(space_storage::IMAGE_FILE))
-                    .map_err(|e| e.to_string())?;
-                nm.install_template(&store, &dir, &template, false)
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(node_failed)?
-            .map_err(|e| node_failed(format!("installing the step's image: {e}")));
-            let _ = tokio::fs::remove_dir_all(&staged).await;
-            result
+            self.install_reflink_of(paths.disk, template, "step").await
         }
         .await;
         if let Err(e) = self.delete_snapshot(&b.id, &snap.id).await {

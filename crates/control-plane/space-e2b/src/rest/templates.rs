@@ -107,7 +107,6 @@ impl BuildsDir {
 
     /// Removes what is older than it may be kept (a build never started, files unused).
     fn sweep(&self) {
-        let now = now_ms();
         let sweep_dir = |dir: &FsPath, keep_ms: i64| {
             let Ok(entries) = std::fs::read_dir(dir) else {
                 return;
@@ -130,7 +129,6 @@ impl BuildsDir {
                 sweep_dir(&t.path(), FILES_KEEP_MS);
             }
         }
-        let _ = now;
     }
 }
 
