@@ -235,6 +235,68 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
         assert_eq!(code(err), "InvalidRequest", "{req}");
     }
 
+    // Registry logins from the credential manager: the caller's credential whose rule
+    // lists the registry is used with no login in the request; one named for a build from
+    // another registry is refused before any pull; its value shows nowhere.
+    let credential = |name: &str, registries: &[&str], value: &str| {
+        serde_json::from_value::<space_control::api::credentials::CredentialRequest>(json!({
+            "name": name,
+            "rule": {"registries": registries, "injection": {"kind": "basic_auth", "username": USER}},
+            "value": value,
+        }))
+        .expect("credential request")
+    };
+    c.create_credential(&credential("registry", &[&registry.host], PASSWORD))
+        .await
+        .expect("a registry-only credential");
+    c.create_credential(&credential("ghcr", &["ghcr.io"], "not-it"))
+        .await
+        .expect("another registry's credential");
+    let (events, end) = follow(c, &json!({"name": "stored-login", "from_image": reference})).await;
+    let log = log_text(&events);
+    end.unwrap_or_else(|e| panic!("a build with the stored login failed: {e:?}\n{log}"));
+    assert!(!log.contains(PASSWORD), "the password reached the log");
+    c.delete_template("stored-login", true)
+        .await
+        .expect("delete stored-login");
+    for (req, want) in [
+        (json!({"registry_credential": "ghcr"}), "InvalidRequest"),
+        (json!({"registry_credential": "missing"}), "NotFound"),
+        (
+            json!({"registry_credential": "registry", "registry_auth": auth}),
+            "InvalidRequest",
+        ),
+    ] {
+        let mut req = req;
+        req["name"] = "nope".into();
+        req["from_image"] = reference.clone().into();
+        let err = c.build_template(&req).await.unwrap_err();
+        assert_eq!(code(err), want, "{req}");
+    }
+    // Two credentials for one registry: the build must say which; a wrong one is the
+    // registry's refusal, with nothing registered.
+    c.create_credential(&credential("registry-old", &[&registry.host], "not-it"))
+        .await
+        .expect("a second credential for the registry");
+    let err = c
+        .build_template(&json!({"name": "nope", "from_image": reference}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), "InvalidRequest");
+    let (events, end) = follow(
+        c,
+        &json!({"name": "nope", "from_image": reference, "registry_credential": "registry-old"}),
+    )
+    .await;
+    let err = end.expect_err("a wrong stored password");
+    assert_eq!(
+        err.code,
+        TemplateBuildErrorCode::RegistryUnauthorized,
+        "{}",
+        log_text(&events)
+    );
+    assert_eq!(code(c.template("nope").await.unwrap_err()), "NotFound");
+
     // The CLI's way to the same: `space template build --api` sends the auth file's
     // credentials for that pull and prints the log; `get` and `rm` go through the API.
     let url = server.url();

@@ -1,6 +1,7 @@
 //! Where a credential may be sent and how it is put into a request: host, method and path
 //! patterns, the injection (a header, HTTP Basic auth or a query parameter), whether TLS is
-//! required, a rate limit, and whether the guest gets a placeholder.
+//! required, a rate limit, whether the guest gets a placeholder, and the image registries
+//! a template build may log in to with it.
 //!
 //! [`CredentialRule`] is the stored, serialisable form; [`CredentialRule::compile`] checks
 //! every field and produces the [`CompiledRule`] the resolver matches with.
@@ -15,6 +16,8 @@ use crate::pattern::PathPattern;
 
 /// Most host patterns in one rule.
 pub const MAX_HOSTS: usize = 32;
+/// Most image registries in one rule.
+pub const MAX_REGISTRIES: usize = 16;
 /// Most methods in one rule.
 pub const MAX_METHODS: usize = 16;
 /// Longest method name.
@@ -69,6 +72,8 @@ fn default_true() -> bool {
 #[serde(deny_unknown_fields)]
 pub struct CredentialRule {
     /// Host patterns: `api.example.com` (that name) or `*.example.com` (names below it).
+    /// May be empty for a credential that only logs in to `registries`.
+    #[serde(default)]
     pub hosts: Vec<String>,
     /// Allowed methods (upper case, e.g. `GET`); `None`: any method but TRACE/TRACK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +92,12 @@ pub struct CredentialRule {
     /// Give the guest a placeholder for this credential (see [`crate::placeholder`]).
     #[serde(default)]
     pub placeholder: bool,
+    /// Image registries (`HOST[:PORT]`, as image references name them: `ghcr.io`,
+    /// `10.0.0.5:5000`, `docker.io`) that template builds of the tenant pull from with this
+    /// credential, as HTTP Basic auth (the injection must be `basic_auth`). The value is
+    /// sent to these registries and nowhere else; no sandbox sees it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub registries: Vec<String>,
 }
 
 /// How the value is put into a request.
@@ -240,10 +251,10 @@ pub(crate) fn is_unreserved(b: u8) -> bool {
 impl CredentialRule {
     /// Checks every field and returns the matching form. Errors name the field.
     pub fn compile(&self) -> Result<CompiledRule, ValidationError> {
-        if self.hosts.is_empty() {
+        if self.hosts.is_empty() && self.registries.is_empty() {
             return Err(ValidationError::rule(
                 "hosts",
-                "at least one host pattern is required",
+                "at least one host pattern (or registry) is required",
             ));
         }
         if self.hosts.len() > MAX_HOSTS {
@@ -327,6 +338,7 @@ impl CredentialRule {
         };
 
         let injection = self.injection.compile()?;
+        self.check_registries()?;
 
         if let Some(limit) = self.rate_limit {
             if limit.requests == 0 || limit.requests > MAX_RATE_REQUESTS {
@@ -353,6 +365,102 @@ impl CredentialRule {
             placeholder: self.placeholder,
         })
     }
+}
+
+impl CredentialRule {
+    fn check_registries(&self) -> Result<(), ValidationError> {
+        if self.registries.len() > MAX_REGISTRIES {
+            return Err(ValidationError::rule(
+                "registries",
+                format!("more than {MAX_REGISTRIES} registries"),
+            ));
+        }
+        if !self.registries.is_empty() && !matches!(self.injection, Injection::BasicAuth { .. }) {
+            return Err(ValidationError::rule(
+                "registries",
+                "a registry login is HTTP Basic auth: the injection must be basic_auth with the registry's user name",
+            ));
+        }
+        for (i, r) in self.registries.iter().enumerate() {
+            if canonical_registry(r).is_none() {
+                return Err(ValidationError::rule(
+                    format!("registries[{i}]"),
+                    "a registry as image references name it: a host name or IP address, with an optional :PORT (e.g. ghcr.io, 10.0.0.5:5000, docker.io)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a template build may log in to `registry` (as [`canonical_registry`] gives
+    /// it) with this credential.
+    pub fn logs_in_to(&self, registry: &str) -> bool {
+        let registry = canonical_registry(registry);
+        self.registries
+            .iter()
+            .any(|r| canonical_registry(r) == registry && registry.is_some())
+    }
+
+    /// The registry user name, for a credential that logs in to registries.
+    pub fn registry_username(&self) -> Option<&str> {
+        match &self.injection {
+            Injection::BasicAuth { username } if !self.registries.is_empty() => Some(username),
+            _ => None,
+        }
+    }
+}
+
+/// Longest registry name (a host name, `:`, a port).
+const MAX_REGISTRY_LEN: usize = 255 + 6;
+
+/// `registry` in one spelling: lower case, Docker Hub's aliases as `docker.io`; `None` if
+/// it is not `HOST[:PORT]` (a host name of letters, digits, `-` and `.`, an IPv4 address,
+/// or a bracketed IPv6 address; a port of 1 to 65535).
+pub fn canonical_registry(registry: &str) -> Option<String> {
+    if registry.is_empty() || registry.len() > MAX_REGISTRY_LEN {
+        return None;
+    }
+    let lower = registry.to_ascii_lowercase();
+    let (host, port) = if let Some(rest) = lower.strip_prefix('[') {
+        let (addr, after) = rest.split_once(']')?;
+        addr.parse::<std::net::Ipv6Addr>().ok()?;
+        (&lower[..addr.len() + 2], after.strip_prefix(':'))
+    } else {
+        match lower.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (lower.as_str(), None),
+        }
+    };
+    if let Some(port) = port {
+        let ok = !port.is_empty()
+            && port.len() <= 5
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && !port.starts_with('0')
+            && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p));
+        if !ok {
+            return None;
+        }
+    }
+    if !host.starts_with('[') {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        if !host.split('.').all(label_ok) {
+            return None;
+        }
+    }
+    let host = match host {
+        "index.docker.io" | "registry-1.docker.io" => "docker.io",
+        h => h,
+    };
+    Some(match port {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
 }
 
 impl Injection {
@@ -601,5 +709,60 @@ mod tests {
             basic("u").compile().unwrap().target(),
             InjectionTarget::Header(header::AUTHORIZATION)
         );
+    }
+
+    #[test]
+    fn registries_are_spelled_as_image_references_name_them() {
+        for (given, canonical) in [
+            ("ghcr.io", "ghcr.io"),
+            ("GHCR.io", "ghcr.io"),
+            ("10.0.0.5:5000", "10.0.0.5:5000"),
+            ("localhost:5000", "localhost:5000"),
+            ("[::1]:5000", "[::1]:5000"),
+            ("index.docker.io", "docker.io"),
+            ("registry-1.docker.io", "docker.io"),
+        ] {
+            assert_eq!(
+                canonical_registry(given).as_deref(),
+                Some(canonical),
+                "{given}"
+            );
+        }
+        for bad in [
+            "",
+            "https://ghcr.io",
+            "ghcr.io/team",
+            "ghcr.io:",
+            "ghcr.io:0",
+            "ghcr.io:65536",
+            "ghcr.io:050",
+            "-x.io",
+            "a..b",
+            "[::1",
+            "[zz]:1",
+            "user@ghcr.io",
+        ] {
+            assert_eq!(canonical_registry(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_registry_credential_is_basic_auth_and_needs_no_hosts() {
+        let mut rule = bearer_rule(&[]);
+        rule.registries = vec!["ghcr.io".into()];
+        assert_eq!(field_of(rule.compile().unwrap_err()), "registries");
+        rule.injection = Injection::BasicAuth {
+            username: "bot".into(),
+        };
+        let compiled = rule.compile().expect("a registry-only credential");
+        assert!(compiled.hosts.is_empty(), "it is injected nowhere");
+        assert!(rule.logs_in_to("GHCR.IO") && !rule.logs_in_to("ghcr.io:443"));
+        assert_eq!(rule.registry_username(), Some("bot"));
+        rule.registries = vec!["ghcr.io/x".into()];
+        assert_eq!(field_of(rule.compile().unwrap_err()), "registries[0]");
+        rule.registries = vec!["r.io".into(); MAX_REGISTRIES + 1];
+        assert_eq!(field_of(rule.compile().unwrap_err()), "registries");
+        rule.registries.clear();
+        assert_eq!(field_of(rule.compile().unwrap_err()), "hosts");
     }
 }

@@ -27,6 +27,7 @@ pub fn bearer_rule(hosts: &[&str]) -> CredentialRule {
         require_tls: true,
         rate_limit: None,
         placeholder: false,
+        registries: Vec::new(),
     }
 }
 

@@ -45,6 +45,12 @@ pub enum TemplateCmd {
         /// write one). Never given on the command line.
         #[arg(long, env = "REGISTRY_AUTH_FILE", value_name = "FILE")]
         registry_auth: Option<std::path::PathBuf>,
+        /// Log in to the registry with this stored credential (its name or id; its rule
+        /// lists the registry in `registries`) instead of an auth file. Builds through the
+        /// API (`--api`, `--file`) only; without it, the caller's credential that lists the
+        /// registry is used, if any.
+        #[arg(long, value_name = "NAME", conflicts_with = "registry_auth")]
+        registry_credential: Option<String>,
         /// CA certificates (PEM) to trust for the registry, besides the system's.
         #[arg(long, value_name = "FILE")]
         registry_ca: Option<std::path::PathBuf>,
@@ -117,6 +123,7 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             context,
             build_arg,
             registry_auth,
+            registry_credential,
             user,
             tag,
             start_cmd,
@@ -127,12 +134,16 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             let mut req =
                 dockerfile_request(g, &name, &file, context, &build_arg, user, tag).await?;
             add_start(&mut req, start_cmd, ready_cmd, ready_timeout);
+            if let Some(credential) = registry_credential {
+                req["registry_credential"] = credential.into();
+            }
             return follow_build(g, name, req, registry_auth).await;
         }
         TemplateCmd::Build {
             name,
             from: Some(from),
             registry_auth,
+            registry_credential,
             user,
             api: true,
             tag,
@@ -144,6 +155,9 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             let mut req = serde_json::json!({"name": name, "from_image": from, "tags": tag});
             if let Some(user) = user {
                 req["user"] = user.into();
+            }
+            if let Some(credential) = registry_credential {
+                req["registry_credential"] = credential.into();
             }
             add_start(&mut req, start_cmd, ready_cmd, ready_timeout);
             return follow_build(g, name, req, registry_auth).await;
@@ -159,8 +173,14 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             mirror,
             tag,
             start_cmd,
+            registry_credential,
             ..
         } => {
+            if registry_credential.is_some() {
+                anyhow::bail!(
+                    "--registry-credential is looked up by the server: add --api (or build with --file)"
+                );
+            }
             if !tag.is_empty() {
                 anyhow::bail!(
                     "--tag names a build through the API: add --api (or build with --file)"
@@ -368,7 +388,8 @@ async fn follow_build(
     use futures::StreamExt;
     use space_core::template::TemplateBuildEvent;
     let from = req["from_image"].as_str().unwrap_or_default().to_owned();
-    if let Some(file) = registry_auth.filter(|_| !from.is_empty()) {
+    let stored = req.get("registry_credential").is_some();
+    if let Some(file) = registry_auth.filter(|_| !from.is_empty() && !stored) {
         if let Some(login) = space_images::oci::registry::login_for_reference(&file, &from)? {
             req["registry_auth"] =
                 serde_json::json!({"username": login.username, "password": login.password});

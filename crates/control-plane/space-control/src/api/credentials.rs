@@ -56,7 +56,9 @@ pub struct CredentialRequest {
     /// Where it may go and how it is injected: `{"hosts": ["api.example.com"],
     /// "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
     /// "methods": ["GET"], "paths": ["/v1/*"], "require_tls": true,
-    /// "rate_limit": {"requests": 100, "per_secs": 60}, "placeholder": false}`.
+    /// "rate_limit": {"requests": 100, "per_secs": 60}, "placeholder": false}`. A
+    /// credential for image registries lists them: `"registries": ["ghcr.io"]` with a
+    /// `basic_auth` injection (the registry user); `hosts` may then be empty.
     #[schema(value_type = Object)]
     pub rule: CredentialRule,
     /// After this instant (ms since the Unix epoch) every request that would use it is denied.

@@ -394,6 +394,84 @@ impl SyncsUnderWay {
     }
 }
 
+/// A registry login taken from the credential manager for a template build.
+pub struct RegistryCredential {
+    /// The registry user name (the rule's `basic_auth` user).
+    pub username: String,
+    /// The password or token.
+    pub password: SecretValue,
+}
+
+/// The caller's credential that logs in to `registry` (a template build's image registry,
+/// as the image reference names it): the one `named` (its name or id), or else the only
+/// one of the caller's tenant-wide credentials whose rule lists that registry. `None` when
+/// none is named and none lists it (the pull goes anonymous or with the node's file).
+///
+/// Only tenant-wide credentials count (a project's or a sandbox's are for its sandboxes),
+/// and only for the registries their rule names: a value is never sent anywhere its owner
+/// did not say, whatever the image reference.
+pub async fn registry_login(
+    st: &AppState,
+    caller: &Caller,
+    registry: &str,
+    named: Option<&str>,
+) -> ApiResult<Option<RegistryCredential>> {
+    let now = crate::db::now_ms();
+    let usable = |c: &Credential| {
+        matches!(c.scope, Scope::Tenant { .. }) && c.expires_at_ms.is_none_or(|t| t > now)
+    };
+    let mine = st.db.credentials_of(&caller.id).await?;
+    let chosen = match named {
+        Some(named) => {
+            let found = mine
+                .into_iter()
+                .find(|s| {
+                    (s.credential.id.as_str() == named || s.credential.name.as_str() == named)
+                        && usable(&s.credential)
+                })
+                .ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "registry_credential {named:?}: no tenant-wide, unexpired credential has that name or id"
+                    ))
+                })?;
+            if !found.credential.rule.logs_in_to(registry) {
+                return Err(ApiError::invalid(format!(
+                    "credential {} is not for registry {registry}: add it to the rule's registries to allow it",
+                    found.credential.name
+                )));
+            }
+            found
+        }
+        None => {
+            let mut matching: Vec<StoredCredential> = mine
+                .into_iter()
+                .filter(|s| usable(&s.credential) && s.credential.rule.logs_in_to(registry))
+                .collect();
+            match matching.len() {
+                0 => return Ok(None),
+                1 => matching.remove(0),
+                n => {
+                    return Err(ApiError::invalid(format!(
+                        "{n} credentials log in to registry {registry}: name one with registry_credential"
+                    )))
+                }
+            }
+        }
+    };
+    let username = chosen
+        .credential
+        .rule
+        .registry_username()
+        .ok_or_else(|| ApiError::internal("a stored registry credential is not basic_auth"))?
+        .to_owned();
+    let password = st
+        .credential_sealer
+        .open(&chosen.credential.id, &chosen.sealed_value)
+        .map_err(ApiError::internal)?;
+    tracing::info!(tenant = %caller.name, credential = %chosen.credential.id, %registry, "registry login from a credential");
+    Ok(Some(RegistryCredential { username, password }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,11 @@ pub struct TemplateBuildRequest {
     /// Credentials for a private registry (used for this pull only, never stored or logged).
     #[serde(default)]
     pub registry_auth: Option<RegistryAuth>,
+    /// The name or id of the caller's credential to log in to the image's registry with
+    /// (its rule must list the registry in `registries`). Without this or `registry_auth`,
+    /// the caller's one credential that lists the registry is used, if there is one.
+    #[serde(default)]
+    pub registry_credential: Option<String>,
 }
 
 /// A registry user name and password.
@@ -162,9 +167,23 @@ pub async fn start_build_as(
             ))
         }
     };
-    if from_template.is_none() {
-        check_image_reference(&from_image)?;
-    }
+    let registry_login = if from_template.is_none() {
+        let registry = check_image_reference(&from_image)?;
+        registry_login(
+            st,
+            caller,
+            &registry,
+            req.registry_auth,
+            req.registry_credential,
+        )
+        .await?
+    } else if req.registry_auth.is_some() || req.registry_credential.is_some() {
+        return Err(ApiError::invalid(
+            "registry_auth and registry_credential are for a build from_image",
+        ));
+    } else {
+        None
+    };
     space_core::build_steps::validate_steps(&req.steps)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     if let Some(start) = &req.start {
@@ -179,17 +198,44 @@ pub async fn start_build_as(
         steps: req.steps,
         start: req.start,
         user: req.user,
-        registry_login: req.registry_auth.map(|a| RegistryLogin {
-            username: a.username,
-            password: SecretString(a.password),
-        }),
+        registry_login,
     };
     let node = st.nodes.any()?;
     tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, template = ?build.from_template, steps = build.steps.len(), node = node.name(), "template build started");
     Ok(node.start_template_build(build).await?)
 }
 
-fn check_image_reference(reference: &str) -> Result<(), ApiError> {
+/// The login for a pull from `registry`: the one given with the request, or one from the
+/// caller's credentials (named, or the one that lists the registry).
+async fn registry_login(
+    st: &AppState,
+    caller: &Caller,
+    registry: &str,
+    given: Option<RegistryAuth>,
+    credential: Option<String>,
+) -> Result<Option<RegistryLogin>, ApiError> {
+    if let Some(auth) = given {
+        if credential.is_some() {
+            return Err(ApiError::invalid(
+                "registry_auth and registry_credential: at most one of them",
+            ));
+        }
+        return Ok(Some(RegistryLogin {
+            username: auth.username,
+            password: SecretString(auth.password),
+        }));
+    }
+    let stored =
+        crate::service::credentials::registry_login(st, caller, registry, credential.as_deref())
+            .await?;
+    Ok(stored.map(|c| RegistryLogin {
+        username: c.username,
+        password: SecretString(c.password.expose().to_owned()),
+    }))
+}
+
+/// Checks a build's image reference; returns its registry (`docker.io` for a bare name).
+fn check_image_reference(reference: &str) -> Result<String, ApiError> {
     if reference.trim().is_empty() || reference.len() > MAX_IMAGE_REFERENCE {
         return Err(ApiError::invalid(format!(
             "from_image must be an image reference of 1 to {MAX_IMAGE_REFERENCE} bytes"
@@ -201,7 +247,11 @@ fn check_image_reference(reference: &str) -> Result<(), ApiError> {
             "from_image must name a registry image; local layouts and archives are built with the CLI on the node (`space template build NAME --from oci:DIR`)",
         ));
     }
-    Ok(())
+    let reference = reference.strip_prefix("docker://").unwrap_or(reference);
+    let parsed: oci_spec::distribution::Reference = reference
+        .parse()
+        .map_err(|e| ApiError::invalid(format!("from_image is not an image reference: {e}")))?;
+    Ok(parsed.registry().to_owned())
 }
 
 /// Whether an archive of files for build steps is uploaded (on the node builds run on).

@@ -620,6 +620,7 @@ pub async fn start_build(
         tags,
         user: None,
         registry_auth,
+        registry_credential: None,
     };
     native::start_build_as(&st.app, &caller, build, build_id).await?;
     asked.started = true;
