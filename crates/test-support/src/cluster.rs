@@ -163,6 +163,9 @@ pub struct TestNode {
     /// Its namespace.
     pub network: NodeNetwork,
     process: Option<Child>,
+    /// Set before the test ends its process on purpose; an exit without it is told at once
+    /// (a node that dies mid-test otherwise shows only as refused connections).
+    exit_expected: std::sync::Arc<std::sync::atomic::AtomicBool>,
     log: PathBuf,
     /// Its arguments (control plane, token, name, advertise) and object store file.
     command: Vec<String>,
@@ -213,10 +216,31 @@ impl TestNode {
                 self.log()
             ),
         }
+        // Its standard output closes when it ends: an end the test did not ask for is
+        // printed with the log's last lines, where the test's own output shows it.
+        self.exit_expected
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let (expected, name, log) = (
+            self.exit_expected.clone(),
+            self.name.clone(),
+            self.log.clone(),
+        );
+        tokio::spawn(async move {
+            while let Ok(Some(_)) = lines.next_line().await {}
+            if !expected.load(std::sync::atomic::Ordering::SeqCst) {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                println!("!!! node {name}'s process ended on its own; the last lines of its log:");
+                for line in tail.iter().rev() {
+                    println!("{line}");
+                }
+            }
+        });
     }
 
     /// `kill -9` of its process (its VMs run on, as after a crash of the node's software).
     pub async fn kill(&mut self) {
+        self.expect_exit();
         if let Some(mut p) = self.process.take() {
             self.thaw_quietly(&p);
             let _ = p.start_kill();
@@ -265,7 +289,13 @@ impl TestNode {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    fn expect_exit(&self) {
+        self.exit_expected
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn stop(&mut self) {
+        self.expect_exit();
         if let Some(mut p) = self.process.take() {
             self.thaw_quietly(&p);
             if let Some(pid) = p.id() {
@@ -296,6 +326,7 @@ impl TestNode {
 
 impl Drop for TestNode {
     fn drop(&mut self) {
+        self.expect_exit();
         if let Some(mut p) = self.process.take() {
             self.thaw_quietly(&p);
             let _ = p.start_kill();
@@ -576,6 +607,7 @@ impl Cluster {
             data_dir,
             network,
             process: None,
+            exit_expected: Default::default(),
             log,
             command: Vec::new(),
             without_template,

@@ -202,21 +202,7 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
     );
 
     // From a template, with steps given through the API: a RUN on top of `dock`.
-    let built = c
-        .build_template_followed(&json!({
-            "name": "dock-plus", "from_template": "dock",
-            "steps": [{"user": "root"}, {"run": ["/bin/sh", "-c", "echo plus > /srv/app/plus.txt"]}],
-        }))
-        .await
-        .expect("started");
-    let events: Vec<_> = built.map(|e| e.expect("event")).collect().await;
-    assert!(
-        matches!(
-            events.last(),
-            Some(space_core::template::TemplateBuildEvent::Ready { .. })
-        ),
-        "{events:?}"
-    );
+    build_plus(c, "plus").await;
     let sbx = c
         .create_sandbox(&CreateSandboxRequest {
             template: "dock-plus".into(),
@@ -227,5 +213,109 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
     assert_eq!(
         shell(c, &sbx.id, "cat plus.txt built.txt; id -un", false).await,
         "plus\nfrom-arg docker\nroot\n"
+    );
+
+    // The template cache: dock-plus rebuilt while a sandbox of the old one lives leaves the
+    // old one cached; a prune keeps it (the sandbox was made from it), removes the steps'
+    // caches, and leaves every named template whole.
+    let old_plus = c.template("dock-plus").await.expect("dock-plus").digest;
+    build_plus(c, "plus2").await;
+    let cached = c.template_cache().await.expect("cache");
+    assert!(cached.iter().any(|t| t.digest == old_plus), "{cached:?}");
+    assert!(
+        cached.len() >= 3,
+        "steps' caches and the old dock-plus: {cached:?}"
+    );
+    let all_unused = space_core::template::TemplateCachePruneRequest {
+        unused_for_secs: Some(0),
+        dry_run: true,
+    };
+    let dry = c.prune_template_cache(&all_unused).await.expect("dry run");
+    assert!(dry.dry_run && !dry.removed.is_empty(), "{dry:?}");
+    assert_eq!(
+        c.template_cache().await.expect("cache").len(),
+        cached.len(),
+        "a dry run removes nothing"
+    );
+    // A day (the default) is longer than this test: nothing goes.
+    let recent = c
+        .prune_template_cache(&Default::default())
+        .await
+        .expect("prune recent");
+    assert!(recent.removed.is_empty(), "{recent:?}");
+
+    let pruned = c
+        .prune_template_cache(&space_core::template::TemplateCachePruneRequest {
+            dry_run: false,
+            ..all_unused.clone()
+        })
+        .await
+        .expect("prune");
+    assert_eq!(
+        pruned
+            .in_use
+            .iter()
+            .map(|t| t.digest.as_str())
+            .collect::<Vec<_>>(),
+        [old_plus.as_str()],
+        "{pruned:?}"
+    );
+    assert_eq!(pruned.removed.len(), cached.len() - 1, "{pruned:?}");
+    assert!(pruned.freed_mib > 0, "{pruned:?}");
+    let left = c.template_cache().await.expect("cache");
+    assert_eq!(
+        left.iter().map(|t| t.digest.as_str()).collect::<Vec<_>>(),
+        [old_plus.as_str()]
+    );
+    // The old sandbox goes on; every named template still creates.
+    assert_eq!(shell(c, &sbx.id, "cat plus.txt", false).await, "plus\n");
+    for name in ["dock", "dock:v3", "dock-plus"] {
+        let s = c
+            .create_sandbox(&CreateSandboxRequest {
+                template: name.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("create from {name} after a prune: {e}"));
+        c.delete_sandbox(&s.id).await.expect("delete");
+    }
+    // Once its last sandbox is gone, the old dock-plus goes too.
+    c.delete_sandbox(&sbx.id).await.expect("delete");
+    let pruned = c
+        .prune_template_cache(&space_core::template::TemplateCachePruneRequest {
+            dry_run: false,
+            ..all_unused
+        })
+        .await
+        .expect("prune");
+    assert_eq!(
+        pruned
+            .removed
+            .iter()
+            .map(|t| t.digest.as_str())
+            .collect::<Vec<_>>(),
+        [old_plus.as_str()],
+        "{pruned:?}"
+    );
+    assert!(c.template_cache().await.expect("cache").is_empty());
+}
+
+/// Builds `dock-plus` on `dock` through the API: a RUN writing `content` to `plus.txt`.
+async fn build_plus(c: &space_cli::client::SpaceClient, content: &str) {
+    use futures::StreamExt;
+    let built = c
+        .build_template_followed(&json!({
+            "name": "dock-plus", "from_template": "dock",
+            "steps": [{"user": "root"}, {"run": ["/bin/sh", "-c", format!("echo {content} > /srv/app/plus.txt")]}],
+        }))
+        .await
+        .expect("started");
+    let events: Vec<_> = built.map(|e| e.expect("event")).collect().await;
+    assert!(
+        matches!(
+            events.last(),
+            Some(space_core::template::TemplateBuildEvent::Ready { .. })
+        ),
+        "{events:?}"
     );
 }

@@ -23,7 +23,10 @@ use space_core::sandbox::{
     CreateSandboxRequest, CreateSnapshotRequest, EventList, ForkRequest, PoolStatusList,
     SandboxInfo, SandboxList, SetTimeoutRequest, SnapshotList, SnapshotTaken,
 };
-use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
+use space_core::template::{
+    CachedTemplate, TemplateBuildEvent, TemplateBuildStatus, TemplateCachePrune,
+    TemplateCachePruneRequest, TemplateInfo,
+};
 use space_core::{
     ErrorBody, ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId,
     SnapshotInfo,
@@ -357,6 +360,23 @@ impl SpaceClient {
             Method::DELETE,
             &format!("{}?force={force}", Self::template_path(name)),
         ))
+        .await
+    }
+
+    /// `GET /v1/template-cache`: every node's cached templates, least recently needed first.
+    pub async fn template_cache(&self) -> ClientResult<Vec<CachedTemplate>> {
+        Self::json(self.request(Method::GET, "/v1/template-cache")).await
+    }
+
+    /// `POST /v1/template-cache/prune`.
+    pub async fn prune_template_cache(
+        &self,
+        req: &TemplateCachePruneRequest,
+    ) -> ClientResult<TemplateCachePrune> {
+        Self::json(
+            self.request(Method::POST, "/v1/template-cache/prune")
+                .json(req),
+        )
         .await
     }
 

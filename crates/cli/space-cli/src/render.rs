@@ -8,7 +8,7 @@ use space_core::files::{FileKind, FileStat};
 use space_core::metrics::SandboxMetric;
 use space_core::process::ProcessInfo;
 use space_core::sandbox::{PausedBy, PoolShape, SandboxInfo, SandboxOrigin, StoppedBy};
-use space_core::template::TemplateInfo;
+use space_core::template::{CachedTemplate, TemplateCachePrune, TemplateInfo};
 use space_core::{FileChangeKind, LifecycleEntry, SnapshotDiff, SnapshotInfo};
 
 /// Prints a value as pretty JSON.
@@ -425,6 +425,53 @@ pub fn templates(list: &[TemplateInfo]) {
         ]);
     }
     println!("{t}");
+}
+
+/// A template cache.
+pub fn cached_templates(list: &[CachedTemplate]) {
+    let mut t = table(&["NODE", "DIGEST", "SIZE", "BUILT", "LAST NEEDED", "WHAT"]);
+    for c in list {
+        t.add_row(vec![
+            c.node.clone(),
+            short(&c.digest).to_owned(),
+            format!("{} MiB", c.image_size_mib),
+            relative(c.built_at_ms),
+            relative(c.last_used_ms),
+            c.description.clone(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// What a prune of the template cache did.
+pub fn template_cache_prune(p: &TemplateCachePrune) {
+    let verb = if p.dry_run { "would remove" } else { "removed" };
+    println!(
+        "{verb} {} cached template(s), {} MiB",
+        p.removed.len(),
+        p.freed_mib
+    );
+    if !p.removed.is_empty() {
+        cached_templates(&p.removed);
+    }
+    if !p.in_use.is_empty() {
+        println!(
+            "kept {} unused for long but needed by sandboxes or snapshots",
+            p.in_use.len()
+        );
+    }
+    if !p.busy_nodes.is_empty() {
+        println!(
+            "skipped (a template build runs there): {}",
+            p.busy_nodes.join(", ")
+        );
+    }
+    if !p.unreachable_nodes.is_empty() {
+        println!(
+            "skipped (could not be asked): {}",
+            p.unreachable_nodes.join(", ")
+        );
+    }
 }
 
 /// Processes.

@@ -23,7 +23,9 @@ where
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => {}
+                // A dropped sender is a stop too: `changed` would return at once, forever,
+                // and the pass would run in a hot loop.
+                changed = stop.changed() => if changed.is_err() { break; },
             }
             if *stop.borrow() {
                 break;

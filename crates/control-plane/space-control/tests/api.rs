@@ -21,6 +21,8 @@ const ROUTES: &[&str] = &[
     "GET /v1/templates/builds/{id}",
     "PUT /v1/templates/files/{sha256}",
     "GET /v1/templates/files/{sha256}",
+    "GET /v1/template-cache",
+    "POST /v1/template-cache/prune",
     "POST /v1/sandboxes",
     "GET /v1/sandboxes",
     "GET /v1/sandboxes/{id}",

@@ -223,6 +223,57 @@ pub enum TemplateBuildEvent {
     },
 }
 
+/// A template in a node's template cache: one no name points at there (a build's cached
+/// step, what a name meant before it was rebuilt, one fetched by digest). Kept until pruned
+/// (`POST /v1/template-cache/prune`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CachedTemplate {
+    /// The node that holds it.
+    pub node: String,
+    /// Its digest.
+    pub digest: String,
+    /// What made it (a build step, or the template's own description).
+    pub description: String,
+    /// Size of its image.
+    pub image_size_mib: u32,
+    /// When it was built, ms since the Unix epoch.
+    pub built_at_ms: i64,
+    /// When a build, create or resume last needed it on that node (at least `built_at_ms`).
+    pub last_used_ms: i64,
+}
+
+/// `POST /v1/template-cache/prune`: what to remove.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TemplateCachePruneRequest {
+    /// Remove what no node needed for this long (default a day; 0: everything unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unused_for_secs: Option<u64>,
+    /// Only say what would be removed.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What a prune of the template cache removed, and what it kept and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateCachePrune {
+    /// Removed (or, on a dry run, would be).
+    pub removed: Vec<CachedTemplate>,
+    /// Old enough but kept: sandboxes or snapshots were made from them.
+    pub in_use: Vec<CachedTemplate>,
+    /// Nodes skipped because a template build ran there (a build may need any step).
+    pub busy_nodes: Vec<String>,
+    /// Nodes that could not be asked; their caches are untouched.
+    pub unreachable_nodes: Vec<String>,
+    /// The removed images' sizes, summed.
+    pub freed_mib: u64,
+    /// Nothing was removed: this is what would have been.
+    pub dry_run: bool,
+}
+
 /// A valid build id: 1-64 of `[a-z0-9-]`.
 pub fn validate_build_id(id: &str) -> bool {
     !id.is_empty()

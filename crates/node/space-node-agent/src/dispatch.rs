@@ -73,6 +73,11 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
         R::StartTemplateBuild { req } => reply(api.start_template_build(req).await),
         R::TemplateBuild { id, logs_from } => reply(api.template_build(&id, logs_from).await),
         R::DeleteTemplate { name } => reply(api.delete_template(&name).await),
+        R::CachedTemplates => reply(api.cached_templates().await),
+        R::RemoveCachedTemplate {
+            digest,
+            unused_since_ms,
+        } => reply(api.remove_cached_template(&digest, unused_since_ms).await),
         R::PoolStatus => reply(api.pool_status().await),
         R::Credentials => reply(api.credentials().await),
         R::PutCredential { credential, value } => match SecretValue::new(value.0) {

@@ -382,7 +382,8 @@ pub async fn spawn_heartbeat(
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => {}
+                // A dropped sender is a stop too (else `changed` returns at once, forever).
+                changed = stop.changed() => if changed.is_err() { break; },
             }
             if *stop.borrow() {
                 break;

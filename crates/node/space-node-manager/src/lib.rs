@@ -182,6 +182,13 @@ pub trait NodeManager: Send + Sync + 'static {
     /// Removes template name `name`, and the template unless another name points there;
     /// whether the name existed.
     fn remove_template_name(&self, store: &Store, name: &str) -> Result<bool, NodeManagerError>;
+    /// Removes template `digest` if no name points at it (a build's cached step, an old
+    /// version of a rebuilt template); whether it was removed.
+    fn remove_unnamed_template(
+        &self,
+        store: &Store,
+        digest: &str,
+    ) -> Result<bool, NodeManagerError>;
     /// Installs kernel bundle `kernel`, fetched into `staged` (its `vmlinuz` and
     /// `initramfs.cpio`), into the store's kernels, once per digest.
     fn install_kernel(

@@ -184,6 +184,14 @@ impl NodeManager for LocalNodeManager {
         Ok(store.templates().remove(name)?)
     }
 
+    fn remove_unnamed_template(
+        &self,
+        store: &Store,
+        digest: &str,
+    ) -> Result<bool, NodeManagerError> {
+        Ok(store.templates().remove_unnamed(digest)?)
+    }
+
     fn install_kernel(
         &self,
         store: &Store,

@@ -365,6 +365,12 @@ pub enum Request {
         /// The name.
         name: String,
     },
+    /// Removes template `digest` if no name points at it. Answered with a
+    /// [`Response::Flag`]: whether it was removed.
+    RemoveUnnamedTemplate {
+        /// The template's digest.
+        digest: String,
+    },
     /// Installs a kernel bundle the sandbox manager fetched into `staged` (under `incoming/`).
     InstallKernel {
         /// The directory holding its files.
@@ -503,6 +509,7 @@ impl Request {
             Request::BuildTemplate { .. } => "build_template",
             Request::NameTemplate { .. } => "name_template",
             Request::RemoveTemplateName { .. } => "remove_template_name",
+            Request::RemoveUnnamedTemplate { .. } => "remove_unnamed_template",
             Request::InstallKernel { .. } => "install_kernel",
             Request::RemoveDir { .. } => "remove_dir",
             Request::ForgetMemoryImage { .. } => "forget_memory_image",

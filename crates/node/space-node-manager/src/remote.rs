@@ -502,6 +502,19 @@ impl NodeManager for RemoteNodeManager {
         }
     }
 
+    fn remove_unnamed_template(
+        &self,
+        _store: &Store,
+        digest: &str,
+    ) -> Result<bool, NodeManagerError> {
+        match self.inner.call(&Request::RemoveUnnamedTemplate {
+            digest: digest.to_owned(),
+        })? {
+            (Response::Flag { value }, _) => Ok(value),
+            (other, _) => Err(unexpected("remove_unnamed_template", &other)),
+        }
+    }
+
     fn install_kernel(
         &self,
         _store: &Store,

@@ -488,6 +488,14 @@ impl Host {
                     .map_err(refusal)?;
                 answer(Response::Flag { value })
             }
+            Request::RemoveUnnamedTemplate { digest } => {
+                // The store validates the digest (hex) before touching anything.
+                let value = self
+                    .local
+                    .remove_unnamed_template(&self.store, &digest)
+                    .map_err(refusal)?;
+                answer(Response::Flag { value })
+            }
             Request::InstallKernel { staged, kernel } => {
                 let staged = self.staged(&staged)?;
                 let (vmlinuz, initramfs) = self.as_client(|| {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
-use space_core::template::{TemplateBuildStatus, TemplateInfo};
+use space_core::template::{CachedTemplate, TemplateBuildStatus, TemplateInfo};
 use space_core::{LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, TenantId};
 use space_guest_client::GuestClient;
 use space_secrets::secret::SecretValue;
@@ -178,6 +178,15 @@ pub trait NodeApi: Send + Sync + 'static {
     /// Removes template name `name` here (the template with it unless another name points
     /// there), and from the object store's names; whether the name was known.
     async fn delete_template(&self, name: &str) -> NodeResult<bool>;
+    /// The node's template cache: templates no name points at here.
+    async fn cached_templates(&self) -> NodeResult<Vec<CachedTemplate>>;
+    /// Removes cached template `digest` (its image, memory images and warm sandboxes) unless
+    /// it was needed at or after `unused_since_ms` or a build runs on the node.
+    async fn remove_cached_template(
+        &self,
+        digest: &str,
+        unused_since_ms: i64,
+    ) -> NodeResult<crate::template::CacheRemoval>;
     /// Stores an archive of files for build steps' `COPY`, named by its SHA-256 (hex) and
     /// checked against it; one stored before is kept. Returns its size.
     async fn put_build_files(

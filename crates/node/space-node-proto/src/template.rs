@@ -47,3 +47,17 @@ pub struct RegistryLogin {
     /// Password or token.
     pub password: SecretString,
 }
+
+/// What a node did when asked to remove a template from its cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheRemoval {
+    /// Removed, with its memory images and warm sandboxes.
+    Removed,
+    /// Not in the cache (gone already, or a name points at it now).
+    NotCached,
+    /// Needed since the cut-off the caller gave: kept.
+    UsedSince,
+    /// A template build runs on the node: nothing is removed until it ends.
+    BuildRunning,
+}

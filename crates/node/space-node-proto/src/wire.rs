@@ -149,6 +149,13 @@ pub enum NodeRequest {
     TemplateBuild { id: String, logs_from: u64 },
     /// → `bool`
     DeleteTemplate { name: String },
+    /// → `Vec<CachedTemplate>`
+    CachedTemplates,
+    /// → `CacheRemoval`
+    RemoveCachedTemplate {
+        digest: String,
+        unused_since_ms: i64,
+    },
     /// → `TemplateInfo`
     Template { name: String },
     /// → `Vec<PoolShape>`

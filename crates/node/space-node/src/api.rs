@@ -10,14 +10,14 @@ use futures::StreamExt;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
 use space_core::snapshot::SnapshotTrigger;
-use space_core::template::{TemplateBuildStatus, TemplateInfo};
+use space_core::template::{CachedTemplate, TemplateBuildStatus, TemplateInfo};
 use space_core::{
     ErrorCode, LifecycleEntry, SandboxId, SandboxState, SnapshotDiff, SnapshotId, SnapshotInfo,
     SnapshotKind, TenantId,
 };
 use space_guest_client::{GuestClient, GuestError};
 use space_node_proto::api::{EventFeed, EventNotice, NodeApi, NodeResult};
-use space_node_proto::template::BuildTemplate;
+use space_node_proto::template::{BuildTemplate, CacheRemoval};
 use space_node_proto::{
     CreateFromSnapshot, CreateSandbox, FetchSnapshot, NodeCallError, NodeStatus, PauseCause,
     PoolShape, ResumeSandbox, SandboxView, SnapshotHere, SnapshotOrigin, SnapshotRequest,
@@ -374,6 +374,20 @@ impl NodeApi for Node {
 
     async fn delete_template(&self, name: &str) -> NodeResult<bool> {
         Node::delete_template(self, name).await.map_err(call_error)
+    }
+
+    async fn cached_templates(&self) -> NodeResult<Vec<CachedTemplate>> {
+        Node::cached_templates(self).await.map_err(call_error)
+    }
+
+    async fn remove_cached_template(
+        &self,
+        digest: &str,
+        unused_since_ms: i64,
+    ) -> NodeResult<CacheRemoval> {
+        Node::remove_cached_template(self, digest, unused_since_ms)
+            .await
+            .map_err(call_error)
     }
 
     async fn put_build_files(

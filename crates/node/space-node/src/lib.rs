@@ -40,6 +40,7 @@ pub mod snapshots;
 pub mod stored;
 pub mod suspend;
 mod template_builds;
+mod template_cache;
 mod template_start;
 mod template_steps;
 mod vm_start;

@@ -375,6 +375,7 @@ impl Node {
                 .map_err(|e| internal("cannot read template", e))
         };
         if let Some(tpl) = local(self)? {
+            self.mark_template_used(digest);
             return Ok(tpl);
         }
         let not_found = || NodeError::TemplateNotFound(format!("{name} ({digest})"));
@@ -395,7 +396,9 @@ impl Node {
             self.fetch_template(&objects, &manifest).await?;
             local(self)?.ok_or_else(|| internal("fetch", "the installed template is not there"))
         };
-        self.inner.published.fetching.run(digest, fetch).await
+        let tpl = self.inner.published.fetching.run(digest, fetch).await?;
+        self.mark_template_used(digest);
+        Ok(tpl)
     }
 
     async fn fetch_template(

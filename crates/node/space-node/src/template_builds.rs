@@ -47,6 +47,9 @@ const MAX_NAMES: usize = 16;
 pub(crate) struct TemplateBuilds {
     builds: Mutex<BTreeMap<String, Arc<Mutex<BuildRecord>>>>,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Held shared by every running build, exclusively by a removal from the template
+    /// cache (see [`crate::template_cache`]): a build may need any cached step until it ends.
+    pub(crate) running: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Default for TemplateBuilds {
@@ -54,6 +57,7 @@ impl Default for TemplateBuilds {
         TemplateBuilds {
             builds: Mutex::new(BTreeMap::new()),
             slots: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_BUILDS)),
+            running: Arc::new(tokio::sync::RwLock::new(())),
         }
     }
 }
@@ -177,6 +181,7 @@ impl Node {
         let first = record.lock().unwrap_or_else(|p| p.into_inner()).view(0);
         let node = self.clone();
         let slots = builds.slots.clone();
+        let running = builds.running.clone();
         tokio::spawn(async move {
             let _slot = match slots.clone().try_acquire_owned() {
                 Ok(slot) => slot,
@@ -188,6 +193,7 @@ impl Node {
                     }
                 }
             };
+            let _running = running.read_owned().await;
             let outcome = node.build_template(&req, &names, log.clone()).await;
             let mut rec = record.lock().unwrap_or_else(|p| p.into_inner());
             match outcome {
@@ -247,26 +253,7 @@ impl Node {
                 .lookup_digest(&digest)?
                 .is_some();
             if !still_there {
-                for member in self.inner.pool.drain_template(&digest) {
-                    self.inner.discard_member(member).await;
-                }
-                // Its memory images would otherwise stay on disk for good.
-                let store = self.inner.store.clone();
-                match tokio::task::spawn_blocking(move || {
-                    crate::image::remove_images_of(&store, &digest)
-                })
-                .await
-                {
-                    Ok(Ok(n)) => {
-                        tracing::info!(template = %name, images = n, "removed the template's memory images")
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(template = %name, error = %e, "cannot remove the template's memory images")
-                    }
-                    Err(e) => {
-                        tracing::warn!(template = %name, error = %e, "memory image removal task")
-                    }
-                }
+                self.forget_template(&digest).await;
             }
         }
         let unpublished = if self.inner.objects.is_some() {

@@ -56,13 +56,7 @@ impl Node {
         log: &Log,
     ) -> Result<TemplateInfo, TemplateBuildError> {
         let key = start.template_key(&made.digest);
-        let template = match self
-            .inner
-            .store
-            .templates()
-            .lookup_digest(&key)
-            .map_err(node_failed)?
-        {
+        let template = match self.cached_step(&key)? {
             Some(cached) => cached,
             None => {
                 let template = TemplateInfo {

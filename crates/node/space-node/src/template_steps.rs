@@ -311,12 +311,20 @@ impl Node {
         result
     }
 
-    fn cached_step(&self, key: &str) -> Result<Option<TemplateInfo>, TemplateBuildError> {
-        self.inner
+    pub(crate) fn cached_step(
+        &self,
+        key: &str,
+    ) -> Result<Option<TemplateInfo>, TemplateBuildError> {
+        let hit = self
+            .inner
             .store
             .templates()
             .lookup_digest(key)
-            .map_err(node_failed)
+            .map_err(node_failed)?;
+        if hit.is_some() {
+            self.mark_template_used(key);
+        }
+        Ok(hit)
     }
 
     /// The running builder, started from `current` if there is none.

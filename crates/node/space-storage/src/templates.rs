@@ -167,6 +167,32 @@ impl TemplateStore {
         Ok(true)
     }
 
+    /// Templates no name points at: a build's cached steps, what a start command or trailing
+    /// `ENV`/`USER` made before the build named it, and what a name meant before it was
+    /// rebuilt. Nothing but a build's cache lookup (or a digest-pinned create) finds them.
+    pub fn unnamed(&self) -> Result<Vec<TemplateInfo>, StorageError> {
+        let named = self.named_digests()?;
+        let mut out = Vec::new();
+        for digest in self.cas.digests()? {
+            if named.contains(&digest) {
+                continue;
+            }
+            if let Some(info) = self.cas.get(&digest)? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes template `digest` if no name points at it. Returns whether it was removed.
+    pub fn remove_unnamed(&self, digest: &str) -> Result<bool, StorageError> {
+        validate_digest(digest)?;
+        if self.named_digests()?.iter().any(|d| d == digest) {
+            return Ok(false);
+        }
+        self.cas.remove(digest)
+    }
+
     fn named_digests(&self) -> Result<Vec<String>, StorageError> {
         let dir = self.names_dir();
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -320,6 +346,33 @@ mod tests {
             image_command: Vec::new(),
             start: None,
         }
+    }
+
+    #[test]
+    fn only_unnamed_templates_are_listed_and_removed_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let ts = TemplateStore::new(dir.path().join("templates"));
+        let (named, unnamed) = ("1111111111111111", "2222222222222222");
+        for d in [named, unnamed] {
+            ts.build_unnamed_or_wait::<StorageError>(d, |staging| {
+                std::fs::write(staging.join(IMAGE_FILE), b"img").unwrap();
+                Ok(info("", d))
+            })
+            .unwrap();
+        }
+        ts.set_name("kept", named).unwrap();
+        let listed: Vec<String> = ts
+            .unnamed()
+            .unwrap()
+            .into_iter()
+            .map(|t| t.digest)
+            .collect();
+        assert_eq!(listed, vec![unnamed.to_owned()]);
+        assert!(!ts.remove_unnamed(named).unwrap(), "a named template stays");
+        assert!(ts.remove_unnamed(unnamed).unwrap());
+        assert!(ts.lookup_digest(unnamed).unwrap().is_none());
+        assert!(ts.get("kept").unwrap().is_some());
+        assert!(ts.unnamed().unwrap().is_empty());
     }
 
     #[test]

@@ -87,6 +87,20 @@ pub enum TemplateCmd {
         #[arg(long, value_name = "SECS", requires = "ready_cmd")]
         ready_timeout: Option<u32>,
     },
+    /// The template cache of every node: templates no name points at (build steps' caches,
+    /// what a rebuilt name meant before, templates fetched by digest), least recently
+    /// needed first.
+    Cache,
+    /// Remove from every node's cache the templates not needed for a while; those that
+    /// sandboxes or snapshots were made from stay.
+    Prune {
+        /// Remove what was not needed for this long (`90m`, `2d`, `0s` for all unused).
+        #[arg(long, value_name = "DURATION", default_value = "1d", value_parser = humantime::parse_duration)]
+        unused_for: Duration,
+        /// Only list what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Remove a template name through the API (the template goes with its last name);
     /// refused while sandboxes or snapshots were made from it, unless `--force`.
     Rm {
@@ -107,6 +121,29 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
                 render::json(&list)?;
             } else {
                 render::templates(&list);
+            }
+        }
+        TemplateCmd::Cache => {
+            let cached = g.client()?.template_cache().await?;
+            if g.json {
+                render::json(&cached)?;
+            } else {
+                render::cached_templates(&cached);
+            }
+        }
+        TemplateCmd::Prune {
+            unused_for,
+            dry_run,
+        } => {
+            let req = space_core::template::TemplateCachePruneRequest {
+                unused_for_secs: Some(unused_for.as_secs()),
+                dry_run,
+            };
+            let pruned = g.client()?.prune_template_cache(&req).await?;
+            if g.json {
+                render::json(&pruned)?;
+            } else {
+                render::template_cache_prune(&pruned);
             }
         }
         TemplateCmd::Get { name } => {

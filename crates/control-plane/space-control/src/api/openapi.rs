@@ -98,6 +98,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(templates::get_build))
+        .routes(routes!(templates::list_template_cache))
+        .routes(routes!(templates::prune_template_cache))
         .routes(routes!(
             templates::put_build_files,
             templates::get_build_files

@@ -11,7 +11,10 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use space_core::build_steps::MAX_BUILD_FILES_BYTES;
-use space_core::template::{TemplateBuildEvent, TemplateBuildStatus, TemplateInfo};
+use space_core::template::{
+    CachedTemplate, TemplateBuildEvent, TemplateBuildStatus, TemplateCachePrune,
+    TemplateCachePruneRequest, TemplateInfo,
+};
 use space_core::ErrorBody;
 
 use super::error::{ApiError, ApiResult};
@@ -220,4 +223,49 @@ pub async fn get_build_files(
     Path(sha256): Path<String>,
 ) -> ApiResult<Json<BuildFiles>> {
     Ok(Json(templates::build_files(&st, &caller, &sha256).await?))
+}
+
+/// The template cache of every node (the operator's): templates no name points at — build
+/// steps' caches, what a rebuilt name meant before, templates fetched by digest — with when
+/// each was last needed, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/template-cache",
+    tag = "templates",
+    responses(
+        (status = 200, description = "Cached templates, least recently needed first", body = [CachedTemplate]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_template_cache(
+    State(st): State<AppState>,
+    caller: Caller,
+) -> ApiResult<Json<Vec<CachedTemplate>>> {
+    Ok(Json(templates::cache(&st, &caller).await?))
+}
+
+/// Remove from every node's cache what no node needed for `unused_for_secs` (default a
+/// day), except templates sandboxes or snapshots were made from. Nodes where a build runs,
+/// and nodes that cannot be asked, are skipped and named. `dry_run` only lists.
+#[utoipa::path(
+    post,
+    path = "/v1/template-cache/prune",
+    tag = "templates",
+    request_body = TemplateCachePruneRequest,
+    responses(
+        (status = 200, description = "What was removed and what was kept", body = TemplateCachePrune),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn prune_template_cache(
+    State(st): State<AppState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<TemplateCachePruneRequest>,
+) -> ApiResult<Json<TemplateCachePrune>> {
+    Ok(Json(templates::prune(&st, &caller, req).await?))
 }

@@ -161,6 +161,15 @@ impl Nodes {
             .collect()
     }
 
+    /// The names of the lost nodes (not called until they rejoin).
+    pub fn lost(&self) -> Vec<String> {
+        self.read()
+            .iter()
+            .filter(|(_, m)| m.state == NodeState::Lost)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The node a new sandbox of `resources` from the template `template_digest` goes to,
     /// by the scheduler's rules over what each ready node reports now; `excluded` names
     /// nodes that already failed this create. A ready node that cannot say is left out

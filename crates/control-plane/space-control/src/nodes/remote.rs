@@ -18,10 +18,10 @@ use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use space_core::egress::EgressPolicy;
 use space_core::metrics::SandboxMetric;
-use space_core::template::{TemplateBuildStatus, TemplateInfo};
+use space_core::template::{CachedTemplate, TemplateBuildStatus, TemplateInfo};
 use space_core::{LifecycleEntry, SandboxId, SnapshotDiff, SnapshotId, SnapshotInfo, TenantId};
 use space_guest_client::{ready_of, ClientOptions, GuestClient, GuestError, NodeConnection};
-use space_node_proto::template::BuildTemplate;
+use space_node_proto::template::{BuildTemplate, CacheRemoval};
 use space_node_proto::wire::{
     guest_prefix, GuestReady, NodeRequest, SecretString, WireEvent, WireReply, CALL_PATH,
     EVENTS_PATH, MAX_EVENT_LINE, MAX_REPLY_BODY,
@@ -502,6 +502,22 @@ impl NodeApi for RemoteNode {
     async fn delete_template(&self, name: &str) -> NodeResult<bool> {
         self.call(NodeRequest::DeleteTemplate {
             name: name.to_owned(),
+        })
+        .await
+    }
+
+    async fn cached_templates(&self) -> NodeResult<Vec<CachedTemplate>> {
+        self.call(NodeRequest::CachedTemplates).await
+    }
+
+    async fn remove_cached_template(
+        &self,
+        digest: &str,
+        unused_since_ms: i64,
+    ) -> NodeResult<CacheRemoval> {
+        self.call(NodeRequest::RemoveCachedTemplate {
+            digest: digest.to_owned(),
+            unused_since_ms,
         })
         .await
     }

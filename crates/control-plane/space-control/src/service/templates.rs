@@ -13,11 +13,12 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use space_core::template::{
-    canonical_template_name, validate_build_id, TemplateBuildEvent, TemplateBuildState,
-    TemplateBuildStatus, TemplateInfo,
+    canonical_template_name, validate_build_id, CachedTemplate, TemplateBuildEvent,
+    TemplateBuildState, TemplateBuildStatus, TemplateCachePrune, TemplateCachePruneRequest,
+    TemplateInfo,
 };
 use space_core::ErrorCode;
-use space_node_proto::template::{BuildTemplate, RegistryLogin, MAX_IMAGE_REFERENCE};
+use space_node_proto::template::{BuildTemplate, CacheRemoval, RegistryLogin, MAX_IMAGE_REFERENCE};
 use space_node_proto::wire::SecretString;
 use space_node_proto::NodeCallError;
 
@@ -493,4 +494,103 @@ fn build_not_found(id: &str) -> ApiError {
             id.chars().take(64).collect::<String>()
         ),
     )
+}
+
+/// Every node's template cache (templates no name points at: build steps, what a rebuilt
+/// name meant before, templates fetched by digest), oldest use first.
+pub async fn cache(st: &AppState, caller: &Caller) -> Result<Vec<CachedTemplate>, ApiError> {
+    caller.require_operator()?;
+    let mut cached = Vec::new();
+    for node in st.nodes.all() {
+        cached.extend(node.cached_templates().await?);
+    }
+    cached.sort_by(|a, b| {
+        (a.last_used_ms, &a.node, &a.digest).cmp(&(b.last_used_ms, &b.node, &b.digest))
+    });
+    Ok(cached)
+}
+
+/// How long a cached template may go unused before a prune that does not say removes it.
+const DEFAULT_UNUSED_FOR: Duration = Duration::from_secs(24 * 3600);
+
+/// Removes from every node's cache the templates no node needed for `unused_for_secs`,
+/// except those sandboxes or snapshots were made from (a suspended sandbox, a stored or
+/// persistent snapshot may need its template again). A node where a build runs is skipped
+/// (the build may need any step), one that cannot be asked is left alone; both are named in
+/// the answer. The object store's copies stay: they are fetched again when needed.
+pub async fn prune(
+    st: &AppState,
+    caller: &Caller,
+    req: TemplateCachePruneRequest,
+) -> Result<TemplateCachePrune, ApiError> {
+    caller.require_operator()?;
+    let unused_for = req
+        .unused_for_secs
+        .map_or(DEFAULT_UNUSED_FOR, Duration::from_secs);
+    let unused_for_ms = i64::try_from(unused_for.as_millis()).unwrap_or(i64::MAX);
+    let cutoff_ms = crate::db::now_ms().saturating_sub(unused_for_ms);
+    let mut out = TemplateCachePrune {
+        dry_run: req.dry_run,
+        unreachable_nodes: st.nodes.lost(),
+        ..TemplateCachePrune::default()
+    };
+    // A digest's users are the same on every node: ask once.
+    let mut in_use: std::collections::HashMap<String, bool> = Default::default();
+    for node in st.nodes.all() {
+        let cached = match node.cached_templates().await {
+            Ok(cached) => cached,
+            Err(e) => {
+                tracing::warn!(node = node.name(), error = %e, "template cache unavailable; not pruning there");
+                out.unreachable_nodes.push(node.name().to_owned());
+                continue;
+            }
+        };
+        for template in cached.into_iter().filter(|t| t.last_used_ms < cutoff_ms) {
+            let used = match in_use.get(&template.digest) {
+                Some(used) => *used,
+                None => {
+                    let used = users_of(st, &template.digest).await?.any();
+                    in_use.insert(template.digest.clone(), used);
+                    used
+                }
+            };
+            if used {
+                out.in_use.push(template);
+                continue;
+            }
+            if req.dry_run {
+                out.freed_mib += u64::from(template.image_size_mib);
+                out.removed.push(template);
+                continue;
+            }
+            match node
+                .remove_cached_template(&template.digest, cutoff_ms)
+                .await
+            {
+                Ok(CacheRemoval::Removed) => {
+                    out.freed_mib += u64::from(template.image_size_mib);
+                    out.removed.push(template);
+                }
+                Ok(CacheRemoval::BuildRunning) => {
+                    out.busy_nodes.push(node.name().to_owned());
+                    break;
+                }
+                // Needed or named since it was listed: kept, as it should be.
+                Ok(CacheRemoval::NotCached | CacheRemoval::UsedSince) => {}
+                Err(e) => {
+                    tracing::warn!(node = node.name(), digest = %template.digest, error = %e, "cannot prune a cached template");
+                    out.unreachable_nodes.push(node.name().to_owned());
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(
+        removed = out.removed.len(),
+        freed_mib = out.freed_mib,
+        kept_in_use = out.in_use.len(),
+        dry_run = out.dry_run,
+        "template cache pruned"
+    );
+    Ok(out)
 }
