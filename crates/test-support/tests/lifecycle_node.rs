@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use space_core::process::ProcessSpec;
 use space_core::sandbox::CreateSandboxRequest;
 use space_core::{SandboxId, SandboxState, SnapshotKind, SnapshotTrigger};
-use space_node::{Node, PauseCause};
+use space_node::{recovery, Node, PauseCause};
 use test_support::{shell, wait_until, TestServer, TEST_TEMPLATE};
 
 async fn create(ts: &TestServer) -> SandboxId {
@@ -129,11 +129,7 @@ async fn crash_restores_from_latest_checkpoint() {
         .expect("checkpoint");
     let pid = n.sandbox(&id).and_then(|r| r.vmm_pid).expect("pid");
     let killed = Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill VMM");
+    kill_vmm(pid);
     wait_until(
         Duration::from_secs(30),
         "the crashed sandbox to run again",
@@ -157,6 +153,90 @@ async fn crash_restores_from_latest_checkpoint() {
         "{events:?}"
     );
     ts.stop().await;
+}
+
+/// The VMM's pid once the sandbox runs on a VMM other than `old`.
+async fn restored_vmm(n: &Node, id: &SandboxId, old: u32) -> u32 {
+    wait_until(
+        Duration::from_secs(60),
+        "the sandbox to run on a new VMM",
+        || {
+            let rec = n.sandbox(id);
+            async move {
+                rec.filter(|r| r.state == SandboxState::Running)
+                    .and_then(|r| r.vmm_pid)
+                    .filter(|&p| p != old)
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broken_daemon_channel_is_opened_afresh_and_crash_loops_end() {
+    let ts = TestServer::start().await;
+    let id = create(&ts).await;
+    let n = node(&ts);
+    sh(
+        &ts,
+        &id,
+        "sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/sleeper",
+    )
+    .await;
+    let vmm = n.sandbox(&id).and_then(|r| r.vmm_pid).expect("pid");
+    // What a host process that stalled past the daemon's keep-alive sees: the session
+    // ends under a running VM. A call right after it gets a fresh session, on the same
+    // VM, with the same processes.
+    for round in 0..recovery::MAX_CRASH_RESTORES {
+        n.guest(&id).expect("guest").close();
+        let t = Instant::now();
+        let alive = sh(&ts, &id, "kill -0 $(cat /tmp/sleeper) && echo alive").await;
+        eprintln!(
+            "round {round}: a call on a broken channel took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(alive.trim(), "alive");
+        let rec = n.sandbox(&id).expect("record");
+        assert_eq!((rec.state, rec.vmm_pid), (SandboxState::Running, Some(vmm)));
+    }
+    // A guest that keeps breaking its sessions is treated as crashed (here noticed by the
+    // channel's watcher, with no call waiting): with the default policy it is restored,
+    // booted again on its disk (no checkpoint yet).
+    n.guest(&id).expect("guest").close();
+    let restored = restored_vmm(&n, &id, vmm).await;
+    let events = n.events(&id).expect("events");
+    assert!(
+        events.iter().any(|e| e
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("daemon channel broke") && d.contains("3 times"))),
+        "{events:?}"
+    );
+    assert_eq!(sh(&ts, &id, "echo back").await.trim(), "back");
+
+    // Crash restores are bounded the same way: that was one; two more are allowed, and the
+    // crash after them fails the sandbox.
+    let mut pid = restored;
+    for _ in 1..recovery::MAX_CRASH_RESTORES {
+        kill_vmm(pid);
+        pid = restored_vmm(&n, &id, pid).await;
+    }
+    kill_vmm(pid);
+    let failed = ts
+        .wait_state(&id, SandboxState::Failed, Duration::from_secs(60))
+        .await;
+    let reason = failed.failure_reason.unwrap_or_default();
+    assert!(reason.contains("not restored again"), "{reason}");
+    ts.client.delete_sandbox(&id).await.expect("delete");
+    ts.stop().await;
+}
+
+fn kill_vmm(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill VMM");
 }
 
 /// Runs a shell line in a sandbox the control plane does not know (a node-level fork

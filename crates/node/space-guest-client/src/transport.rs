@@ -107,6 +107,10 @@ impl Transport {
     }
 }
 
+/// How late a keep-alive deadline may fire before the wait counts as this process's own
+/// stall rather than the guest's silence.
+const STALL: Duration = Duration::from_secs(1);
+
 /// Pings the guest every `interval`; returns when one is not answered within `timeout`.
 async fn keepalive(ping: Option<PingPong>, interval: Duration, timeout: Duration) -> GuestError {
     let Some(mut ping) = ping else {
@@ -117,13 +121,23 @@ async fn keepalive(ping: Option<PingPong>, interval: Duration, timeout: Duration
         if let Err(e) = ping.send_ping(Ping::opaque()) {
             return from_h2(e);
         }
-        match tokio::time::timeout(timeout, poll_fn(|cx| ping.poll_pong(cx))).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return from_h2(e),
-            Err(_) => {
-                return GuestError::Disconnected(format!(
-                    "the guest did not answer a keep-alive ping within {timeout:?}"
-                ))
+        let mut deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, poll_fn(|cx| ping.poll_pong(cx))).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => return from_h2(e),
+                // Fired much later than due: this process was not running (stopped,
+                // starved), and the pong may be sitting unread on the connection, which
+                // is driven by the same task. Judge the guest on a wait it was given.
+                Err(_) if deadline.elapsed() > STALL => {
+                    tracing::debug!(late = ?deadline.elapsed(), "keep-alive deadline fired late; waiting again");
+                    deadline = tokio::time::Instant::now() + timeout;
+                }
+                Err(_) => {
+                    return GuestError::Disconnected(format!(
+                        "the guest did not answer a keep-alive ping within {timeout:?}"
+                    ))
+                }
             }
         }
     }

@@ -17,13 +17,25 @@ pub const MAX_CRASH_RESTORES: usize = 3;
 /// The window of [`MAX_CRASH_RESTORES`].
 pub const CRASH_WINDOW_MS: i64 = 10 * 60 * 1000;
 
-/// Whether another crash restore is allowed, given earlier ones.
+/// Whether another crash restore (or channel reconnect) is allowed, given the times of
+/// earlier ones.
 pub fn restore_allowed(earlier_ms: &[i64], now_ms: i64) -> bool {
+    recent(earlier_ms, now_ms).count() < MAX_CRASH_RESTORES
+}
+
+/// `earlier_ms` still inside the window, plus `now_ms`: what a record keeps after one
+/// more restore or reconnect.
+pub fn with_one_more(earlier_ms: &[i64], now_ms: i64) -> Vec<i64> {
+    recent(earlier_ms, now_ms)
+        .chain(std::iter::once(now_ms))
+        .collect()
+}
+
+fn recent(earlier_ms: &[i64], now_ms: i64) -> impl Iterator<Item = i64> + '_ {
     earlier_ms
         .iter()
-        .filter(|&&t| now_ms - t < CRASH_WINDOW_MS)
-        .count()
-        < MAX_CRASH_RESTORES
+        .copied()
+        .filter(move |&t| now_ms - t < CRASH_WINDOW_MS)
 }
 
 impl Node {
@@ -34,10 +46,29 @@ impl Node {
     pub(crate) async fn restore_after_crash(&self, id: &SandboxId, vm: Arc<Vm>, reason: String) {
         let Ok(op) = self.op_lock(id) else { return };
         let _guard = op.lock().await;
+        self.restore_after_crash_locked(id, vm, reason).await;
+    }
+
+    /// [`Node::restore_after_crash`], for a caller that holds the sandbox's operation lock.
+    async fn restore_after_crash_locked(&self, id: &SandboxId, vm: Arc<Vm>, reason: String) {
         let crashed_at = now_ms();
+        let earlier = self
+            .sandbox(id)
+            .map(|r| r.crash_restores_ms)
+            .unwrap_or_default();
+        if !restore_allowed(&earlier, crashed_at) {
+            let why = format!(
+                "{reason}; not restored again: it was restored {MAX_CRASH_RESTORES} times in the last {} minutes",
+                CRASH_WINDOW_MS / 60_000
+            );
+            self.inner.fail(id, Some(&vm), &why).await;
+            return;
+        }
         if let Err(e) =
             self.inner
-                .transition_noted(id, SandboxEvent::Crash, Some(reason.clone()), |_| {})
+                .transition_noted(id, SandboxEvent::Crash, Some(reason.clone()), |r| {
+                    r.crash_restores_ms = with_one_more(&r.crash_restores_ms, crashed_at)
+                })
         {
             tracing::warn!(%id, error = %e, "cannot start crash restore");
             return;
@@ -232,6 +263,60 @@ impl Node {
         Ok(vm)
     }
 
+    /// The daemon channel of a running sandbox ended while its VM kept running: opens a
+    /// fresh session, as a node restart would. The daemon ends a session whose host stops
+    /// answering keep-alives, so a host process that stalled (stopped, starved, swapped)
+    /// must not cost the sandbox. A guest that keeps breaking its sessions, or that does
+    /// not answer a fresh one, is treated as crashed: restored or failed as its crash
+    /// policy says. Safe to call from several places at once (the channel's watcher, a
+    /// call that found the channel closed): the first one reconnects, the others find the
+    /// new session.
+    pub(crate) async fn reconnect_channel(&self, id: &SandboxId, why: &str) {
+        let Ok(op) = self.op_lock(id) else { return };
+        let _guard = op.lock().await;
+        let found = self.inner.lock().get(id).and_then(|e| {
+            let broken = e.record.state == SandboxState::Running
+                && e.guest.as_ref().is_some_and(|g| g.is_closed());
+            broken.then(|| (e.vm.clone(), e.channel_reconnects_ms.clone()))
+        });
+        // Reconnected already, or an operation changed the sandbox since.
+        let Some((Some(vm), earlier)) = found else {
+            return;
+        };
+        let now = now_ms();
+        let outcome = if restore_allowed(&earlier, now) {
+            crate::vm_start::connect_ready(&vm, self.inner.ready_timeout())
+                .await
+                .map_err(|e| {
+                    format!("daemon channel broke ({why}), and a fresh session failed: {e}")
+                })
+        } else {
+            Err(format!(
+                "daemon channel broke ({why}) {MAX_CRASH_RESTORES} times in {} minutes",
+                CRASH_WINDOW_MS / 60_000
+            ))
+        };
+        match outcome {
+            Ok(guest) => {
+                if let Some(e) = self.inner.lock().get_mut(id) {
+                    e.channel_reconnects_ms = with_one_more(&e.channel_reconnects_ms, now);
+                }
+                self.attach(id, vm, Some(guest));
+                tracing::warn!(%id, reason = why, "the sandbox's daemon channel broke; a fresh session is open");
+            }
+            Err(reason) => {
+                let on_crash = self.sandbox(id).map(|r| r.on_crash);
+                if on_crash == Some(crate::CrashPolicy::Restore) {
+                    tracing::warn!(%id, %reason, "sandbox crashed; restoring it");
+                    self.restore_after_crash_locked(id, vm, reason).await;
+                } else {
+                    tracing::warn!(%id, %reason, "sandbox failed");
+                    self.inner.fail(id, Some(vm.as_ref()), &reason).await;
+                }
+            }
+        }
+    }
+
     async fn reconnect_guest(&self, id: &SandboxId, vm: Arc<Vm>) -> Result<(), NodeError> {
         // A restored VM (see `connect_restored`); the session is checked to answer.
         let guest = crate::vm_start::connect_restored(&vm, self.inner.ready_timeout()).await?;
@@ -255,5 +340,13 @@ mod tests {
             &[now - CRASH_WINDOW_MS, now - CRASH_WINDOW_MS - 1, now - 3000],
             now
         ));
+    }
+
+    #[test]
+    fn a_record_keeps_only_the_restores_inside_the_window() {
+        let now = 100 * CRASH_WINDOW_MS;
+        let kept = with_one_more(&[now - CRASH_WINDOW_MS - 5, now - 10], now);
+        assert_eq!(kept, vec![now - 10, now]);
+        assert!(!restore_allowed(&with_one_more(&kept, now + 1), now + 2));
     }
 }

@@ -84,6 +84,9 @@ pub(crate) struct Entry {
     pub(crate) monitor: Option<AbortHandle>,
     /// The egress gateway in the VM's namespace (with `sandbox_network`).
     pub(crate) gateway: Option<crate::gateway::Gateway>,
+    /// When the daemon channel broke under a running VM and was opened afresh, ms since
+    /// the Unix epoch (those inside [`crate::recovery::CRASH_WINDOW_MS`]).
+    pub(crate) channel_reconnects_ms: Vec<i64>,
 }
 
 impl Entry {
@@ -95,6 +98,7 @@ impl Entry {
             op: Arc::default(),
             monitor: None,
             gateway: None,
+            channel_reconnects_ms: Vec::new(),
         }
     }
 }
@@ -355,6 +359,14 @@ impl Node {
                 Err(e) => return Err(e),
             }
         }
+        let guest = self.guest(id)?;
+        if !guest.is_closed() {
+            return Ok(guest);
+        }
+        // The session ended under a running VM: wait for (or make) a fresh one rather than
+        // fail this call with the old one's end.
+        self.reconnect_channel(id, &guest.closed().await.to_string())
+            .await;
         self.guest(id)
     }
 
@@ -740,7 +752,9 @@ fn read_dir_names(dir: &Path) -> Vec<String> {
 }
 
 /// Watches a sandbox's VM (and its channel, when connected) until the VM exits or the
-/// channel breaks; then restores the sandbox or fails it, as its crash policy says.
+/// channel breaks. A VM that exits is restored or failed, as the sandbox's crash policy
+/// says; a channel that breaks under a running VM is opened afresh
+/// ([`Node::reconnect_channel`]).
 async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: Option<GuestClient>) {
     let channel_closed = async {
         match &guest {
@@ -755,7 +769,13 @@ async fn watch(node: Weak<Inner>, id: SandboxId, vm: Arc<Vm>, guest: Option<Gues
             // exit says more about why, so give it a little time.
             match tokio::time::timeout(EXIT_AFTER_CHANNEL_LOSS, vm.exited()).await {
                 Ok(exit) => format!("VM exited: {} (the daemon channel closed first: {err})", exit.reason),
-                Err(_) => format!("daemon channel broke: {err}"),
+                Err(_) => {
+                    let Some(inner) = node.upgrade() else { return };
+                    let node = Node { inner };
+                    // In its own task: the fresh session replaces this watcher (and aborts it).
+                    tokio::spawn(async move { node.reconnect_channel(&id, &err.to_string()).await });
+                    return;
+                }
             }
         }
     };
