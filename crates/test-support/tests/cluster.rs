@@ -1275,7 +1275,68 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
         test_support::percentile(&mut latencies, 0.5),
         test_support::percentile(&mut latencies, 0.9)
     );
+
+    // A build with COPY on a remote node (node-d, the first ready one): its files go to the
+    // object store, and the node fetches them when the step needs them.
+    let (archive, sha256) = tar_of(&[("hello.txt", b"copied across the cluster\n")]);
+    let bad = a
+        .put_build_files(&sha256, b"something else".to_vec())
+        .await
+        .expect_err("not the archive its name says");
+    assert_eq!(bad.code(), Some(ErrorCode::InvalidRequest), "{bad}");
+    let files_key = space_objects::ObjectKey::build_files(&sha256).expect("key");
+    assert_eq!(objects.stat(&files_key).await.expect("stat"), None);
+    a.put_build_files(&sha256, archive).await.expect("upload");
+    assert!(objects.stat(&files_key).await.expect("stat").is_some());
+    let built = a
+        .build_template_followed(&serde_json::json!({
+            "name": "copied", "from_template": TEST_TEMPLATE,
+            "steps": [{"copy": {"files": sha256, "dest": "/srv/copied"}}],
+        }))
+        .await
+        .expect("build started");
+    let events: Vec<_> = built.map(|e| e.expect("event")).collect().await;
+    assert!(
+        matches!(
+            events.last(),
+            Some(space_core::template::TemplateBuildEvent::Ready { .. })
+        ),
+        "{events:?}"
+    );
+    assert!(
+        format!("{events:?}").contains("from the object store"),
+        "{events:?}"
+    );
+    let sb = a
+        .create_sandbox(&CreateSandboxRequest {
+            template: "copied".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    assert_eq!(sb.node, "node-d");
+    assert_eq!(
+        shell(&a, &sb.id, "cat /srv/copied/hello.txt", false).await,
+        "copied across the cluster\n"
+    );
     cluster.stop().await;
+}
+
+/// A tar of `files` (name, content) and its SHA-256, as `PUT /v1/templates/files` takes it.
+fn tar_of(files: &[(&str, &[u8])]) -> (Vec<u8>, String) {
+    use sha2::Digest;
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, name, *content)
+            .expect("tar entry");
+    }
+    let bytes = tar.into_inner().expect("tar");
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+    (bytes, sha)
 }
 
 /// A sandbox whose policy is `on_node_loss: restore` keeps a checkpoint in object storage;

@@ -603,7 +603,7 @@ impl Reconciler {
     }
 
     /// The leader's hourly prunes: the action log past its retention, idle request buckets,
-    /// objects of snapshots no row names.
+    /// objects of snapshots no row names, expired build files.
     async fn prune(&self) {
         match crate::service::suspend::collect_orphans(&self.state).await {
             Ok(0) => {}
@@ -611,6 +611,11 @@ impl Reconciler {
             Err(e) => {
                 tracing::warn!(error = %e.body.message, "collecting orphan snapshot objects failed")
             }
+        }
+        match crate::service::build_files::collect(&self.state).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(archives = n, "expired build files collected"),
+            Err(e) => tracing::warn!(error = %e, "collecting expired build files failed"),
         }
         if let Err(e) = self.prune_audit().await {
             tracing::warn!(error = %e, "pruning the action log failed");

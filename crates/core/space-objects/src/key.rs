@@ -9,6 +9,8 @@
 //! templates/<digest>/<file>              a published template (rootfs.ext4.zst, then template.json)
 //! template-names/<name>                  the digest a template name means (the last published)
 //! kernels/<digest>/<file>                a published kernel bundle (its files, then kernel.json)
+//! build-files/<sha256>                   an archive of files for build steps' COPY (by content)
+//! incoming/<random>                      an upload not yet checked against its name
 //! ```
 
 use std::fmt;
@@ -90,6 +92,11 @@ impl ObjectKey {
             Some((base, tag)) => ObjectKey::join(&["template-tags", base, tag]),
             None => ObjectKey::join(&["template-names", name]),
         }
+    }
+
+    /// `build-files/<sha256>`: a build step's `COPY` archive, named by its content.
+    pub fn build_files(sha256: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["build-files", sha256])
     }
 
     /// `kernels/<digest>/<file>`.

@@ -81,6 +81,15 @@ pub enum ObjectsError {
     },
 }
 
+/// What the store says of one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectStat {
+    /// Its length in bytes.
+    pub size: u64,
+    /// When it was last written, ms since the Unix epoch.
+    pub modified_ms: i64,
+}
+
 impl ObjectsError {
     fn store(key: &str, source: object_store::Error) -> ObjectsError {
         match source {
@@ -404,6 +413,60 @@ impl Objects {
         Ok(Some(Bytes::from(out)))
     }
 
+    /// Uploads what `reader` yields to `key` only if it is at most `max` bytes with the
+    /// SHA-256 `sha256` (lowercase hex): a content-addressed object. The bytes go first to
+    /// a key of their own under `incoming/` and are renamed into place once they match, so
+    /// `key` never holds anything else, not even for a moment, and a bad upload does not
+    /// replace a good one. A good one replaces what is there (the same bytes, written anew).
+    pub async fn put_named<R>(
+        &self,
+        key: &ObjectKey,
+        reader: R,
+        sha256: &str,
+        max: u64,
+    ) -> Result<Artifact, ObjectsError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let staging = ObjectKey::join(&["incoming", &random_name()])?;
+        // One byte past the bound tells an upload that is too long.
+        let artifact = self.put_reader(&staging, reader.take(max + 1)).await?;
+        let refused = if artifact.size > max {
+            Some(format!("longer than the {max} bytes allowed"))
+        } else if artifact.sha256 != sha256 {
+            Some(format!("its bytes hash to {}", artifact.sha256))
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.delete(&staging).await?;
+            return Err(ObjectsError::Corrupt {
+                key: key.as_str().to_owned(),
+                reason,
+            });
+        }
+        self.store
+            .rename(&Self::path(&staging), &Self::path(key))
+            .await
+            .map_err(|e| ObjectsError::store(key.as_str(), e))?;
+        Ok(Artifact {
+            key: key.as_str().to_owned(),
+            ..artifact
+        })
+    }
+
+    /// Size and time of the object at `key`, if there is one.
+    pub async fn stat(&self, key: &ObjectKey) -> Result<Option<ObjectStat>, ObjectsError> {
+        match self.store.head(&Self::path(key)).await {
+            Ok(meta) => Ok(Some(ObjectStat {
+                size: meta.size,
+                modified_ms: meta.last_modified.timestamp_millis(),
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(ObjectsError::store(key.as_str(), e)),
+        }
+    }
+
     /// The size of the object at `key`, if there is one.
     pub async fn size(&self, key: &ObjectKey) -> Result<Option<u64>, ObjectsError> {
         match self.store.head(&Self::path(key)).await {
@@ -491,6 +554,11 @@ fn verify(artifact: &Artifact, size: u64, hasher: Sha256) -> Result<(), ObjectsE
 }
 
 /// Where a download goes until it is verified: a hidden sibling of `path`.
+/// A fresh name no other upload has.
+fn random_name() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 fn partial_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
@@ -572,5 +640,50 @@ mod tests {
             .is_not_found());
         assert_eq!(objects.size(&key).await.unwrap(), None);
         objects.delete(&key).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_named_upload_is_kept_only_when_its_bytes_match_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = local(dir.path());
+        let data = b"files for a COPY".to_vec();
+        let sha = hex::encode(Sha256::digest(&data));
+        let key = ObjectKey::build_files(&sha).unwrap();
+        let incoming = ObjectKey::parse("incoming").unwrap();
+        let wrong = objects
+            .put_named(&key, &b"other bytes"[..], &sha, 1024)
+            .await;
+        assert!(
+            matches!(wrong, Err(ObjectsError::Corrupt { .. })),
+            "{wrong:?}"
+        );
+        let long = objects.put_named(&key, &data[..], &sha, 4).await;
+        assert!(
+            matches!(long, Err(ObjectsError::Corrupt { .. })),
+            "{long:?}"
+        );
+        assert_eq!(objects.stat(&key).await.unwrap(), None);
+        assert!(objects.list(&incoming).await.unwrap().is_empty());
+        let art = objects
+            .put_named(&key, &data[..], &sha, 1024)
+            .await
+            .unwrap();
+        assert_eq!(
+            (art.size, art.sha256.as_str()),
+            (data.len() as u64, sha.as_str())
+        );
+        assert_eq!(objects.get_bytes(&art, 1024).await.unwrap(), data);
+        // Written anew; a bad upload later leaves it as it was.
+        let again = objects
+            .put_named(&key, &data[..], &sha, 1024)
+            .await
+            .unwrap();
+        assert_eq!(again, art);
+        assert!(objects
+            .put_named(&key, &b"x"[..], &sha, 1024)
+            .await
+            .is_err());
+        assert_eq!(objects.get_bytes(&art, 1024).await.unwrap(), data);
+        assert!(objects.list(&incoming).await.unwrap().is_empty());
     }
 }

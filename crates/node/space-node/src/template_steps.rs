@@ -9,8 +9,10 @@
 //! on the same base finds it and runs nothing. Only the first step not in the cache starts
 //! a builder; the builder goes with the build, whatever its outcome.
 //!
-//! `COPY` reads archives uploaded beforehand ([`Node::put_build_files`]) from the node's
-//! `build-files/` directory, checked against their SHA-256 as they are stored.
+//! `COPY` reads archives uploaded beforehand from the node's `build-files/` directory,
+//! checked against their SHA-256 as they are stored: put there directly
+//! ([`Node::put_build_files`]), or fetched from the object store when a step needs one
+//! (the control plane keeps them there when it has one, so any node of a cluster can build).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -155,6 +157,58 @@ impl Node {
         validate_files_hash(sha256) && self.build_files_dir().join(sha256).is_file()
     }
 
+    /// Makes sure the `COPY` archive `sha256` is here: uploaded to this node, or fetched
+    /// from the object store, where the control plane keeps them when it has one (one
+    /// fetch per archive at a time; the archive is checked against its name).
+    async fn ensure_build_files(&self, sha256: &str, log: &Log) -> Result<(), TemplateBuildError> {
+        let not_found = || {
+            failed(
+                TemplateBuildErrorCode::FilesNotFound,
+                format!(
+                    "COPY's files {sha256} were not uploaded (PUT /v1/templates/files/{sha256})"
+                ),
+            )
+        };
+        if self.has_build_files(sha256) {
+            return Ok(());
+        }
+        let Some(objects) = self.inner.objects.clone() else {
+            return Err(not_found());
+        };
+        let key = space_objects::ObjectKey::build_files(sha256).map_err(|_| not_found())?;
+        let fetch = async {
+            if self.has_build_files(sha256) {
+                return Ok(());
+            }
+            let size =
+                match objects.stat(&key).await.map_err(node_failed)? {
+                    Some(s) if s.size <= MAX_BUILD_FILES_BYTES => s.size,
+                    Some(_) => return Err(failed(
+                        TemplateBuildErrorCode::BadStep,
+                        format!(
+                            "COPY's files {sha256} are larger than {MAX_BUILD_FILES_BYTES} bytes"
+                        ),
+                    )),
+                    None => return Err(not_found()),
+                };
+            log(&format!(
+                "  fetching COPY's files {sha256} ({size} bytes) from the object store"
+            ));
+            let dir = self.build_files_dir();
+            tokio::fs::create_dir_all(&dir).await.map_err(node_failed)?;
+            let artifact = space_objects::Artifact {
+                key: key.as_str().to_owned(),
+                size,
+                sha256: sha256.to_owned(),
+            };
+            objects
+                .get_to_file(&artifact, &dir.join(sha256))
+                .await
+                .map_err(node_failed)
+        };
+        self.inner.published.fetching.run(key.as_str(), fetch).await
+    }
+
     /// Runs `steps` on top of template `base`; returns the template they make (unnamed: the
     /// caller names it), from the cache where every step is.
     pub(crate) async fn run_build_steps(
@@ -166,15 +220,7 @@ impl Node {
     ) -> Result<TemplateInfo, TemplateBuildError> {
         for step in steps {
             if let BuildStep::Copy(c) = step {
-                if !self.has_build_files(&c.files) {
-                    return Err(failed(
-                        TemplateBuildErrorCode::FilesNotFound,
-                        format!(
-                            "COPY's files {} were not uploaded to this node (PUT /v1/templates/files/{})",
-                            c.files, c.files
-                        ),
-                    ));
-                }
+                self.ensure_build_files(&c.files, log).await?;
             }
         }
         let mut builder: Option<Builder> = None;

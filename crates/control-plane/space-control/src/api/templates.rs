@@ -22,7 +22,8 @@ use super::extract::{ApiJson, ApiQuery};
 use super::files::bounded_upload;
 use super::processes::{ndjson_response, NDJSON};
 use super::AppState;
-use crate::service::templates::{self, BuildFiles, TemplateBuildRequest};
+use crate::service::build_files::{self, BuildFiles};
+use crate::service::templates::{self, TemplateBuildRequest};
 use crate::service::Caller;
 
 /// List the templates: name, size, origin (the image it was built from), defaults.
@@ -196,7 +197,7 @@ pub async fn put_build_files(
     let limit = MAX_BUILD_FILES_BYTES;
     let too_large = || ApiError::too_large(format!("an archive of files is at most {limit} bytes"));
     let (data, exceeded) = bounded_upload(&headers, body, limit, too_large).await?;
-    match templates::put_build_files(&st, &caller, &sha256, data).await {
+    match build_files::put(&st, &caller, &sha256, data).await {
         Ok(stored) => Ok(Json(stored)),
         Err(_) if exceeded.load(Ordering::SeqCst) => Err(too_large()),
         Err(e) => Err(e),
@@ -222,7 +223,7 @@ pub async fn get_build_files(
     caller: Caller,
     Path(sha256): Path<String>,
 ) -> ApiResult<Json<BuildFiles>> {
-    Ok(Json(templates::build_files(&st, &caller, &sha256).await?))
+    Ok(Json(build_files::get(&st, &caller, &sha256).await?))
 }
 
 /// The template cache of every node (the operator's): templates no name points at — build

@@ -240,6 +240,20 @@ impl Nodes {
         Err(last)
     }
 
+    /// The node template builds go to: the first ready (not cordoned) node by name, so
+    /// builds stay on one node while it is ready and find their step cache there again.
+    pub fn for_builds(&self) -> NodeResult<Arc<dyn NodeApi>> {
+        self.read()
+            .values()
+            .find(|m| m.state == NodeState::Ready)
+            .map(|m| m.api.clone())
+            .ok_or_else(|| NodeCallError::Unavailable {
+                node: String::new(),
+                reason: "no node is ready for a build".into(),
+                sent: false,
+            })
+    }
+
     /// Any one node, for what every node answers alike (the operator's egress ceiling, the
     /// templates every node is given).
     pub fn any(&self) -> NodeResult<Arc<dyn NodeApi>> {

@@ -166,15 +166,16 @@ impl RemoteNode {
     }
 }
 
-/// How long a call may take: operations that boot, save or restore VMs get long.
-/// Files for build steps' `COPY` cannot reach a remote node yet.
+/// Files for build steps' `COPY` reach remote nodes through the object store only (the
+/// node protocol carries no bulk uploads).
 fn no_build_files() -> NodeCallError {
     NodeCallError::refused(
         space_core::ErrorCode::InvalidRequest,
-        "COPY in template builds is not available on a cluster's remote nodes yet; build without COPY, or on a single node",
+        "files for COPY reach a cluster's nodes through the object store, and this control plane has none (`--object-store`)",
     )
 }
 
+/// How long a call may take: operations that boot, save or restore VMs get long.
 fn timeout_of(req: &NodeRequest) -> Duration {
     match req {
         NodeRequest::CreateSandbox { .. }

@@ -17,6 +17,8 @@
 //!   sandbox needs any more.
 //! - [`templates`]: templates as objects: list, get, build from a registry image (followed
 //!   from any replica), delete unless in use.
+//! - [`build_files`]: the archives build steps' `COPY` reads, in the object store (or on
+//!   the node).
 //! - [`drain`]: moving every sandbox off a node (the operator's).
 //! - [`node_loss`]: stored checkpoints of restorable sandboxes, and restoring those of a
 //!   lost node elsewhere (the leader's).
@@ -24,6 +26,7 @@
 //! [`AppState`]: crate::AppState
 //! [`ApiError`]: crate::api::error::ApiError
 
+pub mod build_files;
 pub mod credentials;
 pub mod drain;
 pub mod egress;

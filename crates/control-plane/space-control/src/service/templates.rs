@@ -1,5 +1,5 @@
 //! Templates as objects: list, get, build (from a registry image or a template, with build
-//! steps such as a Dockerfile's), delete; and the archives build steps copy from.
+//! steps such as a Dockerfile's), delete; the template cache of every node.
 //!
 //! Templates are shared by every tenant, so building and deleting are the operator's (a
 //! tenant could otherwise replace `base` under everyone). A build runs on one node, which
@@ -201,7 +201,7 @@ pub async fn start_build_as(
         user: req.user,
         registry_login,
     };
-    let node = st.nodes.any()?;
+    let node = st.nodes.for_builds()?;
     tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, template = ?build.from_template, steps = build.steps.len(), node = node.name(), "template build started");
     Ok(node.start_template_build(build).await?)
 }
@@ -253,61 +253,6 @@ fn check_image_reference(reference: &str) -> Result<String, ApiError> {
         .parse()
         .map_err(|e| ApiError::invalid(format!("from_image is not an image reference: {e}")))?;
     Ok(parsed.registry().to_owned())
-}
-
-/// Whether an archive of files for build steps is uploaded (on the node builds run on).
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct BuildFiles {
-    /// The archive's SHA-256 (hex).
-    pub sha256: String,
-    /// Whether it is there.
-    pub present: bool,
-    /// Its size, once uploaded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-}
-
-/// Stores an archive of files for build steps' `COPY` (the operator's, like builds).
-pub async fn put_build_files(
-    st: &AppState,
-    caller: &Caller,
-    sha256: &str,
-    body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
-) -> Result<BuildFiles, ApiError> {
-    caller.require_operator()?;
-    check_files_hash(sha256)?;
-    let size = st.nodes.any()?.put_build_files(sha256, body).await?;
-    Ok(BuildFiles {
-        sha256: sha256.to_owned(),
-        present: true,
-        size: Some(size),
-    })
-}
-
-/// Whether the archive `sha256` is uploaded.
-pub async fn build_files(
-    st: &AppState,
-    caller: &Caller,
-    sha256: &str,
-) -> Result<BuildFiles, ApiError> {
-    caller.require_operator()?;
-    check_files_hash(sha256)?;
-    let present = st.nodes.any()?.has_build_files(sha256).await?;
-    Ok(BuildFiles {
-        sha256: sha256.to_owned(),
-        present,
-        size: None,
-    })
-}
-
-fn check_files_hash(sha256: &str) -> Result<(), ApiError> {
-    if space_core::build_steps::validate_files_hash(sha256) {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            "files are named by the lowercase hex SHA-256 of their tar archive",
-        ))
-    }
 }
 
 /// Build `id` with its log lines from `logs_from`, from whichever node runs it.

@@ -665,7 +665,7 @@ async fn store_copy(
         Ok::<_, std::io::Error>(bytes::Bytes::from(rewritten.archive))
     })
     .boxed();
-    native::put_build_files(&st.app, caller, &rewritten.sha256, body).await?;
+    space_control::service::build_files::put(&st.app, caller, &rewritten.sha256, body).await?;
     Ok((rewritten.sha256, rewritten.dest_dir))
 }
 
