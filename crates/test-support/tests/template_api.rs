@@ -2,8 +2,7 @@
 //! basic auth): a build followed line by line, its tags, the memory image and warm pool
 //! prepared right after it, get and list with size and origin, deletion refused while a
 //! sandbox uses the template and done once it does not (or when forced), failed builds with
-//! clear codes and nothing registered, and building or deleting refused to tenants other
-//! than the operator.
+//! clear codes and nothing registered, and every tenant's own templates, which only it sees.
 
 use std::time::Duration;
 
@@ -333,20 +332,131 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
     let (ok, out) = tokio::task::block_in_place(|| cli(&["template", "rm", "cli-app"]));
     assert!(!ok && out.contains("not_found"), "{out}");
 
-    // Templates are shared: another tenant may list them but not build or delete them.
-    let other = server.new_tenant_client("not-the-operator").await;
-    assert!(other.templates().await.is_ok());
-    let err = other
-        .build_template(&json!({"name": "mine", "from_image": reference}))
-        .await
-        .unwrap_err();
-    assert_eq!(code(err), "Forbidden");
-    let err = other
-        .delete_template(test_support::TEST_TEMPLATE, true)
-        .await
-        .unwrap_err();
-    assert_eq!(code(err), "Forbidden");
+    tenants_build_their_own(&server).await;
     assert!(!registry.log().contains("panic"), "{}", registry.log());
+}
+
+/// Every tenant builds templates of its own, which only it (and the operator) sees: its
+/// `NAME` means its own before the shared one; shared templates stay the operator's.
+async fn tenants_build_their_own(server: &TestServer) {
+    use space_core::ErrorCode;
+    let shared = test_support::TEST_TEMPLATE;
+    let other = server.new_tenant_client("not-the-operator").await;
+    let third = server.new_tenant_client("a-third-tenant").await;
+    let env_build = |name: &str, from: &str, value: &str| json!({"name": name, "from_template": from, "steps": [{"env": {"OWNER": value}}]});
+    let (_, mine) = follow(&other, &env_build("mine", shared, "other")).await;
+    let mine = mine.expect("a tenant's build");
+    let (owner, short) = space_core::template::split_template_owner(&mine.name);
+    assert_eq!(short, "mine", "{}", mine.name);
+    let owner = owner
+        .expect("a tenant's template carries its id")
+        .to_owned();
+
+    let names = |list: Vec<TemplateInfo>| list.into_iter().map(|t| t.name).collect::<Vec<_>>();
+    let seen = names(other.templates().await.expect("list"));
+    assert!(
+        seen.contains(&mine.name) && seen.iter().any(|n| n == shared),
+        "{seen:?}"
+    );
+    let seen = names(third.templates().await.expect("list"));
+    assert!(
+        !seen.contains(&mine.name) && seen.iter().any(|n| n == shared),
+        "{seen:?}"
+    );
+    assert!(names(server.client.templates().await.expect("list")).contains(&mine.name));
+    for name in ["mine", mine.name.as_str()] {
+        let e = third.template(name).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::NotFound), "{name}: {e}");
+        let e = third
+            .create_sandbox(&CreateSandboxRequest {
+                template: name.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::NotFound), "{name}: {e}");
+    }
+    assert_eq!(other.template("mine").await.expect("own").name, mine.name);
+
+    // Its own `busybox` comes before the shared one, for it alone.
+    let (_, shadow) = follow(&other, &env_build(shared, shared, "shadow")).await;
+    let shadow = shadow.expect("a tenant's build of a shared name");
+    assert_eq!(shadow.name, format!("{owner}.{shared}"));
+    let owner_env = |c: &space_cli::client::SpaceClient, template: &str| {
+        let (c, template) = (c.clone(), template.to_owned());
+        async move {
+            let sbx = c
+                .create_sandbox(&CreateSandboxRequest {
+                    template: template.clone(),
+                    ..Default::default()
+                })
+                .await
+                .expect("create");
+            let out = shell(&c, &sbx.id, "echo \"[$OWNER]\"", false).await;
+            c.delete_sandbox(&sbx.id).await.expect("delete");
+            (sbx.template, out.trim().to_owned())
+        }
+    };
+    assert_eq!(
+        owner_env(&other, shared).await,
+        (shadow.name.clone(), "[shadow]".into())
+    );
+    assert_eq!(
+        owner_env(&other, "mine").await,
+        (mine.name.clone(), "[other]".into())
+    );
+    assert_eq!(
+        owner_env(&server.client, shared).await,
+        (shared.into(), "[]".into())
+    );
+
+    // A build's status is its tenant's: to another it does not exist.
+    let started = other
+        .build_template(&env_build("later", shared, "x"))
+        .await
+        .expect("build");
+    let e = third
+        .template_build(&started.build_id, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    assert!(other.template_build(&started.build_id, 0).await.is_ok());
+
+    // Files are stored once but known only to who uploaded them.
+    let archive = b"not even a tar: never read by a build here".to_vec();
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&archive))
+    };
+    other
+        .put_build_files(&sha, archive.clone())
+        .await
+        .expect("upload");
+    let present = |c: space_cli::client::SpaceClient| {
+        let sha = sha.clone();
+        async move { c.build_files(&sha).await.expect("ask")["present"].as_bool() }
+    };
+    assert_eq!(present(other.clone()).await, Some(true));
+    assert_eq!(present(third.clone()).await, Some(false));
+    let copy = json!({"name": "copied", "from_template": shared,
+        "steps": [{"copy": {"files": sha, "dest": "/x"}}]});
+    let e = third.build_template(&copy).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
+
+    // Deleting: its own, not the shared one, not another's.
+    other
+        .delete_template(shared, false)
+        .await
+        .expect("its own busybox");
+    let e = other.delete_template(shared, true).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    let e = third.delete_template(&mine.name, true).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    other
+        .delete_template("mine", false)
+        .await
+        .expect("delete its own");
+    assert_eq!(owner_env(&other, shared).await.1, "[]");
 }
 
 /// A template the server is told to warm has its memory image and a pool member made at

@@ -50,3 +50,26 @@ def test_a_failing_step_is_a_build_exception(env):
     with pytest.raises(BuildException) as e:
         build(template, unique("py-bad"))
     assert "exited with code 4" in str(e.value)
+
+
+def test_a_teams_template_is_its_own(env, tmp_path):
+    """Another team's build makes a template of its own (its `COPY` uploaded with its own
+    key): it starts sandboxes from it by name; the first team's key does not find it."""
+    (tmp_path / "hello.txt").write_text("hello, team\n")
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_template(env.template)
+        .set_envs({"TEAM": "other"})
+        .copy("hello.txt", "/home/user/hello.txt")
+    )
+    name = unique("py-team")
+    build(template, name, api_key=env.other_api_key)
+    sbx = Sandbox.create(name, api_key=env.other_api_key)
+    try:
+        out = sbx.commands.run('echo "$TEAM"; cat /home/user/hello.txt')
+        assert out.stdout == "other\nhello, team\n"
+    finally:
+        sbx.kill()
+    with pytest.raises(Exception) as e:
+        Sandbox.create(name)
+    assert "not found" in str(e.value).lower(), e.value

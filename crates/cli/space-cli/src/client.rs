@@ -325,6 +325,12 @@ impl SpaceClient {
         .await
     }
 
+    /// `GET /v1/templates/files/{sha256}`: whether an archive of files is uploaded (for
+    /// this caller), as `{"sha256", "present", "size"}`.
+    pub async fn build_files(&self, sha256: &str) -> ClientResult<serde_json::Value> {
+        Self::json(self.request(Method::GET, &format!("/v1/templates/files/{sha256}"))).await
+    }
+
     /// `POST /v1/templates` followed: the build's events as they come, until `ready` or
     /// `failed`.
     pub async fn build_template_followed(

@@ -63,10 +63,41 @@ pub struct TemplateImage {
     pub config_digest: String,
 }
 
-/// A template name: `NAME` or `NAME:TAG`, where `NAME` is `[a-z0-9][a-z0-9_-]{0,62}` and
-/// `TAG` (like an image tag: `3.12`, `v2-slim`) is `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
-/// `NAME:latest` is `NAME` (see [`canonical_template_name`]).
+/// Separates the tenant that owns a template from its name: `tnt-….NAME[:TAG]` is the
+/// full name of a tenant's template. A shared template (the operator's, usable by every
+/// tenant) has no owner, and no `.` before its tag.
+pub const OWNER_SEPARATOR: char = '.';
+
+/// The tenant that owns template `name` (its full name), and the name within the tenant;
+/// `(None, name)` for a shared template. Does not validate.
+pub fn split_template_owner(name: &str) -> (Option<&str>, &str) {
+    match name.split_once(OWNER_SEPARATOR) {
+        // A `.` after the `:` is the tag's (`python:3.12`).
+        Some((owner, rest)) if !owner.contains(':') => (Some(owner), rest),
+        _ => (None, name),
+    }
+}
+
+/// The full name of tenant `owner`'s template `name` (a name without an owner).
+pub fn owned_template_name(owner: &crate::TenantId, name: &str) -> String {
+    format!("{owner}{OWNER_SEPARATOR}{name}")
+}
+
+/// A template's full name: `NAME` or `NAME:TAG` for a shared template, `TENANT.NAME[:TAG]`
+/// for a tenant's own ([`OWNER_SEPARATOR`]), where `NAME` is `[a-z0-9][a-z0-9_-]{0,62}`,
+/// `TAG` (like an image tag: `3.12`, `v2-slim`) is `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}` and
+/// `TENANT` a tenant id. `NAME:latest` is `NAME` (see [`canonical_template_name`]).
 pub fn validate_template_name(name: &str) -> bool {
+    match split_template_owner(name) {
+        (Some(owner), rest) => {
+            owner.parse::<crate::TenantId>().is_ok() && validate_unowned_name(rest)
+        }
+        (None, name) => validate_unowned_name(name),
+    }
+}
+
+/// [`validate_template_name`] for a name without an owner.
+fn validate_unowned_name(name: &str) -> bool {
     let (base, tag) = match name.split_once(':') {
         Some((base, tag)) => (base, Some(tag)),
         None => (name, None),
@@ -308,5 +339,32 @@ mod tests {
         assert_eq!(canonical_template_name("x:latest").as_deref(), Some("x"));
         assert_eq!(canonical_template_name("x:3").as_deref(), Some("x:3"));
         assert_eq!(canonical_template_name("X"), None);
+    }
+
+    #[test]
+    fn a_tenants_templates_carry_its_id() {
+        let owner: crate::TenantId = "tnt-abcdefghijkl".parse().unwrap();
+        let full = owned_template_name(&owner, "python:3.12");
+        assert_eq!(full, "tnt-abcdefghijkl.python:3.12");
+        assert!(validate_template_name(&full));
+        assert_eq!(
+            split_template_owner(&full),
+            (Some("tnt-abcdefghijkl"), "python:3.12")
+        );
+        assert_eq!(split_template_owner("python:3.12"), (None, "python:3.12"));
+        assert_eq!(
+            canonical_template_name("tnt-abcdefghijkl.py:latest").as_deref(),
+            Some("tnt-abcdefghijkl.py")
+        );
+        for bad in [
+            "tnt-short.py",
+            "x.py",
+            "tnt-abcdefghijkl.",
+            "tnt-abcdefghijkl.Py",
+            "tnt-abcdefghijkl.tnt-abcdefghijkl.py",
+            ".py",
+        ] {
+            assert!(!validate_template_name(bad), "{bad:?}");
+        }
     }
 }

@@ -10,6 +10,7 @@
 //! template-names/<name>                  the digest a template name means (the last published)
 //! kernels/<digest>/<file>                a published kernel bundle (its files, then kernel.json)
 //! build-files/<sha256>                   an archive of files for build steps' COPY (by content)
+//! build-file-owners/<tenant>/<sha256>    empty: that tenant uploaded that archive (when)
 //! incoming/<random>                      an upload not yet checked against its name
 //! ```
 
@@ -97,6 +98,11 @@ impl ObjectKey {
     /// `build-files/<sha256>`: a build step's `COPY` archive, named by its content.
     pub fn build_files(sha256: &str) -> Result<ObjectKey, KeyError> {
         ObjectKey::join(&["build-files", sha256])
+    }
+
+    /// `build-file-owners/<tenant>/<sha256>`: the mark that `tenant` uploaded the archive.
+    pub fn build_files_owner(tenant: &str, sha256: &str) -> Result<ObjectKey, KeyError> {
+        ObjectKey::join(&["build-file-owners", tenant, sha256])
     }
 
     /// `kernels/<digest>/<file>`.

@@ -37,6 +37,10 @@ pub struct BuildTemplate {
     /// Registry credentials given with the build.
     #[serde(default)]
     pub registry_login: Option<RegistryLogin>,
+    /// What the build's builder sandboxes may reach (a tenant's build: the tenant's default
+    /// policy); without one, the node's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<space_core::egress::EgressPolicy>,
 }
 
 /// A registry user name and password (redacted in every formatting).

@@ -71,6 +71,9 @@ pub enum NodeError {
     /// The template's start command failed or was not ready in time.
     #[error("the template's start command failed: {0}")]
     TemplateStartFailed(String),
+    /// A tenant has as many template builds under way as it may.
+    #[error("{0}")]
+    TooManyBuilds(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -104,6 +107,7 @@ impl NodeError {
             | NodeError::SnapshotRefused(_) => ErrorCode::Conflict,
             NodeError::SnapshotNotFound(_) | NodeError::BuildNotFound(_) => ErrorCode::NotFound,
             NodeError::StoreFull(_) => ErrorCode::InsufficientCapacity,
+            NodeError::TooManyBuilds(_) => ErrorCode::QuotaExceeded,
             NodeError::Capacity(space_core::ResourcesError::OutOfRange { .. }) => {
                 ErrorCode::InvalidRequest
             }

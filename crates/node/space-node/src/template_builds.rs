@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use space_core::template::{
-    canonical_template_name, validate_build_id, validate_default_user, TemplateBuildError,
-    TemplateBuildErrorCode, TemplateBuildLine, TemplateBuildState, TemplateBuildStatus,
-    TemplateInfo,
+    canonical_template_name, split_template_owner, validate_build_id, validate_default_user,
+    TemplateBuildError, TemplateBuildErrorCode, TemplateBuildLine, TemplateBuildState,
+    TemplateBuildStatus, TemplateInfo,
 };
 use space_images::oci::registry::{RegistryLogin, RegistryOpts};
 use space_images::oci::{ImageBuildOpts, ImageSource};
@@ -40,6 +40,10 @@ const MAX_FINISHED: usize = 64;
 /// Builds running at once (each takes an unpacker uid range, disk bandwidth and a CPU);
 /// more wait their turn.
 const CONCURRENT_BUILDS: usize = 2;
+/// Builds of one tenant's templates under way (running or waiting) on a node at once: a
+/// tenant cannot queue the node's build slots away from everyone else. The operator's
+/// (shared templates) are not bounded.
+pub const MAX_BUILDS_PER_TENANT: usize = 2;
 /// Most names one build may give.
 const MAX_NAMES: usize = 16;
 
@@ -66,6 +70,8 @@ impl Default for TemplateBuilds {
 struct BuildRecord {
     status: TemplateBuildStatus,
     lines: VecDeque<TemplateBuildLine>,
+    /// What its builder sandboxes may reach (`None`: the node's default).
+    egress: Option<space_core::egress::EgressPolicy>,
 }
 
 impl BuildRecord {
@@ -95,6 +101,17 @@ impl BuildRecord {
 }
 
 pub(crate) type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+impl TemplateBuilds {
+    /// The egress policy build `build_id` gave its builder sandboxes (`None`: the node's
+    /// default, or no such build).
+    pub(crate) fn egress_of(&self, build_id: &str) -> Option<space_core::egress::EgressPolicy> {
+        let all = self.builds.lock().unwrap_or_else(|p| p.into_inner());
+        let record = all.get(build_id)?;
+        let record = record.lock().unwrap_or_else(|p| p.into_inner());
+        record.egress.clone()
+    }
+}
 
 impl Node {
     /// Starts build `req` (see the module doc) and returns its first status.
@@ -152,6 +169,21 @@ impl Node {
                     req.build_id
                 )));
             }
+            if let (Some(owner), _) = split_template_owner(&names[0]) {
+                let under_way = all
+                    .values()
+                    .filter(|r| {
+                        let r = r.lock().unwrap_or_else(|p| p.into_inner());
+                        r.status.finished_at_ms.is_none()
+                            && split_template_owner(&r.status.name).0 == Some(owner)
+                    })
+                    .count();
+                if under_way >= MAX_BUILDS_PER_TENANT {
+                    return Err(NodeError::TooManyBuilds(format!(
+                        "{under_way} template builds of this tenant are under way; at most {MAX_BUILDS_PER_TENANT} at once"
+                    )));
+                }
+            }
             forget_oldest_finished(&mut all);
             let record = Arc::new(Mutex::new(BuildRecord {
                 status: TemplateBuildStatus {
@@ -170,6 +202,7 @@ impl Node {
                     finished_at_ms: None,
                 },
                 lines: VecDeque::new(),
+                egress: req.egress.clone(),
             }));
             all.insert(req.build_id.clone(), record.clone());
             record
@@ -561,6 +594,7 @@ mod tests {
                 finished_at_ms: None,
             },
             lines: VecDeque::new(),
+            egress: None,
         }
     }
 

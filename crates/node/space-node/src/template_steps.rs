@@ -180,17 +180,18 @@ impl Node {
             if self.has_build_files(sha256) {
                 return Ok(());
             }
-            let size =
-                match objects.stat(&key).await.map_err(node_failed)? {
-                    Some(s) if s.size <= MAX_BUILD_FILES_BYTES => s.size,
-                    Some(_) => return Err(failed(
+            let size = match objects.stat(&key).await.map_err(node_failed)? {
+                Some(s) if s.size <= MAX_BUILD_FILES_BYTES => s.size,
+                Some(_) => {
+                    return Err(failed(
                         TemplateBuildErrorCode::BadStep,
                         format!(
                             "COPY's files {sha256} are larger than {MAX_BUILD_FILES_BYTES} bytes"
                         ),
-                    )),
-                    None => return Err(not_found()),
-                };
+                    ))
+                }
+                None => return Err(not_found()),
+            };
             log(&format!(
                 "  fetching COPY's files {sha256} ({size} bytes) from the object store"
             ));
@@ -413,7 +414,10 @@ impl Node {
                 disk_mib: Some(disk_mib),
                 ..Default::default()
             },
-            settings: SandboxSettings::new(TenantId::generate()),
+            settings: SandboxSettings {
+                egress: self.inner.template_builds.egress_of(build_id),
+                ..SandboxSettings::new(TenantId::generate())
+            },
         };
         self.create_sandbox_for(req, Some(build_id))
             .await

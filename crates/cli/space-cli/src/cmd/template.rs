@@ -371,10 +371,19 @@ async fn dockerfile_request(
                     crate::build_context::pack(&ctx, &srcs, &to, &ignore)
                 })
                 .await??;
-                let body = tokio::fs::File::open(packed.file.path()).await?;
-                client.put_build_files(&packed.sha256, body).await?;
+                // An archive the server has (for this caller) is not sent again.
+                let present = client.build_files(&packed.sha256).await?["present"] == true;
+                if !present {
+                    let body = tokio::fs::File::open(packed.file.path()).await?;
+                    client.put_build_files(&packed.sha256, body).await?;
+                }
                 eprintln!(
-                    "uploaded {} for COPY {} ({})",
+                    "{} {} for COPY {} ({})",
+                    if present {
+                        "already uploaded:"
+                    } else {
+                        "uploaded"
+                    },
                     sources.join(" "),
                     dest,
                     crate::render::short(&packed.sha256)

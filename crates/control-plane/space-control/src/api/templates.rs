@@ -26,7 +26,9 @@ use crate::service::build_files::{self, BuildFiles};
 use crate::service::templates::{self, TemplateBuildRequest};
 use crate::service::Caller;
 
-/// List the templates: name, size, origin (the image it was built from), defaults.
+/// List the templates the caller may use: the shared ones and its own (`TENANT.NAME`; the
+/// operator sees every tenant's): name, size, origin (the image it was built from),
+/// defaults.
 #[utoipa::path(
     get,
     path = "/v1/templates",
@@ -39,12 +41,14 @@ use crate::service::Caller;
 )]
 pub async fn list_templates(
     State(st): State<AppState>,
-    _tenant: Caller,
+    caller: Caller,
 ) -> ApiResult<Json<Vec<TemplateInfo>>> {
-    Ok(Json(templates::list(&st).await?))
+    Ok(Json(templates::list(&st, &caller).await?))
 }
 
-/// Build a template from a registry image (the operator's). Answers `202` with the build's
+/// Build a template from a registry image or a template: a shared one (the operator's), or
+/// the calling tenant's own, named `TENANT.NAME` (at most 100 per tenant, two builds at a
+/// time; its builders have the tenant's default egress policy). Answers `202` with the build's
 /// status, or, asked with `Accept: application/x-ndjson`, follows the build: one
 /// `TemplateBuildEvent` per line (`started`, its `log` lines, then `ready` or `failed`). A
 /// client that goes away does not stop the build.
@@ -85,7 +89,7 @@ pub async fn build_template(
     get,
     path = "/v1/templates/{name}",
     tag = "templates",
-    params(("name" = String, Path, description = "Template name: NAME or NAME:TAG")),
+    params(("name" = String, Path, description = "Template name: NAME or NAME:TAG (a tenant's own first, then the shared one), or a tenant's own full name TENANT.NAME")),
     responses(
         (status = 200, description = "The template", body = TemplateInfo),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
@@ -95,10 +99,10 @@ pub async fn build_template(
 )]
 pub async fn get_template(
     State(st): State<AppState>,
-    _tenant: Caller,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<TemplateInfo>> {
-    Ok(Json(templates::get(&st, &name).await?))
+    Ok(Json(templates::get(&st, &caller, &name).await?))
 }
 
 /// `DELETE /v1/templates/{name}` options.
@@ -110,7 +114,8 @@ pub struct DeleteQuery {
     pub force: bool,
 }
 
-/// Delete a template name (the operator's); the template goes with its last name.
+/// Delete a template name (a tenant its own, the operator any); the template goes with its
+/// last name.
 /// Refused (`409`) while sandboxes or snapshots were made from it, unless `force=true`.
 #[utoipa::path(
     delete,
@@ -154,8 +159,7 @@ pub struct BuildQuery {
     responses(
         (status = 200, description = "The build", body = TemplateBuildStatus),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
-        (status = 404, description = "No such build", body = ErrorBody),
+        (status = 404, description = "No such build (or another tenant's)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -165,8 +169,9 @@ pub async fn get_build(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<BuildQuery>,
 ) -> ApiResult<Json<TemplateBuildStatus>> {
-    caller.require_operator()?;
-    Ok(Json(templates::build_status(&st, &id, q.logs_from).await?))
+    Ok(Json(
+        templates::build_status(&st, &caller, &id, q.logs_from).await?,
+    ))
 }
 
 /// Upload an archive of files (a tar) for build steps' `copy`, named by its SHA-256 (the

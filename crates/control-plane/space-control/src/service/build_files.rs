@@ -4,9 +4,16 @@
 //! With an object store they go there (`build-files/<sha256>`), checked against their name
 //! before anything can read them, so a build on any node of a cluster finds them: the node
 //! fetches an archive it lacks when a step needs it. Without one (a single node with no
-//! store) they go straight to the node. An archive is kept [`KEEP_MS`] after its upload;
-//! one that old is reported absent a day before it goes, so a client that checks first
-//! uploads it again (which renews it) rather than losing it under a running build.
+//! store) they go straight to the node, and only the operator may upload. An archive is
+//! kept [`KEEP_MS`] after its upload; one that old is reported absent a day before it goes,
+//! so a client that checks first uploads it again (which renews it) rather than losing it
+//! under a running build.
+//!
+//! Content is stored once, whoever uploads it, but who uploaded what is not shared: a
+//! tenant's upload leaves a mark (`build-file-owners/<tenant>/<sha256>`), a tenant is told
+//! an archive is there only if it uploaded it itself, and its builds may copy only from
+//! such archives. So nobody learns, by asking for a hash, that another tenant has a file,
+//! and a tenant that already holds the mark does not send the bytes again.
 
 use futures::stream::BoxStream;
 use futures::TryStreamExt;
@@ -47,13 +54,13 @@ pub async fn put(
     sha256: &str,
     body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
 ) -> Result<BuildFiles, ApiError> {
-    caller.require_operator()?;
     check_hash(sha256)?;
     let size = match &st.objects {
         Some(objects) => {
             let key = key(sha256)?;
-            // There and not about to be reported absent: kept, and the body not read.
-            if let Some(size) = fresh_size(objects, &key).await? {
+            // There for this caller and not about to be reported absent: kept, and the
+            // body not read. Otherwise the caller proves it has the bytes by sending them.
+            if let Some(size) = present_for(objects, caller, &key, sha256).await? {
                 return Ok(BuildFiles {
                     sha256: sha256.to_owned(),
                     present: true,
@@ -61,7 +68,7 @@ pub async fn put(
                 });
             }
             let reader = tokio_util::io::StreamReader::new(body.map_err(std::io::Error::other));
-            objects
+            let stored = objects
                 .put_named(&key, reader, sha256, MAX_BUILD_FILES_BYTES)
                 .await
                 .map_err(|e| match e {
@@ -72,10 +79,20 @@ pub async fn put(
                         ApiError::invalid(format!("reading the archive: {source}"))
                     }
                     other => unavailable(other),
-                })?
-                .size
+                })?;
+            if !caller.is_operator() {
+                let mark = owner_key(caller, sha256)?;
+                objects
+                    .put_bytes(&mark, bytes::Bytes::new())
+                    .await
+                    .map_err(unavailable)?;
+            }
+            stored.size
         }
-        None => st.nodes.any()?.put_build_files(sha256, body).await?,
+        None => {
+            caller.require_operator()?;
+            st.nodes.any()?.put_build_files(sha256, body).await?
+        }
     };
     Ok(BuildFiles {
         sha256: sha256.to_owned(),
@@ -86,14 +103,16 @@ pub async fn put(
 
 /// Whether the archive `sha256` is uploaded.
 pub async fn get(st: &AppState, caller: &Caller, sha256: &str) -> Result<BuildFiles, ApiError> {
-    caller.require_operator()?;
     check_hash(sha256)?;
     let (present, size) = match &st.objects {
         Some(objects) => {
-            let size = fresh_size(objects, &key(sha256)?).await?;
+            let size = present_for(objects, caller, &key(sha256)?, sha256).await?;
             (size.is_some(), size)
         }
-        None => (st.nodes.any()?.has_build_files(sha256).await?, None),
+        None => {
+            caller.require_operator()?;
+            (st.nodes.any()?.has_build_files(sha256).await?, None)
+        }
     };
     Ok(BuildFiles {
         sha256: sha256.to_owned(),
@@ -102,15 +121,34 @@ pub async fn get(st: &AppState, caller: &Caller, sha256: &str) -> Result<BuildFi
     })
 }
 
-/// Removes the archives past [`KEEP_MS`] and cut-off uploads (the leader's, hourly);
-/// returns how many went.
+/// Whether `caller` may copy from archive `sha256` in a build: the operator from any
+/// archive (the node says whether it is there), a tenant from those it uploaded.
+pub async fn uploaded_by(st: &AppState, caller: &Caller, sha256: &str) -> Result<bool, ApiError> {
+    if caller.is_operator() {
+        return Ok(true);
+    }
+    let Some(objects) = &st.objects else {
+        return Ok(false);
+    };
+    check_hash(sha256)?;
+    Ok(present_for(objects, caller, &key(sha256)?, sha256)
+        .await?
+        .is_some())
+}
+
+/// Removes the archives past [`KEEP_MS`], their marks, and cut-off uploads (the leader's,
+/// hourly); returns how many went.
 pub async fn collect(st: &AppState) -> Result<usize, ObjectsError> {
     let Some(objects) = st.objects.as_ref() else {
         return Ok(0);
     };
     let now = now_ms();
     let mut removed = 0;
-    for (prefix, keep) in [("build-files", KEEP_MS), ("incoming", INCOMING_KEEP_MS)] {
+    for (prefix, keep) in [
+        ("build-files", KEEP_MS),
+        ("build-file-owners", KEEP_MS),
+        ("incoming", INCOMING_KEEP_MS),
+    ] {
         let listed = objects.list(&ObjectKey::parse(prefix)?).await?;
         for key in expired(&listed, now - keep) {
             objects.delete(&ObjectKey::parse(key)?).await?;
@@ -134,6 +172,28 @@ async fn fresh_size(objects: &Objects, key: &ObjectKey) -> Result<Option<u64>, A
     Ok(stat
         .filter(|s| now_ms() - s.modified_ms < RENEW_AFTER_MS)
         .map(|s| s.size))
+}
+
+/// The size of archive `key`, if it is there for `caller` and not about to be reported
+/// absent: for a tenant, also its own mark must be.
+async fn present_for(
+    objects: &Objects,
+    caller: &Caller,
+    key: &ObjectKey,
+    sha256: &str,
+) -> Result<Option<u64>, ApiError> {
+    if !caller.is_operator()
+        && fresh_size(objects, &owner_key(caller, sha256)?)
+            .await?
+            .is_none()
+    {
+        return Ok(None);
+    }
+    fresh_size(objects, key).await
+}
+
+fn owner_key(caller: &Caller, sha256: &str) -> Result<ObjectKey, ApiError> {
+    ObjectKey::build_files_owner(caller.id.as_str(), sha256).map_err(ApiError::internal)
 }
 
 fn key(sha256: &str) -> Result<ObjectKey, ApiError> {

@@ -15,6 +15,7 @@
 //! - [`metrics`]: a sandbox's resource samples.
 //! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
 //!   sandbox needs any more.
+//! - [`template_scope`]: whose a template name is, and what a caller's name means.
 //! - [`templates`]: templates as objects: list, get, build from a registry image (followed
 //!   from any replica), delete unless in use.
 //! - [`build_files`]: the archives build steps' `COPY` reads, in the object store (or on
@@ -36,6 +37,7 @@ pub mod node_loss;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod suspend;
+pub mod template_scope;
 pub mod templates;
 
 use space_core::TenantId;
@@ -55,10 +57,15 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// Whether this is the operator's tenant (`default`, made at the first start).
+    pub fn is_operator(&self) -> bool {
+        self.name == crate::bootstrap::DEFAULT_TENANT
+    }
+
     /// Refuses (`403 forbidden`) unless this is the operator's tenant (`default`, made at
     /// the first start): what shows node-wide state is for the operator only.
     pub fn require_operator(&self) -> Result<(), ApiError> {
-        if self.name == crate::bootstrap::DEFAULT_TENANT {
+        if self.is_operator() {
             Ok(())
         } else {
             Err(ApiError::new(

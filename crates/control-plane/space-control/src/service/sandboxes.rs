@@ -641,13 +641,13 @@ pub async fn create(
         // placement alike.
         st.nodes.refresh(&st.db.nodes().await?);
     }
-    let template = match st.nodes.template(&req.template).await {
-        Ok(t) => t,
-        Err(NodeCallError::TemplateNotFound { .. }) => {
-            return Err(template_not_found(&req.template))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    // The caller's own template of that name, else the shared one.
+    let template = crate::service::templates::get(st, caller, &req.template)
+        .await
+        .map_err(|e| match e.body.code {
+            ErrorCode::NotFound => template_not_found(&req.template),
+            _ => e,
+        })?;
     let resources = req.resources.resolve(template.default_resources);
     resources
         .validate(template.image_size_mib)

@@ -1,8 +1,9 @@
 //! Templates as objects: list, get, build (from a registry image or a template, with build
 //! steps such as a Dockerfile's), delete; the template cache of every node.
 //!
-//! Templates are shared by every tenant, so building and deleting are the operator's (a
-//! tenant could otherwise replace `base` under everyone). A build runs on one node, which
+//! Shared templates are the operator's to build and delete (a tenant could otherwise
+//! replace `base` under everyone); every tenant builds and deletes its own (see
+//! [`template_scope`]). A build runs on one node, which
 //! keeps its log; its id finds it from any replica (every node is asked: there are few, and
 //! a build's node is not desired state worth a row). A deletion is refused while sandboxes
 //! or snapshots need the template, unless forced.
@@ -23,7 +24,7 @@ use space_node_proto::wire::SecretString;
 use space_node_proto::NodeCallError;
 
 use crate::api::error::ApiError;
-use crate::service::Caller;
+use crate::service::{build_files, template_scope, Caller};
 use crate::AppState;
 
 /// How often a followed build is polled.
@@ -96,12 +97,18 @@ impl std::fmt::Debug for RegistryAuth {
 /// Most tags one build may add.
 const MAX_TAGS: usize = 15;
 
-/// Every template, by name (each node's, once: a cluster's nodes share them).
-pub async fn list(st: &AppState) -> Result<Vec<TemplateInfo>, ApiError> {
+/// Most templates (names, tags included) a tenant may have of its own.
+pub const MAX_TENANT_TEMPLATES: usize = 100;
+
+/// Every template `caller` may use (see [`template_scope`]), by name (each node's, once: a
+/// cluster's nodes share them).
+pub async fn list(st: &AppState, caller: &Caller) -> Result<Vec<TemplateInfo>, ApiError> {
     let mut templates: Vec<TemplateInfo> = Vec::new();
     for node in st.nodes.all() {
         for t in node.templates().await? {
-            if !templates.iter().any(|have| have.name == t.name) {
+            if template_scope::visible(caller, &t.name)
+                && !templates.iter().any(|have| have.name == t.name)
+            {
                 templates.push(t);
             }
         }
@@ -110,10 +117,16 @@ pub async fn list(st: &AppState) -> Result<Vec<TemplateInfo>, ApiError> {
     Ok(templates)
 }
 
-/// One template.
-pub async fn get(st: &AppState, name: &str) -> Result<TemplateInfo, ApiError> {
-    let name = canonical(name)?;
-    Ok(st.nodes.template(&name).await?)
+/// The template `name` means to `caller`: its own, else the shared one.
+pub async fn get(st: &AppState, caller: &Caller, name: &str) -> Result<TemplateInfo, ApiError> {
+    for full in template_scope::candidates(caller, name)? {
+        match st.nodes.template(&full).await {
+            Ok(t) => return Ok(t),
+            Err(NodeCallError::TemplateNotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(template_scope::not_found(name))
 }
 
 /// Starts a build on a node; returns its first status.
@@ -146,8 +159,7 @@ pub async fn start_build_as(
     if !validate_build_id(&build_id) {
         return Err(ApiError::invalid("invalid build id"));
     }
-    caller.require_operator()?;
-    let name = canonical(&req.name)?;
+    let name = template_scope::own(caller, &req.name)?;
     if req.tags.len() > MAX_TAGS {
         return Err(ApiError::invalid(format!(
             "at most {MAX_TAGS} tags per build"
@@ -157,11 +169,14 @@ pub async fn start_build_as(
     let also_named = req
         .tags
         .iter()
-        .map(|tag| canonical(&format!("{base}:{tag}")))
+        .map(|tag| template_scope::own(caller, &format!("{base}:{tag}")))
         .collect::<Result<Vec<_>, _>>()?;
+    if !caller.is_operator() {
+        check_tenant_room(st, caller, &name, &also_named).await?;
+    }
     let (from_image, from_template) = match (req.from_image, req.from_template) {
         (Some(image), None) => (image, None),
-        (None, Some(template)) => (String::new(), Some(canonical(&template)?)),
+        (None, Some(template)) => (String::new(), Some(get(st, caller, &template).await?.name)),
         _ => {
             return Err(ApiError::invalid(
                 "a build starts from_image or from_template: exactly one of them",
@@ -190,7 +205,17 @@ pub async fn start_build_as(
     if let Some(start) = &req.start {
         start.validate().map_err(ApiError::invalid)?;
     }
+    if !caller.is_operator() {
+        check_files_owned(st, caller, &req.steps).await?;
+    }
+    // A tenant's builders reach what its sandboxes may; the operator's, the node's default.
+    let egress = if caller.is_operator() {
+        None
+    } else {
+        st.db.tenant_egress_policy(&caller.id).await?
+    };
     let build = BuildTemplate {
+        egress,
         build_id,
         name,
         also_named,
@@ -204,6 +229,56 @@ pub async fn start_build_as(
     let node = st.nodes.for_builds()?;
     tracing::info!(build = %build.build_id, name = %build.name, image = %build.from_image, template = ?build.from_template, steps = build.steps.len(), node = node.name(), "template build started");
     Ok(node.start_template_build(build).await?)
+}
+
+/// Refuses (`quota_exceeded`) a tenant's build that would give it more than
+/// [`MAX_TENANT_TEMPLATES`] templates of its own.
+async fn check_tenant_room(
+    st: &AppState,
+    caller: &Caller,
+    name: &str,
+    also_named: &[String],
+) -> Result<(), ApiError> {
+    let have: Vec<String> = list(st, caller)
+        .await?
+        .into_iter()
+        .filter(template_scope::is_owned)
+        .map(|t| t.name)
+        .collect();
+    let new = std::iter::once(name)
+        .chain(also_named.iter().map(String::as_str))
+        .filter(|n| !have.iter().any(|h| h == n))
+        .count();
+    if have.len() + new > MAX_TENANT_TEMPLATES {
+        return Err(ApiError::new(
+            ErrorCode::QuotaExceeded,
+            format!(
+                "a tenant has at most {MAX_TENANT_TEMPLATES} templates (names and tags) of its own; it has {}: delete some first",
+                have.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses (`400`) a tenant's build whose `COPY` names files the tenant did not upload
+/// (see [`build_files`]: content is shared, who uploaded it is not).
+async fn check_files_owned(
+    st: &AppState,
+    caller: &Caller,
+    steps: &[space_core::build_steps::BuildStep],
+) -> Result<(), ApiError> {
+    for step in steps {
+        if let space_core::build_steps::BuildStep::Copy(c) = step {
+            if !build_files::uploaded_by(st, caller, &c.files).await? {
+                return Err(ApiError::invalid(format!(
+                    "COPY's files {} were not uploaded by this tenant (PUT /v1/templates/files/{})",
+                    c.files, c.files
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The login for a pull from `registry`: the one given with the request, or one from the
@@ -258,6 +333,21 @@ fn check_image_reference(reference: &str) -> Result<String, ApiError> {
 /// Build `id` with its log lines from `logs_from`, from whichever node runs it.
 pub async fn build_status(
     st: &AppState,
+    caller: &Caller,
+    id: &str,
+    logs_from: u64,
+) -> Result<TemplateBuildStatus, ApiError> {
+    let status = find_build(st, id, logs_from).await?;
+    // Another tenant's build is as unknown as one that does not exist.
+    if !template_scope::visible(caller, &status.name) {
+        return Err(build_not_found(id));
+    }
+    Ok(status)
+}
+
+/// Build `id`, whoever's it is.
+async fn find_build(
+    st: &AppState,
     id: &str,
     logs_from: u64,
 ) -> Result<TemplateBuildStatus, ApiError> {
@@ -274,7 +364,7 @@ pub async fn build_status(
     Err(build_not_found(id))
 }
 
-/// Follows build `first` until it ends: its log lines, then `ready` or `failed`.
+/// Follows build `first` (one the caller started) until it ends: its log lines, then `ready` or `failed`.
 pub fn follow_build(
     st: AppState,
     first: TemplateBuildStatus,
@@ -308,7 +398,7 @@ pub fn follow_build(
             if f.done {
                 return None;
             }
-            match build_status(&f.st, &f.id, f.next).await {
+            match find_build(&f.st, &f.id, f.next).await {
                 Ok(status) => {
                     f.last_answer = tokio::time::Instant::now();
                     for line in status.logs {
@@ -353,18 +443,34 @@ pub fn follow_build(
     .boxed()
 }
 
-/// Deletes template name `name` on every node (and from the object store's names). Unless
+/// Deletes template name `name` (the caller's own, see [`template_scope::own`]) on every
+/// node (and from the object store's names). Unless
 /// `force`, refused (`409 conflict`) while sandboxes that are not deleted, or snapshots,
 /// were made from the template it names.
 pub async fn delete(
     st: &AppState,
     caller: &Caller,
-    name: &str,
+    given: &str,
     force: bool,
 ) -> Result<(), ApiError> {
-    caller.require_operator()?;
-    let name = canonical(name)?;
-    let template = st.nodes.template(&name).await?;
+    let name = template_scope::own(caller, given)?;
+    let template = match st.nodes.template(&name).await {
+        Ok(t) => t,
+        Err(NodeCallError::TemplateNotFound { .. }) => {
+            // A tenant naming a shared template is told whose it is.
+            let shared = canonical_template_name(given).filter(|n| *n != name);
+            if let Some(shared) = shared {
+                if st.nodes.template(&shared).await.is_ok() {
+                    return Err(ApiError::new(
+                        ErrorCode::Forbidden,
+                        format!("template {shared} is shared: only the operator may delete it"),
+                    ));
+                }
+            }
+            return Err(template_scope::not_found(&name));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if !force {
         let users = users_of(st, &template.digest).await?;
         if users.any() {
@@ -420,15 +526,6 @@ async fn users_of(st: &AppState, digest: &str) -> Result<Users, ApiError> {
             .count();
     }
     Ok(users)
-}
-
-fn canonical(name: &str) -> Result<String, ApiError> {
-    canonical_template_name(name).ok_or_else(|| {
-        ApiError::invalid(format!(
-            "invalid template name {:?}: NAME or NAME:TAG, NAME of [a-z0-9_-] (at most 63), TAG of [A-Za-z0-9_.-] (at most 128)",
-            name.chars().take(80).collect::<String>()
-        ))
-    })
 }
 
 fn build_not_found(id: &str) -> ApiError {

@@ -17,8 +17,9 @@
 //!
 //! E2B's builds run as `user` in `/home/user` until a step says otherwise; so do these. The
 //! start and ready commands are SPACE's template start command (E2B's default ready check,
-//! `sleep 20`, when only a start command is given). Templates are the operator's, as SPACE's
-//! own builds are: another tenant's key gets 403.
+//! `sleep 20`, when only a start command is given). A team's builds make its own templates,
+//! which only it sees (`space_control::service::template_scope`); the operator's key builds
+//! shared ones, as SPACE's own builds do.
 //!
 //! What is asked for and uploaded is kept on this replica's disk: on a cluster with several
 //! control plane replicas, one build's requests must reach the same replica.
@@ -194,7 +195,6 @@ pub async fn request_build(
     caller: Caller,
     ApiJson(req): ApiJson<RequestBuild>,
 ) -> RestResult<(StatusCode, Json<RequestedBuild>)> {
-    caller.require_operator()?;
     let raw = req
         .name
         .or(req.alias)
@@ -269,7 +269,6 @@ pub async fn files_link(
     headers: HeaderMap,
     Path((_template_id, hash)): Path<(String, String)>,
 ) -> RestResult<(StatusCode, Json<FilesLink>)> {
-    caller.require_operator()?;
     check_hash(&hash)?;
     let tenant = caller.id.to_string();
     let path = st.template_builds.files_path(&tenant, &hash);
@@ -518,7 +517,6 @@ pub async fn start_build(
     Path((template_id, build_id)): Path<(String, String)>,
     ApiJson(req): ApiJson<StartBuild>,
 ) -> RestResult<StatusCode> {
-    caller.require_operator()?;
     let tenant = caller.id.to_string();
     let mut asked = st
         .template_builds
@@ -545,7 +543,7 @@ pub async fn start_build(
             (None, Some(template)) => {
                 // On as the template's user, in its directory, as E2B's builds go on from
                 // a template's.
-                let tpl = native::get(&st.app, &template).await?;
+                let tpl = native::get(&st.app, &caller, &template).await?;
                 let workdir = tpl.workdir.unwrap_or_else(|| E2B_BUILD_WORKDIR.into());
                 (
                     None,
@@ -756,7 +754,6 @@ pub async fn build_status(
     Path((template_id, build_id)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> RestResult<Json<E2bBuildStatus>> {
-    caller.require_operator()?;
     let asked = st
         .template_builds
         .load(&build_id)
@@ -773,7 +770,8 @@ pub async fn build_status(
             reason: None,
         }));
     }
-    let status = native::build_status(&st.app, &build_id, q.logs_offset.unwrap_or(0)).await?;
+    let status =
+        native::build_status(&st.app, &caller, &build_id, q.logs_offset.unwrap_or(0)).await?;
     Ok(Json(e2b_status(&template_id, &status, q.limit)))
 }
 
@@ -791,11 +789,12 @@ pub async fn alias(
     caller: Caller,
     Path(alias): Path<String>,
 ) -> RestResult<Json<E2bAlias>> {
-    let _ = caller;
-    let tpl = native::get(&st.app, &alias).await?;
+    let tpl = native::get(&st.app, &caller, &alias).await?;
+    let (owner, name) = space_core::template::split_template_owner(&tpl.name);
     Ok(Json(E2bAlias {
-        template_id: tpl.name.split(':').next().unwrap_or(&tpl.name).to_owned(),
-        public: false,
+        template_id: name.split(':').next().unwrap_or(name).to_owned(),
+        // Shared templates are everyone's, as E2B's public ones.
+        public: owner.is_none(),
     }))
 }
 
