@@ -1319,6 +1319,106 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
         shell(&a, &sb.id, "cat /srv/copied/hello.txt", false).await,
         "copied across the cluster\n"
     );
+
+    // E2B's template builder, its requests spread over two replicas: what one was asked and
+    // sent, the other finds (the object store holds both).
+    cluster.add_replica().await;
+    let (one, two) = (cluster.replicas[0].url(), cluster.replicas[1].url());
+    let http = reqwest::Client::new();
+    let key = cluster.api_key.clone();
+    let e2b = |method: reqwest::Method, url: String| {
+        http.request(method, url).header("X-API-KEY", key.clone())
+    };
+    let json_of = |r: reqwest::Response| async move {
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.expect("a JSON answer");
+        assert!(status.is_success(), "{status}: {body}");
+        body
+    };
+    let asked = json_of(
+        e2b(reqwest::Method::POST, format!("{one}/v3/templates"))
+            .json(&serde_json::json!({"name": "e2b-across"}))
+            .send()
+            .await
+            .expect("ask"),
+    )
+    .await;
+    let (tid, bid) = (
+        asked["templateID"]
+            .as_str()
+            .expect("template id")
+            .to_owned(),
+        asked["buildID"].as_str().expect("build id").to_owned(),
+    );
+    let (upload, hash) = tar_of(&[("hello.txt", b"sent to one, built by the other\n")]);
+    let link = json_of(
+        e2b(
+            reqwest::Method::GET,
+            format!("{two}/templates/{tid}/files/{hash}"),
+        )
+        .send()
+        .await
+        .expect("files link"),
+    )
+    .await;
+    assert_eq!(link["present"], false, "{link}");
+    let put = http
+        .put(link["url"].as_str().expect("upload url"))
+        .body(upload)
+        .send()
+        .await
+        .expect("upload");
+    assert!(put.status().is_success(), "{}", put.status());
+    let link = json_of(
+        e2b(
+            reqwest::Method::GET,
+            format!("{one}/templates/{tid}/files/{hash}"),
+        )
+        .send()
+        .await
+        .expect("files link"),
+    )
+    .await;
+    assert_eq!(
+        link["present"], true,
+        "the other replica sees the upload: {link}"
+    );
+    let started = e2b(
+        reqwest::Method::POST,
+        format!("{two}/v2/templates/{tid}/builds/{bid}"),
+    )
+    .json(&serde_json::json!({
+        "fromTemplate": TEST_TEMPLATE,
+        "steps": [{"type": "COPY", "args": ["hello.txt", "/home/user/e2b/", "", ""], "filesHash": hash}],
+    }))
+    .send()
+    .await
+    .expect("start");
+    assert!(started.status().is_success(), "{}", started.status());
+    let status = wait_until(Duration::from_secs(300), "the E2B build to end", || async {
+        let r = e2b(
+            reqwest::Method::GET,
+            format!("{one}/templates/{tid}/builds/{bid}/status"),
+        )
+        .send()
+        .await
+        .ok()?;
+        let body: serde_json::Value = r.json().await.ok()?;
+        matches!(body["status"].as_str(), Some("ready" | "error")).then_some(body)
+    })
+    .await;
+    assert_eq!(status["status"], "ready", "{status}");
+    let sb = a
+        .create_sandbox(&CreateSandboxRequest {
+            template: "e2b-across".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    assert_eq!(
+        shell(&a, &sb.id, "cat /home/user/e2b/hello.txt", false).await,
+        "sent to one, built by the other\n"
+    );
     cluster.stop().await;
 }
 

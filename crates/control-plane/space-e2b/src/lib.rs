@@ -11,11 +11,14 @@
 //! - [`ports`]: host-routed ports, onto TCP connections the guest daemon opens.
 //! - [`connect`]: the Connect protocol's wire format and its server side over axum.
 //! - [`token`]: each sandbox's envd access token, derived from a node key.
+//! - [`build_store`]: E2B template builds asked for and their uploads (object store, else
+//!   this replica's disk).
 //!
 //! Architecture invariant (as for `space-control`): this crate reaches guests only through
 //! `space_guest_client::Node`, via SPACE's application state; it holds no state of its own that a
 //! restart would lose (tokens are derived, not stored).
 
+pub mod build_store;
 pub mod connect;
 pub mod dispatch;
 pub mod envd;

@@ -23,9 +23,8 @@ pub struct E2bState {
     pub tokens: TokenKey,
     /// Watchers made by `CreateWatcher`, polled by `GetWatcherEvents`.
     pub watchers: Watchers,
-    /// Template builds asked for and their uploaded files (`rest::templates`), under the
-    /// server's data directory.
-    pub template_builds: crate::rest::templates::BuildsDir,
+    /// Template builds asked for and their uploaded files (`rest::templates`).
+    pub template_builds: crate::build_store::BuildStore,
 }
 
 impl E2bState {
@@ -36,14 +35,16 @@ impl E2bState {
         tokens: TokenKey,
         data_dir: &std::path::Path,
     ) -> Self {
+        let template_builds = crate::build_store::BuildStore::new(
+            data_dir.join("e2b-template-builds"),
+            app.objects.clone(),
+        );
         Self {
             app,
             config: Arc::new(config),
             tokens,
             watchers: Watchers::default(),
-            template_builds: crate::rest::templates::BuildsDir::new(
-                data_dir.join("e2b-template-builds"),
-            ),
+            template_builds,
         }
     }
 

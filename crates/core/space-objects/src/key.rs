@@ -12,6 +12,8 @@
 //! build-files/<sha256>                   an archive of files for build steps' COPY (by content)
 //! build-file-owners/<tenant>/<sha256>    empty: that tenant uploaded that archive (when)
 //! incoming/<random>                      an upload not yet checked against its name
+//! e2b-builds/<build id>.json             an E2B template build asked for, not started yet
+//! e2b-uploads/<tenant>/<hash>            files the E2B SDK uploaded for a COPY (E2B's hash)
 //! ```
 
 use std::fmt;

@@ -413,16 +413,16 @@ impl Objects {
         Ok(Some(Bytes::from(out)))
     }
 
-    /// Uploads what `reader` yields to `key` only if it is at most `max` bytes with the
-    /// SHA-256 `sha256` (lowercase hex): a content-addressed object. The bytes go first to
-    /// a key of their own under `incoming/` and are renamed into place once they match, so
-    /// `key` never holds anything else, not even for a moment, and a bad upload does not
-    /// replace a good one. A good one replaces what is there (the same bytes, written anew).
-    pub async fn put_named<R>(
+    /// Uploads what `reader` yields to `key` only if it is at most `max` bytes and, given
+    /// `sha256` (lowercase hex), has that SHA-256: a content-addressed object. The bytes go
+    /// first to a key of their own under `incoming/` and are renamed into place once they
+    /// pass, so `key` never holds anything else, not even for a moment, and a bad upload
+    /// does not replace a good one. A good one replaces what is there.
+    pub async fn put_checked<R>(
         &self,
         key: &ObjectKey,
         reader: R,
-        sha256: &str,
+        sha256: Option<&str>,
         max: u64,
     ) -> Result<Artifact, ObjectsError>
     where
@@ -433,7 +433,7 @@ impl Objects {
         let artifact = self.put_reader(&staging, reader.take(max + 1)).await?;
         let refused = if artifact.size > max {
             Some(format!("longer than the {max} bytes allowed"))
-        } else if artifact.sha256 != sha256 {
+        } else if sha256.is_some_and(|want| artifact.sha256 != want) {
             Some(format!("its bytes hash to {}", artifact.sha256))
         } else {
             None
@@ -651,13 +651,13 @@ mod tests {
         let key = ObjectKey::build_files(&sha).unwrap();
         let incoming = ObjectKey::parse("incoming").unwrap();
         let wrong = objects
-            .put_named(&key, &b"other bytes"[..], &sha, 1024)
+            .put_checked(&key, &b"other bytes"[..], Some(&sha), 1024)
             .await;
         assert!(
             matches!(wrong, Err(ObjectsError::Corrupt { .. })),
             "{wrong:?}"
         );
-        let long = objects.put_named(&key, &data[..], &sha, 4).await;
+        let long = objects.put_checked(&key, &data[..], Some(&sha), 4).await;
         assert!(
             matches!(long, Err(ObjectsError::Corrupt { .. })),
             "{long:?}"
@@ -665,7 +665,7 @@ mod tests {
         assert_eq!(objects.stat(&key).await.unwrap(), None);
         assert!(objects.list(&incoming).await.unwrap().is_empty());
         let art = objects
-            .put_named(&key, &data[..], &sha, 1024)
+            .put_checked(&key, &data[..], Some(&sha), 1024)
             .await
             .unwrap();
         assert_eq!(
@@ -675,12 +675,12 @@ mod tests {
         assert_eq!(objects.get_bytes(&art, 1024).await.unwrap(), data);
         // Written anew; a bad upload later leaves it as it was.
         let again = objects
-            .put_named(&key, &data[..], &sha, 1024)
+            .put_checked(&key, &data[..], Some(&sha), 1024)
             .await
             .unwrap();
         assert_eq!(again, art);
         assert!(objects
-            .put_named(&key, &b"x"[..], &sha, 1024)
+            .put_checked(&key, &b"x"[..], Some(&sha), 1024)
             .await
             .is_err());
         assert_eq!(objects.get_bytes(&art, 1024).await.unwrap(), data);

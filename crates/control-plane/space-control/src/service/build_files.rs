@@ -69,7 +69,7 @@ pub async fn put(
             }
             let reader = tokio_util::io::StreamReader::new(body.map_err(std::io::Error::other));
             let stored = objects
-                .put_named(&key, reader, sha256, MAX_BUILD_FILES_BYTES)
+                .put_checked(&key, reader, Some(sha256), MAX_BUILD_FILES_BYTES)
                 .await
                 .map_err(|e| match e {
                     ObjectsError::Corrupt { reason, .. } => {

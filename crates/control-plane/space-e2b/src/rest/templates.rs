@@ -4,7 +4,8 @@
 //!
 //! E2B's protocol takes four kinds of request where SPACE's takes one:
 //! 1. `POST /v3/templates` asks for a build: a template id (SPACE's template name without
-//!    its tag) and a build id are handed out, and the request kept ([`BuildsDir`]).
+//!    its tag) and a build id are handed out, and the request kept
+//!    ([`crate::build_store`]).
 //! 2. `GET /templates/{id}/files/{hash}`, per `COPY`: whether its files are here, else a
 //!    signed URL the SDK PUTs a tar of them to (without its API key: E2B's are presigned
 //!    object store URLs). Uploads are kept a week, by tenant and the SDK's hash.
@@ -21,11 +22,10 @@
 //! which only it sees (`space_control::service::template_scope`); the operator's key builds
 //! shared ones, as SPACE's own builds do.
 //!
-//! What is asked for and uploaded is kept on this replica's disk: on a cluster with several
-//! control plane replicas, one build's requests must reach the same replica.
+//! What is asked for and uploaded is kept in the object store when there is one, so a
+//! build's requests may reach any replica ([`crate::build_store`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path as FsPath, PathBuf};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -38,123 +38,20 @@ use space_control::service::templates::{self as native, RegistryAuth, TemplateBu
 use space_control::service::Caller;
 use space_core::build_steps::{BuildStep, CopyStep, RunCommand, TemplateStart};
 use space_core::template::{canonical_template_name, TemplateBuildState, TemplateBuildStatus};
-use tokio::io::AsyncWriteExt;
 
 use super::error::{RestError, RestResult};
+use crate::build_store::{internal, now_ms, AskedBuild};
 use crate::state::E2bState;
 use crate::template_files;
 use crate::timestamp::rfc3339;
 
-/// Largest upload of one `COPY`'s files (gzipped tar).
-pub const MAX_UPLOAD_BYTES: u64 = template_files::MAX_BYTES;
 /// How long an upload URL is valid.
 const UPLOAD_URL_TTL_MS: i64 = 60 * 60 * 1000;
-/// How long uploads are kept after they were last used.
-const FILES_KEEP_MS: i64 = 7 * 24 * 3600 * 1000;
-/// How long a build asked for may wait to be started.
-const ASKED_KEEP_MS: i64 = 24 * 3600 * 1000;
 /// E2B's ready check when a start command comes without one.
 const E2B_DEFAULT_READY: &str = "sleep 20";
 /// Where E2B's builds start.
 const E2B_BUILD_USER: &str = "user";
 const E2B_BUILD_WORKDIR: &str = "/home/user";
-
-/// A build asked for and not started yet (or started: then its status is SPACE's).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct AskedBuild {
-    build_id: String,
-    tenant: String,
-    template_id: String,
-    /// The name asked for, then `NAME:TAG` for each tag.
-    names: Vec<String>,
-    asked_at_ms: i64,
-    started: bool,
-}
-
-/// This replica's directory of builds asked for (`builds/<build id>.json`) and of uploaded
-/// files (`files/<tenant id>/<hash>`).
-#[derive(Debug, Clone)]
-pub struct BuildsDir {
-    root: PathBuf,
-}
-
-impl BuildsDir {
-    /// The directory `root` (made when first written).
-    pub fn new(root: PathBuf) -> Self {
-        BuildsDir { root }
-    }
-
-    fn build_path(&self, build_id: &str) -> PathBuf {
-        self.root.join("builds").join(format!("{build_id}.json"))
-    }
-
-    fn files_path(&self, tenant: &str, hash: &str) -> PathBuf {
-        self.root.join("files").join(tenant).join(hash)
-    }
-
-    async fn save(&self, asked: &AskedBuild) -> Result<(), RestError> {
-        let path = self.build_path(&asked.build_id);
-        let json = serde_json::to_vec(asked).map_err(internal)?;
-        write_atomic(&path, &json).await
-    }
-
-    async fn load(&self, build_id: &str) -> Option<AskedBuild> {
-        if !space_core::template::validate_build_id(build_id) {
-            return None;
-        }
-        let bytes = tokio::fs::read(self.build_path(build_id)).await.ok()?;
-        serde_json::from_slice(&bytes).ok()
-    }
-
-    /// Removes what is older than it may be kept (a build never started, files unused).
-    fn sweep(&self) {
-        let sweep_dir = |dir: &FsPath, keep_ms: i64| {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for e in entries.flatten() {
-                let age_ms = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-                if age_ms > keep_ms && e.path().is_file() {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        };
-        sweep_dir(&self.root.join("builds"), ASKED_KEEP_MS);
-        if let Ok(tenants) = std::fs::read_dir(self.root.join("files")) {
-            for t in tenants.flatten() {
-                sweep_dir(&t.path(), FILES_KEEP_MS);
-            }
-        }
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn internal(e: impl std::fmt::Display) -> RestError {
-    RestError::new(500, format!("template builds: {e}"))
-}
-
-async fn write_atomic(path: &FsPath, data: &[u8]) -> Result<(), RestError> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| internal("no parent directory"))?;
-    tokio::fs::create_dir_all(dir).await.map_err(internal)?;
-    let tmp = dir.join(format!(
-        ".tmp-{}",
-        space_core::SandboxId::generate().as_str()
-    ));
-    tokio::fs::write(&tmp, data).await.map_err(internal)?;
-    tokio::fs::rename(&tmp, path).await.map_err(internal)
-}
 
 /// `POST /v3/templates` (and `/v2/templates`, whose name is `alias`).
 #[derive(Debug, Deserialize)]
@@ -223,8 +120,7 @@ pub async fn request_build(
         asked_at_ms: now_ms(),
         started: false,
     };
-    let dir = st.template_builds.clone();
-    let _ = tokio::task::spawn_blocking(move || dir.sweep()).await;
+    st.template_builds.sweep().await;
     st.template_builds.save(&asked).await?;
     let tags = names
         .iter()
@@ -271,8 +167,7 @@ pub async fn files_link(
 ) -> RestResult<(StatusCode, Json<FilesLink>)> {
     check_hash(&hash)?;
     let tenant = caller.id.to_string();
-    let path = st.template_builds.files_path(&tenant, &hash);
-    if tokio::fs::metadata(&path).await.is_ok() {
+    if st.template_builds.has_upload(&tenant, &hash).await? {
         return Ok((
             StatusCode::CREATED,
             Json(FilesLink {
@@ -329,39 +224,8 @@ pub async fn upload_files(
     {
         return Err(RestError::new(403, "the upload URL is invalid or expired"));
     }
-    let path = st.template_builds.files_path(&tenant, &hash);
-    let dir = path
-        .parent()
-        .ok_or_else(|| internal("no parent directory"))?;
-    tokio::fs::create_dir_all(dir).await.map_err(internal)?;
-    let tmp = dir.join(format!(
-        ".upload-{}",
-        space_core::SandboxId::generate().as_str()
-    ));
-    let result = async {
-        let mut file = tokio::fs::File::create(&tmp).await.map_err(internal)?;
-        let mut stream = body.into_data_stream();
-        let mut size = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| RestError::bad_request(format!("reading the upload: {e}")))?;
-            size += chunk.len() as u64;
-            if size > MAX_UPLOAD_BYTES {
-                return Err(RestError::new(
-                    413,
-                    format!("a COPY's files are at most {MAX_UPLOAD_BYTES} bytes"),
-                ));
-            }
-            file.write_all(&chunk).await.map_err(internal)?;
-        }
-        file.sync_all().await.map_err(internal)?;
-        tokio::fs::rename(&tmp, &path).await.map_err(internal)
-    }
-    .await;
-    if result.is_err() {
-        let _ = tokio::fs::remove_file(&tmp).await;
-    }
-    result.map(|()| StatusCode::OK)
+    st.template_builds.put_upload(&tenant, &hash, body).await?;
+    Ok(StatusCode::OK)
 }
 
 /// One step as the SDKs send it.
@@ -521,7 +385,7 @@ pub async fn start_build(
     let mut asked = st
         .template_builds
         .load(&build_id)
-        .await
+        .await?
         .filter(|a| a.tenant == tenant && a.template_id == template_id)
         .ok_or_else(|| {
             RestError::not_found(format!("build {} not found", excerpt(&build_id, 128)))
@@ -637,21 +501,16 @@ async fn store_copy(
     mode: Option<u32>,
 ) -> RestResult<(String, String)> {
     check_hash(hash)?;
-    let path = st.template_builds.files_path(&caller.id.to_string(), hash);
-    let upload = match tokio::fs::read(&path).await {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(RestError::bad_request(format!(
+    let upload = st
+        .template_builds
+        .read_upload(caller.id.as_str(), hash)
+        .await?
+        .ok_or_else(|| {
+            RestError::bad_request(format!(
                 "COPY {}: its files {hash} were not uploaded",
                 excerpt(src, 128)
-            )))
-        }
-        Err(e) => return Err(internal(e)),
-    };
-    // Used now: kept another week.
-    if let Ok(f) = std::fs::File::options().append(true).open(&path) {
-        let _ = f.set_times(std::fs::FileTimes::new().set_modified(std::time::SystemTime::now()));
-    }
+            ))
+        })?;
     let (src_owned, dest_owned) = (src.to_owned(), dest.to_owned());
     let rewritten = tokio::task::spawn_blocking(move || {
         template_files::rewrite(&upload, &src_owned, &dest_owned, mode)
@@ -757,7 +616,7 @@ pub async fn build_status(
     let asked = st
         .template_builds
         .load(&build_id)
-        .await
+        .await?
         .filter(|a| a.tenant == caller.id.to_string());
     if let Some(a) = asked.as_ref().filter(|a| !a.started) {
         // Asked for, not started: E2B's `waiting`.
