@@ -165,6 +165,7 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
         json!({"name": "x", "from_image": format!("{}/team/base:1", registry.host), "steps": [{"run": ""}]}),
         json!({"name": "x", "from_image": format!("{}/team/base:1", registry.host), "steps": [{"frobnicate": 1}]}),
         json!({"name": "x", "from_template": "dock", "from_image": "a/b"}),
+        json!({"name": "x", "from_template": "dock", "builder_disk_mib": 10, "steps": [{"run": "true"}]}),
         json!({"name": "x", "steps": [{"run": "true"}]}),
     ] {
         let e = c.build_template(&bad).await.unwrap_err();
@@ -200,6 +201,32 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
         e.code().map(|c| format!("{c:?}")).as_deref(),
         Some("InvalidRequest")
     );
+
+    // A larger builder disk, for steps that install more than the default headroom: the
+    // RUN sees it, and the template it makes is that large.
+    let big = c
+        .build_template_followed(&json!({
+            "name": "dock-big", "from_template": "dock", "builder_disk_mib": 6144,
+            "steps": [{"run": "echo big-disk; df -m / | tail -1"}],
+        }))
+        .await
+        .expect("started");
+    let events: Vec<_> = big.map(|e| e.expect("event")).collect().await;
+    let Some(space_core::template::TemplateBuildEvent::Ready { template }) = events.last() else {
+        panic!("{events:?}");
+    };
+    assert_eq!(template.image_size_mib, 6144, "{template:?}");
+    let df_total_mib = events
+        .iter()
+        .filter_map(|e| match e {
+            space_core::template::TemplateBuildEvent::Log(l) if l.line.contains("% /") => {
+                l.line.split_whitespace().nth(2)?.parse::<u64>().ok()
+            }
+            _ => None,
+        })
+        .next();
+    assert!(df_total_mib.is_some_and(|m| m > 5000), "{df_total_mib:?}: {events:?}");
+    c.delete_template("dock-big", true).await.expect("delete");
 
     // From a template, with steps given through the API: a RUN on top of `dock`.
     build_plus(c, "plus").await;

@@ -6,6 +6,11 @@ use crate::wire::SecretString;
 
 /// Longest image reference accepted.
 pub const MAX_IMAGE_REFERENCE: usize = 1024;
+/// Smallest builder disk a build may ask for, MiB.
+pub const MIN_BUILDER_DISK_MIB: u32 = 256;
+/// Largest builder disk a build may ask for, MiB (sparse: what the steps write is what it
+/// takes).
+pub const MAX_BUILDER_DISK_MIB: u32 = 256 * 1024;
 
 /// Build template `name` from registry image `from_image` on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +46,10 @@ pub struct BuildTemplate {
     /// policy); without one, the node's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<space_core::egress::EgressPolicy>,
+    /// The builder sandboxes' disk at least, MiB (for steps that install more than the
+    /// default headroom); the templates the steps make have an image this large.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builder_disk_mib: Option<u32>,
 }
 
 /// A registry user name and password (redacted in every formatting).

@@ -26,7 +26,9 @@ use space_images::oci::registry::{RegistryLogin, RegistryOpts};
 use space_images::oci::{ImageBuildOpts, ImageSource};
 use space_node_manager::protocol::{RefusalCode, TemplateBuild};
 use space_node_manager::NodeManagerError;
-use space_node_proto::template::{BuildTemplate, MAX_IMAGE_REFERENCE};
+use space_node_proto::template::{
+    BuildTemplate, MAX_BUILDER_DISK_MIB, MAX_IMAGE_REFERENCE, MIN_BUILDER_DISK_MIB,
+};
 
 use crate::sandbox_manager::{internal, now_ms};
 use crate::{Node, NodeError};
@@ -70,8 +72,17 @@ impl Default for TemplateBuilds {
 struct BuildRecord {
     status: TemplateBuildStatus,
     lines: VecDeque<TemplateBuildLine>,
-    /// What its builder sandboxes may reach (`None`: the node's default).
-    egress: Option<space_core::egress::EgressPolicy>,
+    /// What its builder sandboxes get.
+    builder: BuilderSpec,
+}
+
+/// What a build's builder sandboxes get beyond the image built so far.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BuilderSpec {
+    /// What they may reach (`None`: the node's default).
+    pub(crate) egress: Option<space_core::egress::EgressPolicy>,
+    /// Their disk at least (`None`: the image's and some headroom).
+    pub(crate) disk_mib: Option<u32>,
 }
 
 impl BuildRecord {
@@ -103,13 +114,14 @@ impl BuildRecord {
 pub(crate) type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl TemplateBuilds {
-    /// The egress policy build `build_id` gave its builder sandboxes (`None`: the node's
-    /// default, or no such build).
-    pub(crate) fn egress_of(&self, build_id: &str) -> Option<space_core::egress::EgressPolicy> {
+    /// What build `build_id` gives its builder sandboxes (the defaults for no such build).
+    pub(crate) fn builder_of(&self, build_id: &str) -> BuilderSpec {
         let all = self.builds.lock().unwrap_or_else(|p| p.into_inner());
-        let record = all.get(build_id)?;
+        let Some(record) = all.get(build_id) else {
+            return BuilderSpec::default();
+        };
         let record = record.lock().unwrap_or_else(|p| p.into_inner());
-        record.egress.clone()
+        record.builder.clone()
     }
 }
 
@@ -149,6 +161,14 @@ impl Node {
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
         if let Some(start) = &req.start {
             start.validate().map_err(NodeError::Invalid)?;
+        }
+        if req
+            .builder_disk_mib
+            .is_some_and(|mib| !(MIN_BUILDER_DISK_MIB..=MAX_BUILDER_DISK_MIB).contains(&mib))
+        {
+            return Err(NodeError::Invalid(format!(
+                "a builder's disk is {MIN_BUILDER_DISK_MIB} to {MAX_BUILDER_DISK_MIB} MiB"
+            )));
         }
         if req.from_image.len() > MAX_IMAGE_REFERENCE {
             return Err(NodeError::Invalid(format!(
@@ -202,7 +222,10 @@ impl Node {
                     finished_at_ms: None,
                 },
                 lines: VecDeque::new(),
-                egress: req.egress.clone(),
+                builder: BuilderSpec {
+                    egress: req.egress.clone(),
+                    disk_mib: req.builder_disk_mib,
+                },
             }));
             all.insert(req.build_id.clone(), record.clone());
             record
@@ -594,7 +617,7 @@ mod tests {
                 finished_at_ms: None,
             },
             lines: VecDeque::new(),
-            egress: None,
+            builder: BuilderSpec::default(),
         }
     }
 

@@ -254,7 +254,14 @@ impl Node {
         let disk_mib = base
             .image_size_mib
             .max(base.default_resources.disk_mib)
-            .saturating_add(BUILD_HEADROOM_MIB);
+            .saturating_add(BUILD_HEADROOM_MIB)
+            .max(
+                self.inner
+                    .template_builds
+                    .builder_of(build_id)
+                    .disk_mib
+                    .unwrap_or(0),
+            );
         let mut key = base.digest.clone();
         let mut current = base.clone();
         for (i, step) in steps.iter().enumerate() {
@@ -415,7 +422,7 @@ impl Node {
                 ..Default::default()
             },
             settings: SandboxSettings {
-                egress: self.inner.template_builds.egress_of(build_id),
+                egress: self.inner.template_builds.builder_of(build_id).egress,
                 ..SandboxSettings::new(TenantId::generate())
             },
         };

@@ -67,9 +67,10 @@ pub enum TemplateCmd {
         /// Debian mirror for debootstrap.
         #[arg(long)]
         mirror: Option<String>,
-        /// Build on the server's node through the API (the operator's key), following its
-        /// log, instead of into this machine's store: the node pulls the image (a registry
-        /// image only), then makes its memory image and warm pool.
+        /// Build on the server's node through the API, following its log, instead of into
+        /// this machine's store: the node pulls the image (a registry image only), then
+        /// makes its memory image and warm pool (the operator's key builds a shared
+        /// template, any other tenant's its own).
         #[arg(long, requires = "from")]
         api: bool,
         /// With `--api` or `--file`: another tag for the build (`NAME:TAG`; repeatable).
@@ -86,6 +87,10 @@ pub enum TemplateCmd {
         /// Longest the ready check may take, in seconds (default 600).
         #[arg(long, value_name = "SECS", requires = "ready_cmd")]
         ready_timeout: Option<u32>,
+        /// With `--file`: the disk `RUN` steps run on, MiB, at least (default: the image's
+        /// and 2 GiB), for steps that install more.
+        #[arg(long, value_name = "MIB", requires = "file")]
+        builder_disk: Option<u32>,
     },
     /// The template cache of every node: templates no name points at (build steps' caches,
     /// what a rebuilt name meant before, templates fetched by digest), least recently
@@ -166,11 +171,15 @@ pub async fn run(g: &Global, c: TemplateCmd) -> anyhow::Result<u8> {
             start_cmd,
             ready_cmd,
             ready_timeout,
+            builder_disk,
             ..
         } => {
             let mut req =
                 dockerfile_request(g, &name, &file, context, &build_arg, user, tag).await?;
             add_start(&mut req, start_cmd, ready_cmd, ready_timeout);
+            if let Some(mib) = builder_disk {
+                req["builder_disk_mib"] = mib.into();
+            }
             if let Some(credential) = registry_credential {
                 req["registry_credential"] = credential.into();
             }

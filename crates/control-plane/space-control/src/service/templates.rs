@@ -66,6 +66,10 @@ pub struct TemplateBuildRequest {
     /// The account commands run as by default, instead of the image's `USER`.
     #[serde(default)]
     pub user: Option<String>,
+    /// The disk of the sandboxes `run` steps run in, MiB, at least (default: the image's
+    /// and 2 GiB); for steps that install more. The templates they make are this large.
+    #[serde(default)]
+    pub builder_disk_mib: Option<u32>,
     /// Credentials for a private registry (used for this pull only, never stored or logged).
     #[serde(default)]
     pub registry_auth: Option<RegistryAuth>,
@@ -202,6 +206,14 @@ pub async fn start_build_as(
     };
     space_core::build_steps::validate_steps(&req.steps)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if let Some(mib) = req.builder_disk_mib {
+        use space_node_proto::template::{MAX_BUILDER_DISK_MIB, MIN_BUILDER_DISK_MIB};
+        if !(MIN_BUILDER_DISK_MIB..=MAX_BUILDER_DISK_MIB).contains(&mib) {
+            return Err(ApiError::invalid(format!(
+                "builder_disk_mib is {MIN_BUILDER_DISK_MIB} to {MAX_BUILDER_DISK_MIB}"
+            )));
+        }
+    }
     if let Some(start) = &req.start {
         start.validate().map_err(ApiError::invalid)?;
     }
@@ -216,6 +228,7 @@ pub async fn start_build_as(
     };
     let build = BuildTemplate {
         egress,
+        builder_disk_mib: req.builder_disk_mib,
         build_id,
         name,
         also_named,

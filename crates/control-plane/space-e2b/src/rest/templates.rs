@@ -474,6 +474,8 @@ pub async fn start_build(
         .filter_map(|n| n.split_once(':').map(|(_, t)| t.to_owned()))
         .collect();
     let build = TemplateBuildRequest {
+        // E2B's builds give the template's sandboxes' size, not the builder's.
+        builder_disk_mib: None,
         name: asked.names[0].clone(),
         from_image,
         from_template,
@@ -501,6 +503,10 @@ async fn store_copy(
     mode: Option<u32>,
 ) -> RestResult<(String, String)> {
     check_hash(hash)?;
+    // An upload is rewritten in memory (at most `template_files::MAX_BYTES` in, about as
+    // much out): a few at a time per replica bounds what that holds.
+    static REWRITES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _rewriting = REWRITES.acquire().await.map_err(internal)?;
     let upload = st
         .template_builds
         .read_upload(caller.id.as_str(), hash)
