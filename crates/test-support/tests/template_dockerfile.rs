@@ -225,7 +225,10 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
             _ => None,
         })
         .next();
-    assert!(df_total_mib.is_some_and(|m| m > 5000), "{df_total_mib:?}: {events:?}");
+    assert!(
+        df_total_mib.is_some_and(|m| m > 5000),
+        "{df_total_mib:?}: {events:?}"
+    );
     c.delete_template("dock-big", true).await.expect("delete");
 
     // From a template, with steps given through the API: a RUN on top of `dock`.

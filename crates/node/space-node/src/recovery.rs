@@ -46,6 +46,16 @@ impl Node {
     pub(crate) async fn restore_after_crash(&self, id: &SandboxId, vm: Arc<Vm>, reason: String) {
         let Ok(op) = self.op_lock(id) else { return };
         let _guard = op.lock().await;
+        // Someone restored it first (a call that found its channel closed while this
+        // waited): the sandbox runs on another VM now.
+        let still_this_vm = self
+            .inner
+            .lock()
+            .get(id)
+            .is_some_and(|e| e.vm.as_ref().is_some_and(|v| Arc::ptr_eq(v, &vm)));
+        if !still_this_vm {
+            return;
+        }
         self.restore_after_crash_locked(id, vm, reason).await;
     }
 
