@@ -174,9 +174,10 @@ pub async fn get_build(
     ))
 }
 
-/// Upload an archive of files (a tar) for build steps' `copy`, named by its SHA-256 (the
-/// operator's, like builds). Checked against the hash as it is stored; one uploaded before
-/// is kept. Larger than 1 GiB: 413.
+/// Upload an archive of files (a tar) for build steps' `copy`, named by its SHA-256.
+/// Checked against the hash before it is kept; one this tenant uploaded before is kept (and
+/// the body not read). Kept a week; a tenant's builds copy only from archives it uploaded.
+/// Larger than 1 GiB: 413.
 #[utoipa::path(
     put,
     path = "/v1/templates/files/{sha256}",
@@ -187,8 +188,9 @@ pub async fn get_build(
         (status = 200, description = "Stored", body = BuildFiles),
         (status = 400, description = "Not the archive the hash names", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 403, description = "No object store, and not the operator's tenant", body = ErrorBody),
         (status = 413, description = "Larger than 1 GiB", body = ErrorBody),
+        (status = 503, description = "The object store is unavailable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -209,7 +211,8 @@ pub async fn put_build_files(
     }
 }
 
-/// Whether an archive of files for build steps is uploaded.
+/// Whether an archive of files for build steps is uploaded (by this tenant; absent from its
+/// sixth day, so that it is uploaded again before it goes).
 #[utoipa::path(
     get,
     path = "/v1/templates/files/{sha256}",
@@ -219,7 +222,7 @@ pub async fn put_build_files(
         (status = 200, description = "Whether it is there", body = BuildFiles),
         (status = 400, description = "Not a SHA-256", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 403, description = "Not the operator's tenant", body = ErrorBody),
+        (status = 403, description = "No object store, and not the operator's tenant", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

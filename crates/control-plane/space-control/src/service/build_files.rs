@@ -47,7 +47,7 @@ pub struct BuildFiles {
     pub size: Option<u64>,
 }
 
-/// Stores an archive of files for build steps' `COPY` (the operator's, like builds).
+/// Stores an archive of files for build steps' `COPY`, for `caller` (see the module doc).
 pub async fn put(
     st: &AppState,
     caller: &Caller,
