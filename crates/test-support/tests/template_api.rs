@@ -443,6 +443,32 @@ async fn tenants_build_their_own(server: &TestServer) {
     let e = third.build_template(&copy).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{e}");
 
+    // The very same template built by two tenants is one digest; what one made from it
+    // keeps only its own deletion back, and the other's name going takes nothing from it.
+    let (_, twin) = follow(&third, &env_build("mine", shared, "other")).await;
+    let twin = twin.expect("the same build by a third tenant");
+    assert_eq!(twin.digest, mine.digest);
+    let in_use = other
+        .create_sandbox(&CreateSandboxRequest {
+            template: "mine".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let e = other.delete_template("mine", false).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}");
+    third
+        .delete_template("mine", false)
+        .await
+        .expect("its own, unused by it");
+    assert_eq!(
+        shell(&other, &in_use.id, "echo \"[$OWNER]\"", false)
+            .await
+            .trim(),
+        "[other]"
+    );
+    other.delete_sandbox(&in_use.id).await.expect("delete");
+
     // Deleting: its own, not the shared one, not another's.
     other
         .delete_template(shared, false)

@@ -308,6 +308,23 @@ async fn sandboxes_are_scoped_to_their_tenant() {
             .map(|r| r.id)
             .collect();
         assert_eq!(ids, vec![r2.id.clone(), r1.id.clone()]);
+        // What was made from a template: everyone's, or one tenant's.
+        let used = |tenant: Option<TenantId>| async move {
+            db.count_using_template("sha256:abc", tenant.as_ref())
+                .await
+                .unwrap()
+        };
+        assert_eq!(used(None).await, 3, "{}", t.label);
+        assert_eq!(used(Some(a.clone())).await, 2, "{}", t.label);
+        assert_eq!(used(Some(b.clone())).await, 1, "{}", t.label);
+        assert_eq!(
+            db.count_stored_using_template("abc", Some(&b))
+                .await
+                .unwrap(),
+            0,
+            "{}",
+            t.label
+        );
         // A sandbox row from a missing tenant is refused (foreign key).
         assert!(
             db.insert_sandbox(&row(&TenantId::generate(), 1, &[]))

@@ -329,16 +329,25 @@ impl Db {
         rows.iter().map(row_to_sandbox).collect()
     }
 
-    /// How many sandboxes that are not deleted were made from template `digest` (all
-    /// tenants: a template is shared).
-    pub async fn count_using_template(&self, digest: &str) -> Result<i64, DbError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sandboxes WHERE template_digest = $1 AND desired_state <> $2",
-        )
-        .bind(digest)
-        .bind(DesiredState::Deleted.as_str())
-        .fetch_one(self.pool())
-        .await?;
+    /// How many sandboxes that are not deleted were made from template `digest`: of every
+    /// tenant, or of `tenant` only.
+    pub async fn count_using_template(
+        &self,
+        digest: &str,
+        tenant: Option<&TenantId>,
+    ) -> Result<i64, DbError> {
+        const ALL: &str =
+            "SELECT COUNT(*) FROM sandboxes WHERE template_digest = $1 AND desired_state <> $2";
+        const OF_ONE: &str = "SELECT COUNT(*) FROM sandboxes WHERE template_digest = $1 \
+             AND desired_state <> $2 AND tenant_id = $3";
+        let query = sqlx::query_scalar(if tenant.is_some() { OF_ONE } else { ALL })
+            .bind(digest)
+            .bind(DesiredState::Deleted.as_str());
+        let query = match tenant {
+            Some(t) => query.bind(t.as_str()),
+            None => query,
+        };
+        let n: i64 = query.fetch_one(self.pool()).await?;
         Ok(n)
     }
 

@@ -151,15 +151,25 @@ const COLUMNS: &str = "id, sandbox_id, tenant_id, state, node, replica, manifest
 
 impl Db {
     /// How many committed stored snapshots were taken of sandboxes of template `digest`
-    /// (their manifests name it: a 64-digit hex digest names nothing else).
-    pub async fn count_stored_using_template(&self, digest: &str) -> Result<i64, DbError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM stored_snapshots WHERE state = $1 AND manifest LIKE $2",
-        )
-        .bind(StoredState::Committed.as_str())
-        .bind(format!("%{digest}%"))
-        .fetch_one(self.pool())
-        .await?;
+    /// (their manifests name it: a 64-digit hex digest names nothing else): of every
+    /// tenant, or of `tenant` only.
+    pub async fn count_stored_using_template(
+        &self,
+        digest: &str,
+        tenant: Option<&TenantId>,
+    ) -> Result<i64, DbError> {
+        const ALL: &str =
+            "SELECT COUNT(*) FROM stored_snapshots WHERE state = $1 AND manifest LIKE $2";
+        const OF_ONE: &str = "SELECT COUNT(*) FROM stored_snapshots WHERE state = $1 \
+             AND manifest LIKE $2 AND tenant_id = $3";
+        let query = sqlx::query_scalar(if tenant.is_some() { OF_ONE } else { ALL })
+            .bind(StoredState::Committed.as_str())
+            .bind(format!("%{digest}%"));
+        let query = match tenant {
+            Some(t) => query.bind(t.as_str()),
+            None => query,
+        };
+        let n: i64 = query.fetch_one(self.pool()).await?;
         Ok(n)
     }
 

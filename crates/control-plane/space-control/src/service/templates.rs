@@ -485,7 +485,9 @@ pub async fn delete(
         Err(e) => return Err(e.into()),
     };
     if !force {
-        let users = users_of(st, &template.digest).await?;
+        // The operator's check is of everyone's use; a tenant's, of its own.
+        let whose = (!caller.is_operator()).then_some(&caller.id);
+        let users = users_of(st, &template.digest, whose).await?;
         if users.any() {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
@@ -524,10 +526,18 @@ impl Users {
     }
 }
 
-async fn users_of(st: &AppState, digest: &str) -> Result<Users, ApiError> {
+/// What was made from template `digest`: by every tenant, or by `tenant` only (a tenant's
+/// own template is its alone, but content is addressed: another tenant's identical template
+/// has the same digest, and what that tenant made from it is none of this one's business,
+/// nor does deleting this tenant's name take it away).
+async fn users_of(
+    st: &AppState,
+    digest: &str,
+    tenant: Option<&space_core::TenantId>,
+) -> Result<Users, ApiError> {
     let mut users = Users {
-        sandboxes: st.db.count_using_template(digest).await?,
-        stored_snapshots: st.db.count_stored_using_template(digest).await?,
+        sandboxes: st.db.count_using_template(digest, tenant).await?,
+        stored_snapshots: st.db.count_stored_using_template(digest, tenant).await?,
         persistent_snapshots: 0,
     };
     for node in st.nodes.all() {
@@ -535,7 +545,10 @@ async fn users_of(st: &AppState, digest: &str) -> Result<Users, ApiError> {
             .persistent_snapshots()
             .await?
             .iter()
-            .filter(|(_, origin)| origin.template_digest == digest)
+            .filter(|(_, origin)| {
+                origin.template_digest == digest
+                    && tenant.is_none_or(|t| origin.tenant.as_ref() == Some(t))
+            })
             .count();
     }
     Ok(users)
@@ -604,7 +617,7 @@ pub async fn prune(
             let used = match in_use.get(&template.digest) {
                 Some(used) => *used,
                 None => {
-                    let used = users_of(st, &template.digest).await?.any();
+                    let used = users_of(st, &template.digest, None).await?.any();
                     in_use.insert(template.digest.clone(), used);
                     used
                 }
