@@ -180,30 +180,17 @@ pub fn seal(
     let header = Header::new(artifact, chunk, prefix);
     writer.write_all(&header.bytes)?;
     let (aad, stream) = (header.aad(), header.stream(key));
-    let size = chunk as usize;
-    let mut current = Vec::with_capacity(size + TAG_LEN);
-    let mut next = Vec::with_capacity(size + TAG_LEN);
-    fill(&mut reader, &mut current, size)?;
     let mut total = 0u64;
-    for position in 0..=u32::MAX {
-        // A full chunk is the last only if nothing follows it.
-        let last = current.len() < size || {
-            fill(&mut reader, &mut next, size)?;
-            next.is_empty()
-        };
-        total += current.len() as u64;
+    each_block(&mut reader, chunk as usize, |position, last, block| {
+        total += block.len() as u64;
         stream
-            .encrypt_in_place(position, last, &aad, &mut current)
+            .encrypt_in_place(position, last, &aad, block)
             .map_err(|_| EnvelopeError::TooLong)?;
-        writer.write_all(&current)?;
-        if last {
-            writer.flush()?;
-            return Ok(total);
-        }
-        std::mem::swap(&mut current, &mut next);
-        next.clear();
-    }
-    Err(EnvelopeError::TooLong)
+        writer.write_all(block)?;
+        Ok(())
+    })?;
+    writer.flush()?;
+    Ok(total)
 }
 
 /// Opens artifact `artifact` sealed under `key` from `reader`, writing its plaintext to
@@ -218,27 +205,45 @@ pub fn open(
     check_artifact(artifact)?;
     let header = Header::read(&mut reader, artifact)?;
     let (aad, stream) = (header.aad(), header.stream(key));
-    let block = header.chunk as usize + TAG_LEN;
-    let mut current = Vec::with_capacity(block);
-    let mut next = Vec::with_capacity(block);
-    fill(&mut reader, &mut current, block)?;
     let mut total = 0u64;
+    each_block(
+        &mut reader,
+        header.chunk as usize + TAG_LEN,
+        |position, last, block| {
+            stream
+                .decrypt_in_place(position, last, &aad, block)
+                .map_err(|_| EnvelopeError::Tampered { chunk: position })?;
+            total += block.len() as u64;
+            writer.write_all(block)?;
+            Ok(())
+        },
+    )?;
+    writer.flush()?;
+    Ok(total)
+}
+
+/// Reads `reader` in blocks of `size` bytes (the last one shorter, or as long, or empty)
+/// and hands each to `f` with its position and whether it is the last: a full block is the
+/// last only if nothing follows it, so one block is read ahead. Each block's buffer has room
+/// for a tag to grow into.
+fn each_block(
+    reader: &mut impl Read,
+    size: usize,
+    mut f: impl FnMut(u32, bool, &mut Vec<u8>) -> Result<(), EnvelopeError>,
+) -> Result<(), EnvelopeError> {
+    let mut current = Vec::with_capacity(size + TAG_LEN);
+    let mut next = Vec::with_capacity(size + TAG_LEN);
+    fill(reader, &mut current, size)?;
     for position in 0..=u32::MAX {
-        let last = current.len() < block || {
-            fill(&mut reader, &mut next, block)?;
+        let last = current.len() < size || {
+            fill(reader, &mut next, size)?;
             next.is_empty()
         };
-        stream
-            .decrypt_in_place(position, last, &aad, &mut current)
-            .map_err(|_| EnvelopeError::Tampered { chunk: position })?;
-        total += current.len() as u64;
-        writer.write_all(&current)?;
+        f(position, last, &mut current)?;
         if last {
-            writer.flush()?;
-            return Ok(total);
+            return Ok(());
         }
         std::mem::swap(&mut current, &mut next);
-        next.clear();
     }
     Err(EnvelopeError::TooLong)
 }
