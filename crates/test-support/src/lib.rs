@@ -412,6 +412,33 @@ pub async fn shell(c: &SpaceClient, id: &space_core::SandboxId, line: &str, root
     out.stdout_str()
 }
 
+/// Starts template build `req` (`POST /v1/templates`) and follows it to its end: every
+/// event, `started` first and `ready` or `failed` last.
+pub async fn follow_build(
+    c: &SpaceClient,
+    req: &serde_json::Value,
+) -> Vec<space_core::template::TemplateBuildEvent> {
+    use futures::StreamExt;
+    c.build_template_followed(req)
+        .await
+        .expect("build started")
+        .map(|e| e.expect("a build event"))
+        .collect()
+        .await
+}
+
+/// The log lines of a followed build, one per line.
+pub fn build_log(events: &[space_core::template::TemplateBuildEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            space_core::template::TemplateBuildEvent::Log(l) => Some(l.line.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Starts a process (tagged `counter`) that counts up ten times a second, its count in the
 /// shell's memory and shown in `file`; returns once the file shows a count. The file is
 /// written beside and renamed into place: `echo $i > file` truncates first, and a read

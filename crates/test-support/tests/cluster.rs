@@ -1288,14 +1288,14 @@ async fn a_template_is_fetched_once_per_node_and_a_drain_moves_every_sandbox() {
     assert_eq!(objects.stat(&files_key).await.expect("stat"), None);
     a.put_build_files(&sha256, archive).await.expect("upload");
     assert!(objects.stat(&files_key).await.expect("stat").is_some());
-    let built = a
-        .build_template_followed(&serde_json::json!({
+    let events = test_support::follow_build(
+        &a,
+        &serde_json::json!({
             "name": "copied", "from_template": TEST_TEMPLATE,
             "steps": [{"copy": {"files": sha256, "dest": "/srv/copied"}}],
-        }))
-        .await
-        .expect("build started");
-    let events: Vec<_> = built.map(|e| e.expect("event")).collect().await;
+        }),
+    )
+    .await;
     assert!(
         matches!(
             events.last(),

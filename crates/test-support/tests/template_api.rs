@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::json;
 use space_core::sandbox::CreateSandboxRequest;
 use space_core::template::{
@@ -24,13 +23,7 @@ async fn follow(
     Vec<TemplateBuildEvent>,
     Result<TemplateInfo, space_core::template::TemplateBuildError>,
 ) {
-    let events: Vec<TemplateBuildEvent> = c
-        .build_template_followed(req)
-        .await
-        .expect("build started")
-        .map(|e| e.expect("a build event"))
-        .collect()
-        .await;
+    let events = test_support::follow_build(c, req).await;
     let end = match events.last() {
         Some(TemplateBuildEvent::Ready { template }) => Ok((**template).clone()),
         Some(TemplateBuildEvent::Failed { error }) => Err(error.clone()),
@@ -41,17 +34,6 @@ async fn follow(
         "{events:?}"
     );
     (events, end)
-}
-
-fn log_text(events: &[TemplateBuildEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            TemplateBuildEvent::Log(l) => Some(l.line.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn code(err: space_cli::client::ClientError) -> String {
@@ -94,7 +76,7 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
         &json!({"name": "app", "from_image": reference, "tags": ["1.0", "stable"], "registry_auth": auth}),
     )
     .await;
-    let log = log_text(&events);
+    let log = test_support::build_log(&events);
     let template = end.unwrap_or_else(|e| panic!("build failed: {e:?}\n{log}"));
     assert_eq!(template.name, "app");
     for step in [
@@ -220,7 +202,12 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
     for (req, want) in cases {
         let (events, end) = follow(c, &req).await;
         let err = end.expect_err("the build must fail");
-        assert_eq!(err.code, want, "{err:?}\n{}", log_text(&events));
+        assert_eq!(
+            err.code,
+            want,
+            "{err:?}\n{}",
+            test_support::build_log(&events)
+        );
         assert_eq!(code(c.template("nope").await.unwrap_err()), "NotFound");
     }
     // Refused before any build: a bad name, a local path, unknown fields.
@@ -252,7 +239,7 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
         .await
         .expect("another registry's credential");
     let (events, end) = follow(c, &json!({"name": "stored-login", "from_image": reference})).await;
-    let log = log_text(&events);
+    let log = test_support::build_log(&events);
     end.unwrap_or_else(|e| panic!("a build with the stored login failed: {e:?}\n{log}"));
     assert!(!log.contains(PASSWORD), "the password reached the log");
     c.delete_template("stored-login", true)
@@ -292,7 +279,7 @@ async fn a_template_built_through_the_api_is_warm_tagged_and_deletable() {
         err.code,
         TemplateBuildErrorCode::RegistryUnauthorized,
         "{}",
-        log_text(&events)
+        test_support::build_log(&events)
     );
     assert_eq!(code(c.template("nope").await.unwrap_err()), "NotFound");
 

@@ -175,15 +175,14 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
             "{bad}"
         );
     }
-    let missing = c
-        .build_template_followed(&json!({
+    let events = test_support::follow_build(
+        c,
+        &json!({
             "name": "x", "from_template": "dock",
             "steps": [{"copy": {"files": "0".repeat(64), "dest": "/x"}}],
-        }))
-        .await
-        .expect("started");
-    use futures::StreamExt;
-    let events: Vec<_> = missing.map(|e| e.expect("event")).collect().await;
+        }),
+    )
+    .await;
     assert!(
         matches!(
             events.last(),
@@ -204,14 +203,14 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
 
     // A larger builder disk, for steps that install more than the default headroom: the
     // RUN sees it, and the template it makes is that large.
-    let big = c
-        .build_template_followed(&json!({
+    let events = test_support::follow_build(
+        c,
+        &json!({
             "name": "dock-big", "from_template": "dock", "builder_disk_mib": 6144,
             "steps": [{"run": "echo big-disk; df -m / | tail -1"}],
-        }))
-        .await
-        .expect("started");
-    let events: Vec<_> = big.map(|e| e.expect("event")).collect().await;
+        }),
+    )
+    .await;
     let Some(space_core::template::TemplateBuildEvent::Ready { template }) = events.last() else {
         panic!("{events:?}");
     };
@@ -332,15 +331,14 @@ async fn a_dockerfile_builds_in_a_builder_sandbox_and_its_steps_are_cached() {
 
 /// Builds `dock-plus` on `dock` through the API: a RUN writing `content` to `plus.txt`.
 async fn build_plus(c: &space_cli::client::SpaceClient, content: &str) {
-    use futures::StreamExt;
-    let built = c
-        .build_template_followed(&json!({
+    let events = test_support::follow_build(
+        c,
+        &json!({
             "name": "dock-plus", "from_template": "dock",
             "steps": [{"user": "root"}, {"run": ["/bin/sh", "-c", format!("echo {content} > /srv/app/plus.txt")]}],
-        }))
-        .await
-        .expect("started");
-    let events: Vec<_> = built.map(|e| e.expect("event")).collect().await;
+        }),
+    )
+    .await;
     assert!(
         matches!(
             events.last(),

@@ -4,34 +4,11 @@
 //! when a sandbox boots cold (stopped and started); a command that fails, or a check that
 //! never passes, fails the build (`start_failed`) with nothing named; a bad one is refused.
 
-use futures::StreamExt;
 use serde_json::json;
 use space_core::sandbox::CreateSandboxRequest;
 use space_core::template::{TemplateBuildErrorCode, TemplateBuildEvent};
 use space_core::SandboxState;
 use test_support::{shell, TestServer, TEST_TEMPLATE};
-
-async fn build(
-    c: &space_cli::client::SpaceClient,
-    req: serde_json::Value,
-) -> Vec<TemplateBuildEvent> {
-    let events = c
-        .build_template_followed(&req)
-        .await
-        .expect("build started");
-    events.map(|e| e.expect("event")).collect().await
-}
-
-fn log_of(events: &[TemplateBuildEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            TemplateBuildEvent::Log(l) => Some(l.line.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 fn failure(events: &[TemplateBuildEvent]) -> Option<(TemplateBuildErrorCode, String)> {
     match events.last() {
@@ -50,16 +27,16 @@ async fn a_start_command_runs_in_every_sandbox_from_the_start() {
     let service = "echo \"started $SVC_MODE as $(id -un)\"; echo x >> /srv/svc/starts; \
                    echo \"$SVC_MODE $(id -un) $(pwd)\" > /tmp/svc-info; echo $$ > /tmp/svc.pid; \
                    sleep 1; touch /tmp/svc-ready; while :; do sleep 1; done";
-    let events = build(
+    let events = test_support::follow_build(
         c,
-        json!({
+        &json!({
             "name": "svc", "from_template": TEST_TEMPLATE,
             "steps": [{"env": {"SVC_MODE": "on"}}, {"run": "mkdir -p /srv/svc && chown user /srv/svc"}, {"workdir": "/srv/svc"}],
             "start": {"command": service, "ready": "test -f /tmp/svc-ready"},
         }),
     )
     .await;
-    let log = log_of(&events);
+    let log = test_support::build_log(&events);
     assert!(
         matches!(events.last(), Some(TemplateBuildEvent::Ready { .. })),
         "{events:?}"
@@ -139,19 +116,19 @@ async fn a_start_command_runs_in_every_sandbox_from_the_start() {
     );
 
     // A start command that fails, and one never ready: the build fails, nothing named.
-    let failing = build(
+    let failing = test_support::follow_build(
         c,
-        json!({"name": "svc-bad", "from_template": TEST_TEMPLATE,
+        &json!({"name": "svc-bad", "from_template": TEST_TEMPLATE,
                "start": {"command": "echo about to fail; exit 3"}}),
     )
     .await;
     let (code, message) = failure(&failing).unwrap_or_else(|| panic!("{failing:?}"));
     assert_eq!(code, TemplateBuildErrorCode::StartFailed);
     assert!(message.contains("exited with code 3"), "{message}");
-    assert!(log_of(&failing).contains("start | about to fail"));
-    let never = build(
+    assert!(test_support::build_log(&failing).contains("start | about to fail"));
+    let never = test_support::follow_build(
         c,
-        json!({"name": "svc-never", "from_template": TEST_TEMPLATE,
+        &json!({"name": "svc-never", "from_template": TEST_TEMPLATE,
                "start": {"command": "sleep 1000", "ready": "false", "ready_timeout_secs": 3}}),
     )
     .await;

@@ -12,6 +12,18 @@ pub const MIN_BUILDER_DISK_MIB: u32 = 256;
 /// takes).
 pub const MAX_BUILDER_DISK_MIB: u32 = 256 * 1024;
 
+/// Checks a build's `builder_disk_mib` against [`MIN_BUILDER_DISK_MIB`] and
+/// [`MAX_BUILDER_DISK_MIB`]; the error says the bounds.
+pub fn check_builder_disk_mib(mib: u32) -> Result<(), String> {
+    if (MIN_BUILDER_DISK_MIB..=MAX_BUILDER_DISK_MIB).contains(&mib) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a builder's disk (builder_disk_mib) is {MIN_BUILDER_DISK_MIB} to {MAX_BUILDER_DISK_MIB} MiB"
+        ))
+    }
+}
+
 /// Build template `name` from registry image `from_image` on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildTemplate {

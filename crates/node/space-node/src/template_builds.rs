@@ -26,9 +26,7 @@ use space_images::oci::registry::{RegistryLogin, RegistryOpts};
 use space_images::oci::{ImageBuildOpts, ImageSource};
 use space_node_manager::protocol::{RefusalCode, TemplateBuild};
 use space_node_manager::NodeManagerError;
-use space_node_proto::template::{
-    BuildTemplate, MAX_BUILDER_DISK_MIB, MAX_IMAGE_REFERENCE, MIN_BUILDER_DISK_MIB,
-};
+use space_node_proto::template::{check_builder_disk_mib, BuildTemplate, MAX_IMAGE_REFERENCE};
 
 use crate::sandbox_manager::{internal, now_ms};
 use crate::{Node, NodeError};
@@ -162,13 +160,8 @@ impl Node {
         if let Some(start) = &req.start {
             start.validate().map_err(NodeError::Invalid)?;
         }
-        if req
-            .builder_disk_mib
-            .is_some_and(|mib| !(MIN_BUILDER_DISK_MIB..=MAX_BUILDER_DISK_MIB).contains(&mib))
-        {
-            return Err(NodeError::Invalid(format!(
-                "a builder's disk is {MIN_BUILDER_DISK_MIB} to {MAX_BUILDER_DISK_MIB} MiB"
-            )));
+        if let Some(mib) = req.builder_disk_mib {
+            check_builder_disk_mib(mib).map_err(NodeError::Invalid)?;
         }
         if req.from_image.len() > MAX_IMAGE_REFERENCE {
             return Err(NodeError::Invalid(format!(

@@ -207,12 +207,7 @@ pub async fn start_build_as(
     space_core::build_steps::validate_steps(&req.steps)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     if let Some(mib) = req.builder_disk_mib {
-        use space_node_proto::template::{MAX_BUILDER_DISK_MIB, MIN_BUILDER_DISK_MIB};
-        if !(MIN_BUILDER_DISK_MIB..=MAX_BUILDER_DISK_MIB).contains(&mib) {
-            return Err(ApiError::invalid(format!(
-                "builder_disk_mib is {MIN_BUILDER_DISK_MIB} to {MAX_BUILDER_DISK_MIB}"
-            )));
-        }
+        space_node_proto::template::check_builder_disk_mib(mib).map_err(ApiError::invalid)?;
     }
     if let Some(start) = &req.start {
         start.validate().map_err(ApiError::invalid)?;
