@@ -31,6 +31,7 @@ use space_storage::Store;
 pub use wait::wait_until;
 
 pub mod internet;
+pub mod kms;
 
 /// Template every scenario uses unless it says otherwise.
 pub const TEST_TEMPLATE: &str = "busybox";
@@ -477,6 +478,25 @@ pub fn api_error<T: std::fmt::Debug>(
             (status, body.code, body.message)
         }
         other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A tenant-wide credential for `api.example.com`, injected as `Authorization: Bearer
+/// <value>`: what the credential tests store.
+pub fn bearer_credential(
+    name: &str,
+    value: &str,
+) -> space_control::api::credentials::CredentialRequest {
+    space_control::api::credentials::CredentialRequest {
+        name: name.into(),
+        scope: space_control::api::credentials::CredentialScope::Tenant,
+        rule: serde_json::from_value(serde_json::json!({
+            "hosts": ["api.example.com"],
+            "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
+        }))
+        .expect("rule"),
+        expires_at_ms: None,
+        value: value.into(),
     }
 }
 

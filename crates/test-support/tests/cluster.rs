@@ -847,20 +847,9 @@ async fn replicas_share_quotas_request_rates_and_the_lead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn credentials_reach_every_node_whenever_it_joined() {
-    use space_control::api::credentials::{CredentialRequest, CredentialScope};
     let mut cluster = Cluster::start(2, 1).await;
     let (a, b) = (cluster.clients[0].clone(), cluster.clients[1].clone());
-    let request = |name: &str| CredentialRequest {
-        name: name.into(),
-        scope: CredentialScope::Tenant,
-        rule: serde_json::from_value(serde_json::json!({
-            "hosts": ["api.example.com"],
-            "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
-        }))
-        .expect("rule"),
-        expires_at_ms: None,
-        value: format!("sk-{name}-0001"),
-    };
+    let request = |name: &str| test_support::bearer_credential(name, &format!("sk-{name}-0001"));
     let first = a
         .create_credential(&request("first"))
         .await

@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use space_cli::client::{ClientError, SpaceClient};
-use space_control::api::credentials::{CredentialRequest, CredentialScope};
 use space_core::quota::TenantQuota;
 use space_core::sandbox::{CreateSandboxRequest, CreateSnapshotRequest, ForkRequest};
 use space_core::{ErrorCode, SnapshotKind};
@@ -22,18 +20,8 @@ fn exceeded(e: ClientError, limit: &str) {
     assert!(e.to_string().contains(limit), "{e}");
 }
 
-fn credential(name: &str) -> CredentialRequest {
-    CredentialRequest {
-        name: name.into(),
-        scope: CredentialScope::Tenant,
-        rule: serde_json::from_value(json!({
-            "hosts": ["api.example.com"],
-            "injection": {"kind": "header", "name": "Authorization", "template": "Bearer {}"},
-        }))
-        .expect("rule"),
-        expires_at_ms: None,
-        value: "sk-quota-test-value-0001".into(),
-    }
+fn credential(name: &str) -> space_control::api::credentials::CredentialRequest {
+    test_support::bearer_credential(name, "sk-quota-test-value-0001")
 }
 
 async fn create(c: &SpaceClient, vcpus: Option<u32>) -> Result<space_core::SandboxId, ClientError> {

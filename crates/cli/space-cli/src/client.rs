@@ -38,6 +38,9 @@ use space_control::api::credentials::{
     AuditList, CredentialInfo, CredentialList, CredentialRequest,
 };
 use space_control::api::quota::QuotaReport;
+use space_control::service::customer_keys::{
+    CustomerKeyRequest, CustomerKeyView, KeyServiceInfo, RotateRequest, Rotation,
+};
 use space_core::egress::EgressPolicy;
 
 use crate::ndjson::Lines;
@@ -1026,6 +1029,43 @@ impl SpaceClient {
             Some(p) => Self::empty(self.request(Method::PUT, "/v1/egress-policy").json(p)).await,
             None => Self::empty(self.request(Method::DELETE, "/v1/egress-policy")).await,
         }
+    }
+
+    /// `GET /v1/customer-key/services`: the key services a customer key may be at.
+    pub async fn key_services(&self) -> ClientResult<Vec<KeyServiceInfo>> {
+        Self::json(self.request(Method::GET, "/v1/customer-key/services")).await
+    }
+
+    /// `GET /v1/customer-key` (404 when the tenant has none).
+    pub async fn customer_key(&self) -> ClientResult<CustomerKeyView> {
+        Self::json(self.request(Method::GET, "/v1/customer-key")).await
+    }
+
+    /// `PUT /v1/customer-key`: registers the tenant's customer key.
+    pub async fn set_customer_key(
+        &self,
+        req: &CustomerKeyRequest,
+    ) -> ClientResult<CustomerKeyView> {
+        Self::json(self.request(Method::PUT, "/v1/customer-key").json(req)).await
+    }
+
+    /// `POST /v1/customer-key/check`: asks its key service now.
+    pub async fn check_customer_key(&self) -> ClientResult<CustomerKeyView> {
+        Self::json(self.request(Method::POST, "/v1/customer-key/check")).await
+    }
+
+    /// `POST /v1/customer-key/rotate`.
+    pub async fn rotate_customer_key(&self, req: &RotateRequest) -> ClientResult<Rotation> {
+        Self::json(
+            self.request(Method::POST, "/v1/customer-key/rotate")
+                .json(req),
+        )
+        .await
+    }
+
+    /// `DELETE /v1/customer-key`.
+    pub async fn remove_customer_key(&self) -> ClientResult<()> {
+        Self::empty(self.request(Method::DELETE, "/v1/customer-key")).await
     }
 
     /// `POST /v1/credentials`.

@@ -92,6 +92,10 @@ enum Command {
     /// Credentials the egress gateway injects into sandbox requests (write-only values).
     #[command(subcommand)]
     Credential(cmd::credential::CredentialCmd),
+    /// The tenant's own key, which its data at rest is sealed under: register, check,
+    /// rotate, remove.
+    #[command(subcommand)]
+    CustomerKey(cmd::customer_key::CustomerKeyCmd),
     /// The action log (every control-plane action, hash-chained: `space audit verify`)
     /// and the credential audit log.
     #[command(subcommand)]
@@ -199,6 +203,7 @@ async fn run() {
         Command::Credential(c) => cmd::credential::run(&g, c).await,
         Command::Audit(a) => cmd::audit::run(&g, a).await,
         Command::Quota(c) => cmd::quota::run(&g, c).await,
+        Command::CustomerKey(c) => cmd::customer_key::run(&g, c).await,
         Command::Key(c) => cmd::key::run(&g, c).await,
         Command::Bench(a) => cmd::bench::run(&g, a).await,
     };

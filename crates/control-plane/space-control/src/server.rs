@@ -89,6 +89,12 @@ pub struct ServerConfig {
     /// Where suspended sandboxes' snapshots are, for a cluster replica (every node and
     /// replica must use the same store); the single-machine default uses its node's.
     pub object_store: Option<space_objects::ObjectStoreConfig>,
+    /// The key services tenants' customer keys may be at (every replica of a cluster names
+    /// the same ones). Default: the built-in local one, its master keys in
+    /// [`space_kms::config::DEFAULT_LOCAL_MASTER_KEY_DIR`], outside the data directory.
+    pub key_services: space_kms::KmsConfig,
+    /// How long a passed check of a customer key is trusted.
+    pub customer_key_check_ttl: std::time::Duration,
 }
 
 /// Default of [`ServerConfig::audit_retention`]: a year.
@@ -120,6 +126,10 @@ impl ServerConfig {
             audit_retention: std::time::Duration::from_secs(DEFAULT_AUDIT_RETENTION_DAYS * 86_400),
             default_quota: space_core::quota::TenantQuota::embedded_default(),
             object_store: None,
+            key_services: space_kms::KmsConfig::local_only(
+                space_kms::config::DEFAULT_LOCAL_MASTER_KEY_DIR,
+            ),
+            customer_key_check_ttl: crate::service::customer_keys::DEFAULT_CHECK_TTL,
         }
     }
 
@@ -223,8 +233,24 @@ impl Server {
         let replica = crate::replica::Replica::register(db.clone())
             .await
             .context("registering this replica")?;
+        for (name, provider) in &config.key_services.providers {
+            if let space_kms::ProviderConfig::Local { master_key_dir } = provider {
+                anyhow::ensure!(
+                    !master_key_dir.starts_with(data_dir),
+                    "key service {name}: its master keys ({}) must be outside the data directory ({}), or a copy of that directory would carry the keys that open it",
+                    master_key_dir.display(),
+                    data_dir.display()
+                );
+            }
+        }
+        let key_services = space_kms::KeyServices::from_config(&config.key_services)
+            .context("the key services of customer keys")?;
         let mut state = AppState::new(db, nodes, replica, credential_key, config.max_upload_bytes)
             .with_default_quota(config.default_quota);
+        state.customer_keys = Arc::new(crate::service::customer_keys::CustomerKeys::new(
+            key_services,
+            config.customer_key_check_ttl,
+        ));
         let object_store = match (&config.object_store, &local) {
             (Some(c), _) => Some(c.clone()),
             (None, Some(_)) => config.node.object_store.clone(),

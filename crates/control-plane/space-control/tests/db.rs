@@ -57,7 +57,7 @@ async fn migrations_are_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     for t in common::test_dbs().await {
         assert_eq!(t.db.applied_migrations().await.unwrap(), all, "{}", t.label);
         t.db.migrate().await.unwrap();
@@ -1342,5 +1342,107 @@ async fn audit_appends_survive_concurrent_writers() {
             .await
             .unwrap();
         assert_eq!(recorded.len(), 80, "{}", t.label);
+    }
+}
+
+#[tokio::test]
+async fn customer_keys_rotate_and_their_data_keys_are_rewrapped_once() {
+    use space_control::db::{CustomerKeyRemoval, DataKeyRow, StoredKeyVersion};
+    for t in common::test_dbs().await {
+        let db = &t.db;
+        let tenant = db.create_tenant("byok").await.unwrap().id;
+        let other = db.create_tenant("plain").await.unwrap().id;
+        let version = |v: i64, key: &str| StoredKeyVersion {
+            version: v,
+            provider: "corp".into(),
+            key_id: key.into(),
+            sealed_access: format!("sealed-{v}"),
+            created_at_ms: v,
+        };
+        assert!(
+            db.customer_key(&tenant).await.unwrap().is_none(),
+            "{}",
+            t.label
+        );
+        db.insert_customer_key(&tenant, &version(1, "k1"))
+            .await
+            .unwrap();
+        assert!(
+            db.insert_customer_key(&tenant, &version(1, "again"))
+                .await
+                .is_err(),
+            "{}",
+            t.label
+        );
+        for (i, v) in [1, 1, 1].iter().enumerate() {
+            db.insert_data_key(&DataKeyRow {
+                id: format!("dk-{i}"),
+                tenant: tenant.clone(),
+                key_version: *v,
+                wrapped: "d3JhcHBlZA==".into(),
+                artifact: format!("credential crd-{i}"),
+                created_at_ms: 1,
+            })
+            .await
+            .unwrap();
+        }
+        // A rotation that lost the race is refused; the winner's version is current.
+        assert!(db
+            .add_customer_key_version(&tenant, 1, &version(2, "k2"))
+            .await
+            .unwrap());
+        assert!(!db
+            .add_customer_key_version(&tenant, 1, &version(2, "k3"))
+            .await
+            .unwrap());
+        let key = db.customer_key(&tenant).await.unwrap().unwrap();
+        assert_eq!(key.current_version, 2, "{}", t.label);
+        assert_eq!(key.current().unwrap().key_id, "k2", "{}", t.label);
+        assert_eq!(key.versions.len(), 2, "{}", t.label);
+        // Re-wrapping: each row once, conditionally.
+        let todo = db.data_keys_not_under(&tenant, 2, 10).await.unwrap();
+        assert_eq!(todo.len(), 3, "{}", t.label);
+        assert!(db.rewrap_data_key("dk-0", 1, 2, "bmV3").await.unwrap());
+        assert!(!db.rewrap_data_key("dk-0", 1, 2, "bmV3").await.unwrap());
+        assert_eq!(
+            db.data_keys_not_under(&tenant, 2, 10).await.unwrap().len(),
+            2
+        );
+        assert_eq!(
+            db.data_key_counts(&tenant).await.unwrap(),
+            vec![(1, 2), (2, 1)],
+            "{}",
+            t.label
+        );
+        assert_eq!(
+            db.data_key(&tenant, "dk-0").await.unwrap().unwrap().wrapped,
+            "bmV3"
+        );
+        // Another tenant sees none of it.
+        assert!(
+            db.data_key(&other, "dk-0").await.unwrap().is_none(),
+            "{}",
+            t.label
+        );
+        assert!(!db.delete_data_key(&other, "dk-1").await.unwrap());
+        // Removal waits for the last data key.
+        assert_eq!(
+            db.remove_customer_key(&tenant).await.unwrap(),
+            CustomerKeyRemoval::InUse(3)
+        );
+        for i in 0..3 {
+            assert!(db
+                .delete_data_key(&tenant, &format!("dk-{i}"))
+                .await
+                .unwrap());
+        }
+        assert_eq!(
+            db.remove_customer_key(&tenant).await.unwrap(),
+            CustomerKeyRemoval::Removed
+        );
+        assert_eq!(
+            db.remove_customer_key(&tenant).await.unwrap(),
+            CustomerKeyRemoval::NotFound
+        );
     }
 }

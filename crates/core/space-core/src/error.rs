@@ -70,6 +70,13 @@ pub enum ErrorCode {
     SnapshotCorrupt,
     /// Object storage failed or could not be reached (after retries): retry later.
     StorageUnavailable,
+    /// The tenant's customer key cannot be used: its owner revoked, disabled or destroyed
+    /// it, or withdrew SPACE's access (the message names the customer key, never key
+    /// material). What it protects can be neither started, resumed, restored nor decrypted.
+    KeyUnavailable,
+    /// The key service holding the tenant's customer key could not be reached (after
+    /// retries): retry later. Nothing was written in plaintext meanwhile.
+    KeyServiceUnavailable,
     /// A bug or an unexpected failure on the platform side.
     Internal,
 }
@@ -81,7 +88,7 @@ impl ErrorCode {
         match self {
             InvalidRequest | InvalidPath | UnknownUser | EgressBeyondCeiling => 400,
             Unauthenticated => 401,
-            Forbidden | PermissionDenied | QuotaExceeded => 403,
+            Forbidden | PermissionDenied | QuotaExceeded | KeyUnavailable => 403,
             NotFound => 404,
             Conflict | AlreadyExists | NodeFenced => 409,
             PayloadTooLarge => 413,
@@ -90,7 +97,7 @@ impl ErrorCode {
             InsufficientCapacity => 507,
             Timeout => 504,
             SandboxFailed | PortClosed | SnapshotCorrupt => 502,
-            NodeUnavailable | StorageUnavailable => 503,
+            NodeUnavailable | StorageUnavailable | KeyServiceUnavailable => 503,
             Internal => 500,
         }
     }
@@ -123,6 +130,8 @@ impl ErrorCode {
             NodeFenced => "node_fenced",
             SnapshotCorrupt => "snapshot_corrupt",
             StorageUnavailable => "storage_unavailable",
+            KeyUnavailable => "key_unavailable",
+            KeyServiceUnavailable => "key_service_unavailable",
             Internal => "internal",
         }
     }

@@ -12,15 +12,10 @@
 //! <program> <args…> erase      stdin:  id=…\nname=…\nscope=…\n\n
 //! ```
 //!
-//! Exit status 0 is success. Anything else is an error that carries the exit status and the
-//! last [`MAX_STDERR_TAIL`] bytes of standard error (control characters replaced), never
-//! anything from standard output, which may hold the value. Standard output is read up to
-//! [`MAX_COMMAND_OUTPUT`] bytes into a buffer wiped after use; more is an error. Every run has
-//! a timeout ([`DEFAULT_COMMAND_TIMEOUT`] unless configured): the helper runs in a process
-//! group of its own, and on timeout or oversized output the whole group is killed, so a
-//! helper's own children do not linger. The environment and working directory are inherited
-//! (helpers commonly need `HOME` or a vault address). Since the protocol is line based, a value
-//! to `store` may not contain CR or LF.
+//! Running the helper (process group, bounded output, timeout, stderr tail, no stdout in
+//! errors) is [`space_helper`]'s, shared with the key services' helpers. Standard output is
+//! read up to [`MAX_COMMAND_OUTPUT`] bytes. Since the protocol is line based, a value to
+//! `store` may not contain CR or LF.
 //!
 //! A helper only knows values: metadata lives in a JSON file next to the node's other state,
 //! `{"format": "space-secrets/command-metadata/v1", "credentials": [<Credential>, …]}`, mode
@@ -29,12 +24,9 @@
 //! ([`crate::cache`]), so the helper runs once per credential per TTL, not per request.
 
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use space_helper::{HelperCommand, HelperError};
 use zeroize::Zeroizing;
 
 use crate::backend::{BackendError, BoxFuture, SecretBackend};
@@ -43,21 +35,13 @@ use crate::model::{Credential, CredentialId};
 use crate::secret::{SecretValue, MAX_SECRET_LEN};
 use crate::store::MAX_STORED_CREDENTIALS;
 
-/// Timeout of one helper run unless configured otherwise.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest timeout that may be configured.
-pub const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bytes read from a helper's standard output: a maximal value plus room for its key and
 /// a few other lines.
 pub const MAX_COMMAND_OUTPUT: usize = MAX_SECRET_LEN + 4 * 1024;
-/// Bytes of standard error kept (the tail) for error messages.
-pub const MAX_STDERR_TAIL: usize = 512;
 /// Largest metadata file read.
 pub const MAX_METADATA_FILE_LEN: usize = 16 * 1024 * 1024;
 /// The `format` field of the metadata file.
 pub const METADATA_FILE_FORMAT: &str = "space-secrets/command-metadata/v1";
-/// Most configured arguments.
-pub const MAX_COMMAND_ARGS: usize = 32;
 
 /// What the helper is asked to do (its last argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,61 +74,9 @@ impl std::fmt::Display for Action {
 /// Why a helper run failed. Never contains anything the helper wrote to standard output.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
-    /// The configuration is unusable.
-    #[error("credential helper configuration: {0}")]
-    Config(String),
-    /// The program could not be started.
-    #[error("credential helper {program}: cannot start: {source}")]
-    Spawn {
-        /// The program.
-        program: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Talking to the program failed.
-    #[error("credential helper {program} {action}: {source}")]
-    Io {
-        /// The program.
-        program: PathBuf,
-        /// The action.
-        action: Action,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The program ran out of time and was killed.
-    #[error("credential helper {program} {action}: no answer within {timeout:?}; killed")]
-    Timeout {
-        /// The program.
-        program: PathBuf,
-        /// The action.
-        action: Action,
-        /// The timeout.
-        timeout: Duration,
-    },
-    /// The program wrote too much and was killed.
-    #[error(
-        "credential helper {program} {action}: output exceeds {MAX_COMMAND_OUTPUT} bytes; killed"
-    )]
-    OutputTooLarge {
-        /// The program.
-        program: PathBuf,
-        /// The action.
-        action: Action,
-    },
-    /// The program exited unsuccessfully.
-    #[error("credential helper {program} {action} failed ({status}): {stderr}")]
-    Failed {
-        /// The program.
-        program: PathBuf,
-        /// The action.
-        action: Action,
-        /// Exit status, as text.
-        status: String,
-        /// Tail of its standard error, control characters replaced.
-        stderr: String,
-    },
+    /// The helper could not be run, failed or did not answer in time.
+    #[error("credential {0}")]
+    Run(#[from] HelperError),
     /// The program's output is not in the protocol (the output itself is not repeated).
     #[error("credential helper {program} {action}: malformed output: {problem}")]
     Malformed {
@@ -161,43 +93,7 @@ pub enum CommandError {
 }
 
 /// How to run the helper.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandConfig {
-    /// The program (absolute path recommended; otherwise looked up in `PATH`).
-    pub program: PathBuf,
-    /// Arguments before the action.
-    pub args: Vec<String>,
-    /// Timeout of one run (at most [`MAX_COMMAND_TIMEOUT`]).
-    pub timeout: Duration,
-}
-
-impl CommandConfig {
-    /// `program` with no arguments and the default timeout.
-    pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self {
-            program: program.into(),
-            args: Vec::new(),
-            timeout: DEFAULT_COMMAND_TIMEOUT,
-        }
-    }
-
-    fn validate(&self) -> Result<(), CommandError> {
-        if self.program.as_os_str().is_empty() {
-            return Err(CommandError::Config("program is empty".into()));
-        }
-        if self.args.len() > MAX_COMMAND_ARGS {
-            return Err(CommandError::Config(format!(
-                "more than {MAX_COMMAND_ARGS} arguments"
-            )));
-        }
-        if self.timeout.is_zero() || self.timeout > MAX_COMMAND_TIMEOUT {
-            return Err(CommandError::Config(format!(
-                "timeout must be positive and at most {MAX_COMMAND_TIMEOUT:?}"
-            )));
-        }
-        Ok(())
-    }
-}
+pub type CommandConfig = HelperCommand;
 
 /// The metadata file (see the module doc).
 #[derive(Serialize, Deserialize)]
@@ -231,7 +127,7 @@ impl CommandBackend {
         config: CommandConfig,
         metadata_path: impl Into<PathBuf>,
     ) -> Result<Self, CommandError> {
-        config.validate()?;
+        config.validate().map_err(CommandError::Run)?;
         Ok(Self {
             config,
             metadata_path: metadata_path.into(),
@@ -265,40 +161,10 @@ impl CommandBackend {
         }
         input.push('\n');
 
-        let program = self.config.program.clone();
-        let mut child = Command::new(&self.config.program)
-            .args(&self.config.args)
-            .arg(action.as_str())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| CommandError::Spawn {
-                program: program.clone(),
-                source,
-            })?;
-        // The child leads its own process group (process_group(0)): its id is the group id.
-        let group = child.id();
-        let result = tokio::time::timeout(
-            self.config.timeout,
-            interact(&mut child, group, input, &program, action),
-        )
-        .await;
-        match result {
-            Ok(outcome) => outcome,
-            Err(_elapsed) => {
-                kill_group(group);
-                let _ = child.kill().await;
-                tracing::warn!(program = %program.display(), %action, timeout = ?self.config.timeout, "credential helper timed out; killed");
-                Err(CommandError::Timeout {
-                    program,
-                    action,
-                    timeout: self.config.timeout,
-                })
-            }
-        }
+        Ok(self
+            .config
+            .run(action.as_str(), input.as_bytes(), MAX_COMMAND_OUTPUT)
+            .await?)
     }
 
     async fn read_metadata(&self) -> Result<Vec<Credential>, BackendError> {
@@ -363,124 +229,6 @@ impl CommandBackend {
         .await
         .map_err(|e| BackendError::Task(e.to_string()))?
     }
-}
-
-/// Writes the request, reads both outputs (bounded) and waits for the exit.
-async fn interact(
-    child: &mut Child,
-    group: Option<u32>,
-    input: Zeroizing<String>,
-    program: &std::path::Path,
-    action: Action,
-) -> Result<Zeroizing<Vec<u8>>, CommandError> {
-    let io_err = |source| CommandError::Io {
-        program: program.to_owned(),
-        action,
-        source,
-    };
-    let missing = || io_err(std::io::Error::other("pipe missing"));
-    let mut stdin = child.stdin.take().ok_or_else(missing)?;
-    let mut stdout = child.stdout.take().ok_or_else(missing)?;
-    let mut stderr = child.stderr.take().ok_or_else(missing)?;
-
-    let write = async move {
-        // A helper that exits without reading its input is fine (broken pipe ignored).
-        let _ = stdin.write_all(input.as_bytes()).await;
-        drop(stdin);
-    };
-    let read_out = async {
-        let out = read_capped(&mut stdout, MAX_COMMAND_OUTPUT).await;
-        if matches!(out, Ok(None)) {
-            // Over the bound: stop the helper now rather than at the timeout.
-            kill_group(group);
-        }
-        out
-    };
-    let read_err = read_tail(&mut stderr, MAX_STDERR_TAIL);
-    let ((), out, err_tail) = tokio::join!(write, read_out, read_err);
-    let status = child.wait().await.map_err(io_err)?;
-    let out = out.map_err(io_err)?;
-    let Some(out) = out else {
-        return Err(CommandError::OutputTooLarge {
-            program: program.to_owned(),
-            action,
-        });
-    };
-    if !status.success() {
-        let stderr = sanitize_tail(&err_tail.unwrap_or_default());
-        tracing::warn!(program = %program.display(), %action, %status, stderr = %stderr, "credential helper failed");
-        return Err(CommandError::Failed {
-            program: program.to_owned(),
-            action,
-            status: status.to_string(),
-            stderr,
-        });
-    }
-    Ok(out)
-}
-
-/// Reads to EOF into a fixed buffer (never reallocated, so no unwiped copies); `None` if
-/// there is more than `max`.
-async fn read_capped<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    max: usize,
-) -> std::io::Result<Option<Zeroizing<Vec<u8>>>> {
-    let mut buf = Zeroizing::new(vec![0u8; max + 1]);
-    let mut filled = 0;
-    loop {
-        if filled == buf.len() {
-            return Ok(None);
-        }
-        let n = reader.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
-    }
-    buf.truncate(filled);
-    Ok(Some(buf))
-}
-
-/// Reads to EOF keeping only the last `keep` bytes.
-async fn read_tail<R: AsyncRead + Unpin>(reader: &mut R, keep: usize) -> std::io::Result<Vec<u8>> {
-    let mut tail = Vec::with_capacity(2 * keep);
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = reader.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(tail);
-        }
-        tail.extend_from_slice(&chunk[..n]);
-        if tail.len() > keep {
-            tail.drain(..tail.len() - keep);
-        }
-    }
-}
-
-/// Standard error as one safe line: invalid UTF-8 and control characters replaced.
-fn sanitize_tail(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let cleaned: String = text
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if cleaned.is_empty() {
-        "no error output".into()
-    } else {
-        cleaned
-    }
-}
-
-/// SIGKILL to the helper's whole process group. Best effort (it may be gone already).
-fn kill_group(group: Option<u32>) {
-    let Some(pid) = group.and_then(|g| i32::try_from(g).ok()) else {
-        return;
-    };
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
 }
 
 /// Finds the single `value=` line in a `get` answer (lines up to the first empty one).
@@ -571,9 +319,10 @@ mod tests {
     use super::*;
     use crate::model::Scope;
     use crate::testutil::{bearer_rule, credential, tenant};
+    use space_helper::DEFAULT_HELPER_TIMEOUT as DEFAULT_COMMAND_TIMEOUT;
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     /// Writes a shell script `name` into `dir`. Tests run it as `/bin/sh <script>` rather than
     /// executing it: executing a file just written races with forks in other test threads
@@ -668,7 +417,10 @@ esac
         let err = b.get(&github()).await.unwrap_err();
         let text = err.to_string();
         assert!(
-            matches!(err, BackendError::Command(CommandError::Failed { .. })),
+            matches!(
+                err,
+                BackendError::Command(CommandError::Run(HelperError::Failed { .. }))
+            ),
             "{text}"
         );
         assert!(text.contains("vault is sealed"), "{text}");
@@ -691,7 +443,10 @@ esac
         let started = Instant::now();
         let err = b.get(&github()).await.unwrap_err();
         assert!(
-            matches!(err, BackendError::Command(CommandError::Timeout { .. })),
+            matches!(
+                err,
+                BackendError::Command(CommandError::Run(HelperError::Timeout { .. }))
+            ),
             "{err}"
         );
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -724,7 +479,7 @@ esac
         assert!(
             matches!(
                 err,
-                BackendError::Command(CommandError::OutputTooLarge { .. })
+                BackendError::Command(CommandError::Run(HelperError::OutputTooLarge { .. }))
             ),
             "{err}"
         );
@@ -763,7 +518,9 @@ esac
         .unwrap();
         assert!(matches!(
             b.get(&github()).await,
-            Err(BackendError::Command(CommandError::Spawn { .. }))
+            Err(BackendError::Command(CommandError::Run(
+                HelperError::Spawn { .. }
+            )))
         ));
     }
 
@@ -789,7 +546,7 @@ esac
     #[test]
     fn bad_configurations_are_refused() {
         let mut config = CommandConfig::new("/bin/true");
-        config.timeout = MAX_COMMAND_TIMEOUT + Duration::from_secs(1);
+        config.timeout = space_helper::MAX_HELPER_TIMEOUT + Duration::from_secs(1);
         assert!(CommandBackend::new(config, "/tmp/x").is_err());
         assert!(CommandBackend::new(CommandConfig::new(""), "/tmp/x").is_err());
     }

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod bench;
 pub mod cluster;
 pub mod credential;
+pub mod customer_key;
 pub mod egress;
 pub mod exec;
 pub mod files;

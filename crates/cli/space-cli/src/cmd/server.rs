@@ -190,6 +190,18 @@ pub struct ServerArgs {
     /// A node silent this long is declared lost, with its sandboxes (seconds).
     #[arg(long, value_name = "SECS", default_value_t = space_control::cluster::DEFAULT_HEARTBEAT_TIMEOUT.as_secs())]
     heartbeat_timeout_secs: u64,
+    /// The key services tenants' customer keys may be at, as JSON (`{"providers": {"corp":
+    /// {"kind": "kmip", "address": "kms:5696", "ca_file": …}, "hsm": {"kind": "pkcs11",
+    /// "module": …}, "cloud": {"kind": "command", "program": …}, "local": {"kind":
+    /// "local", "master_key_dir": …}}}`; default: the local one alone, keys in
+    /// /etc/space/local-kms). Every replica of a cluster names the same ones.
+    #[arg(long, value_name = "FILE")]
+    key_services: Option<std::path::PathBuf>,
+    /// How long a passed check of a tenant's customer key is trusted before its key service
+    /// is asked again (every start, resume and restore needs a passed check).
+    #[arg(long, value_name = "SECS", default_value_t = space_control::service::customer_keys::DEFAULT_CHECK_TTL.as_secs(),
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    customer_key_check_ttl_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
 }
@@ -215,6 +227,10 @@ pub async fn run(g: &Global, a: ServerArgs) -> anyhow::Result<u8> {
         own.validate().map_err(anyhow::Error::msg)?;
         cfg.default_quota = own.over(&space_core::quota::TenantQuota::embedded_default());
     }
+    if let Some(path) = &a.key_services {
+        cfg.key_services = space_kms::KmsConfig::from_file(path)?;
+    }
+    cfg.customer_key_check_ttl = std::time::Duration::from_secs(a.customer_key_check_ttl_secs);
     if let Some(name) = a.node_name {
         cfg.node.node_name = name;
     }

@@ -9,6 +9,7 @@ pub mod action_log;
 pub mod audit;
 pub mod auth;
 pub mod credentials;
+pub mod customer_keys;
 pub mod egress;
 pub mod error;
 pub mod extract;
@@ -64,6 +65,8 @@ pub struct AppState {
     /// Where suspended sandboxes' snapshots are (checked at each suspend, collected by the
     /// leader); `None`: no suspend.
     pub objects: Option<space_objects::Objects>,
+    /// The operator's key services and recent checks of tenants' customer keys.
+    pub customer_keys: Arc<crate::service::customer_keys::CustomerKeys>,
 }
 
 impl AppState {
@@ -93,6 +96,10 @@ impl AppState {
             )),
             credential_syncs: Default::default(),
             objects: None,
+            customer_keys: Arc::new(crate::service::customer_keys::CustomerKeys::new(
+                Default::default(),
+                crate::service::customer_keys::DEFAULT_CHECK_TTL,
+            )),
         }
     }
 
@@ -176,7 +183,8 @@ impl AppState {
     pub async fn guest(&self, tenant: &TenantId, id: &SandboxId) -> Result<GuestClient, ApiError> {
         let mut row = self.live_sandbox(tenant, id).await?;
         if row.suspended_snapshot.is_some() && row.auto_resume {
-            // Suspended with auto_resume: the call that needs the guest brings it back.
+            // Suspended with auto_resume: the call that needs the guest brings it back
+            // (through the customer-key gate, as every resume).
             crate::service::suspend::resume(self, row).await?;
             row = self.live_sandbox(tenant, id).await?;
         }
@@ -184,9 +192,16 @@ impl AppState {
         let st = self.clone();
         let node = self.node_of(&row).await?;
         let id = id.clone();
+        let tenant = tenant.clone();
         tokio::spawn(async move {
+            let record = node.sandbox(&id).await?;
+            // A sandbox that must be woken passes the customer-key gate first, as every
+            // resume does; one that runs is served (revocation does not stop it).
+            if record.as_ref().is_some_and(|r| r.state != SandboxState::Running) {
+                crate::service::customer_keys::require_usable(&st, &tenant).await?;
+            }
             let timed_out = row.auto_resume && node.wake_timed_out(&id).await?;
-            let idle = node.sandbox(&id).await?.is_some_and(|r| {
+            let idle = record.is_some_and(|r| {
                 r.state == SandboxState::Paused && r.paused_by == Some(PauseCause::Idle)
             });
             let guest = node.guest(&id).await?;

@@ -18,8 +18,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    action_log, audit, auth, credentials, egress, files, idempotency, lifecycle, metrics, nodes,
-    processes, quota, sandboxes, snapshots, templates, AppState,
+    action_log, audit, auth, credentials, customer_keys, egress, files, idempotency, lifecycle,
+    metrics, nodes, processes, quota, sandboxes, snapshots, templates, AppState,
 };
 
 /// The generated document, shared with the `/openapi.json` handler.
@@ -44,6 +44,7 @@ pub struct OpenApiDocument(pub Arc<OpenApiDoc>);
         (name = "files", description = "Files inside a sandbox"),
         (name = "egress", description = "What may leave a sandbox: per-sandbox egress policies and the tenant's default"),
         (name = "credentials", description = "Secrets the egress gateway injects into sandbox requests (write-only values) and their audit log"),
+        (name = "customer keys", description = "The tenant's own key at the operator's key services (KMIP, PKCS#11, a helper, the local one): what its data at rest is sealed under, its rotation and revocation"),
         (name = "nodes", description = "The cluster's nodes and the one-time tokens that join them (the operator's tenant)"),
     ),
     components(schemas(space_core::ErrorBody, space_core::ErrorCode))
@@ -165,6 +166,14 @@ fn v1_routes() -> OpenApiRouter<AppState> {
             credentials::delete_credential
         ))
         .routes(routes!(credentials::audit))
+        .routes(routes!(
+            customer_keys::get_customer_key,
+            customer_keys::put_customer_key,
+            customer_keys::delete_customer_key
+        ))
+        .routes(routes!(customer_keys::list_key_services))
+        .routes(routes!(customer_keys::check_customer_key))
+        .routes(routes!(customer_keys::rotate_customer_key))
         .routes(routes!(audit::audit_log))
         .routes(routes!(nodes::list_nodes))
         .routes(routes!(nodes::create_join_token))

@@ -310,6 +310,40 @@ pub const MIGRATIONS: &[Migration] = &[
             "CREATE INDEX stored_snapshots_tenant ON stored_snapshots (tenant_id, persistent, state)",
         ],
     },
+    // Customer keys (`db::customer_keys`): a tenant's key at one of the operator's key
+    // services, in versions (a rotation adds one; how SPACE reaches each is sealed under
+    // the control plane's credential key), and the data keys wrapped under them, one per
+    // artifact sealed at rest.
+    Migration {
+        version: 14,
+        description: "customer keys and data keys",
+        statements: &[
+            "CREATE TABLE customer_keys (
+                tenant_id TEXT PRIMARY KEY REFERENCES tenants(id),
+                current_version BIGINT NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )",
+            "CREATE TABLE customer_key_versions (
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                version BIGINT NOT NULL,
+                provider TEXT NOT NULL,
+                key_id TEXT NOT NULL,
+                sealed_access TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (tenant_id, version)
+            )",
+            "CREATE TABLE data_keys (
+                id TEXT PRIMARY KEY,
+                tenant_id TEXT NOT NULL REFERENCES tenants(id),
+                key_version BIGINT NOT NULL,
+                wrapped TEXT NOT NULL,
+                artifact TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL
+            )",
+            "CREATE INDEX data_keys_tenant ON data_keys (tenant_id, key_version)",
+        ],
+    },
 ];
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 
 mod audit;
 mod credentials;
+mod customer_keys;
 mod idempotency;
 mod locks;
 pub mod migrations;
@@ -31,6 +32,7 @@ use sqlx::{AnyPool, Connection, Executor};
 
 pub use audit::{AuditQuery, NewAuditRecord, MAX_AUDIT_FIELD, MAX_AUDIT_PAGE};
 pub use credentials::StoredCredential;
+pub use customer_keys::{CustomerKeyRemoval, DataKeyRow, StoredCustomerKey, StoredKeyVersion};
 pub use idempotency::{IdempotencyRecord, IdempotencyState, NewIdempotencyKey, StoredResponse};
 pub use locks::{AdmissionLock, LeaderLock};
 pub use nodes::{

@@ -60,37 +60,67 @@ impl CredentialSealer {
         space_secrets::PlaceholderKey::derive(&self.key)
     }
 
-    fn aad(id: &CredentialId) -> Vec<u8> {
+    pub(crate) fn aad(id: &CredentialId) -> Vec<u8> {
         format!("space-control/credential/v1:{id}").into_bytes()
     }
 
     /// `value`, sealed for credential `id` (base64 of nonce and ciphertext).
     pub fn seal(&self, id: &CredentialId, value: &SecretValue) -> ApiResult<String> {
+        self.seal_bytes(&Self::aad(id), value.expose().as_bytes())
+    }
+
+    /// Opens what [`CredentialSealer::seal`] made for credential `id`.
+    pub fn open(&self, id: &CredentialId, sealed: &str) -> Result<SecretValue, SealError> {
+        let plain = self
+            .open_bytes(&Self::aad(id), sealed)
+            .map_err(|e| match e {
+                SealedBytesError::Malformed => SealError::Malformed(id.clone()),
+                SealedBytesError::Authentication => SealError::Authentication(id.clone()),
+            })?;
+        SecretValue::from_bytes(plain).map_err(|_| SealError::Malformed(id.clone()))
+    }
+
+    /// `plain`, sealed with `aad` as associated data (base64 of nonce and ciphertext): what
+    /// else the control plane keeps secret in its database (how it reaches a customer key).
+    pub fn seal_bytes(&self, aad: &[u8], plain: &[u8]) -> ApiResult<String> {
         use base64::Engine as _;
         let key: &[u8; KEY_LEN] = &self.key;
         let (nonce, ciphertext) =
-            space_secrets::crypto::seal(key, &Self::aad(id), value.expose().as_bytes())
-                .map_err(ApiError::internal)?;
+            space_secrets::crypto::seal(key, aad, plain).map_err(ApiError::internal)?;
         let mut out = nonce.to_vec();
         out.extend_from_slice(&ciphertext);
         Ok(base64::engine::general_purpose::STANDARD.encode(out))
     }
 
-    /// Opens what [`CredentialSealer::seal`] made for credential `id`.
-    pub fn open(&self, id: &CredentialId, sealed: &str) -> Result<SecretValue, SealError> {
+    /// Opens what [`CredentialSealer::seal_bytes`] made with `aad`.
+    pub fn open_bytes(
+        &self,
+        aad: &[u8],
+        sealed: &str,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, SealedBytesError> {
         use base64::Engine as _;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(sealed)
-            .map_err(|_| SealError::Malformed(id.clone()))?;
+            .map_err(|_| SealedBytesError::Malformed)?;
         let n = space_secrets::crypto::NONCE_LEN;
         if bytes.len() < n {
-            return Err(SealError::Malformed(id.clone()));
+            return Err(SealedBytesError::Malformed);
         }
         let key: &[u8; KEY_LEN] = &self.key;
-        let plain = space_secrets::crypto::open(key, &Self::aad(id), &bytes[..n], &bytes[n..])
-            .map_err(|_| SealError::Authentication(id.clone()))?;
-        SecretValue::from_bytes(plain).map_err(|_| SealError::Malformed(id.clone()))
+        space_secrets::crypto::open(key, aad, &bytes[..n], &bytes[n..])
+            .map_err(|_| SealedBytesError::Authentication)
     }
+}
+
+/// Why sealed bytes do not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SealedBytesError {
+    /// Not what [`CredentialSealer::seal_bytes`] makes.
+    #[error("the sealed value is malformed")]
+    Malformed,
+    /// Changed, moved, or sealed under another key.
+    #[error("the sealed value fails authentication (changed, moved, or sealed under another key)")]
+    Authentication,
 }
 
 /// Whom a credential is for, within the caller's tenant.
@@ -224,8 +254,12 @@ pub async fn get(st: &AppState, caller: &Caller, id: &CredentialId) -> ApiResult
 /// Deletes a credential: from now on no request gets it (nodes that miss the deletion drop
 /// it at their next sync, within seconds).
 pub async fn delete(st: &AppState, caller: &Caller, id: &CredentialId) -> ApiResult<()> {
+    let stored = st.db.credential(&caller.id, id).await?;
     if st.db.delete_credential(&caller.id, id).await?.is_none() {
         return Err(not_found(id));
+    }
+    if let Some(data_key) = stored.as_ref().and_then(|s| data_key_of(&s.sealed_value)) {
+        super::customer_keys::forget_data_key(st, &caller.id, data_key).await?;
     }
     tracing::info!(tenant = %caller.name, credential = %id, "credential deleted");
     let id = id.clone();
@@ -241,18 +275,117 @@ fn not_found(id: &CredentialId) -> ApiError {
     ApiError::not_found(format!("credential {id} not found"))
 }
 
-/// Writes `credential` with `value` into the catalog.
+/// How a value sealed under a data key of the tenant's customer key starts (then the data
+/// key's id, `:`, and base64 of nonce and ciphertext); any other sealed value is under the
+/// control plane's credential key.
+const UNDER_CUSTOMER_KEY: &str = "customer-key:";
+
+/// `value` of `credential`, sealed: under a data key of its own wrapped by the tenant's
+/// customer key if the tenant has one, else under the control plane's credential key.
+async fn seal_value(
+    st: &AppState,
+    credential: &Credential,
+    value: &SecretValue,
+) -> ApiResult<String> {
+    let tenant = credential.scope.tenant();
+    let artifact = format!("credential {}", credential.id);
+    match super::customer_keys::new_data_key(st, tenant, &artifact).await? {
+        None => st.credential_sealer.seal(&credential.id, value),
+        Some((data_key_id, data_key)) => {
+            use base64::Engine as _;
+            let (nonce, ciphertext) = space_secrets::crypto::seal(
+                data_key.expose(),
+                &CredentialSealer::aad(&credential.id),
+                value.expose().as_bytes(),
+            )
+            .map_err(ApiError::internal)?;
+            let mut blob = nonce.to_vec();
+            blob.extend_from_slice(&ciphertext);
+            Ok(format!(
+                "{UNDER_CUSTOMER_KEY}{data_key_id}:{}",
+                base64::engine::general_purpose::STANDARD.encode(blob)
+            ))
+        }
+    }
+}
+
+/// The data key a sealed value is under, if it is under the tenant's customer key.
+fn data_key_of(sealed: &str) -> Option<&str> {
+    sealed
+        .strip_prefix(UNDER_CUSTOMER_KEY)
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(id, _)| id)
+}
+
+/// Opens a stored credential's value: with its data key (unwrapped by the tenant's
+/// customer key: `403 key_unavailable` once the customer revoked it), or the control
+/// plane's credential key.
+pub async fn open_value(st: &AppState, stored: &StoredCredential) -> ApiResult<SecretValue> {
+    let id = &stored.credential.id;
+    let Some(rest) = stored.sealed_value.strip_prefix(UNDER_CUSTOMER_KEY) else {
+        return st
+            .credential_sealer
+            .open(id, &stored.sealed_value)
+            .map_err(ApiError::internal);
+    };
+    let malformed = || ApiError::internal(SealError::Malformed(id.clone()));
+    let (data_key_id, blob) = rest.split_once(':').ok_or_else(malformed)?;
+    let data_key =
+        super::customer_keys::open_data_key(st, stored.credential.scope.tenant(), data_key_id)
+            .await?;
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(blob)
+        .map_err(|_| malformed())?;
+    let n = space_secrets::crypto::NONCE_LEN;
+    if bytes.len() < n {
+        return Err(malformed());
+    }
+    let plain = space_secrets::crypto::open(
+        data_key.expose(),
+        &CredentialSealer::aad(id),
+        &bytes[..n],
+        &bytes[n..],
+    )
+    .map_err(|_| ApiError::internal(SealError::Authentication(id.clone())))?;
+    SecretValue::from_bytes(plain).map_err(|_| malformed())
+}
+
+/// Seals again, under data keys of the tenant's customer key, those of its values still
+/// under the control plane's credential key (what it stored before it registered one).
+/// Returns how many.
+pub async fn reseal_under_customer_key(st: &AppState, tenant: &TenantId) -> ApiResult<u64> {
+    let mut done = 0;
+    for stored in st.db.credentials_of(tenant).await? {
+        if data_key_of(&stored.sealed_value).is_some() {
+            continue;
+        }
+        let value = open_value(st, &stored).await?;
+        store(st, &stored.credential, &value, true).await?;
+        done += 1;
+    }
+    Ok(done)
+}
+
+/// Writes `credential` with `value` into the catalog (a replaced value's data key is
+/// forgotten once the new one is stored).
 async fn store(
     st: &AppState,
     credential: &Credential,
     value: &SecretValue,
     replace: bool,
 ) -> ApiResult<()> {
+    let tenant = credential.scope.tenant();
+    let previous = if replace {
+        st.db.credential(tenant, &credential.id).await?
+    } else {
+        None
+    };
     let stored = StoredCredential {
         credential: credential.clone(),
-        sealed_value: st.credential_sealer.seal(&credential.id, value)?,
+        sealed_value: seal_value(st, credential, value).await?,
     };
-    match st.db.put_credential(&stored, replace).await {
+    let result = match st.db.put_credential(&stored, replace).await {
         Ok(_) => Ok(()),
         Err(DbError::AlreadyExists(what)) => Err(ApiError::new(
             space_core::ErrorCode::AlreadyExists,
@@ -260,7 +393,17 @@ async fn store(
         )),
         Err(DbError::NotFound(_)) => Err(not_found(&credential.id)),
         Err(e) => Err(e.into()),
+    };
+    // The data key of whichever value is not in the catalog now.
+    let unused = if result.is_ok() {
+        previous.as_ref().map(|p| p.sealed_value.as_str())
+    } else {
+        Some(stored.sealed_value.as_str())
+    };
+    if let Some(data_key) = unused.and_then(data_key_of) {
+        super::customer_keys::forget_data_key(st, tenant, data_key).await?;
     }
+    result
 }
 
 /// How long a change waits for the nodes to take it before answering (a node that takes
@@ -313,9 +456,10 @@ pub enum SyncError {
     /// The catalog could not be read.
     #[error(transparent)]
     Db(#[from] DbError),
-    /// A stored value does not open (the catalog or the key is not what it was).
+    /// A stored value does not open (the catalog or the key is not what it was, or the
+    /// key service of a customer key did not answer).
     #[error(transparent)]
-    Seal(#[from] SealError),
+    Open(space_core::ErrorBody),
     /// The node refused or did not answer.
     #[error(transparent)]
     Node(#[from] NodeCallError),
@@ -335,9 +479,18 @@ pub async fn sync_node(st: &AppState, node: &dyn NodeApi) -> Result<u64, SyncErr
         }
     }
     for stored in &catalog {
-        let value = st
-            .credential_sealer
-            .open(&stored.credential.id, &stored.sealed_value)?;
+        let value = match open_value(st, stored).await {
+            Ok(value) => value,
+            // The customer revoked the key its tenant's values are under: SPACE can no
+            // longer open them, and the node must not keep a copy either. Other tenants'
+            // credentials are synced all the same.
+            Err(e) if e.body.code == space_core::ErrorCode::KeyUnavailable => {
+                tracing::warn!(node = node.name(), credential = %stored.credential.id, error = %e.body, "credential under an unavailable customer key: dropped from the node");
+                node.delete_credential(&stored.credential.id).await?;
+                continue;
+            }
+            Err(e) => return Err(SyncError::Open(e.body)),
+        };
         node.put_credential(stored.credential.clone(), value)
             .await?;
     }
@@ -464,10 +617,7 @@ pub async fn registry_login(
         .registry_username()
         .ok_or_else(|| ApiError::internal("a stored registry credential is not basic_auth"))?
         .to_owned();
-    let password = st
-        .credential_sealer
-        .open(&chosen.credential.id, &chosen.sealed_value)
-        .map_err(ApiError::internal)?;
+    let password = open_value(st, &chosen).await?;
     tracing::info!(tenant = %caller.name, credential = %chosen.credential.id, %registry, "registry login from a credential");
     Ok(Some(RegistryCredential { username, password }))
 }

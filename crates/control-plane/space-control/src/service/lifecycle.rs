@@ -79,6 +79,7 @@ pub async fn pause(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<
 /// deadline becomes now + its timeout.
 pub async fn resume(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
     let row = st.live_sandbox(&caller.id, id).await?;
+    super::customer_keys::require_usable(st, &caller.id).await?;
     if row.suspended_snapshot.is_some() {
         // Suspended to object storage: restored on whichever node the scheduler picks.
         return super::suspend::resume(st, row).await;
@@ -100,6 +101,7 @@ pub async fn stop(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<S
 /// Starts a stopped sandbox (a cold boot on its kept disk), once its daemon is ready; its
 /// deadline becomes now + its timeout.
 pub async fn start(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    super::customer_keys::require_usable(st, &caller.id).await?;
     operate(st, caller, id, Deadline::Renew, |node, id| async move {
         node.start(&id).await
     })
@@ -113,6 +115,7 @@ pub async fn rollback(
     id: &SandboxId,
     to: &SnapshotId,
 ) -> ApiResult<SandboxInfo> {
+    super::customer_keys::require_usable(st, &caller.id).await?;
     let to = to.clone();
     operate(st, caller, id, Deadline::Keep, |node, id| async move {
         node.rollback(&id, &to).await
@@ -135,6 +138,7 @@ pub async fn fork(
             "count must be between 1 and {MAX_FORK_COUNT}, got {count}"
         )));
     }
+    super::customer_keys::require_usable(st, &tenant.id).await?;
     if let Some(t) = req.timeout_secs {
         validate_timeout(t)?;
     }

@@ -11,6 +11,8 @@
 //! - [`lifecycle`]: pause, resume, stop, start, rollback, fork, the event log.
 //! - [`snapshots`]: a sandbox's snapshots and the tenant's, diffs, finding one by id.
 //! - [`credentials`]: the credential catalog, and syncing nodes' copies with it.
+//! - [`customer_keys`]: tenants' own keys at the operator's key services, the data keys
+//!   wrapped under them, rotation, and the gate every start and restore passes.
 //! - [`egress`]: a sandbox's and a tenant's egress policy.
 //! - [`metrics`]: a sandbox's resource samples.
 //! - [`suspend`]: suspend to object storage, resume on any node, and collecting what no
@@ -29,6 +31,7 @@
 
 pub mod build_files;
 pub mod credentials;
+pub mod customer_keys;
 pub mod drain;
 pub mod egress;
 pub mod lifecycle;

@@ -624,6 +624,7 @@ pub async fn create(
 ) -> ApiResult<SandboxInfo> {
     let started = Instant::now();
     validate_create(&req)?;
+    super::customer_keys::require_usable(st, &caller.id).await?;
     if let Some(snapshot) = req.snapshot.clone() {
         return create_from_snapshot(st, caller, snapshot, req, started).await;
     }

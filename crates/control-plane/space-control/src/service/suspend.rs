@@ -288,6 +288,7 @@ async fn remove_objects(
 /// Resumes suspended sandbox `row` (the caller's, found by the caller) on a node the
 /// scheduler picks (see the module docs); its deadline is renewed.
 pub async fn resume(st: &AppState, row: SandboxRow) -> ApiResult<SandboxInfo> {
+    super::customer_keys::require_usable(st, &row.tenant_id).await?;
     let id = row.id.clone();
     let snapshot = row.suspended_snapshot.clone().ok_or_else(|| {
         ApiError::new(

@@ -22,7 +22,9 @@ pub fn code_of(code: ErrorCode) -> Code {
         | ErrorCode::InvalidPath
         | ErrorCode::ExecFailed
         | ErrorCode::EgressBeyondCeiling => Code::InvalidArgument,
-        ErrorCode::PermissionDenied | ErrorCode::Forbidden => Code::PermissionDenied,
+        ErrorCode::PermissionDenied | ErrorCode::Forbidden | ErrorCode::KeyUnavailable => {
+            Code::PermissionDenied
+        }
         ErrorCode::QuotaExceeded | ErrorCode::RateLimited => Code::ResourceExhausted,
         ErrorCode::Conflict | ErrorCode::NodeFenced => Code::FailedPrecondition,
         ErrorCode::PayloadTooLarge
@@ -35,7 +37,8 @@ pub fn code_of(code: ErrorCode) -> Code {
         ErrorCode::SandboxFailed
         | ErrorCode::PortClosed
         | ErrorCode::NodeUnavailable
-        | ErrorCode::StorageUnavailable => Code::Unavailable,
+        | ErrorCode::StorageUnavailable
+        | ErrorCode::KeyServiceUnavailable => Code::Unavailable,
         ErrorCode::SnapshotCorrupt => Code::DataLoss,
         ErrorCode::IdempotencyKeyReused | ErrorCode::Internal => Code::Internal,
     }

@@ -1,0 +1,451 @@
+//! Customer keys through the real API, against real key services (PyKMIP's KMIP server, a
+//! SoftHSM2 token; `scripts/kms-test-servers`) and real sandboxes (issue 17): registration
+//! proves the key; every create, resume, start and fork of the tenant passes the gate; once
+//! the customer revokes or destroys its key, they fail with `403 key_unavailable` naming the
+//! customer key within the check TTL, while its running sandbox keeps running and another
+//! tenant is unaffected; rotation re-wraps data keys under the new version, and what was
+//! wrapped before opens after; every check, wrap and unwrap is in the action log.
+
+use std::time::{Duration, Instant};
+
+use space_cli::client::{ClientError, SpaceClient};
+use space_control::api::audit::AuditLogParams;
+use space_control::service::customer_keys::{self, CustomerKeyRequest, RotateRequest};
+use space_core::sandbox::{CreateSandboxRequest, ForkRequest};
+use space_core::ErrorCode;
+use space_kms::{KeyCredentials, KmsConfig, ProviderConfig};
+use test_support::kms::{Identity, KmipServer, SoftHsm, SOFTHSM_MODULE};
+use test_support::{bearer_credential, TestServer, TEST_TEMPLATE};
+use zeroize::Zeroizing;
+
+/// How long a passed check is trusted in these tests.
+const CHECK_TTL: Duration = Duration::from_secs(2);
+
+fn key_services(kmip: &KmipServer, local_dir: &std::path::Path, hsm: bool) -> KmsConfig {
+    let mut config = KmsConfig::local_only(local_dir);
+    config.providers.insert(
+        "corp".into(),
+        ProviderConfig::Kmip {
+            address: kmip.address(),
+            server_name: Some("localhost".into()),
+            ca_file: kmip.ca_file.clone(),
+            timeout_ms: Some(10_000),
+        },
+    );
+    if hsm {
+        config.providers.insert(
+            "hsm".into(),
+            ProviderConfig::Pkcs11 {
+                module: SOFTHSM_MODULE.into(),
+                token: None,
+            },
+        );
+    }
+    config
+}
+
+fn kmip_key(key_id: &str, who: &Identity) -> CustomerKeyRequest {
+    CustomerKeyRequest {
+        provider: "corp".into(),
+        key_id: Some(key_id.into()),
+        token: None,
+        credentials: KeyCredentials::ClientCertificate {
+            certificate_pem: who.certificate_pem.clone(),
+            private_key_pem: Zeroizing::new(who.private_key_pem.clone()),
+        },
+    }
+}
+
+/// Whether any file under `dir` holds `needle` (the database and its journals).
+fn found_in_files(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut hits = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return hits;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if !path.ends_with("store") {
+                hits.extend(found_in_files(&path, needle));
+            }
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                hits.push(path);
+            }
+        }
+    }
+    hits
+}
+
+fn is(e: ClientError, status: u16, code: ErrorCode) -> String {
+    assert_eq!(e.status(), Some(status), "{e:?}");
+    assert_eq!(e.code(), Some(code), "{e:?}");
+    e.to_string()
+}
+
+async fn create(c: &SpaceClient) -> Result<space_core::SandboxId, ClientError> {
+    c.create_sandbox(&CreateSandboxRequest {
+        template: TEST_TEMPLATE.into(),
+        ..Default::default()
+    })
+    .await
+    .map(|s| s.id)
+}
+
+/// Creates until the gate refuses (at most the check TTL and a margin after `since`).
+async fn refused_within_ttl(c: &SpaceClient, since: Instant) -> String {
+    loop {
+        match create(c).await {
+            Err(e) => {
+                let elapsed = since.elapsed();
+                assert!(
+                    elapsed < CHECK_TTL + Duration::from_secs(3),
+                    "refused only after {elapsed:?}"
+                );
+                return is(e, 403, ErrorCode::KeyUnavailable);
+            }
+            Ok(id) => {
+                assert!(
+                    since.elapsed() < CHECK_TTL + Duration::from_secs(3),
+                    "still created after the TTL"
+                );
+                c.delete_sandbox(&id).await.expect("delete");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
+    let kmip = KmipServer::start();
+    let local = tempfile::tempdir().unwrap();
+    let config = key_services(&kmip, local.path(), false);
+    let ts = TestServer::start_with(|c| {
+        c.key_services = config;
+        c.customer_key_check_ttl = CHECK_TTL;
+    })
+    .await;
+    let a = ts.new_tenant_client("byok-a").await;
+    let b = ts.new_tenant_client("byok-b").await;
+    let alice = kmip.issue("byok-a", &[]);
+    let key = kmip.create_key(&alice);
+
+    let services = a.key_services().await.unwrap();
+    let kinds: Vec<(String, String)> = services.into_iter().map(|s| (s.name, s.kind)).collect();
+    assert!(kinds.contains(&("corp".into(), "kmip".into())), "{kinds:?}");
+    assert!(
+        kinds.contains(&("local".into(), "local".into())),
+        "{kinds:?}"
+    );
+
+    // Bad registrations: each a clear error, nothing stored.
+    is(
+        a.customer_key().await.unwrap_err(),
+        404,
+        ErrorCode::NotFound,
+    );
+    let mut unknown = kmip_key(&key, &alice);
+    unknown.provider = "nope".into();
+    assert!(is(
+        a.set_customer_key(&unknown).await.unwrap_err(),
+        400,
+        ErrorCode::InvalidRequest
+    )
+    .contains("corp"));
+    let mut no_id = kmip_key(&key, &alice);
+    no_id.key_id = None;
+    is(
+        a.set_customer_key(&no_id).await.unwrap_err(),
+        400,
+        ErrorCode::InvalidRequest,
+    );
+    let mut no_credentials = kmip_key(&key, &alice);
+    no_credentials.credentials = KeyCredentials::None;
+    is(
+        a.set_customer_key(&no_credentials).await.unwrap_err(),
+        400,
+        ErrorCode::InvalidRequest,
+    );
+    let missing = is(
+        a.set_customer_key(&kmip_key("4242", &alice))
+            .await
+            .unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    assert!(missing.contains("corp key \"4242\""), "{missing}");
+    let mut local_named = kmip_key(&key, &alice);
+    local_named.provider = "local".into();
+    local_named.credentials = KeyCredentials::None;
+    is(
+        a.set_customer_key(&local_named).await.unwrap_err(),
+        400,
+        ErrorCode::InvalidRequest,
+    );
+    is(
+        a.customer_key().await.unwrap_err(),
+        404,
+        ErrorCode::NotFound,
+    );
+
+    // A credential stored before the key is registered, one after, and another tenant's.
+    let c1 = a
+        .create_credential(&bearer_credential("before", "sk-byok-marker-0001"))
+        .await
+        .unwrap();
+    // Registered: the view never shows the credentials.
+    let view = a.set_customer_key(&kmip_key(&key, &alice)).await.unwrap();
+    let c2 = a
+        .create_credential(&bearer_credential("after", "sk-byok-marker-0002"))
+        .await
+        .unwrap();
+    b.create_credential(&bearer_credential("other", "sk-byok-other-0001"))
+        .await
+        .unwrap();
+    assert_eq!(view.current_version, 1);
+    assert_eq!(view.versions[0].credentials, "client_certificate");
+    let shown = serde_json::to_string(&a.customer_key().await.unwrap()).unwrap();
+    assert!(
+        !shown.contains("PRIVATE KEY") && !shown.contains("BEGIN"),
+        "{shown}"
+    );
+    is(
+        a.set_customer_key(&kmip_key(&key, &alice))
+            .await
+            .unwrap_err(),
+        409,
+        ErrorCode::Conflict,
+    );
+
+    // A data key wrapped under version 1 (what sealed artifacts will hold).
+    let st = ts.server().state();
+    let tenant_a = st.db.tenant_by_name("byok-a").await.unwrap().unwrap().id;
+    let (dk_id, dk) = customer_keys::new_data_key(st, &tenant_a, "test:artifact")
+        .await
+        .unwrap()
+        .expect("a data key");
+
+    // Both of tenant a's values are sealed under data keys of its customer key: neither is
+    // anywhere in the database's files (tenant b's, under the control plane's key, neither).
+    for id in [&c1.id, &c2.id] {
+        let id: space_secrets::CredentialId = id.parse().unwrap();
+        let stored = st.db.credential(&tenant_a, &id).await.unwrap().unwrap();
+        assert!(stored.sealed_value.starts_with("customer-key:dk-"), "{id}");
+    }
+    assert_eq!(
+        found_in_files(&ts.data_dir, b"sk-byok-marker"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert_eq!(
+        found_in_files(&ts.data_dir, b"sk-byok-other"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let node = st.nodes.all().remove(0);
+    space_control::service::credentials::sync_node(st, node.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(node.credentials().await.unwrap().len(), 3);
+
+    let running = create(&a).await.expect("create under a usable key");
+    let paused = create(&a).await.expect("create");
+    a.pause_sandbox(&paused).await.expect("pause");
+    let other = create(&b).await.expect("tenant b");
+
+    // Rotation to a second key: the data key is re-wrapped, and opens to the same bytes.
+    let key2 = kmip.create_key(&alice);
+    let rotation = a
+        .rotate_customer_key(&RotateRequest {
+            key_id: Some(key2.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rotation.customer_key.current_version, 2);
+    assert_eq!((rotation.rewrapped, rotation.not_rewrapped), (3, 0));
+    assert_eq!(rotation.customer_key.versions[1].data_keys, 3);
+    assert_eq!(rotation.customer_key.versions[0].data_keys, 0);
+    // Version 1's key can go now: nothing depends on it.
+    kmip.revoke_key(&alice, &key);
+    let back = customer_keys::open_data_key(st, &tenant_a, &dk_id)
+        .await
+        .unwrap();
+    assert_eq!(back.expose(), dk.expose());
+
+    // The customer revokes the current key.
+    kmip.revoke_key(&alice, &key2);
+    let revoked_at = Instant::now();
+    let message = refused_within_ttl(&a, revoked_at).await;
+    assert!(
+        message.contains("customer key version 2")
+            && message.contains(&format!("corp key \"{key2}\"")),
+        "{message}"
+    );
+    assert!(!message.contains("PRIVATE"), "{message}");
+    // Resume, start and fork: refused too; the data key no longer opens.
+    is(
+        a.resume_sandbox(&paused).await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    is(
+        a.fork(&running, &ForkRequest::default()).await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    a.stop_sandbox(&paused).await.expect("stop needs no key");
+    is(
+        a.start_sandbox(&paused).await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    let e = customer_keys::open_data_key(st, &tenant_a, &dk_id)
+        .await
+        .unwrap_err();
+    assert_eq!(e.body.code, ErrorCode::KeyUnavailable, "{e:?}");
+    // The running sandbox keeps running and answers.
+    let out = test_support::shell(&a, &running, "echo still-here", false).await;
+    assert!(out.contains("still-here"), "{out}");
+    // A node synced now drops tenant a's credentials (nobody can open them) and keeps b's.
+    space_control::service::credentials::sync_node(st, node.as_ref())
+        .await
+        .unwrap();
+    let held: Vec<String> = node
+        .credentials()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name.as_str().to_owned())
+        .collect();
+    assert_eq!(held, vec!["other".to_owned()]);
+    // Another tenant is unaffected.
+    let b2 = create(&b).await.expect("tenant b creates");
+    b.fork(&other, &ForkRequest::default())
+        .await
+        .expect("tenant b forks");
+    b.delete_sandbox(&b2).await.unwrap();
+
+    // Every check, wrap, unwrap and refusal is in tenant a's action log.
+    let log = a
+        .audit_log(&AuditLogParams {
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let has = |action: &str, outcome: &str| {
+        log.records
+            .iter()
+            .any(|r| r.action == action && r.outcome == outcome)
+    };
+    assert!(has("customer_key.check", "ok"));
+    assert!(has("customer_key.check", "key_unavailable"));
+    assert!(has("customer_key.wrap", "ok"));
+    assert!(has("customer_key.unwrap", "ok"));
+    assert!(has("customer_key.unwrap", "key_unavailable"));
+    let text = serde_json::to_string(&log.records).unwrap();
+    assert!(
+        !text.contains(&hex_of(dk.expose())),
+        "a data key in the audit log"
+    );
+
+    // Removing the key is refused while a data key depends on it.
+    is(
+        a.remove_customer_key().await.unwrap_err(),
+        409,
+        ErrorCode::Conflict,
+    );
+    customer_keys::forget_data_key(st, &tenant_a, &dk_id)
+        .await
+        .unwrap();
+    is(
+        a.remove_customer_key().await.unwrap_err(),
+        409,
+        ErrorCode::Conflict,
+    );
+    a.delete_credential(c1.id.as_str()).await.unwrap();
+    a.delete_credential(c2.id.as_str()).await.unwrap();
+    a.remove_customer_key().await.expect("remove");
+    create(&a)
+        .await
+        .expect("a tenant without a customer key is not gated");
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_hsm_key_destroyed_in_softhsm_stops_its_tenant() {
+    let hsm = SoftHsm::create();
+    hsm.init_token("byok-hsm", "4321");
+    hsm.create_key("byok-hsm", "4321", "space-data");
+    let kmip = KmipServer::start();
+    let local = tempfile::tempdir().unwrap();
+    let config = key_services(&kmip, local.path(), true);
+    let ts = TestServer::start_with(|c| {
+        c.key_services = config;
+        c.customer_key_check_ttl = CHECK_TTL;
+    })
+    .await;
+    let a = ts.new_tenant_client("byok-hsm").await;
+    let request = |pin: &str| CustomerKeyRequest {
+        provider: "hsm".into(),
+        key_id: Some("space-data".into()),
+        token: Some("byok-hsm".into()),
+        credentials: KeyCredentials::Pin {
+            pin: Zeroizing::new(pin.into()),
+        },
+    };
+    is(
+        a.set_customer_key(&request("0000")).await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    let mut no_token = request("4321");
+    no_token.token = None;
+    is(
+        a.set_customer_key(&no_token).await.unwrap_err(),
+        400,
+        ErrorCode::InvalidRequest,
+    );
+    a.set_customer_key(&request("4321")).await.unwrap();
+    let id = create(&a).await.expect("create");
+
+    // The local key service: a tenant gets a key made for it, and it gates as well.
+    let c = ts.new_tenant_client("byok-local").await;
+    let view = c
+        .set_customer_key(&CustomerKeyRequest {
+            provider: "local".into(),
+            key_id: None,
+            token: None,
+            credentials: KeyCredentials::None,
+        })
+        .await
+        .unwrap();
+    let local_key = view.versions[0].key_id.clone();
+    assert!(local.path().join(format!("{local_key}.key")).exists());
+
+    hsm.destroy_key("byok-hsm", "4321", "space-data");
+    let message = refused_within_ttl(&a, Instant::now()).await;
+    assert!(message.contains("hsm key \"space-data\""), "{message}");
+    is(
+        a.check_customer_key().await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    let out = test_support::shell(&a, &id, "echo alive", false).await;
+    assert!(out.contains("alive"), "{out}");
+
+    // The operator disables the local key: its tenant stops too.
+    create(&c).await.expect("create under the local key");
+    let st = ts.server().state();
+    st.customer_keys
+        .services()
+        .local("local")
+        .unwrap()
+        .disable(&local_key)
+        .unwrap();
+    refused_within_ttl(&c, Instant::now()).await;
+    ts.stop().await;
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
