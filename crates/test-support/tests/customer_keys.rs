@@ -305,18 +305,28 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
     // The running sandbox keeps running and answers.
     let out = test_support::shell(&a, &running, "echo still-here", false).await;
     assert!(out.contains("still-here"), "{out}");
-    // A node synced now drops tenant a's credentials (nobody can open them) and keeps b's.
+    // The leader's watch drops tenant a's credential values from the node (nobody can open
+    // them now) within the check TTL, and keeps b's; a sync does the same.
+    let held = || async {
+        let mut names: Vec<String> = node
+            .credentials()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name.as_str().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let deadline = revoked_at + CHECK_TTL + Duration::from_secs(5);
+    while held().await != vec!["other".to_owned()] {
+        assert!(Instant::now() < deadline, "still held: {:?}", held().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     space_control::service::credentials::sync_node(st, node.as_ref())
         .await
         .unwrap();
-    let held: Vec<String> = node
-        .credentials()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.name.as_str().to_owned())
-        .collect();
-    assert_eq!(held, vec!["other".to_owned()]);
+    assert_eq!(held().await, vec!["other".to_owned()]);
     // Another tenant is unaffected.
     let b2 = create(&b).await.expect("tenant b creates");
     b.fork(&other, &ForkRequest::default())

@@ -586,6 +586,9 @@ impl Reconciler {
                 if let Err(e) = crate::service::node_loss::run(&this.state).await {
                     tracing::warn!(error = %e.body.message, "node-loss protection pass failed");
                 }
+                if let Err(e) = crate::service::customer_keys::watch(&this.state).await {
+                    tracing::warn!(error = %e.body.message, "watching customer keys failed");
+                }
                 let now = tokio::time::Instant::now();
                 let due = {
                     let mut next = next_prune.lock().unwrap_or_else(|p| p.into_inner());

@@ -158,6 +158,23 @@ impl Db {
         }))
     }
 
+    /// Every tenant with a customer key.
+    pub async fn tenants_with_customer_keys(&self) -> Result<Vec<TenantId>, DbError> {
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT tenant_id FROM customer_keys ORDER BY tenant_id")
+                .fetch_all(self.pool())
+                .await?;
+        ids.iter()
+            .map(|id| {
+                id.parse()
+                    .map_err(|e: space_core::IdError| DbError::Corrupt {
+                        table: "customer_keys",
+                        reason: e.to_string(),
+                    })
+            })
+            .collect()
+    }
+
     /// Registers `tenant`'s customer key with its first version; [`DbError::AlreadyExists`]
     /// if the tenant has one.
     pub async fn insert_customer_key(

@@ -367,6 +367,42 @@ pub async fn reseal_under_customer_key(st: &AppState, tenant: &TenantId) -> ApiR
     Ok(done)
 }
 
+/// Deletes credential `id` from `node`, if it holds it.
+async fn forget_on(node: &dyn NodeApi, id: &CredentialId) -> Result<(), NodeCallError> {
+    match node.delete_credential(id).await {
+        Err(e) if e.code() == space_core::ErrorCode::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Deletes from every node the values of `tenant` sealed under its customer key (which is
+/// no longer usable); the catalog keeps them, sealed. Returns how many.
+pub async fn drop_from_nodes(st: &AppState, tenant: &TenantId) -> ApiResult<usize> {
+    let ids: Vec<CredentialId> = st
+        .db
+        .credentials_of(tenant)
+        .await?
+        .into_iter()
+        .filter(|s| data_key_of(&s.sealed_value).is_some())
+        .map(|s| s.credential.id)
+        .collect();
+    let count = ids.len();
+    if count > 0 {
+        let ids = Arc::new(ids);
+        to_every_node(st, "revocation", move |node| {
+            let ids = ids.clone();
+            async move {
+                for id in ids.iter() {
+                    forget_on(node.as_ref(), id).await?;
+                }
+                Ok(())
+            }
+        })
+        .await;
+    }
+    Ok(count)
+}
+
 /// Writes `credential` with `value` into the catalog (a replaced value's data key is
 /// forgotten once the new one is stored).
 async fn store(
@@ -486,7 +522,7 @@ pub async fn sync_node(st: &AppState, node: &dyn NodeApi) -> Result<u64, SyncErr
             // credentials are synced all the same.
             Err(e) if e.body.code == space_core::ErrorCode::KeyUnavailable => {
                 tracing::warn!(node = node.name(), credential = %stored.credential.id, error = %e.body, "credential under an unavailable customer key: dropped from the node");
-                node.delete_credential(&stored.credential.id).await?;
+                forget_on(node, &stored.credential.id).await?;
                 continue;
             }
             Err(e) => return Err(SyncError::Open(e.body)),

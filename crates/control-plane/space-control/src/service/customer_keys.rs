@@ -62,6 +62,9 @@ pub struct CustomerKeys {
     check_ttl: Duration,
     /// Tenant → the version that passed a check, and when.
     passed: Mutex<HashMap<TenantId, (i64, Instant)>>,
+    /// Tenant → when the leader's watch last looked at its key (at most once per TTL,
+    /// whatever the verdict: a revoked key is not asked about every second).
+    watched: Mutex<HashMap<TenantId, Instant>>,
 }
 
 impl CustomerKeys {
@@ -71,6 +74,7 @@ impl CustomerKeys {
             services,
             check_ttl: check_ttl.min(MAX_CHECK_TTL),
             passed: Mutex::new(HashMap::new()),
+            watched: Mutex::new(HashMap::new()),
         }
     }
 
@@ -84,6 +88,18 @@ impl CustomerKeys {
         passed
             .get(tenant)
             .is_some_and(|(v, at)| *v == version && at.elapsed() < self.check_ttl)
+    }
+
+    /// Whether the watch is due to look at `tenant`'s key (and notes that it does now).
+    fn watch_due(&self, tenant: &TenantId) -> bool {
+        let mut watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        let due = watched
+            .get(tenant)
+            .is_none_or(|at| at.elapsed() >= self.check_ttl);
+        if due {
+            watched.insert(tenant.clone(), Instant::now());
+        }
+        due
     }
 
     fn remember(&self, tenant: &TenantId, outcome: Option<i64>) {
@@ -667,6 +683,32 @@ pub async fn require_usable(st: &AppState, tenant: &TenantId) -> ApiResult<()> {
         return Ok(());
     }
     check(st, &key).await
+}
+
+/// The leader's watch over customer keys (each reconciler pass): every tenant's key is
+/// checked once its last passed check is older than the check TTL. A key found unavailable
+/// has its tenant's credential values dropped from every node at once — they are under data
+/// keys nobody can open any more — instead of at the nodes' next sync. A key service that
+/// does not answer changes nothing (the values stay until the customer's verdict is known).
+pub async fn watch(st: &AppState) -> ApiResult<()> {
+    for tenant in st.db.tenants_with_customer_keys().await? {
+        if !st.customer_keys.watch_due(&tenant) {
+            continue;
+        }
+        match require_usable(st, &tenant).await {
+            Ok(()) => {}
+            Err(e) if e.body.code == ErrorCode::KeyUnavailable => {
+                let dropped = super::credentials::drop_from_nodes(st, &tenant).await?;
+                if dropped > 0 {
+                    tracing::warn!(%tenant, dropped, reason = %e.body.message, "customer key unavailable: the tenant's credential values dropped from every node");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%tenant, error = %e.body.message, "customer key could not be checked")
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A fresh data key for `artifact` of `tenant`, wrapped under its customer key's current
