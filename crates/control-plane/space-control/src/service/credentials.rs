@@ -71,25 +71,13 @@ impl CredentialSealer {
 
     /// Opens what [`CredentialSealer::seal`] made for credential `id`.
     pub fn open(&self, id: &CredentialId, sealed: &str) -> Result<SecretValue, SealError> {
-        let plain = self
-            .open_bytes(&Self::aad(id), sealed)
-            .map_err(|e| match e {
-                SealedBytesError::Malformed => SealError::Malformed(id.clone()),
-                SealedBytesError::Authentication => SealError::Authentication(id.clone()),
-            })?;
-        SecretValue::from_bytes(plain).map_err(|_| SealError::Malformed(id.clone()))
+        value_of(id, self.open_bytes(&Self::aad(id), sealed))
     }
 
     /// `plain`, sealed with `aad` as associated data (base64 of nonce and ciphertext): what
     /// else the control plane keeps secret in its database (how it reaches a customer key).
     pub fn seal_bytes(&self, aad: &[u8], plain: &[u8]) -> ApiResult<String> {
-        use base64::Engine as _;
-        let key: &[u8; KEY_LEN] = &self.key;
-        let (nonce, ciphertext) =
-            space_secrets::crypto::seal(key, aad, plain).map_err(ApiError::internal)?;
-        let mut out = nonce.to_vec();
-        out.extend_from_slice(&ciphertext);
-        Ok(base64::engine::general_purpose::STANDARD.encode(out))
+        seal_under(&self.key, aad, plain)
     }
 
     /// Opens what [`CredentialSealer::seal_bytes`] made with `aad`.
@@ -98,18 +86,49 @@ impl CredentialSealer {
         aad: &[u8],
         sealed: &str,
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, SealedBytesError> {
-        use base64::Engine as _;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(sealed)
-            .map_err(|_| SealedBytesError::Malformed)?;
-        let n = space_secrets::crypto::NONCE_LEN;
-        if bytes.len() < n {
-            return Err(SealedBytesError::Malformed);
-        }
-        let key: &[u8; KEY_LEN] = &self.key;
-        space_secrets::crypto::open(key, aad, &bytes[..n], &bytes[n..])
-            .map_err(|_| SealedBytesError::Authentication)
+        open_under(&self.key, aad, sealed)
     }
+}
+
+/// `plain` sealed under `key` (XChaCha20-Poly1305, `aad` as associated data): base64 of
+/// nonce and ciphertext. The control plane's credential key and data keys seal alike.
+fn seal_under(key: &[u8; KEY_LEN], aad: &[u8], plain: &[u8]) -> ApiResult<String> {
+    use base64::Engine as _;
+    let (nonce, ciphertext) =
+        space_secrets::crypto::seal(key, aad, plain).map_err(ApiError::internal)?;
+    let mut out = nonce.to_vec();
+    out.extend_from_slice(&ciphertext);
+    Ok(base64::engine::general_purpose::STANDARD.encode(out))
+}
+
+/// Opens what [`seal_under`] made with `key` and `aad`.
+fn open_under(
+    key: &[u8; KEY_LEN],
+    aad: &[u8],
+    sealed: &str,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, SealedBytesError> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(sealed)
+        .map_err(|_| SealedBytesError::Malformed)?;
+    let n = space_secrets::crypto::NONCE_LEN;
+    if bytes.len() < n {
+        return Err(SealedBytesError::Malformed);
+    }
+    space_secrets::crypto::open(key, aad, &bytes[..n], &bytes[n..])
+        .map_err(|_| SealedBytesError::Authentication)
+}
+
+/// Credential `id`'s value from what opening its sealed form gave.
+fn value_of(
+    id: &CredentialId,
+    opened: Result<zeroize::Zeroizing<Vec<u8>>, SealedBytesError>,
+) -> Result<SecretValue, SealError> {
+    let plain = opened.map_err(|e| match e {
+        SealedBytesError::Malformed => SealError::Malformed(id.clone()),
+        SealedBytesError::Authentication => SealError::Authentication(id.clone()),
+    })?;
+    SecretValue::from_bytes(plain).map_err(|_| SealError::Malformed(id.clone()))
 }
 
 /// Why sealed bytes do not open.
@@ -292,19 +311,12 @@ async fn seal_value(
     match super::customer_keys::new_data_key(st, tenant, &artifact).await? {
         None => st.credential_sealer.seal(&credential.id, value),
         Some((data_key_id, data_key)) => {
-            use base64::Engine as _;
-            let (nonce, ciphertext) = space_secrets::crypto::seal(
+            let sealed = seal_under(
                 data_key.expose(),
                 &CredentialSealer::aad(&credential.id),
                 value.expose().as_bytes(),
-            )
-            .map_err(ApiError::internal)?;
-            let mut blob = nonce.to_vec();
-            blob.extend_from_slice(&ciphertext);
-            Ok(format!(
-                "{UNDER_CUSTOMER_KEY}{data_key_id}:{}",
-                base64::engine::general_purpose::STANDARD.encode(blob)
-            ))
+            )?;
+            Ok(format!("{UNDER_CUSTOMER_KEY}{data_key_id}:{sealed}"))
         }
     }
 }
@@ -328,27 +340,17 @@ pub async fn open_value(st: &AppState, stored: &StoredCredential) -> ApiResult<S
             .open(id, &stored.sealed_value)
             .map_err(ApiError::internal);
     };
-    let malformed = || ApiError::internal(SealError::Malformed(id.clone()));
-    let (data_key_id, blob) = rest.split_once(':').ok_or_else(malformed)?;
+    let (data_key_id, sealed) = rest
+        .split_once(':')
+        .ok_or_else(|| ApiError::internal(SealError::Malformed(id.clone())))?;
     let data_key =
         super::customer_keys::open_data_key(st, stored.credential.scope.tenant(), data_key_id)
             .await?;
-    use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(blob)
-        .map_err(|_| malformed())?;
-    let n = space_secrets::crypto::NONCE_LEN;
-    if bytes.len() < n {
-        return Err(malformed());
-    }
-    let plain = space_secrets::crypto::open(
-        data_key.expose(),
-        &CredentialSealer::aad(id),
-        &bytes[..n],
-        &bytes[n..],
+    value_of(
+        id,
+        open_under(data_key.expose(), &CredentialSealer::aad(id), sealed),
     )
-    .map_err(|_| ApiError::internal(SealError::Authentication(id.clone())))?;
-    SecretValue::from_bytes(plain).map_err(|_| malformed())
+    .map_err(ApiError::internal)
 }
 
 /// Seals again, under data keys of the tenant's customer key, those of its values still

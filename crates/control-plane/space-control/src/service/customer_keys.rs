@@ -348,20 +348,17 @@ async fn checked_version(
             }
         ))
     })?;
-    if service.kind() == "local" {
+    if let Some(local) = st.customer_keys.services.local(provider) {
         // The local service's keys are SPACE's to make: a tenant never names one.
-        if access.key_id.is_empty() {
-            access.key_id = format!("{tenant}-v{version}-{:08x}", rand::random::<u32>());
-        } else {
+        if !access.key_id.is_empty() {
             return Err(ApiError::invalid(
                 "the local key service makes its keys: leave key_id out",
             ));
         }
-        if let Some(local) = st.customer_keys.services.local(provider) {
-            local
-                .create(&access.key_id)
-                .map_err(|e| ApiError::internal(format!("local key service: {e}")))?;
-        }
+        access.key_id = format!("{tenant}-v{version}-{:08x}", rand::random::<u32>());
+        local
+            .create(&access.key_id)
+            .map_err(|e| ApiError::internal(format!("local key service: {e}")))?;
     }
     if access.key_id.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -524,13 +521,7 @@ pub async fn rotate(st: &AppState, caller: &Caller, req: RotateRequest) -> ApiRe
     let provider_changed = provider != current.provider;
     if let Some(id) = req.key_id {
         access.key_id = id;
-    } else if provider_changed
-        || st
-            .customer_keys
-            .services
-            .get(&provider)
-            .is_some_and(|s| s.kind() == "local")
-    {
+    } else if provider_changed || st.customer_keys.services.local(&provider).is_some() {
         access.key_id = String::new();
     }
     if req.token.is_some() || provider_changed {
