@@ -28,7 +28,7 @@ use space_cli::client::SpaceClient;
 use space_control::{Server, ServerConfig};
 use space_storage::Store;
 
-pub use wait::wait_until;
+pub use wait::{wait_until, wait_until_ok};
 
 pub mod internet;
 pub mod kms;

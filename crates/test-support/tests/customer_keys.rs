@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use space_cli::client::{ClientError, SpaceClient};
 use space_control::api::audit::AuditLogParams;
 use space_control::service::customer_keys::{self, CustomerKeyRequest, RotateRequest};
-use space_core::sandbox::{CreateSandboxRequest, ForkRequest};
+use space_core::sandbox::{CreateSandboxRequest, CreateSnapshotRequest, ForkRequest};
 use space_core::ErrorCode;
+use space_core::{SandboxId, SnapshotKind};
 use space_kms::{KeyCredentials, KmsConfig, ProviderConfig};
+use space_node_proto::SnapshotRequest;
 use test_support::kms::{Identity, KmipServer, SoftHsm, SOFTHSM_MODULE};
 use test_support::{bearer_credential, TestServer, TEST_TEMPLATE};
 use zeroize::Zeroizing;
@@ -56,25 +58,18 @@ fn kmip_key(key_id: &str, who: &Identity) -> CustomerKeyRequest {
     }
 }
 
-/// Whether any file under `dir` holds `needle` (the database and its journals).
-fn found_in_files(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
-    let mut hits = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return hits;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            if !path.ends_with("store") {
-                hits.extend(found_in_files(&path, needle));
-            }
-        } else if let Ok(bytes) = std::fs::read(&path) {
-            if bytes.windows(needle.len()).any(|w| w == needle) {
-                hits.push(path);
-            }
-        }
-    }
-    hits
+/// A PyKMIP server (and SoftHSM2 with `hsm`), a local key service's directory, and a server
+/// offering them with a passed check trusted for [`CHECK_TTL`].
+async fn servers(hsm: bool) -> (KmipServer, tempfile::TempDir, TestServer) {
+    let kmip = KmipServer::start();
+    let local = tempfile::tempdir().unwrap();
+    let config = key_services(&kmip, local.path(), hsm);
+    let ts = TestServer::start_with(|c| {
+        c.key_services = config;
+        c.customer_key_check_ttl = CHECK_TTL;
+    })
+    .await;
+    (kmip, local, ts)
 }
 
 fn is(e: ClientError, status: u16, code: ErrorCode) -> String {
@@ -117,14 +112,7 @@ async fn refused_within_ttl(c: &SpaceClient, since: Instant) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
-    let kmip = KmipServer::start();
-    let local = tempfile::tempdir().unwrap();
-    let config = key_services(&kmip, local.path(), false);
-    let ts = TestServer::start_with(|c| {
-        c.key_services = config;
-        c.customer_key_check_ttl = CHECK_TTL;
-    })
-    .await;
+    let (kmip, _local, ts) = servers(false).await;
     let a = ts.new_tenant_client("byok-a").await;
     let b = ts.new_tenant_client("byok-b").await;
     let alice = kmip.issue("byok-a", &[]);
@@ -233,11 +221,11 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
         assert!(stored.sealed_value.starts_with("customer-key:dk-"), "{id}");
     }
     assert_eq!(
-        found_in_files(&ts.data_dir, b"sk-byok-marker"),
+        found_outside_disks(&ts.data_dir, b"sk-byok-marker"),
         Vec::<std::path::PathBuf>::new()
     );
     assert_eq!(
-        found_in_files(&ts.data_dir, b"sk-byok-other"),
+        found_outside_disks(&ts.data_dir, b"sk-byok-other"),
         Vec::<std::path::PathBuf>::new()
     );
     let node = st.nodes.all().remove(0);
@@ -261,8 +249,9 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
         .await
         .unwrap();
     assert_eq!(rotation.customer_key.current_version, 2);
-    assert_eq!((rotation.rewrapped, rotation.not_rewrapped), (3, 0));
-    assert_eq!(rotation.customer_key.versions[1].data_keys, 3);
+    // Three credential values' and the artifact key of the tenant's sandboxes.
+    assert_eq!((rotation.rewrapped, rotation.not_rewrapped), (4, 0));
+    assert_eq!(rotation.customer_key.versions[1].data_keys, 4);
     assert_eq!(rotation.customer_key.versions[0].data_keys, 0);
     // Version 1's key can go now: nothing depends on it.
     kmip.revoke_key(&alice, &key);
@@ -292,6 +281,19 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
         403,
         ErrorCode::KeyUnavailable,
     );
+    // A refused fork leaves no child behind.
+    let mut ids: Vec<SandboxId> = a
+        .list_sandboxes(&[])
+        .await
+        .unwrap()
+        .sandboxes
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    ids.sort();
+    let mut expected = vec![running.clone(), paused.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
     a.stop_sandbox(&paused).await.expect("stop needs no key");
     is(
         a.start_sandbox(&paused).await.unwrap_err(),
@@ -302,9 +304,49 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
         .await
         .unwrap_err();
     assert_eq!(e.body.code, ErrorCode::KeyUnavailable, "{e:?}");
-    // The running sandbox keeps running and answers.
+    // The running sandbox keeps running and answers, but is no longer checkpointed: not
+    // through the API, and not by the node itself once the watch has withdrawn the
+    // tenant's artifact key from it (scheduled checkpoints).
     let out = test_support::shell(&a, &running, "echo still-here", false).await;
     assert!(out.contains("still-here"), "{out}");
+    let checkpoint = CreateSnapshotRequest {
+        kind: SnapshotKind::Checkpoint,
+        ..Default::default()
+    };
+    is(
+        a.create_snapshot(&running, &checkpoint).await.unwrap_err(),
+        403,
+        ErrorCode::KeyUnavailable,
+    );
+    let node_checkpoint = || {
+        node.take_snapshot(
+            &running,
+            SnapshotRequest {
+                kind: SnapshotKind::Checkpoint,
+                label: None,
+                persistent: None,
+            },
+        )
+    };
+    loop {
+        match node_checkpoint().await {
+            Ok(taken) => {
+                assert!(
+                    revoked_at.elapsed() < CHECK_TTL + Duration::from_secs(5),
+                    "the node still checkpoints {:?} after the revocation",
+                    revoked_at.elapsed()
+                );
+                node.delete_snapshot(&running, &taken.snapshot.id)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), ErrorCode::KeyUnavailable, "{e:?}");
+                break;
+            }
+        }
+    }
     // The leader's watch drops tenant a's credential values from the node (nobody can open
     // them now) within the check TTL, and keeps b's; a sync does the same.
     let held = || async {
@@ -374,7 +416,21 @@ async fn a_revoked_customer_key_stops_its_tenant_and_no_other() {
     );
     a.delete_credential(c1.id.as_str()).await.unwrap();
     a.delete_credential(c2.id.as_str()).await.unwrap();
-    a.remove_customer_key().await.expect("remove");
+    // Its sandboxes' artifacts at rest are under the key too.
+    is(
+        a.remove_customer_key().await.unwrap_err(),
+        409,
+        ErrorCode::Conflict,
+    );
+    a.delete_sandbox(&running).await.unwrap();
+    a.delete_sandbox(&paused).await.unwrap();
+    // Once the node has let go of them (their snapshots with them).
+    test_support::wait_until_ok(
+        Duration::from_secs(30),
+        "the customer key to be removable",
+        || a.remove_customer_key(),
+    )
+    .await;
     create(&a)
         .await
         .expect("a tenant without a customer key is not gated");
@@ -386,14 +442,7 @@ async fn an_hsm_key_destroyed_in_softhsm_stops_its_tenant() {
     let hsm = SoftHsm::create();
     hsm.init_token("byok-hsm", "4321");
     hsm.create_key("byok-hsm", "4321", "space-data");
-    let kmip = KmipServer::start();
-    let local = tempfile::tempdir().unwrap();
-    let config = key_services(&kmip, local.path(), true);
-    let ts = TestServer::start_with(|c| {
-        c.key_services = config;
-        c.customer_key_check_ttl = CHECK_TTL;
-    })
-    .await;
+    let (_kmip, local, ts) = servers(true).await;
     let a = ts.new_tenant_client("byok-hsm").await;
     let request = |pin: &str| CustomerKeyRequest {
         provider: "hsm".into(),
@@ -453,6 +502,234 @@ async fn an_hsm_key_destroyed_in_softhsm_stops_its_tenant() {
         .disable(&local_key)
         .unwrap();
     refused_within_ttl(&c, Instant::now()).await;
+    ts.stop().await;
+}
+
+/// ROT13: what crosses the API instead of a marker, so the marker itself exists only where
+/// the guest writes it (no request, log line or audit record holds it).
+fn rot13(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            'a'..='z' => (((c as u8 - b'a') + 13) % 26 + b'a') as char,
+            'A'..='Z' => (((c as u8 - b'A') + 13) % 26 + b'A') as char,
+            other => other,
+        })
+        .collect()
+}
+
+/// Shell that turns ROT13 text back into its plaintext, in the guest.
+fn unrot(s: &str) -> String {
+    format!("$(echo {} | tr A-Za-z N-ZA-Mn-za-m)", rot13(s))
+}
+
+/// Files under `dir` that hold `needle`, but for disk images (the live disk, disk
+/// snapshots and template images: see `is_disk`).
+fn found_outside_disks(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut hits = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return hits;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            hits.extend(found_outside_disks(&path, needle));
+        } else if kind.is_file() && !is_disk(&path) {
+            if let Ok(bytes) = std::fs::read(&path) {
+                if bytes.windows(needle.len()).any(|w| w == needle) {
+                    hits.push(path);
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// A disk image: a sandbox's live disk, a disk snapshot's (`disk.raw`), a template's.
+fn is_disk(path: &std::path::Path) -> bool {
+    path.file_name().is_some_and(|n| {
+        n == space_storage::SANDBOX_DISK_FILE || n == space_storage::SNAPSHOT_DISK_FILE
+    })
+}
+
+/// Every file named `name` under `dir`.
+fn files_named(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(files_named(&path, name));
+        } else if entry.file_name() == name {
+            found.push(path);
+        }
+    }
+    found
+}
+
+fn sealed(path: &std::path::Path) -> bool {
+    space_envelope::is_sealed_file(path).unwrap_or(false)
+}
+
+/// The marker the holder process keeps in memory only, asked for through a file.
+async fn memory_marker(c: &SpaceClient, id: &space_core::SandboxId) -> String {
+    test_support::shell(
+        c,
+        id,
+        "rm -f /home/user/dumped; touch /home/user/dump",
+        false,
+    )
+    .await;
+    test_support::wait_until(Duration::from_secs(30), "the holder to answer", || async {
+        let bytes = c
+            .read_file_bytes(id, "/home/user/dumped", None)
+            .await
+            .ok()?;
+        let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+        (!text.is_empty()).then_some(text)
+    })
+    .await
+}
+
+async fn disk_marker(c: &SpaceClient, id: &space_core::SandboxId) -> String {
+    let bytes = c
+        .read_file_bytes(id, "/home/user/marker.txt", None)
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&bytes).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
+    let (kmip, _local, ts) = servers(false).await;
+    let a = ts.new_tenant_client("seal-a").await;
+    let alice = kmip.issue("seal-a", &[]);
+    let key = kmip.create_key(&alice);
+    a.set_customer_key(&kmip_key(&key, &alice)).await.unwrap();
+    let unique = hex_of(&rand::random::<[u8; 8]>());
+    let (in_memory, on_disk) = (
+        format!("SPACE-MEMORY-MARKER-{unique}"),
+        format!("SPACE-DISK-MARKER-{unique}"),
+    );
+
+    // A marker on the disk, and one only in a process's memory.
+    let id = create(&a).await.expect("create");
+    test_support::shell(
+        &a,
+        &id,
+        &format!("echo {} > /home/user/marker.txt && sync", unrot(&on_disk)),
+        false,
+    )
+    .await;
+    a.start_process(
+        &id,
+        &space_core::process::ProcessSpec::shell(format!(
+            "M={}; while true; do if [ -e /home/user/dump ]; then echo $M > /home/user/dumped; rm -f /home/user/dump; fi; sleep 0.2; done",
+            unrot(&in_memory)
+        )),
+    )
+    .await
+    .unwrap();
+    assert_eq!(memory_marker(&a, &id).await, in_memory);
+    test_support::shell(&a, &id, "rm -f /home/user/dumped; sync", false).await;
+
+    // A checkpoint: its saved state is sealed, and the memory marker is nowhere in the data
+    // directory (store, database, logs); the disk marker only on disks.
+    let checkpoint = CreateSnapshotRequest {
+        kind: SnapshotKind::Checkpoint,
+        ..Default::default()
+    };
+    let first = a.create_snapshot(&id, &checkpoint).await.unwrap().snapshot;
+    let states = files_named(&ts.data_dir, space_storage::SNAPSHOT_STATE_FILE);
+    assert!(!states.is_empty());
+    for state in &states {
+        if state.to_string_lossy().contains(first.id.as_str()) {
+            assert!(sealed(state), "{} is not sealed", state.display());
+        }
+    }
+    let hits = found_outside_disks(&ts.data_dir, in_memory.as_bytes());
+    assert!(hits.is_empty(), "the memory marker at rest in {hits:?}");
+    let hits = found_outside_disks(&ts.data_dir, on_disk.as_bytes());
+    assert!(hits.is_empty(), "the disk marker at rest in {hits:?}");
+
+    // Rollback restores both.
+    test_support::shell(&a, &id, "echo changed > /home/user/marker.txt", false).await;
+    a.rollback(&id, &first.id).await.expect("rollback");
+    assert_eq!(memory_marker(&a, &id).await, in_memory);
+    assert_eq!(disk_marker(&a, &id).await, on_disk);
+    test_support::shell(&a, &id, "rm -f /home/user/dumped; sync", false).await;
+
+    // A damaged saved state is refused before the sandbox gives up its VM: a flipped byte,
+    // a cut, another checkpoint's state in its place. The sandbox runs on meanwhile.
+    let second = a.create_snapshot(&id, &checkpoint).await.unwrap().snapshot;
+    let state_of = |snap: &space_core::SnapshotId| {
+        files_named(&ts.data_dir, space_storage::SNAPSHOT_STATE_FILE)
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains(snap.as_str()))
+            .expect("the checkpoint's state")
+    };
+    let (state1, state2) = (state_of(&first.id), state_of(&second.id));
+    let original = std::fs::read(&state2).unwrap();
+    let mut flipped = original.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    let cut = original[..original.len() - 100].to_vec();
+    let other = std::fs::read(&state1).unwrap();
+    for (what, bytes) in [("flipped", &flipped), ("cut", &cut), ("swapped", &other)] {
+        std::fs::write(&state2, bytes).unwrap();
+        let message = is(
+            a.rollback(&id, &second.id).await.unwrap_err(),
+            502,
+            ErrorCode::SnapshotCorrupt,
+        );
+        eprintln!("{what}: {message}");
+        let out = test_support::shell(&a, &id, "echo running-on", false).await;
+        assert!(out.contains("running-on"), "{what}: {out}");
+    }
+    std::fs::write(&state2, &original).unwrap();
+    a.rollback(&id, &second.id)
+        .await
+        .expect("the intact state restores");
+    assert_eq!(memory_marker(&a, &id).await, in_memory);
+    test_support::shell(&a, &id, "rm -f /home/user/dumped; sync", false).await;
+
+    // A suspend: the node keeps nothing, what object storage holds is sealed, and neither
+    // marker is anywhere in the data directory; the resume brings both back.
+    a.suspend_sandbox(&id).await.expect("suspend");
+    let objects = ts.data_dir.join("objects");
+    let stored: Vec<_> = space_node_proto::snapshot::artifacts::ALL
+        .iter()
+        .flat_map(|name| files_named(&objects, name))
+        .collect();
+    assert!(stored.len() >= 4, "{stored:?}");
+    for artifact in &stored {
+        assert!(sealed(artifact), "{} is not sealed", artifact.display());
+    }
+    for marker in [&in_memory, &on_disk] {
+        let hits = found_outside_disks(&ts.data_dir, marker.as_bytes());
+        assert!(hits.is_empty(), "{marker} at rest in {hits:?}");
+    }
+    a.resume_sandbox(&id).await.expect("resume");
+    assert_eq!(memory_marker(&a, &id).await, in_memory);
+    assert_eq!(disk_marker(&a, &id).await, on_disk);
+
+    // The key service unreachable: a checkpoint fails clearly once this replica's copy of
+    // the artifact key has expired, and nothing new is written at rest.
+    let states_before = files_named(&ts.data_dir, space_storage::SNAPSHOT_STATE_FILE).len();
+    drop(kmip);
+    tokio::time::sleep(CHECK_TTL + Duration::from_millis(500)).await;
+    is(
+        a.create_snapshot(&id, &checkpoint).await.unwrap_err(),
+        503,
+        ErrorCode::KeyServiceUnavailable,
+    );
+    assert_eq!(
+        files_named(&ts.data_dir, space_storage::SNAPSHOT_STATE_FILE).len(),
+        states_before
+    );
+    let out = test_support::shell(&a, &id, "echo still-running", false).await;
+    assert!(out.contains("still-running"), "{out}");
     ts.stop().await;
 }
 

@@ -74,6 +74,7 @@ async fn a_suspended_sandbox_comes_back_under_its_id_with_its_files_and_processe
         .resume_suspended(ResumeSandbox {
             suspended: stored.clone(),
             tenant: tenant.clone(),
+            seal_at_rest: false,
         })
         .await
         .expect("resume");
@@ -97,6 +98,7 @@ async fn a_suspended_sandbox_comes_back_under_its_id_with_its_files_and_processe
         .resume_suspended(ResumeSandbox {
             suspended: stored.clone(),
             tenant: tenant.clone(),
+            seal_at_rest: false,
         })
         .await
         .expect_err("resumed twice");
@@ -119,6 +121,7 @@ async fn a_suspended_sandbox_comes_back_under_its_id_with_its_files_and_processe
         .resume_suspended(ResumeSandbox {
             suspended: damaged.clone(),
             tenant: tenant.clone(),
+            seal_at_rest: false,
         })
         .await
         .expect_err("a damaged artifact");
@@ -140,6 +143,7 @@ async fn a_suspended_sandbox_comes_back_under_its_id_with_its_files_and_processe
         .resume_suspended(ResumeSandbox {
             suspended: stored,
             tenant: space_core::TenantId::generate(),
+            seal_at_rest: false,
         })
         .await
         .expect_err("another tenant");

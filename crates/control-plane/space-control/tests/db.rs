@@ -463,6 +463,13 @@ async fn timeout_actions_and_the_timed_out_mark_survive_a_reopen() {
             db.sandbox(&a, &r.id).await.unwrap().unwrap().expires_at_ms,
             105_000
         );
+        // A wake's renewal lasts at least its floor, and the stored duration is kept.
+        assert!(db.renew_timeout_at_least(&r.id, 100_000, 60).await.unwrap());
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!((got.expires_at_ms, got.timeout_secs), (160_000, 5));
+        assert!(db.renew_timeout_at_least(&r.id, 100_000, 1).await.unwrap());
+        let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
+        assert_eq!(got.expires_at_ms, 105_000);
         // Expiring now moves the deadline and keeps the duration for the next renewal.
         assert!(db.expire_now(&r.id, 101_000).await.unwrap());
         let got = db.sandbox(&a, &r.id).await.unwrap().unwrap();
@@ -1214,6 +1221,7 @@ async fn stored_persistent_snapshots_stand_until_dropped() {
                 key: format!("snapshots/{snap}/disk.delta.zst"),
                 size: 10,
                 sha256: "0".repeat(64),
+                sealed: true,
             }],
             settings: StoredSettings::default(),
             memory_bytes: 0,

@@ -4,7 +4,7 @@
 //!
 //! - [`DataKey`]: a fresh random 256-bit key, wiped from memory when dropped, never printed.
 //! - [`sealed`]: the on-disk format of one artifact: a header naming the artifact, then its
-//!   bytes in chunks, each sealed with XChaCha20-Poly1305 under the STREAM construction, so
+//!   bytes in chunks, each sealed with AES-256-GCM under the STREAM construction, so
 //!   a multi-GiB memory file is sealed and opened with one chunk in memory, and a flipped
 //!   byte, a swapped, dropped, repeated or appended chunk, a truncation, or a file moved to
 //!   another artifact's name is refused.
@@ -15,4 +15,6 @@ pub mod data_key;
 pub mod sealed;
 
 pub use data_key::DataKey;
-pub use sealed::{open, open_file, seal, seal_file, sealed_len, EnvelopeError, DEFAULT_CHUNK};
+pub use sealed::{
+    is_sealed_file, open, open_file, seal, seal_file, sealed_len, EnvelopeError, DEFAULT_CHUNK,
+};

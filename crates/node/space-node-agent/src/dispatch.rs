@@ -1,6 +1,8 @@
 //! One typed call of the node protocol, carried out on the node: the request names the
 //! [`NodeApi`] method, the answer is its result as a [`WireReply`].
 
+use std::time::Duration;
+
 use serde::Serialize;
 use space_node_proto::api::{NodeApi, NodeResult};
 use space_node_proto::wire::{GuestReady, NodeRequest, WireReply};
@@ -88,6 +90,26 @@ pub async fn dispatch(api: &dyn NodeApi, req: NodeRequest) -> Vec<u8> {
             ))),
         },
         R::DeleteCredential { id } => reply(api.delete_credential(&id).await),
+        R::LendArtifactKey {
+            tenant,
+            key,
+            valid_for_ms,
+        } => {
+            let key = hex::decode(key.0.as_bytes()).ok().and_then(|bytes| {
+                space_envelope::DataKey::from_bytes(&zeroize::Zeroizing::new(bytes))
+            });
+            match key {
+                Some(key) => reply(
+                    api.lend_artifact_key(&tenant, &key, Duration::from_millis(valid_for_ms))
+                        .await,
+                ),
+                None => reply::<()>(Err(NodeCallError::refused(
+                    space_core::ErrorCode::InvalidRequest,
+                    "an artifact key is 32 bytes, hex",
+                ))),
+            }
+        }
+        R::WithdrawArtifactKey { tenant } => reply(api.withdraw_artifact_key(&tenant).await),
         R::Audit { filter } => reply(api.audit(filter.into()).await),
     }
 }

@@ -215,12 +215,10 @@ pub enum MemorySpec {
 /// Saved state a VM starts from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestoreSpec {
-    /// The state file, in the store.
-    pub state: NodePath,
-    /// Saved with `x-ignore-shared` (RAM comes from the memory file).
+    /// Saved with `x-ignore-shared` (RAM comes from the memory file). The state itself is
+    /// fed by the client once the VM is up (`space_vmm::Vm::load_state`): this process never
+    /// reads a sandbox's saved state.
     pub ignore_shared: bool,
-    /// Leave the VM paused once loaded.
-    pub paused: bool,
 }
 
 /// A VM to launch, in a jail of its own: its shape and the store files it runs on.

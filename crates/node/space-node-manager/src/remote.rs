@@ -131,14 +131,9 @@ impl RemoteNodeManager {
                 shared: *shared,
             },
         };
-        let restore = match &cfg.restore {
-            Some(r) => Some(RestoreSpec {
-                state: self.name(&r.state)?,
-                ignore_shared: r.ignore_shared,
-                paused: r.paused,
-            }),
-            None => None,
-        };
+        let restore = cfg.restore.map(|r| RestoreSpec {
+            ignore_shared: r.ignore_shared,
+        });
         let netns = match &cfg.network {
             Some(n) => Some(netns_name(&n.netns)?),
             None => None,

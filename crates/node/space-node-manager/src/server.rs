@@ -862,14 +862,9 @@ impl Host {
                 shared: *shared,
             },
         };
-        let restore = match &spec.restore {
-            Some(r) => Some(RestoreFrom {
-                state: resolve(&r.state, read)?,
-                ignore_shared: r.ignore_shared,
-                paused: r.paused,
-            }),
-            None => None,
-        };
+        let restore = spec.restore.as_ref().map(|r| RestoreFrom {
+            ignore_shared: r.ignore_shared,
+        });
         let network = match &spec.netns {
             Some(ns) => {
                 self.check_netns(ns)?;

@@ -206,6 +206,17 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn put_credential(&self, credential: Credential, value: SecretValue) -> NodeResult<()>;
     /// Deletes a credential.
     async fn delete_credential(&self, id: &CredentialId) -> NodeResult<()>;
+    /// Lends the node `tenant`'s artifact key for `valid_for` (at most an hour; a renewal
+    /// replaces the loan): what the node keeps at rest for the tenant's sandboxes sealed at
+    /// rest is sealed under keys derived from it.
+    async fn lend_artifact_key(
+        &self,
+        tenant: &TenantId,
+        key: &space_envelope::DataKey,
+        valid_for: std::time::Duration,
+    ) -> NodeResult<()>;
+    /// Withdraws `tenant`'s artifact key from the node (its customer key was revoked).
+    async fn withdraw_artifact_key(&self, tenant: &TenantId) -> NodeResult<()>;
     /// Records that this node's credentials are the control plane's catalog at `revision`
     /// (reported in its status from now on, until it restarts).
     async fn credentials_synced(&self, revision: u64) -> NodeResult<()>;

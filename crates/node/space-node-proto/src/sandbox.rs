@@ -116,6 +116,12 @@ pub struct SandboxSettings {
     pub project: Option<ProjectId>,
     /// What may leave the sandbox; `None` = the inherited policy.
     pub egress: Option<EgressPolicy>,
+    /// Its tenant has a customer key: every artifact the node keeps at rest for it
+    /// (checkpoints' saved state, stored snapshots) is sealed under the tenant's artifact key,
+    /// which the control plane lends the node; without the key those operations fail, and
+    /// nothing is written in plaintext instead.
+    #[serde(default)]
+    pub seal_at_rest: bool,
 }
 
 impl SandboxSettings {
@@ -129,6 +135,7 @@ impl SandboxSettings {
             tenant,
             project: None,
             egress: None,
+            seal_at_rest: false,
         }
     }
 }

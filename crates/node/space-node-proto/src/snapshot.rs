@@ -116,6 +116,10 @@ pub struct StoredArtifact {
     pub size: u64,
     /// SHA-256 of its bytes, lowercase hex.
     pub sha256: String,
+    /// Sealed under its tenant's artifact key, as `snapshots/<snapshot>/<name>` (a tenant
+    /// with a customer key): only a node lent that key reads it.
+    #[serde(default)]
+    pub sealed: bool,
 }
 
 /// What a stored snapshot is in object storage (a suspend's, a stored checkpoint, a
@@ -170,4 +174,8 @@ pub struct ResumeSandbox {
     pub suspended: StoredSnapshot,
     /// Whose it is: the tenant must be the snapshot's.
     pub tenant: TenantId,
+    /// Seal the resumed sandbox's artifacts at rest under its tenant's key (see
+    /// [`crate::SandboxSettings::seal_at_rest`]).
+    #[serde(default)]
+    pub seal_at_rest: bool,
 }

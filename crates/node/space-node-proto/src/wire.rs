@@ -169,6 +169,15 @@ pub enum NodeRequest {
     },
     /// → `()`
     DeleteCredential { id: CredentialId },
+    /// → `()`
+    LendArtifactKey {
+        tenant: TenantId,
+        /// The key, hex.
+        key: SecretString,
+        valid_for_ms: u64,
+    },
+    /// → `()`
+    WithdrawArtifactKey { tenant: TenantId },
     /// → `Vec<AuditEvent>`
     Audit { filter: WireAuditFilter },
 }

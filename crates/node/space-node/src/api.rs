@@ -424,6 +424,25 @@ impl NodeApi for Node {
             .map_err(credential_error)
     }
 
+    async fn lend_artifact_key(
+        &self,
+        tenant: &TenantId,
+        key: &space_envelope::DataKey,
+        valid_for: std::time::Duration,
+    ) -> NodeResult<()> {
+        self.inner
+            .artifact_keys
+            .lend(tenant.clone(), key.duplicate(), valid_for)
+            .map_err(call_error)
+    }
+
+    async fn withdraw_artifact_key(&self, tenant: &TenantId) -> NodeResult<()> {
+        if self.inner.artifact_keys.withdraw(tenant) {
+            tracing::info!(%tenant, "artifact key withdrawn");
+        }
+        Ok(())
+    }
+
     async fn suspend(&self, req: SuspendSandbox) -> NodeResult<StoredSnapshot> {
         self.suspend(req).await.map_err(call_error)
     }

@@ -344,10 +344,13 @@ impl Node {
             accel: inner.accel,
             tcg_tb_size_mib: inner.cfg.tcg_tb_size_mib,
             memory: image.guest_memory(),
-            restore: Some(image.restore_from()),
+            restore: Some(space_vmm::RestoreFrom {
+                ignore_shared: true,
+            }),
             network: inner.vm_network(vm_name)?,
         };
-        Ok(inner.nm.launch_vm(&cfg).await?)
+        let vm = inner.nm.launch_vm(&cfg).await?;
+        crate::vm_start::load_saved_state(inner, vm, image.saved_state()).await
     }
 
     /// A sandbox asked for a larger disk than the image's: the file was grown when cloned;

@@ -74,6 +74,10 @@ pub enum NodeError {
     /// A tenant has as many template builds under way as it may.
     #[error("{0}")]
     TooManyBuilds(String),
+    /// The sandbox's data at rest is sealed under its tenant's key, which this node does
+    /// not hold (not lent yet, expired, or withdrawn because the customer key was revoked).
+    #[error("{0}")]
+    KeyUnavailable(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -99,6 +103,7 @@ impl NodeError {
             NodeError::Invalid(_) => ErrorCode::InvalidRequest,
             NodeError::SandboxExists(_) => ErrorCode::AlreadyExists,
             NodeError::SnapshotCorrupt(_) => ErrorCode::SnapshotCorrupt,
+            NodeError::KeyUnavailable(_) => ErrorCode::KeyUnavailable,
             NodeError::Storage(_) => ErrorCode::StorageUnavailable,
             NodeError::BeyondCeiling(_) => ErrorCode::EgressBeyondCeiling,
             NodeError::Lifecycle(_)

@@ -252,10 +252,11 @@ impl Node {
             .clone_disk(&self.inner.store, disk_src, &disk, 0, ExistingDisk::Refuse)?;
         let vm = match image {
             Some(img) => {
-                let restore = space_vmm::RestoreFrom {
-                    state: img.state.clone(),
+                let restore = crate::vm_start::SavedState {
+                    path: &img.state,
                     ignore_shared: true,
                     paused: false,
+                    open: None,
                 };
                 let memory = space_vmm::GuestMemory::InMemory {
                     image: img.memory.clone(),
@@ -318,10 +319,16 @@ impl Node {
             dir,
             nm: self.inner.nm.clone(),
         };
-        let restore = space_vmm::RestoreFrom {
-            state: state.to_owned(),
+        // The parent's checkpoint (sealed when the parent is); the image itself is memory
+        // only (a memfd and a state file on tmpfs), never at rest.
+        let restore = crate::vm_start::SavedState {
+            path: state,
             ignore_shared: false,
             paused: true,
+            open: self
+                .inner
+                .artifact_keys
+                .opener_of_state(parent.tenant.as_ref(), state)?,
         };
         let memory = space_vmm::GuestMemory::InMemory {
             image: image.memory.clone(),
@@ -330,20 +337,21 @@ impl Node {
         let vm = self
             .launch_restored(&name, parent, restore, memory, disk)
             .await?;
-        let saved = vm
-            .save_state(
-                &image.state,
-                space_vmm::SaveOptions {
-                    ignore_shared: true,
-                    live: false,
-                    ..Default::default()
-                },
-            )
-            .await;
+        let saved = crate::sealing::save_state(
+            &vm,
+            &image.state,
+            None,
+            space_vmm::SaveOptions {
+                ignore_shared: true,
+                live: false,
+                ..Default::default()
+            },
+        )
+        .await;
         self.inner
             .discard_vm(&vm, &self.inner.vm_run_dir(&name))
             .await;
-        saved?;
+        saved?.finish().await?;
         Ok(image)
     }
 }

@@ -138,12 +138,13 @@ impl MemoryImage {
         }
     }
 
-    /// Where to restore a VM started from this image from.
-    pub fn restore_from(&self) -> space_vmm::RestoreFrom {
-        space_vmm::RestoreFrom {
-            state: self.state.clone(),
+    /// The state a VM started from this image loads (a template's: never sealed).
+    pub(crate) fn saved_state(&self) -> crate::vm_start::SavedState<'_> {
+        crate::vm_start::SavedState {
+            path: &self.state,
             ignore_shared: true,
             paused: false,
+            open: None,
         }
     }
 }
@@ -375,17 +376,21 @@ impl OwnedBuild {
         drop(guest);
         // Restored VMs must not start in the middle of tearing down this session.
         crate::vm_start::park(vm).await;
-        let report = vm
-            .save_state(
-                &staging.join(STATE_FILE),
-                SaveOptions {
-                    ignore_shared: true,
-                    live: false,
-                    timeout: SAVE_TIMEOUT,
-                    ..Default::default()
-                },
-            )
-            .await?;
+        // A template's image: shared by every tenant, never sealed.
+        let report = crate::sealing::save_state(
+            vm,
+            &staging.join(STATE_FILE),
+            None,
+            SaveOptions {
+                ignore_shared: true,
+                live: false,
+                timeout: SAVE_TIMEOUT,
+                ..Default::default()
+            },
+        )
+        .await?
+        .finish()
+        .await?;
         Ok((boot_ms, report.bytes))
     }
 }

@@ -35,6 +35,7 @@ pub mod recovery;
 mod sandbox_ca;
 mod sandbox_manager;
 pub mod scheduler;
+pub mod sealing;
 mod settings;
 pub mod snapshots;
 pub mod stored;
@@ -125,6 +126,9 @@ pub struct SandboxRecord {
     /// What may leave the sandbox (enforced by its gateway; changed live).
     #[serde(default)]
     pub egress: EgressPolicy,
+    /// Its artifacts at rest are sealed under its tenant's key (see [`crate::sealing`]).
+    #[serde(default)]
+    pub seal_at_rest: bool,
     /// The sandboxes its memory came from, nearest first (a fork's parent and the parent's
     /// own, a checkpoint's sandbox; at most [`MAX_INHERITED_FROM`]): processes it inherited
     /// hold their credential placeholders, which its gateway takes for its own.
@@ -171,6 +175,7 @@ impl SandboxRecord {
             tenant: None,
             project: None,
             egress: EgressPolicy::default(),
+            seal_at_rest: false,
             inherited_from: Vec::new(),
             template_build: None,
         }

@@ -35,12 +35,17 @@ fn io_at(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> UnpackErr
 /// Compresses `src` into a new file `dst`; returns the bytes read.
 pub(crate) fn compress_file(src: &Path, dst: &Path) -> io::Result<u64> {
     let mut input = BufReader::with_capacity(1 << 20, File::open(src)?);
-    let out = File::create(dst)?;
-    let mut enc = zstd::Encoder::new(io::BufWriter::new(out), ZSTD_LEVEL)?;
-    let n = io::copy(&mut input, &mut enc)?;
-    let mut buf = enc.finish()?;
-    buf.flush()?;
-    buf.get_ref().sync_all()?;
+    let mut out = io::BufWriter::new(File::create(dst)?);
+    let n = compress(&mut input, &mut out)?;
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok(n)
+}
+
+/// Compresses what `input` yields into `out`; returns the bytes read.
+pub(crate) fn compress(input: &mut dyn Read, out: &mut dyn Write) -> io::Result<u64> {
+    let mut enc = zstd::Encoder::new(out, ZSTD_LEVEL)?;
+    let n = io::copy(input, &mut enc)?;
+    enc.finish()?.flush()?;
     Ok(n)
 }
 
@@ -52,7 +57,17 @@ pub(crate) fn decompress_sparse(
     max: u64,
     exact: bool,
 ) -> Result<u64, UnpackError> {
-    let input = File::open(src).map_err(io_at("open", src))?;
+    let mut input = File::open(src).map_err(io_at("open", src))?;
+    decompress_sparse_from(&mut input, dst, max, exact)
+}
+
+/// [`decompress_sparse`] of what `input` yields.
+pub(crate) fn decompress_sparse_from(
+    input: &mut dyn Read,
+    dst: &Path,
+    max: u64,
+    exact: bool,
+) -> Result<u64, UnpackError> {
     let mut dec = zstd::Decoder::new(input)
         .map_err(|e| UnpackError::Malformed(format!("not a zstd stream: {e}")))?;
     let mut out = std::fs::OpenOptions::new()
@@ -63,15 +78,9 @@ pub(crate) fn decompress_sparse(
     let mut block = vec![0u8; SPARSE_BLOCK];
     let mut len: u64 = 0;
     loop {
-        let n = read_full(&mut dec, &mut block)
-            .map_err(|e| UnpackError::Malformed(format!("damaged stream: {e}")))?;
+        let n = next_block(&mut dec, &mut block, len, max)?;
         if n == 0 {
             break;
-        }
-        if len + n as u64 > max {
-            return Err(UnpackError::Malformed(format!(
-                "it unpacks to more than the {max} bytes allowed"
-            )));
         }
         if block[..n].iter().all(|&b| b == 0) {
             out.seek(SeekFrom::Current(n as i64))
@@ -90,6 +99,50 @@ pub(crate) fn decompress_sparse(
     out.set_len(len).map_err(io_at("set the size of", dst))?;
     out.sync_all().map_err(io_at("sync", dst))?;
     Ok(len)
+}
+
+/// Decompresses what `input` yields into `out` (a stream: no holes), at most `max` bytes;
+/// returns how many.
+pub(crate) fn decompress_bounded(
+    input: &mut dyn Read,
+    out: &mut dyn Write,
+    max: u64,
+) -> Result<u64, UnpackError> {
+    let mut dec = zstd::Decoder::new(input)
+        .map_err(|e| UnpackError::Malformed(format!("not a zstd stream: {e}")))?;
+    let mut block = vec![0u8; SPARSE_BLOCK];
+    let mut len: u64 = 0;
+    loop {
+        let n = next_block(&mut dec, &mut block, len, max)?;
+        if n == 0 {
+            return Ok(len);
+        }
+        out.write_all(&block[..n])
+            .map_err(|source| UnpackError::Io {
+                what: "write",
+                path: "the unpacked stream".into(),
+                source,
+            })?;
+        len += n as u64;
+    }
+}
+
+/// The next block of a decompressing stream that has yielded `len` bytes so far, refused
+/// past `max`.
+fn next_block(
+    dec: &mut impl Read,
+    block: &mut [u8],
+    len: u64,
+    max: u64,
+) -> Result<usize, UnpackError> {
+    let n = read_full(dec, block)
+        .map_err(|e| UnpackError::Malformed(format!("damaged stream: {e}")))?;
+    if len + n as u64 > max {
+        return Err(UnpackError::Malformed(format!(
+            "it unpacks to more than the {max} bytes allowed"
+        )));
+    }
+    Ok(n)
 }
 
 /// Fills `buf` unless the stream ends first; returns how much was read.

@@ -101,6 +101,7 @@ mod tests {
             tenant: Some(space_core::TenantId::generate()),
             project: Some("apollo".parse().unwrap()),
             egress: space_core::egress::EgressPolicy::allow_all_public(),
+            seal_at_rest: false,
             inherited_from: Vec::new(),
             template_build: Some("tb-1".into()),
         };

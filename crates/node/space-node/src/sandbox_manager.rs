@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) sandbox_cas: crate::sandbox_ca::CaStore,
     /// The credential manager and its audit log.
     pub(crate) credentials: crate::credentials::Credentials,
+    /// Tenants' artifact keys lent by the control plane (see [`crate::sealing`]).
+    pub(crate) artifact_keys: crate::sealing::ArtifactKeys,
     /// What no egress policy may reach (the operator's grants, the node's addresses).
     pub(crate) egress_ceiling: Arc<space_core::egress::EgressCeiling>,
     /// Each tenant's open egress connections across its sandboxes' gateways.
@@ -195,6 +197,7 @@ impl Node {
                 gateway_shared: Default::default(),
                 sandbox_cas,
                 credentials,
+                artifact_keys: Default::default(),
                 egress_ceiling,
                 // Bounded before the control plane says more (it sets the operator's default
                 // and each tenant's quota when it starts).

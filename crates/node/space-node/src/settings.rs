@@ -45,6 +45,7 @@ pub(crate) fn apply(
     record.tenant = Some(settings.tenant.clone());
     record.project = settings.project.clone().or(inherited.project);
     record.egress = egress;
+    record.seal_at_rest = settings.seal_at_rest;
     Ok(())
 }
 
@@ -74,6 +75,7 @@ mod tests {
             tenant: TenantId::generate(),
             project: None,
             egress: None,
+            seal_at_rest: false,
         }
     }
 

@@ -17,7 +17,7 @@ use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
 use crate::sandbox_manager::{internal, now_ms};
-use crate::vm_start::{connect_restored, identity};
+use crate::vm_start::{connect_restored, identity, load_saved_state, SavedState};
 use crate::{Node, NodeError, SandboxRecord, SnapshotOwner, VmOrigin};
 
 /// How long the guest keeps its file systems frozen if the node never thaws them.
@@ -169,6 +169,15 @@ impl Node {
         let guest = self.guest(id).ok();
         let snap = SnapshotId::generate();
         let result = async {
+            // Before anything moves: a sandbox sealed at rest whose key this node lacks
+            // takes no checkpoint at all.
+            let rec = self
+                .sandbox(id)
+                .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+            let seal = self
+                .inner
+                .artifact_keys
+                .seal_for(&rec, crate::sealing::state_artifact(&snap))?;
             let pending = self.inner.nm.begin_snapshot(&self.inner.store, id, &snap)?;
             self.write_source(id, &pending, persistent.as_ref())?;
             // Flush the guest's dirty file data first (a freeze syncs, the thaw follows at
@@ -185,7 +194,7 @@ impl Node {
                 }
             }
             let saved = self
-                .save_with_disk(id, &vm, &pending.state_path(), |disk| {
+                .save_with_disk(id, &vm, &pending.state_path(), seal, |disk| {
                     self.inner.nm.snapshot_disk(&pending, disk)
                 })
                 .await;
@@ -236,13 +245,15 @@ impl Node {
         }
     }
 
-    /// Saves the VM's state live into `state`; while the VM is stopped for the final pass,
-    /// `snapshot_disk` copies the disk; then the VM runs again. Returns the guest's pause.
+    /// Saves the VM's state live into `state` (sealed with `seal`); while the VM is stopped
+    /// for the final pass, `snapshot_disk` copies the disk; then the VM runs again. Returns
+    /// the guest's pause.
     async fn save_with_disk(
         &self,
         id: &SandboxId,
         vm: &Vm,
         state: &std::path::Path,
+        seal: Option<crate::sealing::ArtifactSeal>,
         snapshot_disk: impl FnOnce(&std::path::Path) -> Result<(), space_node_manager::NodeManagerError>,
     ) -> Result<Option<Duration>, NodeError> {
         let opts = SaveOptions {
@@ -251,12 +262,16 @@ impl Node {
             max_downtime: CHECKPOINT_MAX_DOWNTIME,
             timeout: CHECKPOINT_TIMEOUT,
         };
-        vm.save_state(state, opts).await?;
+        let saved = crate::sealing::save_state(vm, state, seal, opts).await?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         let copied = snapshot_disk(&disk);
-        // Resume whatever happened to the copy: the sandbox must keep running.
-        vm.resume().await?;
+        // Resume whatever happened to the copy: the sandbox must keep running. A sealed
+        // state's last chunks are sealed while the guest runs again.
+        let resumed = vm.resume().await;
+        let sealed = saved.finish().await;
+        resumed?;
         copied?;
+        sealed?;
         Ok(vm.last_pause())
     }
 
@@ -352,7 +367,22 @@ impl Node {
         let _guard = op.lock().await;
         // Only this sandbox's own snapshots exist under it: another sandbox's (or tenant's)
         // snapshot id is simply not found here.
-        self.snapshot_paths(id, snap)?;
+        let paths = self.snapshot_paths(id, snap)?;
+        if let Some(state) = paths.state {
+            // A sealed state opens whole once before the running VM is given up for it: one
+            // that is damaged, or whose key this node lacks, is refused while the sandbox
+            // still runs as it was.
+            let tenant = self.sandbox(id).and_then(|r| r.tenant);
+            if let Some(open) = self
+                .inner
+                .artifact_keys
+                .opener_of_state(tenant.as_ref(), &state)?
+            {
+                tokio::task::spawn_blocking(move || crate::sealing::verify(&open, &state))
+                    .await
+                    .map_err(|e| internal("checking the saved state", e))??;
+            }
+        }
         self.inner.admit_compute(id)?;
         self.inner.transition(id, SandboxEvent::Rollback, |r| {
             r.rollback_to = Some(snap.clone())
@@ -461,7 +491,7 @@ impl Node {
     }
 
     /// Launches a VM named `vm_name` for a sandbox shaped like `rec`, from a full saved
-    /// state, on `disk`.
+    /// state (sealed or not), on `disk`.
     pub(crate) async fn launch_from_state(
         &self,
         vm_name: &str,
@@ -469,22 +499,26 @@ impl Node {
         state: &std::path::Path,
         disk: &std::path::Path,
     ) -> Result<Vm, NodeError> {
-        let restore = space_vmm::RestoreFrom {
-            state: state.to_owned(),
+        let saved = SavedState {
+            path: state,
             ignore_shared: false,
             paused: false,
+            open: self
+                .inner
+                .artifact_keys
+                .opener_of_state(rec.tenant.as_ref(), state)?,
         };
-        self.launch_restored(vm_name, rec, restore, GuestMemory::Anonymous, disk)
+        self.launch_restored(vm_name, rec, saved, GuestMemory::Anonymous, disk)
             .await
     }
 
-    /// Launches a VM named `vm_name` for a sandbox shaped like `rec` from `restore`, with
+    /// Launches a VM named `vm_name` for a sandbox shaped like `rec` from `state`, with
     /// `memory` as its RAM, on `disk`.
     pub(crate) async fn launch_restored(
         &self,
         vm_name: &str,
         rec: &SandboxRecord,
-        restore: space_vmm::RestoreFrom,
+        state: SavedState<'_>,
         memory: GuestMemory,
         disk: &std::path::Path,
     ) -> Result<Vm, NodeError> {
@@ -502,10 +536,13 @@ impl Node {
             accel: self.inner.accel,
             tcg_tb_size_mib: self.inner.cfg.tcg_tb_size_mib,
             memory,
-            restore: Some(restore),
+            restore: Some(space_vmm::RestoreFrom {
+                ignore_shared: state.ignore_shared,
+            }),
             network: self.inner.vm_network(vm_name)?,
         };
-        Ok(self.inner.nm.launch_vm(&cfg).await?)
+        let vm = self.inner.nm.launch_vm(&cfg).await?;
+        load_saved_state(&self.inner, vm, state).await
     }
 }
 

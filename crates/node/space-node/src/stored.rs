@@ -17,7 +17,6 @@
 //! committed into a pending snapshot the caller chose: a resumed sandbox's own directory,
 //! or ([`Node::fetch_snapshot`]) the persistent snapshots whose sandbox is gone.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -31,12 +30,17 @@ use space_objects::{Artifact, ObjectKey, Objects, ObjectsError};
 use space_storage::delta::{apply_delta, write_delta};
 use space_storage::{ExistingDisk, PendingSnapshot};
 
-use crate::packing::{compress_file, decompress_sparse, UnpackError, ZSTD_LEVEL};
+use crate::packing::{
+    compress, decompress_bounded, decompress_sparse_from, UnpackError, ZSTD_LEVEL,
+};
 use crate::sandbox_manager::internal;
+use crate::sealing::{
+    open_bytes, read_opened, seal_bytes, state_artifact, write_sealed, ArtifactSeal,
+};
 use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
 
-/// Largest `source.json` or `meta.json` read back.
-const MAX_JSON_ARTIFACT: u64 = 1024 * 1024;
+/// Largest `source.json` or `meta.json` read back (sealed: a header and a tag more).
+const MAX_SEALED_JSON_ARTIFACT: u64 = 1024 * 1024 + 1024;
 /// Device state beside guest RAM a state file may hold, at most.
 const STATE_OVERHEAD: u64 = 64 << 20;
 
@@ -77,6 +81,21 @@ impl Node {
                 .map_err(|e| internal("snapshot source", e))?,
         };
         let meta_json = serde_json::to_vec(&info).map_err(|e| internal("snapshot meta", e))?;
+        // A sandbox sealed at rest stores every artifact sealed; without its key, nothing.
+        let keys = &self.inner.artifact_keys;
+        let seal = |name: &str| keys.seal_for(rec, stored_artifact_id(snap, name));
+        let (memory_seal, disk_seal) = (seal(artifacts::MEMORY)?, seal(artifacts::DISK)?);
+        let (source_json, meta_json) = (
+            sealed_json(seal(artifacts::SOURCE)?, source_json)?,
+            sealed_json(seal(artifacts::META)?, meta_json)?,
+        );
+        let state = match &paths.state {
+            Some(state) => Some((
+                state.clone(),
+                keys.opener_of_state(rec.tenant.as_ref(), state)?,
+            )),
+            None => None,
+        };
         let template = self
             .inner
             .store
@@ -89,11 +108,16 @@ impl Node {
             .sandbox_dir(id)
             .join(format!(".upload-{snap}"));
         let packed = {
-            let (scratch, state, disk) = (scratch.clone(), paths.state.clone(), paths.disk.clone());
-            tokio::task::spawn_blocking(move || pack(&scratch, state.as_deref(), &template, &disk))
+            let (scratch, disk) = (scratch.clone(), paths.disk.clone());
+            let seals = PackSeals {
+                memory: memory_seal,
+                disk: disk_seal,
+            };
+            tokio::task::spawn_blocking(move || pack(&scratch, state, &template, &disk, seals))
                 .await
                 .map_err(|e| internal("packing task", e))?
         };
+        let sealed = rec.seal_at_rest;
         let uploaded = async {
             let packed = packed?;
             let mut files = vec![(artifacts::DISK, scratch.join(artifacts::DISK))];
@@ -103,14 +127,18 @@ impl Node {
             let mut stored_artifacts = Vec::with_capacity(artifacts::ALL.len());
             for (name, file) in files {
                 let key = artifact_key(snap, name)?;
-                stored_artifacts.push(stored(name, objects.put_file(&key, &file).await?));
+                stored_artifacts.push(stored(name, objects.put_file(&key, &file).await?, sealed));
             }
             for (name, bytes) in [
                 (artifacts::SOURCE, source_json),
                 (artifacts::META, meta_json),
             ] {
                 let key = artifact_key(snap, name)?;
-                stored_artifacts.push(stored(name, objects.put_bytes(&key, bytes.into()).await?));
+                stored_artifacts.push(stored(
+                    name,
+                    objects.put_bytes(&key, bytes.into()).await?,
+                    sealed,
+                ));
             }
             Ok::<_, NodeError>((stored_artifacts, packed))
         }
@@ -171,14 +199,29 @@ impl Node {
                 })
                 .ok_or_else(|| NodeError::SnapshotCorrupt(format!("it has no {name}")))
         };
-        let source_bytes = objects
-            .get_bytes(&artifact(artifacts::SOURCE)?, MAX_JSON_ARTIFACT)
-            .await?;
+        // A sealed artifact opens only with the tenant's key, as the artifact it is stored as.
+        let opener = |name: &str| -> Result<Option<ArtifactSeal>, NodeError> {
+            let sealed = s.artifacts.iter().any(|a| a.name == name && a.sealed);
+            if !sealed {
+                return Ok(None);
+            }
+            let artifact = stored_artifact_id(&s.snapshot, name);
+            self.inner.artifact_keys.seal_of(tenant, artifact).map(Some)
+        };
+        let source_bytes = opened_json(
+            opener(artifacts::SOURCE)?,
+            objects
+                .get_bytes(&artifact(artifacts::SOURCE)?, MAX_SEALED_JSON_ARTIFACT)
+                .await?,
+        )?;
         let source: SnapshotSource = serde_json::from_slice(&source_bytes)
             .map_err(|e| NodeError::SnapshotCorrupt(format!("its source: {e}")))?;
-        let meta_bytes = objects
-            .get_bytes(&artifact(artifacts::META)?, MAX_JSON_ARTIFACT)
-            .await?;
+        let meta_bytes = opened_json(
+            opener(artifacts::META)?,
+            objects
+                .get_bytes(&artifact(artifacts::META)?, MAX_SEALED_JSON_ARTIFACT)
+                .await?,
+        )?;
         let mut info: SnapshotInfo = serde_json::from_slice(&meta_bytes)
             .map_err(|e| NodeError::SnapshotCorrupt(format!("its description: {e}")))?;
         if source.sandbox_id != s.sandbox_id
@@ -223,14 +266,32 @@ impl Node {
         let max_state = (u64::from(s.resources.memory_mib) << 20) + STATE_OVERHEAD;
         let (disk, state) = (pending.disk_path(), pending.state_path());
         let memory = memory.is_some().then_some(memory_file);
+        // The state is kept here sealed as it was stored (as this snapshot's saved state).
+        let memory_open = opener(artifacts::MEMORY)?;
+        let state_seal = match memory_open {
+            Some(_) => Some(
+                self.inner
+                    .artifact_keys
+                    .seal_of(tenant, state_artifact(&s.snapshot))?,
+            ),
+            None => None,
+        };
+        let seals = UnpackSeals {
+            memory: memory_open,
+            disk: opener(artifacts::DISK)?,
+            state: state_seal,
+        };
         tokio::task::spawn_blocking(move || {
             unpack(
                 memory.as_deref(),
                 &delta_file,
                 &state,
                 &disk,
-                max_state,
-                max_disk,
+                Bounds {
+                    state: max_state,
+                    disk: max_disk,
+                },
+                seals,
             )
         })
         .await
@@ -298,12 +359,32 @@ fn artifact_key(snap: &SnapshotId, name: &str) -> Result<ObjectKey, NodeError> {
     ObjectKey::snapshot_artifact(snap.as_str(), name).map_err(|e| NodeError::Invalid(e.to_string()))
 }
 
-fn stored(name: &str, a: Artifact) -> StoredArtifact {
+fn stored(name: &str, a: Artifact, sealed: bool) -> StoredArtifact {
     StoredArtifact {
         name: name.to_owned(),
         key: a.key,
         size: a.size,
         sha256: a.sha256,
+        sealed,
+    }
+}
+
+/// The id a stored artifact is sealed as: its place in the object store.
+fn stored_artifact_id(snap: &SnapshotId, name: &str) -> String {
+    format!("snapshots/{snap}/{name}")
+}
+
+fn sealed_json(seal: Option<ArtifactSeal>, json: Vec<u8>) -> Result<Vec<u8>, NodeError> {
+    match seal {
+        Some(seal) => seal_bytes(&seal, &json),
+        None => Ok(json),
+    }
+}
+
+fn opened_json(open: Option<ArtifactSeal>, bytes: bytes::Bytes) -> Result<Vec<u8>, NodeError> {
+    match open {
+        Some(open) => open_bytes(&open, &bytes),
+        None => Ok(bytes.to_vec()),
     }
 }
 
@@ -314,13 +395,21 @@ struct Packed {
     disk_changed_blocks: u64,
 }
 
+/// The keys the packed artifacts are sealed under (`None`: plaintext).
+struct PackSeals {
+    memory: Option<ArtifactSeal>,
+    disk: Option<ArtifactSeal>,
+}
+
 /// Writes `disk.delta.zst` (the disk's changes against `template`, compressed) and, for a
-/// checkpoint, `memory.zst` (the state, compressed) into `scratch`.
+/// checkpoint, `memory.zst` (the state, opened if sealed, compressed) into `scratch`, each
+/// sealed when `seals` says so.
 fn pack(
     scratch: &Path,
-    state: Option<&Path>,
+    state: Option<(std::path::PathBuf, Option<ArtifactSeal>)>,
     template: &Path,
     disk: &Path,
+    seals: PackSeals,
 ) -> Result<Packed, NodeError> {
     let io = |what: &str, path: &Path| {
         let what = format!("{what} {}", path.display());
@@ -329,48 +418,86 @@ fn pack(
     let _ = std::fs::remove_dir_all(scratch);
     std::fs::create_dir_all(scratch).map_err(io("create", scratch))?;
     let memory_bytes = match state {
-        Some(state) => {
+        Some((state, open)) => {
             let out = scratch.join(artifacts::MEMORY);
-            Some(compress_file(state, &out).map_err(io("compress", &out))?)
+            let file = std::fs::File::create(&out).map_err(io("create", &out))?;
+            let input = std::fs::File::open(&state).map_err(io("open", &state))?;
+            let seal = seals.memory.as_ref();
+            Some(read_opened(open.as_ref(), input, |plain| {
+                write_sealed(seal, file, |w| compress(plain, w))
+            })?)
         }
         None => None,
     };
     let delta_out = scratch.join(artifacts::DISK);
-    let out = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
-    let mut enc = zstd::Encoder::new(std::io::BufWriter::new(out), ZSTD_LEVEL)
-        .map_err(io("compress", &delta_out))?;
-    let stats = write_delta(template, disk, &mut enc).map_err(|e| internal("disk delta", e))?;
-    let mut buf = enc.finish().map_err(io("compress", &delta_out))?;
-    buf.flush().map_err(io("compress", &delta_out))?;
+    let file = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
+    let stats = write_sealed(seals.disk.as_ref(), file, |w| {
+        let mut enc = zstd::Encoder::new(w, ZSTD_LEVEL)?;
+        let stats = write_delta(template, disk, &mut enc).map_err(std::io::Error::other)?;
+        enc.finish()?.flush()?;
+        Ok(stats)
+    })?;
     Ok(Packed {
         memory_bytes,
         disk_changed_blocks: stats.changed_blocks,
     })
 }
 
-/// Decompresses `memory.zst` (if any) into `state` (at most `max_state` bytes) and applies
-/// `disk.delta.zst` to `disk` (a reflink of the template's image; at most `max_disk`).
+/// How large unpacked artifacts may be.
+struct Bounds {
+    state: u64,
+    disk: u64,
+}
+
+/// The keys of the artifacts to unpack (`None`: plaintext), and of the state written here.
+struct UnpackSeals {
+    memory: Option<ArtifactSeal>,
+    disk: Option<ArtifactSeal>,
+    state: Option<ArtifactSeal>,
+}
+
+/// Decompresses `memory.zst` (if any) into `state` and applies `disk.delta.zst` to `disk` (a
+/// reflink of the template's image), opening each if sealed and sealing the state again as
+/// the snapshot's saved state when it was, within `bounds`.
 fn unpack(
     memory: Option<&Path>,
     delta: &Path,
     state: &Path,
     disk: &Path,
-    max_state: u64,
-    max_disk: u64,
+    bounds: Bounds,
+    seals: UnpackSeals,
 ) -> Result<(), NodeError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         NodeError::SnapshotCorrupt(format!("its {what}: {e}"))
     };
+    let unpacked = |what: &str, e: UnpackError| match e {
+        UnpackError::Malformed(m) => bad(what, &m),
+        e => internal(&format!("unpack {what}"), e),
+    };
     if let Some(memory) = memory {
-        match decompress_sparse(memory, state, max_state, false) {
-            Ok(_) => {}
-            Err(UnpackError::Malformed(m)) => return Err(bad("memory", &m)),
-            Err(e) => return Err(internal("unpack memory", e)),
-        }
+        let input = std::fs::File::open(memory).map_err(|e| internal("open memory", e))?;
+        read_opened(seals.memory.as_ref(), input, |packed| match &seals.state {
+            None => decompress_sparse_from(packed, state, bounds.state, false)
+                .map_err(|e| unpacked("memory", e)),
+            Some(seal) => {
+                let out = std::fs::File::create_new(state)
+                    .map_err(|e| internal("create the saved state", e))?;
+                // The stream's failures come back as I/O errors of the writer; the bound is
+                // checked where it is known.
+                let mut outcome = Ok(0);
+                write_sealed(Some(seal), out, |w| {
+                    outcome = decompress_bounded(packed, w, bounds.state);
+                    Ok(())
+                })?;
+                outcome.map_err(|e| unpacked("memory", e))
+            }
+        })?;
     }
     let input = std::fs::File::open(delta).map_err(|e| internal("open disk delta", e))?;
-    let mut dec = zstd::Decoder::new(input).map_err(|e| bad("disk", &e))?;
-    apply_delta(&mut dec, disk, max_disk).map_err(|e| bad("disk", &e))?;
+    read_opened(seals.disk.as_ref(), input, |packed| {
+        let mut dec = zstd::Decoder::new(packed).map_err(|e| bad("disk", &e))?;
+        apply_delta(&mut dec, disk, bounds.disk).map_err(|e| bad("disk", &e))
+    })?;
     Ok(())
 }
 

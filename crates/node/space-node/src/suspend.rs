@@ -81,6 +81,11 @@ impl Node {
     ) -> Result<StoredSnapshot, NodeError> {
         let id = &req.id;
         let vm = self.vm_of(id)?;
+        // A sandbox sealed at rest whose key this node lacks is not suspended at all.
+        let seal = self
+            .inner
+            .artifact_keys
+            .seal_for(before, crate::sealing::state_artifact(&req.snapshot))?;
         if before.state == SandboxState::Running {
             self.detach_guest(id);
             crate::vm_start::park(&vm).await;
@@ -100,7 +105,10 @@ impl Node {
             max_downtime: Duration::from_secs(1),
             timeout: SUSPEND_SAVE_TIMEOUT,
         };
-        vm.save_state(&pending.state_path(), opts).await?;
+        crate::sealing::save_state(&vm, &pending.state_path(), seal, opts)
+            .await?
+            .finish()
+            .await?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         self.inner.nm.snapshot_disk(&pending, &disk)?;
         // Not persistent: the snapshot goes with the sandbox when the node frees it; the
@@ -227,6 +235,7 @@ impl Node {
             on_crash: s.settings.on_crash,
             auto_pause_secs: s.settings.auto_pause_secs,
             snapshots: s.settings.snapshots.clone(),
+            seal_at_rest: req.seal_at_rest,
             ..SandboxSettings::new(req.tenant.clone())
         };
         // Back on the node that freed it: its deleted record gives way (its event log goes

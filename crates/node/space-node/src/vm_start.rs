@@ -2,6 +2,7 @@
 //! unique, and configuring it. Shared by every way a VM starts (boot, memory image, pool
 //! member, checkpoint).
 
+use std::path::Path;
 use std::time::Duration;
 
 use rand::RngCore;
@@ -9,7 +10,58 @@ use space_guest_client::{GuestClient, GuestError};
 use space_guest_proto::{GuestConfig, IdentityRequest};
 use space_vmm::Vm;
 
+use crate::sandbox_manager::Inner;
+use crate::sealing::ArtifactSeal;
 use crate::NodeError;
+
+/// Bound on loading a saved state into a VM (a checkpoint of a few GiB under TCG).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Saved state a VM starts from (launched with a [`space_vmm::RestoreFrom`] of the same
+/// `ignore_shared`).
+pub(crate) struct SavedState<'a> {
+    pub path: &'a Path,
+    /// Saved with `x-ignore-shared`: RAM comes from the VM's memory image.
+    pub ignore_shared: bool,
+    /// Leave the VM paused once loaded (to save it again, e.g. into a fork image).
+    pub paused: bool,
+    /// The key of a sealed state ([`crate::sealing::ArtifactKeys::opener_of_state`]).
+    pub open: Option<ArtifactSeal>,
+}
+
+/// The one way a launched VM gets its saved state (a memory image, a checkpoint, a fork's):
+/// fed in by this process, opened on the way when sealed, checked whole, then the guest
+/// resumed unless `paused`. A VM whose state did not load is discarded.
+pub(crate) async fn load_saved_state(
+    inner: &Inner,
+    vm: Vm,
+    state: SavedState<'_>,
+) -> Result<Vm, NodeError> {
+    let loaded = async {
+        crate::sealing::feed_state(
+            &vm,
+            state.path,
+            state.ignore_shared,
+            state.open,
+            LOAD_TIMEOUT,
+        )
+        .await?;
+        if !state.paused {
+            vm.resume().await?;
+        }
+        Ok::<_, NodeError>(())
+    }
+    .await;
+    match loaded {
+        Ok(()) => Ok(vm),
+        Err(e) => {
+            tracing::warn!(vm = %vm.name(), state = %state.path.display(), error = %e, "saved state did not load; discarding the VM");
+            let run_dir = vm.paths().run_dir.clone();
+            inner.discard_vm(&vm, &run_dir).await;
+            Err(e)
+        }
+    }
+}
 
 /// Bytes of host entropy a restored guest mixes into its kernel RNG.
 const IDENTITY_ENTROPY_BYTES: usize = 64;

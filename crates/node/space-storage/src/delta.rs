@@ -13,7 +13,10 @@
 //! ```
 //!
 //! A block is changed when it differs from the template's block at the same offset (past
-//! the template's end, from zeros: a grown disk's new space is zeros until written).
+//! the template's end, from zeros: a grown disk's new space is zeros until written). Blocks
+//! the two files' extent maps show to be the same (the disk is a reflink of the template:
+//! extents it never wrote are the template's own; holes on both sides) are not read at all,
+//! so making a delta reads what the sandbox wrote, not its whole disk.
 //! Applying trusts nothing it reads: the size is bounded by the caller's maximum, indices
 //! must increase and stay inside the disk, the count must match, and nothing may follow.
 
@@ -98,12 +101,25 @@ pub fn write_delta(
     out.write_all(&disk_size.to_le_bytes()).map_err(out_err)?;
     out.write_all(&(DELTA_BLOCK as u32).to_le_bytes())
         .map_err(out_err)?;
+    // Without a map (a filesystem without FIEMAP), every block is read and compared.
+    let same = crate::extents::identical_ranges(base, disk).unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "no extent maps to compare; reading the whole disk");
+        Vec::new()
+    });
+    let mut known = same.iter().peekable();
     let (mut a, mut b) = (vec![0u8; DELTA_BLOCK], vec![0u8; DELTA_BLOCK]);
     let mut changed = 0u64;
     let blocks = disk_size.div_ceil(DELTA_BLOCK as u64);
     for index in 0..blocks {
         let offset = index * DELTA_BLOCK as u64;
         let len = (disk_size - offset).min(DELTA_BLOCK as u64) as usize;
+        while known.next_if(|r| r.end <= offset).is_some() {}
+        if known
+            .peek()
+            .is_some_and(|r| r.start <= offset && offset + len as u64 <= r.end)
+        {
+            continue;
+        }
         read_block(&disk_file, disk, offset, &mut b[..len])?;
         read_block(&base_file, base, offset, &mut a[..len])?;
         if a[..len] != b[..len] {

@@ -34,7 +34,7 @@ pub use ext4diff::{
     diff_disk_images, MAX_DIFF_DEPTH, MAX_DIFF_DURATION, MAX_DIFF_ENTRIES, MAX_DIFF_NAME_BYTES,
     MAX_DIFF_READ_BYTES,
 };
-pub use extents::{exclusive_bytes, extent_usage, ExtentUsage};
+pub use extents::{exclusive_bytes, extent_usage, identical_ranges, ExtentUsage};
 pub use fsops::{
     copy_sparse, is_btrfs, reflink, reflink_or_copy, sha256_of, write_atomic, FileLock,
 };

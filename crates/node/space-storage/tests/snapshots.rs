@@ -97,6 +97,56 @@ fn exclusive_bytes_of_reflinks() {
     assert!(err.to_string().contains("missing"), "{err}");
 }
 
+#[test]
+fn a_delta_of_a_reflink_reads_only_what_was_written() {
+    use space_storage::delta::{apply_delta, write_delta, DELTA_BLOCK};
+    let mut g = Guard::new();
+    let store = g.open("data");
+    let (base, disk) = (store.root().join("base"), store.root().join("disk"));
+    std::fs::write(&base, random_bytes(32 * MIB)).unwrap();
+    space_storage::reflink(&base, &disk).unwrap();
+    // The sandbox writes 1 MiB at 5 MiB and 10 bytes at 20 MiB, and grows its disk to
+    // 48 MiB with 4 KiB written near its new end.
+    overwrite(&disk, 5 * MIB, MIB);
+    overwrite(&disk, 20 * MIB + 7, 10);
+    let f = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    f.set_len(48 * MIB).unwrap();
+    drop(f);
+    overwrite(&disk, 47 * MIB, 4096);
+
+    // Known the same from the maps: everything but those three places.
+    let same = space_storage::identical_ranges(&base, &disk).unwrap();
+    let known: u64 = same.iter().map(|r| r.end - r.start).sum();
+    let written = MIB + 4096 + 4096;
+    assert!(
+        known >= 48 * MIB - written - 2 * 4096 && known <= 48 * MIB - written + 4096,
+        "{known} bytes known the same of {} ({same:?})",
+        48 * MIB
+    );
+    for place in [5 * MIB, 20 * MIB + 7, 47 * MIB] {
+        assert!(
+            !same.iter().any(|r| r.contains(&place)),
+            "{place} is written, not the same"
+        );
+    }
+
+    // The delta holds exactly the changed blocks, and rebuilds the disk.
+    let mut delta = Vec::new();
+    let stats = write_delta(&base, &disk, &mut delta).unwrap();
+    assert_eq!(stats.disk_size, 48 * MIB);
+    assert_eq!(stats.changed_blocks, MIB / DELTA_BLOCK as u64 + 2);
+    let rebuilt = store.root().join("rebuilt");
+    space_storage::reflink(&base, &rebuilt).unwrap();
+    apply_delta(&mut &delta[..], &rebuilt, 64 * MIB).unwrap();
+    assert!(std::fs::read(&rebuilt).unwrap() == std::fs::read(&disk).unwrap());
+    // A copy that shares nothing with its base gives the same delta, read the long way.
+    let copy = store.root().join("copy");
+    std::fs::write(&copy, std::fs::read(&disk).unwrap()).unwrap();
+    let mut long_way = Vec::new();
+    assert_eq!(write_delta(&base, &copy, &mut long_way).unwrap(), stats);
+    assert!(long_way == delta);
+}
+
 /// A sandbox with a 64 MiB random template disk.
 fn sandbox(store: &Store) -> (SandboxId, std::path::PathBuf) {
     let tpl = random_template(store, "t", "1111111111111111", 64);

@@ -35,7 +35,7 @@ pub struct VmConfig {
     pub tcg_tb_size_mib: Option<u32>,
     /// What backs guest RAM.
     pub memory: GuestMemory,
-    /// Start from saved state instead of booting the kernel.
+    /// Start from saved state instead of booting the kernel (see [`RestoreFrom`]).
     pub restore: Option<RestoreFrom>,
     /// The guest's network card, if it has one.
     pub network: Option<VmNetwork>,
@@ -80,17 +80,15 @@ pub enum GuestMemory {
     InMemory { image: String, shared: bool },
 }
 
-/// Saved VM state to start from (QEMU's `-incoming`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A VM that starts from saved state instead of booting its kernel: QEMU waits for the state
+/// (`-incoming defer`), which whoever launched it feeds in with [`crate::Vm::load_state`]
+/// over a descriptor. The launcher never opens a state file: a saved state may be sealed
+/// under a tenant's key, which only the sandbox manager holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreFrom {
-    /// The device (and, unless `ignore_shared`, memory) state written by [`crate::Vm::save_state`].
-    pub state: PathBuf,
     /// The state was saved with `x-ignore-shared`: guest RAM comes from the memory image of
-    /// [`GuestMemory::File`] or [`GuestMemory::InMemory`], not from the state file.
+    /// [`GuestMemory::File`] or [`GuestMemory::InMemory`], not from the state.
     pub ignore_shared: bool,
-    /// Leave the VM paused once the state is loaded (to save it again, e.g. into a memory
-    /// image) instead of letting the guest run.
-    pub paused: bool,
 }
 
 /// The runtime files of one VM, all inside its run directory.
@@ -237,13 +235,6 @@ pub(crate) fn validate(cfg: &VmConfig) -> Result<(), VmmError> {
         }
     }
     if let Some(restore) = &cfg.restore {
-        check_plain_path("state file", &restore.state)?;
-        if !restore.state.is_file() {
-            return Err(VmmError::InvalidConfig(format!(
-                "state file {} is not a file",
-                restore.state.display()
-            )));
-        }
         match (&cfg.memory, restore.ignore_shared) {
             (
                 GuestMemory::File {

@@ -513,7 +513,7 @@ impl Vmm for QemuVmm {
         // paused QEMU; the guard kills it (the reaper task still reaps it).
         let mut cancel_guard = KillOnCancel(Some(proc.clone()));
 
-        let started = start(cfg, &paths, &proc, &status_rx, self.files_owner()).await;
+        let started = start(cfg, &paths, &proc, &status_rx).await;
         cancel_guard.0 = None;
         match started {
             Ok((qmp, qmp_state, tasks)) => {
@@ -751,13 +751,13 @@ async fn take_over(
     }
 }
 
-/// QMP up, console attached, guest running. On error the caller kills QEMU.
+/// QMP up, console attached, guest running (or, restoring, waiting for its state). On error
+/// the caller kills QEMU.
 async fn start(
     cfg: &VmConfig,
     paths: &VmPaths,
     proc: &Arc<ProcHandle>,
     status_rx: &watch::Receiver<Option<ProcessEnd>>,
-    owner: jail::FileOwner,
 ) -> Result<(Qmp, Arc<QmpState>, Tasks), VmmError> {
     let deadline = Instant::now() + START_TIMEOUT;
     let alive = || status_rx.borrow().is_none();
@@ -780,17 +780,10 @@ async fn start(
             "QEMU exited before the guest started".into(),
         ));
     }
-    if let Some(from) = &cfg.restore {
-        // Opened as the owner of the directory it lies in (see `FileOwner::act_as`).
-        let state = owner
-            .act_as(|| std::fs::File::open(&from.state))
-            .and_then(|opened| opened)
-            .map_err(|e| VmmError::io(format!("open {}", from.state.display()), e))?;
-        crate::state::restore(&qmp, state, from.ignore_shared, deadline).await?;
-        if from.paused {
-            tracing::debug!(vm = %cfg.name, pid = proc.pid(), "state loaded; VM left paused");
-            return Ok((qmp, qmp_state, tasks));
-        }
+    if cfg.restore.is_some() {
+        // Waiting for its state (`Vm::load_state`); the guest starts when that is in.
+        tracing::debug!(vm = %cfg.name, pid = proc.pid(), "VM waiting for its saved state");
+        return Ok((qmp, qmp_state, tasks));
     }
     qmp.execute(qmp::cont {}).await?;
     let status = qmp.execute(qmp::query_status {}).await?;

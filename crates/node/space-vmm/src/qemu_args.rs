@@ -135,7 +135,7 @@ pub(crate) fn qemu_args(
         ));
     }
     if cfg.restore.is_some() {
-        // The state is fed in over QMP (`migrate-incoming`) once QMP and the console are up.
+        // The launcher feeds the state in over QMP (`migrate-incoming`, `Vm::load_state`).
         a.flag("-incoming").arg("defer");
     }
     if confined.is_some() {
@@ -313,9 +313,7 @@ mod tests {
             shared: false,
         };
         c.restore = Some(crate::RestoreFrom {
-            state: PathBuf::from("/img/state"),
             ignore_shared: true,
-            paused: false,
         });
         let args = strings(&args_of(&c, None));
         assert_eq!(

@@ -9,11 +9,14 @@
 //! leaves the VM paused, which lets the caller snapshot the disk at the same instant before
 //! resuming it.
 //!
-//! A restore starts QEMU with `-incoming defer` and feeds the file in with `migrate-incoming`
-//! (see [`restore`]), then the VM is resumed like a fresh one.
+//! A save writes to any descriptor QEMU can write a stream to: a file, or a pipe whose
+//! reader seals what comes through under a tenant's data key (the sandbox manager's
+//! checkpoints); nothing here knows which.
+//!
+//! A restore starts QEMU with `-incoming defer` and feeds a readable descriptor (a file, or
+//! a pipe a sealed state is opened into) with `migrate-incoming` (see [`restore`]); the VM
+//! is left paused for its launcher to check what fed it and resume it.
 
-use std::os::fd::AsFd;
-use std::path::Path;
 use std::time::Duration;
 
 use qapi::{qmp, Enum};
@@ -61,7 +64,7 @@ pub struct SaveReport {
     pub duration: Duration,
     /// QEMU's own measure of how long the guest was stopped for the final pass (live saves).
     pub downtime: Option<Duration>,
-    /// Size of the state file.
+    /// Bytes QEMU wrote, by its own count.
     pub bytes: u64,
 }
 
@@ -104,22 +107,16 @@ async fn wait_migration(qmp: &Qmp, deadline: Instant) -> Result<qmp::MigrationIn
     }
 }
 
-/// Saves the VM's state to `path`. On success the VM is paused (QEMU's `postmigrate`);
-/// the caller resumes it. On failure the VM is running again, as it was.
+/// Saves the VM's state into `out` (see the module docs). On success the VM is paused
+/// (QEMU's `postmigrate`); the caller resumes it. On failure the VM is running again, as it
+/// was.
 pub(crate) async fn save(
     qmp: &Qmp,
-    path: &Path,
+    out: std::os::fd::BorrowedFd<'_>,
     opts: SaveOptions,
 ) -> Result<SaveReport, VmmError> {
     let started = std::time::Instant::now();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| VmmError::io(format!("create {}", path.display()), e))?;
-    qmp.pass_fd(SAVE_FD, file.as_fd()).await?;
-    drop(file);
+    qmp.pass_fd(SAVE_FD, out).await?;
     let uri = format!("fd:{SAVE_FD}");
     set_capabilities(qmp, opts.ignore_shared).await?;
     qmp.execute(qmp::migrate_set_parameters(qmp::MigrateSetParameters {
@@ -143,19 +140,17 @@ pub(crate) async fn save(
     }
     .await;
     match outcome {
-        Ok(info) => {
-            let bytes = std::fs::metadata(path)
-                .map(|m| m.len())
-                .map_err(|e| VmmError::io(format!("stat {}", path.display()), e))?;
-            Ok(SaveReport {
-                duration: started.elapsed(),
-                downtime: info
-                    .downtime
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
-                bytes,
-            })
-        }
+        Ok(info) => Ok(SaveReport {
+            duration: started.elapsed(),
+            downtime: info
+                .downtime
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+            bytes: info
+                .ram
+                .and_then(|ram| u64::try_from(ram.transferred).ok())
+                .unwrap_or(0),
+        }),
         Err(e) => {
             // Whatever happened, the VM must come out of this running as it went in.
             if let Err(cancel) = qmp.execute(qmp::migrate_cancel {}).await {
@@ -193,16 +188,16 @@ pub(crate) async fn cancel(qmp: &Qmp) -> Result<(), VmmError> {
     }
 }
 
-/// Feeds a saved state into a QEMU started with `-incoming defer`. Leaves the VM paused.
+/// Feeds a saved state from `state` into a QEMU started with `-incoming defer`. Leaves the
+/// VM paused.
 pub(crate) async fn restore(
     qmp: &Qmp,
-    file: std::fs::File,
+    state: std::os::fd::BorrowedFd<'_>,
     ignore_shared: bool,
     deadline: Instant,
 ) -> Result<(), VmmError> {
     set_capabilities(qmp, ignore_shared).await?;
-    qmp.pass_fd(RESTORE_FD, file.as_fd()).await?;
-    drop(file);
+    qmp.pass_fd(RESTORE_FD, state).await?;
     let uri = format!("fd:{RESTORE_FD}");
     qmp.execute(qmp::migrate_incoming {
         uri: Some(uri),

@@ -300,27 +300,48 @@ impl Vm {
             .map_err(|e| self.explain(e))
     }
 
-    /// Saves the VM's state to `path` (see [`SaveOptions`]). On success the VM is left paused,
-    /// so the caller can snapshot the disk at the same instant; it then calls
-    /// [`Vm::resume`]. On failure the VM runs on as before.
+    /// Saves the VM's state into `out`, a file or a pipe (see [`SaveOptions`]). On success
+    /// the VM is left paused, so the caller can snapshot the disk at the same instant; it
+    /// then calls [`Vm::resume`]. On failure the VM runs on as before.
     pub async fn save_state(
         &self,
-        path: &std::path::Path,
+        out: std::os::fd::BorrowedFd<'_>,
         opts: SaveOptions,
     ) -> Result<SaveReport, VmmError> {
         self.ensure_running()?;
-        crate::state::save(&self.qmp, path, opts)
+        crate::state::save(&self.qmp, out, opts)
             .await
-            .map_err(|e| match self.explain(e) {
-                // QEMU 7.2 gives no detail over QMP; its stderr does.
-                VmmError::Migration(msg) => {
-                    let log = crate::console::tail_of(&self.paths.vmm_log, 512)
-                        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-                        .unwrap_or_default();
-                    VmmError::Migration(format!("{msg}; QEMU said: {log}"))
-                }
-                other => other,
-            })
+            .map_err(|e| self.explain_migration(e))
+    }
+
+    /// Feeds saved state from `state` (a file, or a pipe) into a VM launched with
+    /// [`crate::RestoreFrom`], within `timeout`. The VM is left paused: the caller checks
+    /// that what fed it was whole (a sealed state opens chunk by chunk) before
+    /// [`Vm::resume`].
+    pub async fn load_state(
+        &self,
+        state: std::os::fd::BorrowedFd<'_>,
+        ignore_shared: bool,
+        timeout: Duration,
+    ) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        crate::state::restore(&self.qmp, state, ignore_shared, deadline)
+            .await
+            .map_err(|e| self.explain_migration(e))
+    }
+
+    /// QEMU 7.2 gives no detail of a failed migration over QMP; its stderr does.
+    fn explain_migration(&self, e: VmmError) -> VmmError {
+        match self.explain(e) {
+            VmmError::Migration(msg) => {
+                let log = crate::console::tail_of(&self.paths.vmm_log, 512)
+                    .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+                    .unwrap_or_default();
+                VmmError::Migration(format!("{msg}; QEMU said: {log}"))
+            }
+            other => other,
+        }
     }
 
     /// Cancels a state save left running (by a node process that died mid-checkpoint) and

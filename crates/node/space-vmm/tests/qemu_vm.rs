@@ -3,6 +3,7 @@
 //! and re-adoption after a simulated node restart.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -470,7 +471,7 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     let state = fx.dir.path().join("image.state");
     let report = vm
         .save_state(
-            &state,
+            std::fs::File::create(&state).unwrap().as_fd(),
             space_vmm::SaveOptions {
                 ignore_shared: true,
                 live: false,
@@ -494,12 +495,10 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
         shared: false,
     };
     clone_cfg.restore = Some(space_vmm::RestoreFrom {
-        state: state.clone(),
         ignore_shared: true,
-        paused: false,
     });
     let started = Instant::now();
-    let clone = vmm.launch(&clone_cfg).await.unwrap();
+    let clone = restore(&vmm, &clone_cfg, &state).await.unwrap();
     let _clone_guard = KillOnDrop::new(&clone);
     eprintln!("clone running after {:?}", started.elapsed());
     assert_eq!(clone.status().await.unwrap(), VmStatus::Running);
@@ -510,7 +509,10 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     // A live full save of the clone (its RAM is private), restored into anonymous memory.
     let full = fx.dir.path().join("full.state");
     let report = clone
-        .save_state(&full, space_vmm::SaveOptions::default())
+        .save_state(
+            std::fs::File::create(&full).unwrap().as_fd(),
+            space_vmm::SaveOptions::default(),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -528,11 +530,9 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     clone.kill(Duration::from_secs(5)).await.unwrap();
     let mut restored_cfg = fx.config("restored", "tick");
     restored_cfg.restore = Some(space_vmm::RestoreFrom {
-        state: full,
         ignore_shared: false,
-        paused: false,
     });
-    let restored = vmm.launch(&restored_cfg).await.unwrap();
+    let restored = restore(&vmm, &restored_cfg, &full).await.unwrap();
     let _restored_guard = KillOnDrop::new(&restored);
     assert!(wait_until(BOOT_TIMEOUT, || last_tick(&restored) > tick_at_save).await);
 
@@ -541,12 +541,35 @@ async fn save_and_restore_carry_on_where_the_guest_was() {
     std::fs::write(&junk, b"not a migration stream").unwrap();
     let mut bad = fx.config("bad", "tick");
     bad.restore = Some(space_vmm::RestoreFrom {
-        state: junk,
         ignore_shared: false,
-        paused: false,
     });
-    let err = vmm.launch(&bad).await.unwrap_err();
+    let err = restore(&vmm, &bad, &junk).await.unwrap_err();
     eprintln!("junk state: {err}");
+}
+
+/// Launches `cfg` (a restore), feeds it `state` and lets it run; a VM whose state does not
+/// load is killed.
+async fn restore(
+    vmm: &QemuVmm,
+    cfg: &space_vmm::VmConfig,
+    state: &std::path::Path,
+) -> Result<space_vmm::Vm, space_vmm::VmmError> {
+    let ignore_shared = cfg.restore.expect("a restore").ignore_shared;
+    let vm = vmm.launch(cfg).await?;
+    let file = std::fs::File::open(state).unwrap();
+    let loaded = async {
+        vm.load_state(file.as_fd(), ignore_shared, Duration::from_secs(60))
+            .await?;
+        vm.resume().await
+    }
+    .await;
+    match loaded {
+        Ok(()) => Ok(vm),
+        Err(e) => {
+            let _ = vm.kill(Duration::from_secs(5)).await;
+            Err(e)
+        }
+    }
 }
 
 /// Runs `ip` with `args`, panicking with its stderr on failure.

@@ -43,6 +43,11 @@ use error::ApiError;
 /// Default upper bound on a file upload.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1024 * 1024 * 1024;
 
+/// Shortest deadline a sandbox woken by a call (`auto_resume`) is given, seconds: the wake
+/// must leave the call that caused it, and the next ones, time to run. E2B gives traffic-woken
+/// sandboxes the same floor (its `minimum-autoresume-timeout`, 300 s).
+pub const WAKE_MIN_SECS: u64 = 300;
+
 /// Everything a handler needs. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
@@ -186,6 +191,9 @@ impl AppState {
             // Suspended with auto_resume: the call that needs the guest brings it back
             // (through the customer-key gate, as every resume).
             crate::service::suspend::resume(self, row).await?;
+            self.db
+                .renew_timeout_at_least(id, crate::db::now_ms(), WAKE_MIN_SECS)
+                .await?;
             row = self.live_sandbox(tenant, id).await?;
         }
         // In its own task: a client that hangs up must not cancel a resume half-way.
@@ -205,9 +213,16 @@ impl AppState {
                 r.state == SandboxState::Paused && r.paused_by == Some(PauseCause::Idle)
             });
             let guest = node.guest(&id).await?;
-            if timed_out || idle {
+            if timed_out {
+                // Its timeout may be seconds (an E2B client's `set_timeout(2)`): renewed by
+                // that alone, it would pause again under the call that woke it.
+                st.db
+                    .renew_timeout_at_least(&id, crate::db::now_ms(), WAKE_MIN_SECS)
+                    .await?;
+                tracing::info!(sandbox = %id, "woke the timed-out sandbox; its deadline is renewed");
+            } else if idle {
                 st.db.renew_timeout(&id, crate::db::now_ms()).await?;
-                tracing::info!(sandbox = %id, timed_out, "woke the sandbox; its deadline is renewed");
+                tracing::info!(sandbox = %id, "woke the idle sandbox; its deadline is renewed");
             }
             Ok(guest)
         })

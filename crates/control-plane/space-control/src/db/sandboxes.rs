@@ -427,6 +427,29 @@ impl Db {
         .await
     }
 
+    /// [`Db::renew_timeout`] for at least `min_secs`: the deadline becomes `now_ms` plus the
+    /// longer of its timeout and `min_secs` (its timeout itself is kept). `false` if it is
+    /// not live.
+    pub async fn renew_timeout_at_least(
+        &self,
+        id: &SandboxId,
+        now_ms: i64,
+        min_secs: u64,
+    ) -> Result<bool, DbError> {
+        let min_ms = i64::try_from(min_secs.saturating_mul(1000))
+            .map_err(|e| DbError::Invalid(e.to_string()))?;
+        let done = sqlx::query(
+            "UPDATE sandboxes SET expires_at_ms = $1 + CASE WHEN timeout_secs * 1000 > $2 THEN timeout_secs * 1000 ELSE $2 END, timed_out_at_ms = NULL WHERE id = $3 AND desired_state = $4",
+        )
+        .bind(now_ms)
+        .bind(min_ms)
+        .bind(id.as_str())
+        .bind(DesiredState::Running.as_str())
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// Hands out the current tokens of a sandbox that is not deleted: they are valid until
     /// `valid_until_ms` (never shortened). `None` if it is deleted or missing.
     pub async fn renew_tokens(

@@ -558,6 +558,27 @@ impl NodeApi for RemoteNode {
             .await
     }
 
+    async fn lend_artifact_key(
+        &self,
+        tenant: &TenantId,
+        key: &space_envelope::DataKey,
+        valid_for: std::time::Duration,
+    ) -> NodeResult<()> {
+        self.call(NodeRequest::LendArtifactKey {
+            tenant: tenant.clone(),
+            key: SecretString(hex::encode(key.expose())),
+            valid_for_ms: u64::try_from(valid_for.as_millis()).unwrap_or(u64::MAX),
+        })
+        .await
+    }
+
+    async fn withdraw_artifact_key(&self, tenant: &TenantId) -> NodeResult<()> {
+        self.call(NodeRequest::WithdrawArtifactKey {
+            tenant: tenant.clone(),
+        })
+        .await
+    }
+
     async fn audit(&self, filter: AuditFilter) -> NodeResult<Vec<AuditEvent>> {
         self.call(NodeRequest::Audit {
             filter: (&filter).into(),

@@ -461,7 +461,7 @@ async fn push(st: &AppState, credential: &Credential, value: &SecretValue) {
 /// Runs `change` on every node, each in a task of its own; waits at most [`PUSH_WAIT`] for
 /// them (the rest finish in the background). A node that fails is logged: the catalog
 /// has the change, and the node's next sync brings it.
-async fn to_every_node<F, Fut>(st: &AppState, what: &'static str, change: F)
+pub(super) async fn to_every_node<F, Fut>(st: &AppState, what: &'static str, change: F)
 where
     F: Fn(Arc<dyn NodeApi>) -> Fut,
     Fut: std::future::Future<Output = Result<(), NodeCallError>> + Send + 'static,

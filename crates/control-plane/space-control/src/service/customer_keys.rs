@@ -26,7 +26,7 @@
 //!   (`customer_key.*`), naming the data key or version, never key material.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -53,6 +53,12 @@ pub const MAX_CHECK_TTL: Duration = Duration::from_secs(3600);
 /// Tries of a call whose key service is unreachable, and the pause after each failure.
 const ATTEMPTS: u32 = 3;
 const RETRY_PAUSE: Duration = Duration::from_millis(300);
+/// What a loan of an artifact key to a node lasts beyond two check TTLs.
+const ARTIFACT_KEY_LOAN_MARGIN: Duration = Duration::from_secs(30);
+/// The id of `tenant`'s artifact key among the data keys (ids are unique across tenants).
+fn artifact_key_id(tenant: &TenantId) -> String {
+    format!("ak-{tenant}")
+}
 /// Data keys re-wrapped per database round trip during a rotation.
 const REWRAP_BATCH: i64 = 100;
 
@@ -65,6 +71,9 @@ pub struct CustomerKeys {
     /// Tenant → when the leader's watch last looked at its key (at most once per TTL,
     /// whatever the verdict: a revoked key is not asked about every second).
     watched: Mutex<HashMap<TenantId, Instant>>,
+    /// Tenant → its artifact key, unwrapped, and when: kept in memory for at most the check
+    /// TTL, dropped at once when a check fails.
+    artifact_keys: Mutex<HashMap<TenantId, (DataKey, Instant)>>,
 }
 
 impl CustomerKeys {
@@ -75,7 +84,31 @@ impl CustomerKeys {
             check_ttl: check_ttl.min(MAX_CHECK_TTL),
             passed: Mutex::new(HashMap::new()),
             watched: Mutex::new(HashMap::new()),
+            artifact_keys: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How long a node holds a tenant's artifact key once lent: the watch renews the loan
+    /// about once per check TTL, so two TTLs and a margin outlast one missed renewal.
+    pub fn artifact_key_loan(&self) -> Duration {
+        self.check_ttl * 2 + ARTIFACT_KEY_LOAN_MARGIN
+    }
+
+    fn cached_artifact_key(&self, tenant: &TenantId) -> Option<DataKey> {
+        let mut keys = self.artifact_keys.lock().unwrap_or_else(|p| p.into_inner());
+        match keys.get(tenant) {
+            Some((key, at)) if at.elapsed() < self.check_ttl => Some(key.duplicate()),
+            Some(_) => {
+                keys.remove(tenant);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn cache_artifact_key(&self, tenant: &TenantId, key: &DataKey) {
+        let mut keys = self.artifact_keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.insert(tenant.clone(), (key.duplicate(), Instant::now()));
     }
 
     /// The key services.
@@ -110,6 +143,9 @@ impl CustomerKeys {
             }
             None => {
                 passed.remove(tenant);
+                drop(passed);
+                let mut keys = self.artifact_keys.lock().unwrap_or_else(|p| p.into_inner());
+                keys.remove(tenant);
             }
         }
     }
@@ -497,6 +533,7 @@ pub async fn check_now(st: &AppState, caller: &Caller) -> ApiResult<CustomerKeyV
 /// Removes the caller's customer key: only once no data key is wrapped under it (else its
 /// artifacts could never be opened again).
 pub async fn remove(st: &AppState, caller: &Caller) -> ApiResult<()> {
+    release_artifact_key(st, &caller.id).await?;
     match st.db.remove_customer_key(&caller.id).await? {
         CustomerKeyRemoval::Removed => {
             st.customer_keys.remember(&caller.id, None);
@@ -508,6 +545,34 @@ pub async fn remove(st: &AppState, caller: &Caller) -> ApiResult<()> {
             format!("{n} artifacts are sealed under data keys of this customer key: delete them first (snapshots, suspended sandboxes, credentials)"),
         )),
     }
+}
+
+/// Forgets `tenant`'s artifact key once nothing can be sealed under it any more: no live
+/// sandbox (which may checkpoint or hold checkpoints), no snapshot in object storage, no
+/// persistent snapshot on a node. Otherwise it stays, and the removal that follows is
+/// refused for it.
+async fn release_artifact_key(st: &AppState, tenant: &TenantId) -> ApiResult<()> {
+    let id = artifact_key_id(tenant);
+    if st.db.data_key(tenant, &id).await?.is_none() {
+        return Ok(());
+    }
+    let live = st
+        .db
+        .sandboxes(tenant, crate::db::SandboxFilter::Live)
+        .await?;
+    let stored = st.db.stored_persistents(tenant).await?;
+    if !live.is_empty() || !stored.is_empty() {
+        return Ok(());
+    }
+    for node in st.nodes.all() {
+        if !node.tenant_snapshots(tenant).await?.is_empty() {
+            return Ok(());
+        }
+    }
+    withdraw_everywhere(st, tenant).await;
+    st.db.delete_data_key(tenant, &id).await?;
+    st.customer_keys.remember(tenant, None);
+    Ok(())
 }
 
 /// Adds a version to the caller's customer key and re-wraps every data key under it.
@@ -677,22 +742,23 @@ pub async fn require_usable(st: &AppState, tenant: &TenantId) -> ApiResult<()> {
 }
 
 /// The leader's watch over customer keys (each reconciler pass): every tenant's key is
-/// checked once its last passed check is older than the check TTL. A key found unavailable
-/// has its tenant's credential values dropped from every node at once — they are under data
-/// keys nobody can open any more — instead of at the nodes' next sync. A key service that
-/// does not answer changes nothing (the values stay until the customer's verdict is known).
+/// checked once its last passed check is older than the check TTL. A usable key has the
+/// loan of the tenant's artifact key renewed on the nodes of its live sandboxes (a node that
+/// restarted gets it back). A key found unavailable has the artifact key withdrawn from every node, and the
+/// tenant's credential values dropped from them at once — they are under data keys nobody
+/// can open any more — instead of at the nodes' next sync. A key service that does not
+/// answer changes nothing (the loans run out by themselves).
 pub async fn watch(st: &AppState) -> ApiResult<()> {
     for tenant in st.db.tenants_with_customer_keys().await? {
         if !st.customer_keys.watch_due(&tenant) {
             continue;
         }
         match require_usable(st, &tenant).await {
-            Ok(()) => {}
+            Ok(()) => lend_to_its_nodes(st, &tenant).await,
             Err(e) if e.body.code == ErrorCode::KeyUnavailable => {
+                withdraw_everywhere(st, &tenant).await;
                 let dropped = super::credentials::drop_from_nodes(st, &tenant).await?;
-                if dropped > 0 {
-                    tracing::warn!(%tenant, dropped, reason = %e.body.message, "customer key unavailable: the tenant's credential values dropped from every node");
-                }
+                tracing::warn!(%tenant, dropped, reason = %e.body.message, "customer key unavailable: the tenant's artifact key withdrawn and its credential values dropped from every node");
             }
             Err(e) => {
                 tracing::warn!(%tenant, error = %e.body.message, "customer key could not be checked")
@@ -700,6 +766,105 @@ pub async fn watch(st: &AppState) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+/// Renews the loan of `tenant`'s artifact key on the nodes its live sandboxes are on (and
+/// no other: a node holds a tenant's key only while it holds the tenant's sandboxes).
+async fn lend_to_its_nodes(st: &AppState, tenant: &TenantId) {
+    let nodes: std::collections::BTreeSet<String> = match st
+        .db
+        .sandboxes(tenant, crate::db::SandboxFilter::Live)
+        .await
+    {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|r| r.suspended_snapshot.is_none())
+            .map(|r| r.node)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(%tenant, error = %e, "cannot list the tenant's sandboxes to renew its loans");
+            return;
+        }
+    };
+    if nodes.is_empty() {
+        // Nothing to renew; and no artifact key is made for a tenant with no sandbox.
+        return;
+    }
+    let key = match artifact_key(st, tenant).await {
+        Ok(Some(key)) => key,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(%tenant, error = %e.body.message, "cannot renew the loans of the tenant's artifact key");
+            return;
+        }
+    };
+    let loan = st.customer_keys.artifact_key_loan();
+    let key = &key;
+    let lent = nodes.iter().map(|name| async move {
+        let result = match st.nodes.get(name) {
+            Ok(node) => node.lend_artifact_key(tenant, key, loan).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(%tenant, node = %name, error = %e, "node missed the renewal of an artifact key loan");
+        }
+    });
+    futures::future::join_all(lent).await;
+}
+
+async fn withdraw_everywhere(st: &AppState, tenant: &TenantId) {
+    let tenant = Arc::new(tenant.clone());
+    super::credentials::to_every_node(st, "artifact key", move |node| {
+        let tenant = tenant.clone();
+        async move { node.withdraw_artifact_key(&tenant).await }
+    })
+    .await;
+}
+
+/// `tenant`'s artifact key (made, wrapped under its customer key, at first need), or `None`
+/// if it has no customer key. Kept unwrapped in this replica's memory for the check TTL.
+async fn artifact_key(st: &AppState, tenant: &TenantId) -> ApiResult<Option<DataKey>> {
+    if let Some(key) = st.customer_keys.cached_artifact_key(tenant) {
+        return Ok(Some(key));
+    }
+    let Some(customer_key) = st.db.customer_key(tenant).await? else {
+        return Ok(None);
+    };
+    let id = artifact_key_id(tenant);
+    let key = match st.db.data_key(tenant, &id).await? {
+        Some(_) => open_data_key(st, tenant, &id).await?,
+        None => {
+            let made =
+                wrap_new_data_key(st, &customer_key, id.clone(), "sandbox artifacts at rest").await;
+            match made {
+                Ok(key) => key,
+                // Another replica made it first: theirs is the one.
+                Err(_) if st.db.data_key(tenant, &id).await?.is_some() => {
+                    open_data_key(st, tenant, &id).await?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    st.customer_keys.cache_artifact_key(tenant, &key);
+    Ok(Some(key))
+}
+
+/// Lends `tenant`'s artifact key to `node` before an operation that may write or read the
+/// tenant's artifacts at rest there (create, resume, restore, fork, checkpoint, suspend).
+/// `Ok(true)`: the tenant has a customer key, and the sandbox is to be sealed at rest;
+/// `Ok(false)`: it has none.
+pub async fn lend_artifact_key(
+    st: &AppState,
+    tenant: &TenantId,
+    node: &dyn space_node_proto::api::NodeApi,
+) -> ApiResult<bool> {
+    let Some(key) = artifact_key(st, tenant).await? else {
+        return Ok(false);
+    };
+    node.lend_artifact_key(tenant, &key, st.customer_keys.artifact_key_loan())
+        .await?;
+    Ok(true)
 }
 
 /// A fresh data key for `artifact` of `tenant`, wrapped under its customer key's current
@@ -713,11 +878,24 @@ pub async fn new_data_key(
     let Some(key) = st.db.customer_key(tenant).await? else {
         return Ok(None);
     };
+    let id = format!("dk-{}", hex::encode(rand::random::<[u8; 16]>()));
+    let data_key = wrap_new_data_key(st, &key, id.clone(), artifact).await?;
+    Ok(Some((id, data_key)))
+}
+
+/// A fresh data key `id` for `artifact`, wrapped under `key`'s current version and stored
+/// wrapped.
+async fn wrap_new_data_key(
+    st: &AppState,
+    key: &StoredCustomerKey,
+    id: String,
+    artifact: &str,
+) -> ApiResult<DataKey> {
+    let tenant = &key.tenant;
     let v = key
         .current()
         .ok_or_else(|| ApiError::internal("the customer key has no current version"))?;
     let (service, access) = open_version(st, tenant, v)?;
-    let id = format!("dk-{}", hex::encode(rand::random::<[u8; 16]>()));
     let data_key = DataKey::generate();
     let context = data_key_context(tenant, &id);
     let wrapped = with_retries(|| service.wrap(&access, &data_key, &context)).await;
@@ -726,7 +904,7 @@ pub async fn new_data_key(
     let wrapped = wrapped.map_err(|e| kms_error(v, e))?;
     st.db
         .insert_data_key(&DataKeyRow {
-            id: id.clone(),
+            id,
             tenant: tenant.clone(),
             key_version: v.version,
             wrapped: B64.encode(wrapped),
@@ -734,7 +912,7 @@ pub async fn new_data_key(
             created_at_ms: now_ms(),
         })
         .await?;
-    Ok(Some((id, data_key)))
+    Ok(data_key)
 }
 
 /// Data key `id` of `tenant`, unwrapped by the customer key version that wrapped it.

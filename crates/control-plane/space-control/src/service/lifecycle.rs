@@ -40,6 +40,7 @@ async fn operate<F, Fut>(
     tenant: &Caller,
     id: &SandboxId,
     deadline: Deadline,
+    key_needed: bool,
     op: F,
 ) -> ApiResult<SandboxInfo>
 where
@@ -49,7 +50,13 @@ where
     let id = id.clone();
     let mut row = st.live_sandbox(&tenant.id, &id).await?;
     let task_state = st.clone();
-    let work = op(st.node_of(&row).await?, id.clone());
+    let node = st.node_of(&row).await?;
+    if matches!(deadline, Deadline::Renew) || key_needed {
+        // What runs again may checkpoint, and a rollback restores one: the node holds the
+        // tenant's artifact key first.
+        super::customer_keys::lend_artifact_key(st, &tenant.id, node.as_ref()).await?;
+    }
+    let work = op(node, id.clone());
     // The renewal is part of the task: a client that hangs up cannot leave a sandbox that
     // runs again without its new deadline.
     let record = tokio::spawn(async move {
@@ -69,9 +76,14 @@ where
 
 /// Pauses a running sandbox: its vCPUs stop, its memory stays resident.
 pub async fn pause(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
-    operate(st, caller, id, Deadline::Keep, |node, id| async move {
-        node.pause(&id, PauseCause::User).await
-    })
+    operate(
+        st,
+        caller,
+        id,
+        Deadline::Keep,
+        false,
+        |node, id| async move { node.pause(&id, PauseCause::User).await },
+    )
     .await
 }
 
@@ -84,17 +96,27 @@ pub async fn resume(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult
         // Suspended to object storage: restored on whichever node the scheduler picks.
         return super::suspend::resume(st, row).await;
     }
-    operate(st, caller, id, Deadline::Renew, |node, id| async move {
-        node.resume(&id).await
-    })
+    operate(
+        st,
+        caller,
+        id,
+        Deadline::Renew,
+        false,
+        |node, id| async move { node.resume(&id).await },
+    )
     .await
 }
 
 /// Stops a running or paused sandbox: the VM goes, the disk stays.
 pub async fn stop(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
-    operate(st, caller, id, Deadline::Keep, |node, id| async move {
-        node.stop(&id, StopCause::User).await
-    })
+    operate(
+        st,
+        caller,
+        id,
+        Deadline::Keep,
+        false,
+        |node, id| async move { node.stop(&id, StopCause::User).await },
+    )
     .await
 }
 
@@ -102,9 +124,14 @@ pub async fn stop(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<S
 /// deadline becomes now + its timeout.
 pub async fn start(st: &AppState, caller: &Caller, id: &SandboxId) -> ApiResult<SandboxInfo> {
     super::customer_keys::require_usable(st, &caller.id).await?;
-    operate(st, caller, id, Deadline::Renew, |node, id| async move {
-        node.start(&id).await
-    })
+    operate(
+        st,
+        caller,
+        id,
+        Deadline::Renew,
+        false,
+        |node, id| async move { node.start(&id).await },
+    )
     .await
 }
 
@@ -117,9 +144,14 @@ pub async fn rollback(
 ) -> ApiResult<SandboxInfo> {
     super::customer_keys::require_usable(st, &caller.id).await?;
     let to = to.clone();
-    operate(st, caller, id, Deadline::Keep, |node, id| async move {
-        node.rollback(&id, &to).await
-    })
+    operate(
+        st,
+        caller,
+        id,
+        Deadline::Keep,
+        true,
+        |node, id| async move { node.rollback(&id, &to).await },
+    )
     .await
 }
 
@@ -155,6 +187,10 @@ pub async fn fork(
     labels.extend(req.labels);
     validate_labels(&labels).map_err(|e| ApiError::invalid(format!("merged labels: {e}")))?;
 
+    // The children inherit the parent's sealing; the fork reads its checkpoint. Lent before
+    // any child's row exists: a key found unavailable here (revoked since its last check)
+    // must not leave children nobody made.
+    super::customer_keys::lend_artifact_key(st, &tenant.id, node.as_ref()).await?;
     // All children or none: the quota is checked for all of them first (and again, under
     // the admission lock, for each as its row goes in).
     st.admit_sandboxes(&tenant.id, parent_rec.resources, u64::from(count))

@@ -287,6 +287,13 @@ async fn create_on(
         }
     }
     tracing::warn!(sandbox = %create.id, from = node.name(), to = other.name(), error = %first, "create did not reach its node; retrying on another");
+    if create.settings.seal_at_rest {
+        let tenant = &create.settings.tenant;
+        if let Err(e) = super::customer_keys::lend_artifact_key(st, tenant, other.as_ref()).await {
+            // Its checkpoints wait for the watch's next loan; the create itself needs none.
+            tracing::warn!(sandbox = %create.id, error = %e.body.message, "cannot lend the artifact key to the other node");
+        }
+    }
     other.create_sandbox(create).await
 }
 
@@ -300,6 +307,8 @@ fn sandbox_settings(req: CreateSandboxRequest, tenant: &TenantId) -> ApiResult<S
         snapshots: req.snapshots,
         tenant: tenant.clone(),
         egress: req.egress,
+        // Set where the node is known (the loan of the tenant's artifact key goes to it).
+        seal_at_rest: false,
     })
 }
 
@@ -377,11 +386,14 @@ async fn create_from_snapshot(
             auto_resume: req.auto_resume,
         },
     );
+    let mut settings = sandbox_settings(req, &tenant.id)?;
+    settings.seal_at_rest =
+        super::customer_keys::lend_artifact_key(st, &tenant.id, node.as_ref()).await?;
     let create = CreateFromSnapshot {
         id: id.clone(),
         snapshot: snapshot.clone(),
         source,
-        settings: sandbox_settings(req, &tenant.id)?,
+        settings,
     };
     begin_create(st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %tenant.name, %snapshot, "creating sandbox from a snapshot");
@@ -416,6 +428,8 @@ async fn snapshot_node(
                 .place(found.origin.resources, &found.origin.template_digest, &[])
                 .await?;
             tracing::info!(snapshot = %stored.snapshot, node = node.name(), "making a stored snapshot present on a node");
+            // A sealed snapshot opens only with the tenant's key.
+            super::customer_keys::lend_artifact_key(st, tenant, node.as_ref()).await?;
             let here = node
                 .fetch_snapshot(FetchSnapshot {
                     stored: stored.clone(),
@@ -684,7 +698,9 @@ pub async fn create(
     if req.egress.is_none() {
         req.egress = st.db.tenant_egress_policy(&caller.id).await?;
     }
-    let settings = sandbox_settings(req, &caller.id)?;
+    let mut settings = sandbox_settings(req, &caller.id)?;
+    settings.seal_at_rest =
+        super::customer_keys::lend_artifact_key(st, &caller.id, node.as_ref()).await?;
     begin_create(st, &row).await?;
     tracing::info!(sandbox = %id, tenant = %caller.name, template = %row.template, "creating sandbox");
 

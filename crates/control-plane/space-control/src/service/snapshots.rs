@@ -62,6 +62,8 @@ pub async fn take(
         labels: row.labels.clone(),
     });
     let node = st.node_of(&row).await?;
+    // A checkpoint of a sandbox sealed at rest is sealed under its tenant's key.
+    super::customer_keys::lend_artifact_key(st, &row.tenant_id, node.as_ref()).await?;
     let request = SnapshotRequest {
         kind: req.kind,
         label: req.label,

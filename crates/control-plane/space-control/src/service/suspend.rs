@@ -74,6 +74,9 @@ pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
         ));
     }
     let node = st.node_of(&row).await?;
+    // What the suspend stores is sealed under the tenant's key (and it is not suspended at
+    // all without it).
+    super::customer_keys::lend_artifact_key(st, &row.tenant_id, node.as_ref()).await?;
     let snapshot = SnapshotId::generate();
     st.db
         .begin_stored_snapshot(&snapshot, id, &row.tenant_id, node.name(), st.replica.id())
@@ -138,6 +141,7 @@ pub async fn suspend_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
 pub async fn checkpoint_row(st: &AppState, row: SandboxRow) -> ApiResult<()> {
     let objects = objects(st)?.clone();
     let node = st.node_of(&row).await?;
+    super::customer_keys::lend_artifact_key(st, &row.tenant_id, node.as_ref()).await?;
     let request = SnapshotRequest {
         kind: SnapshotKind::Checkpoint,
         label: Some(STORED_CHECKPOINT_LABEL.into()),
@@ -326,9 +330,18 @@ pub async fn resume(st: &AppState, row: SandboxRow) -> ApiResult<SandboxInfo> {
     }
     tracing::info!(sandbox = %id, %snapshot, node = node.name(), "resuming suspended sandbox");
     let task_state = st.clone();
+    let seal_at_rest =
+        match super::customer_keys::lend_artifact_key(st, &row.tenant_id, node.as_ref()).await {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                st.db.undo_resume(&id).await?;
+                return Err(e);
+            }
+        };
     let req = ResumeSandbox {
         suspended: stored,
         tenant: row.tenant_id.clone(),
+        seal_at_rest,
     };
     let task_id = id.clone();
     tokio::spawn(async move {
