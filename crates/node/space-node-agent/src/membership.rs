@@ -360,6 +360,11 @@ async fn beat(node: &dyn NodeApi, generation: u64) -> Result<Heartbeat, Membersh
     })
 }
 
+/// How long a heartbeat may take before it is logged as slow: a few intervals.
+fn slow_beat(interval: Duration) -> Duration {
+    (interval * 2).max(Duration::from_millis(500))
+}
+
 /// Heartbeats `node` to the control plane every `interval` until `stop` turns true; when
 /// told the node is fenced, asks to rejoin (the control plane reconciles it first) and
 /// heartbeats with the generation it is given. Failures are logged and retried: a node
@@ -388,6 +393,7 @@ pub async fn spawn_heartbeat(
             if *stop.borrow() {
                 break;
             }
+            let started = std::time::Instant::now();
             let hb = match beat(node.as_ref(), joined.state.generation).await {
                 Ok(hb) => hb,
                 Err(e) => {
@@ -395,6 +401,7 @@ pub async fn spawn_heartbeat(
                     continue;
                 }
             };
+            let described = started.elapsed();
             let result: Result<HeartbeatReply, _> = call(
                 &client,
                 &base,
@@ -404,6 +411,16 @@ pub async fn spawn_heartbeat(
                 fence.call_timeout(CALL_TIMEOUT),
             )
             .await;
+            // A beat that takes a good part of the lost timeout brings the node near being
+            // declared lost while it is fine: say where the time went.
+            let took = started.elapsed();
+            if took > slow_beat(interval) {
+                tracing::warn!(
+                    describe = ?described,
+                    call = ?(took - described),
+                    "slow heartbeat"
+                );
+            }
             match result {
                 Ok(reply) => {
                     if !reply.not_yours.is_empty() {

@@ -200,11 +200,17 @@ impl Membership {
             .iter()
             .map(|s| (s.id.clone(), s.state))
             .collect();
+        let started = std::time::Instant::now();
         let not_yours = self
             .state
             .db
             .node_heartbeat(&name, hb.generation, &fingerprint, &hb.status, &live)
             .await??;
+        // The heartbeat counts when it is recorded: a slow database eats into the node's
+        // lost timeout.
+        if started.elapsed() > self.lost_after / 4 {
+            tracing::warn!(node = %name, took = ?started.elapsed(), "recording a heartbeat was slow");
+        }
         if !not_yours.is_empty() {
             tracing::warn!(node = %name, claimed = ?not_yours, "a node reported sandboxes not placed on it; left them alone");
         }
