@@ -522,8 +522,7 @@ fn unrot(s: &str) -> String {
     format!("$(echo {} | tr A-Za-z N-ZA-Mn-za-m)", rot13(s))
 }
 
-/// Files under `dir` that hold `needle`, but for disk images (the live disk, disk
-/// snapshots and template images: see `is_disk`).
+/// Files under `dir` that hold `needle`, but for sandboxes' live disks (see `is_disk`).
 fn found_outside_disks(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
     let mut hits = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -547,11 +546,16 @@ fn found_outside_disks(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::P
     hits
 }
 
-/// A disk image: a sandbox's live disk, a disk snapshot's (`disk.raw`), a template's.
+/// A sandbox's live disk (`sandboxes/<id>/disk.raw`): the one place a sandbox's data is
+/// not sealed. A snapshot's disk is not one of these.
 fn is_disk(path: &std::path::Path) -> bool {
-    path.file_name().is_some_and(|n| {
-        n == space_storage::SANDBOX_DISK_FILE || n == space_storage::SNAPSHOT_DISK_FILE
-    })
+    path.file_name()
+        .is_some_and(|n| n == space_storage::SANDBOX_DISK_FILE)
+        && path
+            .parent()
+            .and_then(|p| p.parent())
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n == "sandboxes")
 }
 
 /// Every file named `name` under `dir`.
@@ -648,6 +652,21 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
             assert!(sealed(state), "{} is not sealed", state.display());
         }
     }
+    // Its disk too: a sealed delta, no reflink.
+    let sealed_disk_of = |snap: &space_core::SnapshotId| {
+        let found: Vec<_> = files_named(&ts.data_dir, space_storage::SNAPSHOT_SEALED_DISK_FILE)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(snap.as_str()))
+            .collect();
+        assert_eq!(found.len(), 1, "the sealed disk of {snap}: {found:?}");
+        let disk = found[0].clone();
+        assert!(sealed(&disk), "{} is not sealed", disk.display());
+        assert!(!disk
+            .with_file_name(space_storage::SNAPSHOT_DISK_FILE)
+            .exists());
+        disk
+    };
+    sealed_disk_of(&first.id);
     let hits = found_outside_disks(&ts.data_dir, in_memory.as_bytes());
     assert!(hits.is_empty(), "the memory marker at rest in {hits:?}");
     let hits = found_outside_disks(&ts.data_dir, on_disk.as_bytes());
@@ -688,11 +707,55 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
         assert!(out.contains("running-on"), "{what}: {out}");
     }
     std::fs::write(&state2, &original).unwrap();
+    // The same for its sealed disk: refused before anything is given up, nothing left over.
+    let disk2 = sealed_disk_of(&second.id);
+    let original_disk = std::fs::read(&disk2).unwrap();
+    let mut flipped = original_disk.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    let cut = original_disk[..original_disk.len() - 100].to_vec();
+    for (what, bytes) in [("flipped", &flipped), ("cut", &cut)] {
+        std::fs::write(&disk2, bytes).unwrap();
+        let message = is(
+            a.rollback(&id, &second.id).await.unwrap_err(),
+            502,
+            ErrorCode::SnapshotCorrupt,
+        );
+        eprintln!("disk {what}: {message}");
+        let out = test_support::shell(&a, &id, "echo running-on", false).await;
+        assert!(out.contains("running-on"), "disk {what}: {out}");
+    }
+    std::fs::write(&disk2, &original_disk).unwrap();
     a.rollback(&id, &second.id)
         .await
         .expect("the intact state restores");
     assert_eq!(memory_marker(&a, &id).await, in_memory);
     test_support::shell(&a, &id, "rm -f /home/user/dumped; sync", false).await;
+
+    // A disk snapshot is sealed the same way, and two sealed disks still diff.
+    test_support::shell(&a, &id, "echo new > /home/user/added.txt && sync", false).await;
+    let disk_snapshot = CreateSnapshotRequest {
+        kind: SnapshotKind::Disk,
+        ..Default::default()
+    };
+    let third = a
+        .create_snapshot(&id, &disk_snapshot)
+        .await
+        .unwrap()
+        .snapshot;
+    sealed_disk_of(&third.id);
+    let diff = a
+        .diff_snapshots(&id, &second.id, &third.id, None)
+        .await
+        .expect("diff of sealed disks");
+    assert!(
+        diff.changes
+            .iter()
+            .any(|c| c.path == "/home/user/added.txt"),
+        "{diff:?}"
+    );
+    let hits = found_outside_disks(&ts.data_dir, on_disk.as_bytes());
+    assert!(hits.is_empty(), "the disk marker at rest in {hits:?}");
 
     // A suspend: the node keeps nothing, what object storage holds is sealed, and neither
     // marker is anywhere in the data directory; the resume brings both back.
@@ -713,6 +776,14 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
     a.resume_sandbox(&id).await.expect("resume");
     assert_eq!(memory_marker(&a, &id).await, in_memory);
     assert_eq!(disk_marker(&a, &id).await, on_disk);
+    // What the resume brought back is kept sealed; the disk it rebuilt is gone.
+    for marker in [&in_memory, &on_disk] {
+        let hits = found_outside_disks(&ts.data_dir, marker.as_bytes());
+        assert!(
+            hits.is_empty(),
+            "{marker} at rest after the resume in {hits:?}"
+        );
+    }
 
     // The key service unreachable: a checkpoint fails clearly once this replica's copy of
     // the artifact key has expired, and nothing new is written at rest.

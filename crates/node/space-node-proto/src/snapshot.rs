@@ -142,7 +142,8 @@ pub struct StoredSnapshot {
     pub settings: StoredSettings,
     /// Bytes of guest RAM and device state before compression.
     pub memory_bytes: u64,
-    /// Disk blocks (64 KiB) that differ from the template.
+    /// Disk blocks (64 KiB) that differ from the template (0 for a disk sealed at rest,
+    /// whose delta was written, and its blocks counted, when the snapshot was taken).
     pub disk_changed_blocks: u64,
     /// A suspend's: the sandbox's lifecycle log until then (its newest
     /// [`MAX_STORED_HISTORY`] entries), which goes on on the node that resumes it.

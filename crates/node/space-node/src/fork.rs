@@ -116,6 +116,23 @@ impl Node {
             .state
             .clone()
             .ok_or_else(|| NodeError::Internal("checkpoint without state".into()))?;
+        // One image of the checkpoint's disk for every child (a sealed one is rebuilt once,
+        // and removed when the fork is done).
+        let disk_image = match self
+            .snapshot_disk_image(&parent_rec, &snap, &paths.disk)
+            .await
+        {
+            Ok(image) => image,
+            Err(e) => {
+                if transient {
+                    let _ = self
+                        .inner
+                        .nm
+                        .delete_snapshot(&self.inner.store, parent, &snap);
+                }
+                return Err(e);
+            }
+        };
 
         // Admit every child first, so capacity is checked for the whole fork at once.
         let mut admitted = Vec::new();
@@ -170,7 +187,10 @@ impl Node {
 
         let started = std::time::Instant::now();
         let image = if children.len() >= IMAGE_FORK_MIN_CHILDREN {
-            match self.fork_image(&parent_rec, &state, &paths.disk).await {
+            match self
+                .fork_image(&parent_rec, &state, disk_image.path())
+                .await
+            {
                 Ok(image) => Some(image),
                 Err(e) => {
                     tracing::warn!(%parent, error = %e, "cannot make a fork image; restoring each child from the checkpoint");
@@ -183,8 +203,11 @@ impl Node {
         let image = image.as_ref();
         let semaphore = Arc::new(tokio::sync::Semaphore::new(PARALLEL_RESTORES));
         let work = admitted.iter().map(|(child, op)| {
-            let (semaphore, disk_src, state) =
-                (semaphore.clone(), paths.disk.clone(), state.clone());
+            let (semaphore, disk_src, state) = (
+                semaphore.clone(),
+                disk_image.path().to_owned(),
+                state.clone(),
+            );
             async move {
                 let _guard = op.lock().await;
                 let _permit = semaphore.acquire().await;

@@ -109,13 +109,16 @@ impl Node {
                 .sandbox(id)
                 .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
             let config = self.inner.guest_config(id, &tpl)?;
+            let disk = self
+                .snapshot_disk_image(&rec, snapshot, &paths.disk)
+                .await?;
             match &paths.state {
                 Some(state) => {
-                    self.start_from_checkpoint(id, &paths.disk, state, None, Some(&config), started)
+                    self.start_from_checkpoint(id, disk.path(), state, None, Some(&config), started)
                         .await
                 }
                 None => {
-                    self.boot_snapshot_disk(&rec, &tpl, &paths, &config, started)
+                    self.boot_snapshot_disk(&rec, &tpl, disk.path(), &config, started)
                         .await
                 }
             }
@@ -161,19 +164,20 @@ impl Node {
         Ok((info.kind, paths, source))
     }
 
-    /// Boots new sandbox `rec` on a copy-on-write copy of a disk snapshot; marks it running.
+    /// Boots new sandbox `rec` on a copy-on-write copy of a disk snapshot's image `disk`;
+    /// marks it running.
     async fn boot_snapshot_disk(
         &self,
         rec: &SandboxRecord,
         tpl: &TemplateInfo,
-        paths: &SnapshotPaths,
+        disk: &std::path::Path,
         config: &GuestConfig,
         started: Instant,
     ) -> Result<SandboxRecord, NodeError> {
         let id = &rec.id;
         self.inner.nm.clone_disk(
             &self.inner.store,
-            &paths.disk,
+            disk,
             &self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE),
             rec.resources.disk_mib,
             ExistingDisk::Refuse,

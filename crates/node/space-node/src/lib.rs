@@ -35,6 +35,7 @@ pub mod recovery;
 mod sandbox_ca;
 mod sandbox_manager;
 pub mod scheduler;
+mod sealed_disks;
 pub mod sealing;
 mod settings;
 pub mod snapshots;

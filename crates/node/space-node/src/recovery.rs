@@ -110,14 +110,18 @@ impl Node {
             .max_by_key(|s| s.created_at_ms);
         match latest.and_then(|s| self.inner.store.snapshot(id, &s.id).ok().flatten()) {
             Some((info, paths)) => {
+                let image = self
+                    .snapshot_disk_image(&rec, &info.id, &paths.disk)
+                    .await?;
                 let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
                 self.inner.nm.clone_disk(
                     &self.inner.store,
-                    &paths.disk,
+                    image.path(),
                     &disk,
                     0,
                     ExistingDisk::Replace,
                 )?;
+                drop(image);
                 let state = paths
                     .state
                     .ok_or_else(|| NodeError::Internal("checkpoint without state".into()))?;
@@ -238,7 +242,7 @@ impl Node {
                     Err(e) => Err(e),
                 }
             }
-            SandboxState::RollingBack => self.finish_rollback(id).await.map(drop),
+            SandboxState::RollingBack => self.finish_rollback(id, None).await.map(drop),
             SandboxState::Restoring => self.finish_restore(id, now_ms()).await,
             // Only the control plane knows whether it committed the stored snapshot: the
             // VM stays paused (re-adopted, if it is still there) and the sandbox

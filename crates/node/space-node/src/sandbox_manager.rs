@@ -569,6 +569,9 @@ impl Node {
 
     async fn recover_one(&self, id: &SandboxId, state: SandboxState) {
         let run_dir = self.inner.run_dir(id);
+        // Snapshot disks rebuilt for an operation the restart ended: plaintext of a disk
+        // sealed at rest, needed by nobody now.
+        self.sweep_rebuilt_disks(id);
         match state {
             SandboxState::Running => match self.readopt(id, &run_dir).await {
                 Ok(()) => tracing::info!(%id, "re-adopted running sandbox"),

@@ -6,7 +6,8 @@
 //! stays usable and withdraws it when the key is revoked. A node restart drops every loan.
 //!
 //! Every artifact a node keeps at rest for a sandbox marked `seal_at_rest` (a checkpoint's
-//! saved state in the store; a stored snapshot's artifacts in object storage) is sealed
+//! saved state and a snapshot's disk in the store, see [`crate::sealed_disks`]; a stored
+//! snapshot's artifacts in object storage) is sealed
 //! (`space_envelope`) under a key of its own, derived from the artifact key and the
 //! artifact's id, which the sealed header also names: a sealed file moved to another
 //! artifact's place does not open. Without its tenant's key, such a sandbox's operation
@@ -283,14 +284,15 @@ pub(crate) async fn feed_state(
     }
 }
 
-/// Opens sealed file `path` whole without keeping its plaintext: whether it is intact.
-pub(crate) fn verify(open: &ArtifactSeal, path: &Path) -> Result<(), NodeError> {
+/// Opens sealed file `path` (the snapshot's `what`) whole without keeping its plaintext:
+/// whether it is intact.
+pub(crate) fn verify(open: &ArtifactSeal, path: &Path, what: &str) -> Result<(), NodeError> {
     let file =
         std::fs::File::open(path).map_err(|e| internal(&format!("open {}", path.display()), e))?;
     let input = std::io::BufReader::with_capacity(DEFAULT_CHUNK as usize, file);
     space_envelope::open(&open.key, &open.artifact, input, std::io::sink())
         .map(drop)
-        .map_err(|e| envelope_error("its saved state", e))
+        .map_err(|e| envelope_error(what, e))
 }
 
 /// A pipe that holds a whole chunk. Linux's default (64 KiB) makes the two ends take turns

@@ -17,6 +17,7 @@ use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
 use crate::sandbox_manager::{internal, now_ms};
+use crate::sealed_disks::DiskImage;
 use crate::vm_start::{connect_restored, identity, load_saved_state, SavedState};
 use crate::{Node, NodeError, SandboxRecord, SnapshotOwner, VmOrigin};
 
@@ -93,6 +94,7 @@ impl Node {
         };
         let inner = &self.inner;
         let snap = SnapshotId::generate();
+        let disk_seal = self.disk_seal(&rec, &snap)?;
         let pending = inner.nm.begin_snapshot(&inner.store, id, &snap)?;
         self.write_source(id, &pending, persistent.as_ref())?;
         let disk = inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
@@ -119,6 +121,7 @@ impl Node {
             }
         }
         copied?;
+        self.seal_pending_disk(&rec, &pending, disk_seal).await?;
         let info = pending.commit(new_info(
             &snap,
             id,
@@ -178,6 +181,7 @@ impl Node {
                 .inner
                 .artifact_keys
                 .seal_for(&rec, crate::sealing::state_artifact(&snap))?;
+            let disk_seal = self.disk_seal(&rec, &snap)?;
             let pending = self.inner.nm.begin_snapshot(&self.inner.store, id, &snap)?;
             self.write_source(id, &pending, persistent.as_ref())?;
             // Flush the guest's dirty file data first (a freeze syncs, the thaw follows at
@@ -206,6 +210,8 @@ impl Node {
                 }
             }
             let guest_pause = saved?;
+            // The guest runs again: a disk sealed at rest is sealed in its own time.
+            self.seal_pending_disk(&rec, &pending, disk_seal).await?;
             let info = pending.commit(new_info(
                 &snap,
                 id,
@@ -327,9 +333,15 @@ impl Node {
     ) -> Result<SnapshotDiff, NodeError> {
         let a = self.snapshot_paths(id, from)?;
         let b = self.snapshot_paths(id, to)?;
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        // Disks sealed at rest are rebuilt for the diff, and removed after it.
+        let a = self.snapshot_disk_image(&rec, from, &a.disk).await?;
+        let b = self.snapshot_disk_image(&rec, to, &b.disk).await?;
         let limit = limit.clamp(1, space_core::snapshot::MAX_DIFF_LIMIT);
         let (changes, truncated) = tokio::task::spawn_blocking(move || {
-            space_storage::diff_disk_images(&a.disk, &b.disk, limit)
+            space_storage::diff_disk_images(a.path(), b.path(), limit)
         })
         .await
         .map_err(|e| internal("diff task", e))??;
@@ -368,30 +380,41 @@ impl Node {
         // Only this sandbox's own snapshots exist under it: another sandbox's (or tenant's)
         // snapshot id is simply not found here.
         let paths = self.snapshot_paths(id, snap)?;
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        // A disk sealed at rest is rebuilt before the running VM is given up for it too.
+        let image = self.snapshot_disk_image(&rec, snap, &paths.disk).await?;
         if let Some(state) = paths.state {
             // A sealed state opens whole once before the running VM is given up for it: one
             // that is damaged, or whose key this node lacks, is refused while the sandbox
             // still runs as it was.
-            let tenant = self.sandbox(id).and_then(|r| r.tenant);
             if let Some(open) = self
                 .inner
                 .artifact_keys
-                .opener_of_state(tenant.as_ref(), &state)?
+                .opener_of_state(rec.tenant.as_ref(), &state)?
             {
-                tokio::task::spawn_blocking(move || crate::sealing::verify(&open, &state))
-                    .await
-                    .map_err(|e| internal("checking the saved state", e))??;
+                tokio::task::spawn_blocking(move || {
+                    crate::sealing::verify(&open, &state, "its saved state")
+                })
+                .await
+                .map_err(|e| internal("checking the saved state", e))??;
             }
         }
         self.inner.admit_compute(id)?;
         self.inner.transition(id, SandboxEvent::Rollback, |r| {
             r.rollback_to = Some(snap.clone())
         })?;
-        self.finish_rollback(id).await
+        self.finish_rollback(id, Some(image)).await
     }
 
-    /// Second half of a rollback (also used to finish one after a restart): idempotent.
-    pub(crate) async fn finish_rollback(&self, id: &SandboxId) -> Result<SandboxRecord, NodeError> {
+    /// Second half of a rollback (also used to finish one after a restart, `image` then
+    /// `None`: the snapshot's disk image is made here): idempotent.
+    pub(crate) async fn finish_rollback(
+        &self,
+        id: &SandboxId,
+        image: Option<DiskImage>,
+    ) -> Result<SandboxRecord, NodeError> {
         let rec = self
             .sandbox(id)
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
@@ -400,15 +423,20 @@ impl Node {
         };
         let result = async {
             let paths = self.snapshot_paths(id, &snap)?;
+            let image = match image {
+                Some(image) => image,
+                None => self.snapshot_disk_image(&rec, &snap, &paths.disk).await?,
+            };
             self.discard_current_vm(id).await?;
             let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
             self.inner.nm.clone_disk(
                 &self.inner.store,
-                &paths.disk,
+                image.path(),
                 &disk,
                 0,
                 ExistingDisk::Replace,
             )?;
+            drop(image);
             match &paths.state {
                 Some(state) => {
                     self.restore_checkpoint_vm(

@@ -12,7 +12,9 @@
 //! **Down** ([`Node::download_snapshot`]): the source and description first (small, checked
 //! to describe the expected snapshot of the expected tenant before anything large moves),
 //! then the template if this node lacks it, the disk rebuilt on a reflink of the template's
-//! image and the state decompressed, both bounded by the snapshot's resources; a digest or
+//! image (a sealed one is kept as it is stored, the snapshot's disk sealed at rest: see
+//! [`crate::sealed_disks`]) and the state decompressed, both bounded by the snapshot's
+//! resources; a digest or
 //! size that does not match refuses the snapshot ([`NodeError::SnapshotCorrupt`]). It is
 //! committed into a pending snapshot the caller chose: a resumed sandbox's own directory,
 //! or ([`Node::fetch_snapshot`]) the persistent snapshots whose sandbox is gone.
@@ -27,13 +29,11 @@ use space_node_proto::{
     StoredSnapshot,
 };
 use space_objects::{Artifact, ObjectKey, Objects, ObjectsError};
-use space_storage::delta::{apply_delta, write_delta};
-use space_storage::{ExistingDisk, PendingSnapshot};
+use space_storage::{ExistingDisk, PendingSnapshot, SnapshotDisk};
 
-use crate::packing::{
-    compress, decompress_bounded, decompress_sparse_from, UnpackError, ZSTD_LEVEL,
-};
+use crate::packing::{compress, decompress_bounded, decompress_sparse_from, UnpackError};
 use crate::sandbox_manager::internal;
+use crate::sealed_disks::{apply_disk_delta, write_disk_delta};
 use crate::sealing::{
     open_bytes, read_opened, seal_bytes, state_artifact, write_sealed, ArtifactSeal,
 };
@@ -255,16 +255,34 @@ impl Node {
         objects
             .get_to_file(&artifact(artifacts::DISK)?, &delta_file)
             .await?;
-        self.inner.nm.clone_disk(
-            &self.inner.store,
-            &self.inner.store.templates().image_path(&template),
-            &pending.disk_path(),
-            0,
-            ExistingDisk::Refuse,
-        )?;
+        // A sealed disk is kept as it was stored: the snapshot's disk sealed at rest (see
+        // `crate::sealed_disks`), checked to open whole; a plain one is rebuilt here.
+        let disk = match opener(artifacts::DISK)? {
+            Some(open) => {
+                let kept = pending.sealed_disk_path();
+                std::fs::rename(&delta_file, &kept)
+                    .map_err(|e| internal("keep the sealed disk", e))?;
+                tokio::task::spawn_blocking(move || {
+                    crate::sealing::verify(&open, &kept, "its disk")
+                })
+                .await
+                .map_err(|e| internal("checking the sealed disk", e))??;
+                None
+            }
+            None => {
+                self.inner.nm.clone_disk(
+                    &self.inner.store,
+                    &self.inner.store.templates().image_path(&template),
+                    &pending.disk_path(),
+                    0,
+                    ExistingDisk::Refuse,
+                )?;
+                Some((delta_file, pending.disk_path()))
+            }
+        };
         let max_disk = u64::from(s.resources.disk_mib) << 20;
         let max_state = (u64::from(s.resources.memory_mib) << 20) + STATE_OVERHEAD;
-        let (disk, state) = (pending.disk_path(), pending.state_path());
+        let state = pending.state_path();
         let memory = memory.is_some().then_some(memory_file);
         // The state is kept here sealed as it was stored (as this snapshot's saved state).
         let memory_open = opener(artifacts::MEMORY)?;
@@ -278,15 +296,14 @@ impl Node {
         };
         let seals = UnpackSeals {
             memory: memory_open,
-            disk: opener(artifacts::DISK)?,
             state: state_seal,
         };
         tokio::task::spawn_blocking(move || {
             unpack(
                 memory.as_deref(),
-                &delta_file,
+                disk.as_ref()
+                    .map(|(delta, disk)| (delta.as_path(), disk.as_path())),
                 &state,
-                &disk,
                 Bounds {
                     state: max_state,
                     disk: max_disk,
@@ -370,7 +387,7 @@ fn stored(name: &str, a: Artifact, sealed: bool) -> StoredArtifact {
 }
 
 /// The id a stored artifact is sealed as: its place in the object store.
-fn stored_artifact_id(snap: &SnapshotId, name: &str) -> String {
+pub(crate) fn stored_artifact_id(snap: &SnapshotId, name: &str) -> String {
     format!("snapshots/{snap}/{name}")
 }
 
@@ -408,7 +425,7 @@ fn pack(
     scratch: &Path,
     state: Option<(std::path::PathBuf, Option<ArtifactSeal>)>,
     template: &Path,
-    disk: &Path,
+    disk: &SnapshotDisk,
     seals: PackSeals,
 ) -> Result<Packed, NodeError> {
     let io = |what: &str, path: &Path| {
@@ -430,16 +447,25 @@ fn pack(
         None => None,
     };
     let delta_out = scratch.join(artifacts::DISK);
-    let file = std::fs::File::create(&delta_out).map_err(io("create", &delta_out))?;
-    let stats = write_sealed(seals.disk.as_ref(), file, |w| {
-        let mut enc = zstd::Encoder::new(w, ZSTD_LEVEL)?;
-        let stats = write_delta(template, disk, &mut enc).map_err(std::io::Error::other)?;
-        enc.finish()?.flush()?;
-        Ok(stats)
-    })?;
+    let disk_changed_blocks = match disk {
+        SnapshotDisk::Image(disk) => {
+            write_disk_delta(template, disk, &delta_out, seals.disk.as_ref())?.changed_blocks
+        }
+        // Already the artifact, sealed under its id there too (see `crate::sealed_disks`);
+        // its blocks were counted when it was taken.
+        SnapshotDisk::SealedDelta(delta) => {
+            if seals.disk.is_none() {
+                return Err(NodeError::Internal(
+                    "a snapshot disk sealed at rest, of a sandbox that is not".into(),
+                ));
+            }
+            space_storage::reflink_or_copy(delta, &delta_out)?;
+            0
+        }
+    };
     Ok(Packed {
         memory_bytes,
-        disk_changed_blocks: stats.changed_blocks,
+        disk_changed_blocks,
     })
 }
 
@@ -449,21 +475,20 @@ struct Bounds {
     disk: u64,
 }
 
-/// The keys of the artifacts to unpack (`None`: plaintext), and of the state written here.
+/// The key of the memory to unpack (`None`: plaintext), and of the state written here.
 struct UnpackSeals {
     memory: Option<ArtifactSeal>,
-    disk: Option<ArtifactSeal>,
     state: Option<ArtifactSeal>,
 }
 
-/// Decompresses `memory.zst` (if any) into `state` and applies `disk.delta.zst` to `disk` (a
-/// reflink of the template's image), opening each if sealed and sealing the state again as
-/// the snapshot's saved state when it was, within `bounds`.
+/// Decompresses `memory.zst` (if any) into `state`, opening it if sealed and sealing the
+/// state again as the snapshot's saved state when it was, and applies a plain
+/// `disk.delta.zst` (`(delta, disk)`, `disk` a reflink of the template's image), within
+/// `bounds`.
 fn unpack(
     memory: Option<&Path>,
-    delta: &Path,
+    delta: Option<(&Path, &Path)>,
     state: &Path,
-    disk: &Path,
     bounds: Bounds,
     seals: UnpackSeals,
 ) -> Result<(), NodeError> {
@@ -493,11 +518,9 @@ fn unpack(
             }
         })?;
     }
-    let input = std::fs::File::open(delta).map_err(|e| internal("open disk delta", e))?;
-    read_opened(seals.disk.as_ref(), input, |packed| {
-        let mut dec = zstd::Decoder::new(packed).map_err(|e| bad("disk", &e))?;
-        apply_delta(&mut dec, disk, bounds.disk).map_err(|e| bad("disk", &e))
-    })?;
+    if let Some((delta, disk)) = delta {
+        apply_disk_delta(delta, None, disk, bounds.disk)?;
+    }
     Ok(())
 }
 

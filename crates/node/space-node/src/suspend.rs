@@ -86,6 +86,7 @@ impl Node {
             .inner
             .artifact_keys
             .seal_for(before, crate::sealing::state_artifact(&req.snapshot))?;
+        let disk_seal = self.disk_seal(before, &req.snapshot)?;
         if before.state == SandboxState::Running {
             self.detach_guest(id);
             crate::vm_start::park(&vm).await;
@@ -111,6 +112,8 @@ impl Node {
             .await?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         self.inner.nm.snapshot_disk(&pending, &disk)?;
+        // Sealed here, it is uploaded as it is.
+        self.seal_pending_disk(before, &pending, disk_seal).await?;
         // Not persistent: the snapshot goes with the sandbox when the node frees it; the
         // stored copy is the one that counts.
         let info = pending.commit(SnapshotInfo {

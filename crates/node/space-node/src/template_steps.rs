@@ -539,7 +539,11 @@ impl Node {
                 .snapshot(&b.id, &snap.id)
                 .map_err(node_failed)?
                 .ok_or_else(|| node_failed("the builder's snapshot is gone"))?;
-            self.install_reflink_of(paths.disk, template, "step").await
+            // A builder is the node's own, never sealed at rest: its disk is a reflink.
+            let space_storage::SnapshotDisk::Image(disk) = paths.disk else {
+                return Err(node_failed("the builder's snapshot disk is sealed"));
+            };
+            self.install_reflink_of(disk, template, "step").await
         }
         .await;
         if let Err(e) = self.delete_snapshot(&b.id, &snap.id).await {

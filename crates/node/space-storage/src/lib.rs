@@ -41,9 +41,10 @@ pub use fsops::{
 pub use kernels::{KernelBundleInfo, KernelMeta, KernelStore, INITRAMFS_FILE, VMLINUZ_FILE};
 pub use loopback::MIN_IMAGE_SIZE;
 pub use snapshots::{
-    read_snapshot_source, PendingSnapshot, SnapshotPaths, SnapshotSizes, MAX_SNAPSHOT_SOURCE_BYTES,
-    PERSISTENT_SNAPSHOTS_DIR, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE, SNAPSHOT_MEMORY_FILE,
-    SNAPSHOT_META_FILE, SNAPSHOT_SOURCE_FILE, SNAPSHOT_STATE_FILE,
+    read_snapshot_source, PendingSnapshot, SnapshotDisk, SnapshotPaths, SnapshotSizes,
+    MAX_SNAPSHOT_SOURCE_BYTES, PERSISTENT_SNAPSHOTS_DIR, SNAPSHOTS_DIR, SNAPSHOT_DISK_FILE,
+    SNAPSHOT_MEMORY_FILE, SNAPSHOT_META_FILE, SNAPSHOT_SEALED_DISK_FILE, SNAPSHOT_SOURCE_FILE,
+    SNAPSHOT_STATE_FILE,
 };
 pub use store::{ExistingDisk, Store, StoreBacking, INCOMING_DIR, SANDBOX_DISK_FILE};
 pub use templates::{TemplateStore, IMAGE_FILE};

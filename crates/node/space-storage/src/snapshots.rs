@@ -3,7 +3,9 @@
 //! ```text
 //! <sandbox dir>/snapshots/
 //!   <snapshot id>/          committed: usable, listed
-//!     disk.raw              reflink of the sandbox disk (FICLONE, O(1))
+//!     disk.raw              reflink of the sandbox disk (FICLONE, O(1)); or, for a sandbox
+//!     disk.delta.zst        sealed at rest, its changes against the template's image,
+//!                           compressed and sealed by the caller (exactly one of the two)
 //!     vm.state              checkpoints only: QEMU device + memory state, written by the caller
 //!     memory.raw            checkpoints only, optional: reflink of file-backed guest memory
 //!     source.json           persistent snapshots only: what a sandbox made from it needs
@@ -41,6 +43,9 @@ use crate::store::{clone_disk, ExistingDisk, Store};
 pub const SNAPSHOTS_DIR: &str = "snapshots";
 /// The disk image in a snapshot.
 pub const SNAPSHOT_DISK_FILE: &str = "disk.raw";
+/// A snapshot's disk sealed at rest: what differs from the template's image, compressed and
+/// sealed (written by the caller; opaque here).
+pub const SNAPSHOT_SEALED_DISK_FILE: &str = "disk.delta.zst";
 /// The saved VM (device + memory) state in a checkpoint.
 pub const SNAPSHOT_STATE_FILE: &str = "vm.state";
 /// The guest memory file in a checkpoint, when guest memory is file-backed and reflinked.
@@ -63,8 +68,8 @@ const MAX_META_BYTES: u64 = 64 << 10;
 pub struct SnapshotPaths {
     /// The snapshot directory.
     pub dir: PathBuf,
-    /// The disk image (always present).
-    pub disk: PathBuf,
+    /// The disk (always present).
+    pub disk: SnapshotDisk,
     /// The saved VM state, for checkpoints.
     pub state: Option<PathBuf>,
     /// The guest memory file, for checkpoints that have one.
@@ -76,12 +81,36 @@ pub struct SnapshotPaths {
 impl SnapshotPaths {
     fn of(dir: PathBuf) -> SnapshotPaths {
         let existing = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
+        let sealed = dir.join(SNAPSHOT_SEALED_DISK_FILE);
         SnapshotPaths {
-            disk: dir.join(SNAPSHOT_DISK_FILE),
+            disk: if sealed.is_file() {
+                SnapshotDisk::SealedDelta(sealed)
+            } else {
+                SnapshotDisk::Image(dir.join(SNAPSHOT_DISK_FILE))
+            },
             state: existing(SNAPSHOT_STATE_FILE),
             memory: existing(SNAPSHOT_MEMORY_FILE),
             source: existing(SNAPSHOT_SOURCE_FILE),
             dir,
+        }
+    }
+}
+
+/// A snapshot's disk, in one of the two forms it is kept in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotDisk {
+    /// A reflink of the sandbox's disk: a disk image as it is.
+    Image(PathBuf),
+    /// The disk's changes against its template's image, compressed and sealed under the
+    /// tenant's key (a sandbox sealed at rest): rebuilt on a reflink of that image to be used.
+    SealedDelta(PathBuf),
+}
+
+impl SnapshotDisk {
+    /// The file.
+    pub fn path(&self) -> &Path {
+        match self {
+            SnapshotDisk::Image(p) | SnapshotDisk::SealedDelta(p) => p,
         }
     }
 }
@@ -137,6 +166,12 @@ impl PendingSnapshot {
         self.dir.join(SNAPSHOT_DISK_FILE)
     }
 
+    /// Where a disk sealed at rest goes (written by the caller, which then removes the
+    /// reflink at [`PendingSnapshot::disk_path`]).
+    pub fn sealed_disk_path(&self) -> PathBuf {
+        self.dir.join(SNAPSHOT_SEALED_DISK_FILE)
+    }
+
     /// Where the VM state goes (QEMU's migration stream, written by the caller).
     pub fn state_path(&self) -> PathBuf {
         self.dir.join(SNAPSHOT_STATE_FILE)
@@ -159,7 +194,7 @@ impl PendingSnapshot {
         reflink_synced(src, &self.disk_path())
     }
 
-    /// Makes the snapshot usable: checks `info` belongs to it and has a disk, syncs every
+    /// Makes the snapshot usable: checks `info` belongs to it and has one disk, syncs every
     /// file, measures it (`exclusive_bytes`, `total_bytes` are filled in), writes meta.json,
     /// and renames `.pending-<id>` to `<id>` with the directory fsynced. On error nothing is
     /// listed and the pending directory is removed.
@@ -177,9 +212,19 @@ impl PendingSnapshot {
         if let Some(label) = &info.label {
             validate_snapshot_label(label)?;
         }
-        let disk = self.disk_path();
-        if !std::fs::symlink_metadata(&disk).is_ok_and(|m| m.is_file()) {
-            return Err(invalid(format!("it has no {SNAPSHOT_DISK_FILE}")));
+        let is_file = |p: PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
+        match (is_file(self.disk_path()), is_file(self.sealed_disk_path())) {
+            (true, false) | (false, true) => {}
+            (false, false) => {
+                return Err(invalid(format!(
+                    "it has neither {SNAPSHOT_DISK_FILE} nor {SNAPSHOT_SEALED_DISK_FILE}"
+                )))
+            }
+            (true, true) => {
+                return Err(invalid(format!(
+                    "it has both {SNAPSHOT_DISK_FILE} and {SNAPSHOT_SEALED_DISK_FILE}"
+                )))
+            }
         }
         if info.persistent && !self.dir.join(SNAPSHOT_SOURCE_FILE).is_file() {
             return Err(invalid(format!(

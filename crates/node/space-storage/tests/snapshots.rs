@@ -9,8 +9,8 @@ use std::path::Path;
 use space_core::snapshot::{SnapshotKind, SnapshotTrigger};
 use space_core::{SandboxId, SnapshotId, SnapshotInfo};
 use space_storage::{
-    exclusive_bytes, extent_usage, ExistingDisk, SnapshotSizes, StorageError, Store,
-    SNAPSHOT_DISK_FILE,
+    exclusive_bytes, extent_usage, ExistingDisk, SnapshotDisk, SnapshotSizes, StorageError, Store,
+    SNAPSHOT_DISK_FILE, SNAPSHOT_SEALED_DISK_FILE,
 };
 
 mod common;
@@ -210,7 +210,10 @@ fn snapshot_lifecycle() {
     assert_eq!(list, vec![c2.clone(), c1.clone()]);
     let (got, paths) = store.snapshot(&sbx, &s2).unwrap().unwrap();
     assert_eq!(got, c2);
-    assert_eq!(paths.disk, paths.dir.join(SNAPSHOT_DISK_FILE));
+    assert_eq!(
+        paths.disk,
+        SnapshotDisk::Image(paths.dir.join(SNAPSHOT_DISK_FILE))
+    );
     assert!(paths.state.is_some() && paths.memory.is_none());
     assert!(store
         .snapshot(&sbx, &s1)
@@ -236,7 +239,14 @@ fn snapshot_lifecycle() {
     assert_eq!(snapshot_dir_names(&store, &sbx), vec![s1.to_string()]);
 
     // Rollback: the sandbox disk replaced by a clone of the snapshot.
-    let snap_disk = store.snapshot(&sbx, &s1).unwrap().unwrap().1.disk;
+    let snap_disk = store
+        .snapshot(&sbx, &s1)
+        .unwrap()
+        .unwrap()
+        .1
+        .disk
+        .path()
+        .to_owned();
     store
         .clone_snapshot_disk(&snap_disk, &disk, 128, ExistingDisk::Replace)
         .unwrap();
@@ -278,6 +288,30 @@ fn snapshot_lifecycle() {
 }
 
 #[test]
+fn a_disk_sealed_at_rest_is_the_snapshots_only_disk() {
+    let mut g = Guard::new();
+    let store = g.open("data");
+    let (sbx, disk) = sandbox(&store);
+    let id = SnapshotId::generate();
+    let p = store.begin_snapshot(&sbx, &id).unwrap();
+    // The caller seals the reflink into its own file and removes the reflink.
+    p.reflink_disk(&disk).unwrap();
+    std::fs::write(p.sealed_disk_path(), random_bytes(MIB)).unwrap();
+    std::fs::remove_file(p.disk_path()).unwrap();
+    let committed = p.commit(info(&sbx, &id, SnapshotKind::Disk, 1)).unwrap();
+    assert_eq!(
+        committed.total_bytes, MIB,
+        "the sealed delta is all it holds"
+    );
+    let (_, paths) = store.snapshot(&sbx, &id).unwrap().unwrap();
+    assert_eq!(
+        paths.disk,
+        SnapshotDisk::SealedDelta(paths.dir.join(SNAPSHOT_SEALED_DISK_FILE))
+    );
+    assert!(!paths.dir.join(SNAPSHOT_DISK_FILE).exists());
+}
+
+#[test]
 fn failed_aborted_and_crashed_snapshots_are_never_listed() {
     let mut g = Guard::new();
     let store = g.open("data");
@@ -307,6 +341,14 @@ fn failed_aborted_and_crashed_snapshots_are_never_listed() {
         .commit(info(&sbx, &id, SnapshotKind::Disk, 1))
         .unwrap_err();
     assert!(err.to_string().contains("disk.raw"), "{err}");
+    // Both forms of a disk at once: which one is the snapshot's is not clear.
+    let p = store.begin_snapshot(&sbx, &id).unwrap();
+    p.reflink_disk(&disk).unwrap();
+    std::fs::write(p.sealed_disk_path(), b"sealed").unwrap();
+    let err = p
+        .commit(info(&sbx, &id, SnapshotKind::Disk, 1))
+        .unwrap_err();
+    assert!(err.to_string().contains("both"), "{err}");
     let p = store.begin_snapshot(&sbx, &id).unwrap();
     p.reflink_disk(&disk).unwrap();
     let other = SnapshotId::generate();
@@ -500,7 +542,10 @@ fn persistent_snapshots_move_out_of_their_sandbox_whole_and_once() {
         format!("{{\"of\": \"{}\"}}", kept[1].id).into_bytes()
     );
     // The moved disk is still a reflink: it reads as the sandbox's did.
-    assert_eq!(std::fs::metadata(&paths.disk).unwrap().len(), 128 * MIB);
+    assert_eq!(
+        std::fs::metadata(paths.disk.path()).unwrap().len(),
+        128 * MIB
+    );
     assert!(store.persistent_snapshot(&gone.id).unwrap().is_none());
 
     // Deleting: once; a half-deleted one is cleared at start.

@@ -2,7 +2,8 @@
 //! customer key costs. Two tenants on one machine (the single-machine default, its object
 //! store a local directory), one with a customer key at the local key service and one
 //! without, each with a 512 MiB sandbox holding 100 MiB of random data: a checkpoint (call
-//! latency and the guest's pause), a suspend and a resume to exec-ready, alternating tenant
+//! latency and the guest's pause), a rollback to it, a disk snapshot, a suspend and a resume
+//! to exec-ready, alternating tenant
 //! by tenant, sample by sample; and the envelope's own throughput sealing and opening a
 //! saved state of that sandbox.
 //!
@@ -150,7 +151,13 @@ async fn main() {
         kind: SnapshotKind::Checkpoint,
         ..Default::default()
     };
-    let (mut taken, mut paused, mut suspend, mut resume) = (
+    let disk_snapshot = CreateSnapshotRequest {
+        kind: SnapshotKind::Disk,
+        ..Default::default()
+    };
+    let (mut taken, mut paused, mut rollback, mut disk, mut suspend, mut resume) = (
+        Pair::default(),
+        Pair::default(),
         Pair::default(),
         Pair::default(),
         Pair::default(),
@@ -165,6 +172,19 @@ async fn main() {
                 .expect("checkpoint");
             taken.push(is_sealed, ms(t.elapsed()));
             paused.push(is_sealed, snap.guest_pause_ms.unwrap_or(0) as f64);
+            let t = Instant::now();
+            c.rollback(id, &snap.snapshot.id).await.expect("rollback");
+            exec_ok(c, id).await;
+            rollback.push(is_sealed, ms(t.elapsed()));
+            c.delete_snapshot(id, &snap.snapshot.id)
+                .await
+                .expect("delete");
+            let t = Instant::now();
+            let snap = c
+                .create_snapshot(id, &disk_snapshot)
+                .await
+                .expect("disk snapshot");
+            disk.push(is_sealed, ms(t.elapsed()));
             c.delete_snapshot(id, &snap.snapshot.id)
                 .await
                 .expect("delete");
@@ -179,6 +199,8 @@ async fn main() {
     }
     taken.report("checkpoint (call)");
     paused.report("checkpoint (guest paused)");
+    rollback.report("rollback to the checkpoint, to exec-ready");
+    disk.report("disk snapshot (call)");
     suspend.report("suspend to the local store");
     resume.report("resume to exec-ready");
 

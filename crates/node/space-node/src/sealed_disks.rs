@@ -1,0 +1,226 @@
+//! Snapshot disks of a sandbox sealed at rest (see [`crate::sealing`]).
+//!
+//! A snapshot's disk is normally a reflink of the sandbox's disk: O(1), and plaintext. For a
+//! sandbox sealed at rest the reflink is only a moment's step: once the guest runs again,
+//! [`Node::seal_pending_disk`] writes what differs from the template's image (blocks the
+//! extent maps prove shared are skipped unread), compressed and sealed as
+//! `disk.delta.zst`, and removes the reflink before the snapshot is committed. It is the
+//! very artifact object storage keeps (same format, same artifact id), so a suspend uploads
+//! it and a resume downloads it as they are.
+//!
+//! Whatever uses such a disk (rollback, fork, a sandbox made from the snapshot, a crash
+//! restore, a diff) asks [`Node::snapshot_disk_image`] for an image: the reflink as it is,
+//! or one rebuilt from the sealed delta on a reflink of the template's image, in the
+//! directory of the sandbox it is for. A rebuilt image is as plaintext as that sandbox's
+//! live disk, and is removed as soon as its user is done (at drop; a node restart sweeps
+//! any a crash left). A delta that does not open whole is refused before anything uses it.
+
+use std::path::{Path, PathBuf};
+
+use space_core::SnapshotId;
+use space_node_proto::snapshot::artifacts;
+use space_storage::delta::{apply_delta, write_delta, DeltaStats};
+use space_storage::{ExistingDisk, PendingSnapshot, SnapshotDisk};
+
+use crate::packing::ZSTD_LEVEL;
+use crate::sandbox_manager::internal;
+use crate::sealing::{read_opened, write_sealed, ArtifactSeal};
+use crate::{Node, NodeError, SandboxRecord};
+
+/// What an image rebuilt in a sandbox's directory is named after (and swept by).
+const REBUILT_PREFIX: &str = ".rebuilt-";
+
+/// The id a snapshot's sealed disk is sealed as: the same on the node's store and in
+/// object storage (one artifact, moved as it is).
+pub(crate) fn disk_artifact(snap: &SnapshotId) -> String {
+    crate::stored::stored_artifact_id(snap, artifacts::DISK)
+}
+
+/// Writes what `disk` changed against `template` into new file `out`: a disk delta,
+/// compressed, sealed when `seal` says so. Blocking.
+pub(crate) fn write_disk_delta(
+    template: &Path,
+    disk: &Path,
+    out: &Path,
+    seal: Option<&ArtifactSeal>,
+) -> Result<DeltaStats, NodeError> {
+    let file = std::fs::File::create_new(out)
+        .map_err(|e| internal(&format!("create {}", out.display()), e))?;
+    write_sealed(seal, file, |w| {
+        let mut enc = zstd::Encoder::new(w, ZSTD_LEVEL)?;
+        let stats = write_delta(template, disk, &mut enc).map_err(std::io::Error::other)?;
+        std::io::Write::flush(&mut enc.finish()?)?;
+        Ok(stats)
+    })
+}
+
+/// Applies compressed disk delta `delta` (opened on the way when `open` says so) onto
+/// `disk`, a reflink of the template's image, growing it to at most `max` bytes. A delta
+/// that is damaged, or does not open whole, is [`NodeError::SnapshotCorrupt`]. Blocking.
+pub(crate) fn apply_disk_delta(
+    delta: &Path,
+    open: Option<&ArtifactSeal>,
+    disk: &Path,
+    max: u64,
+) -> Result<DeltaStats, NodeError> {
+    let bad = |e: &dyn std::fmt::Display| NodeError::SnapshotCorrupt(format!("its disk: {e}"));
+    let input = std::fs::File::open(delta)
+        .map_err(|e| internal(&format!("open {}", delta.display()), e))?;
+    read_opened(open, input, |packed| {
+        let mut dec = zstd::Decoder::new(packed).map_err(|e| bad(&e))?;
+        apply_delta(&mut dec, disk, max).map_err(|e| bad(&e))
+    })
+}
+
+/// A snapshot's disk as an image, for as long as this lives (see the module docs).
+pub(crate) struct DiskImage {
+    path: PathBuf,
+    /// Rebuilt for this use: removed at drop.
+    rebuilt: bool,
+}
+
+impl DiskImage {
+    /// The image.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for DiskImage {
+    fn drop(&mut self) {
+        if self.rebuilt {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!(image = %self.path.display(), error = %e, "cannot remove a rebuilt snapshot disk; the next node start does");
+            }
+        }
+    }
+}
+
+impl Node {
+    /// The key a new snapshot `snap` of `rec` seals its disk under; `None` for a sandbox
+    /// not sealed at rest. Asked before anything moves: without the key, no snapshot.
+    pub(crate) fn disk_seal(
+        &self,
+        rec: &SandboxRecord,
+        snap: &SnapshotId,
+    ) -> Result<Option<ArtifactSeal>, NodeError> {
+        self.inner.artifact_keys.seal_for(rec, disk_artifact(snap))
+    }
+
+    /// Replaces the disk reflinked into `pending` (a snapshot of `rec`) by its sealed delta,
+    /// when `seal` is given (see the module docs); else leaves it.
+    pub(crate) async fn seal_pending_disk(
+        &self,
+        rec: &SandboxRecord,
+        pending: &PendingSnapshot,
+        seal: Option<ArtifactSeal>,
+    ) -> Result<(), NodeError> {
+        let Some(seal) = seal else {
+            return Ok(());
+        };
+        let template = self
+            .inner
+            .store
+            .templates()
+            .image_path(&self.template_of(rec)?);
+        let (disk, out) = (pending.disk_path(), pending.sealed_disk_path());
+        tokio::task::spawn_blocking(move || {
+            let written = write_disk_delta(&template, &disk, &out, Some(&seal));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&out);
+            }
+            written?;
+            std::fs::remove_file(&disk)
+                .map_err(|e| internal(&format!("remove {}", disk.display()), e))
+        })
+        .await
+        .map_err(|e| internal("sealing a snapshot's disk", e))?
+    }
+
+    /// Snapshot `snap`'s disk as an image, for sandbox `rec` (its tenant's key opens a
+    /// sealed disk, its template's image is the base, its disk size the bound, its
+    /// directory holds the rebuilt image).
+    pub(crate) async fn snapshot_disk_image(
+        &self,
+        rec: &SandboxRecord,
+        snap: &SnapshotId,
+        disk: &SnapshotDisk,
+    ) -> Result<DiskImage, NodeError> {
+        let delta = match disk {
+            SnapshotDisk::Image(path) => {
+                return Ok(DiskImage {
+                    path: path.clone(),
+                    rebuilt: false,
+                })
+            }
+            SnapshotDisk::SealedDelta(delta) => delta.clone(),
+        };
+        let tenant = rec.tenant.as_ref().ok_or_else(|| {
+            NodeError::SnapshotCorrupt("a sealed disk of a snapshot without a tenant".into())
+        })?;
+        let open = self
+            .inner
+            .artifact_keys
+            .seal_of(tenant, disk_artifact(snap))?;
+        let store = &self.inner.store;
+        let template = store.templates().image_path(&self.template_of(rec)?);
+        let image = DiskImage {
+            path: store.sandbox_dir(&rec.id).join(format!(
+                "{REBUILT_PREFIX}{snap}-{:016x}.raw",
+                rand::random::<u64>()
+            )),
+            rebuilt: true,
+        };
+        self.inner
+            .nm
+            .clone_disk(store, &template, &image.path, 0, ExistingDisk::Refuse)?;
+        let max = std::fs::metadata(&template)
+            .map_err(|e| internal(&format!("stat {}", template.display()), e))?
+            .len()
+            .max(u64::from(rec.resources.disk_mib) << 20);
+        let path = image.path.clone();
+        tokio::task::spawn_blocking(move || apply_disk_delta(&delta, Some(&open), &path, max))
+            .await
+            .map_err(|e| internal("rebuilding a snapshot's disk", e))??;
+        Ok(image)
+    }
+
+    /// Removes the images rebuilt in sandbox `id`'s directory that a crash left behind.
+    pub(crate) fn sweep_rebuilt_disks(&self, id: &space_core::SandboxId) {
+        let dir = self.inner.store.sandbox_dir(id);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(REBUILT_PREFIX))
+            {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => {
+                        tracing::info!(sandbox = %id, image = %entry.path().display(), "removed a rebuilt snapshot disk left by a crash")
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "cannot remove a rebuilt snapshot disk")
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_disk_is_the_artifact_object_storage_keeps() {
+        let snap = SnapshotId::generate();
+        assert_eq!(artifacts::DISK, space_storage::SNAPSHOT_SEALED_DISK_FILE);
+        assert_eq!(
+            disk_artifact(&snap),
+            format!("snapshots/{snap}/disk.delta.zst")
+        );
+    }
+}
