@@ -784,6 +784,58 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
             "{marker} at rest after the resume in {hits:?}"
         );
     }
+    test_support::shell(&a, &id, "rm -f /home/user/dumped; sync", false).await;
+
+    // A persistent checkpoint, a sandbox made from it, and a fork of three (its memory image
+    // and every child on one rebuilt disk): the markers come back, and none is left at rest.
+    let kept = a
+        .create_snapshot(
+            &id,
+            &CreateSnapshotRequest {
+                kind: SnapshotKind::Checkpoint,
+                persistent: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .snapshot;
+    sealed_disk_of(&kept.id);
+    let made = a
+        .create_sandbox(&CreateSandboxRequest {
+            snapshot: Some(kept.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("a sandbox from the sealed checkpoint")
+        .id;
+    assert_eq!(disk_marker(&a, &made).await, on_disk);
+    assert_eq!(memory_marker(&a, &made).await, in_memory);
+    a.delete_sandbox(&made).await.unwrap();
+    let forked = a
+        .fork(
+            &id,
+            &ForkRequest {
+                count: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a fork of three");
+    assert_eq!(forked.sandboxes.len(), 3);
+    for child in &forked.sandboxes {
+        assert_eq!(disk_marker(&a, &child.id).await, on_disk);
+    }
+    for child in &forked.sandboxes {
+        a.delete_sandbox(&child.id).await.unwrap();
+    }
+    for marker in [&in_memory, &on_disk] {
+        let hits = found_outside_disks(&ts.data_dir, marker.as_bytes());
+        assert!(
+            hits.is_empty(),
+            "{marker} at rest after the fork in {hits:?}"
+        );
+    }
 
     // The key service unreachable: a checkpoint fails clearly once this replica's copy of
     // the artifact key has expired, and nothing new is written at rest.
