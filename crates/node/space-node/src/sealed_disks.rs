@@ -118,11 +118,7 @@ impl Node {
         let Some(seal) = seal else {
             return Ok(());
         };
-        let template = self
-            .inner
-            .store
-            .templates()
-            .image_path(&self.template_of(rec)?);
+        let template = self.delta_base(rec).await?;
         let (disk, out) = (pending.disk_path(), pending.sealed_disk_path());
         tokio::task::spawn_blocking(move || {
             let written = write_disk_delta(&template, &disk, &out, Some(&seal));
@@ -163,7 +159,7 @@ impl Node {
             .artifact_keys
             .seal_of(tenant, disk_artifact(snap))?;
         let store = &self.inner.store;
-        let template = store.templates().image_path(&self.template_of(rec)?);
+        let template = self.delta_base(rec).await?;
         let image = DiskImage {
             path: store.sandbox_dir(&rec.id).join(format!(
                 "{REBUILT_PREFIX}{snap}-{:016x}.raw",
@@ -183,6 +179,16 @@ impl Node {
             .await
             .map_err(|e| internal("rebuilding a snapshot's disk", e))??;
         Ok(image)
+    }
+
+    /// The image a disk delta of sandbox `rec` is taken against and applied onto: its
+    /// template's, by digest (fetched if this node lacks it). Never the template its name
+    /// points at now: a delta applied onto another image than its own is a corrupt disk.
+    pub(crate) async fn delta_base(&self, rec: &SandboxRecord) -> Result<PathBuf, NodeError> {
+        let tpl = self
+            .ensure_template(&rec.template_digest, &rec.template)
+            .await?;
+        Ok(self.inner.store.templates().image_path(&tpl))
     }
 
     /// Removes the images rebuilt in sandbox `id`'s directory that a crash left behind.

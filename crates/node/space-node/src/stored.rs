@@ -96,11 +96,8 @@ impl Node {
             )),
             None => None,
         };
-        let template = self
-            .inner
-            .store
-            .templates()
-            .image_path(&self.template_of(rec)?);
+        // The manifest names the template by digest: the delta is taken against that one.
+        let template = self.delta_base(rec).await?;
         // Packed (compressed, diffed) in a scratch directory of the sandbox's, then uploaded.
         let scratch = self
             .inner
