@@ -8,6 +8,7 @@
 //! - [`TestServer`]: control plane + node on a private data directory and a free port.
 //! - [`wait_until`] and the leak checks the suite ends with.
 
+pub mod bench;
 mod child;
 pub mod cluster;
 pub mod e2b;

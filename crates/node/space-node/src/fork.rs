@@ -116,6 +116,20 @@ impl Node {
             .state
             .clone()
             .ok_or_else(|| NodeError::Internal("checkpoint without state".into()))?;
+        // A checkpoint the fork took for itself goes once the children run, or the fork is
+        // given up.
+        let discard_checkpoint = || {
+            if !transient {
+                return;
+            }
+            if let Err(e) = self
+                .inner
+                .nm
+                .delete_snapshot(&self.inner.store, parent, &snap)
+            {
+                tracing::warn!(%parent, snapshot = %snap, error = %e, "cannot remove fork checkpoint");
+            }
+        };
         // One image of the checkpoint's disk for every child (a sealed one is rebuilt once,
         // and removed when the fork is done).
         let disk_image = match self
@@ -124,12 +138,7 @@ impl Node {
         {
             Ok(image) => image,
             Err(e) => {
-                if transient {
-                    let _ = self
-                        .inner
-                        .nm
-                        .delete_snapshot(&self.inner.store, parent, &snap);
-                }
+                discard_checkpoint();
                 return Err(e);
             }
         };
@@ -174,12 +183,7 @@ impl Node {
                             .fail(id, None, "fork aborted: not every child fit")
                             .await;
                     }
-                    if transient {
-                        let _ = self
-                            .inner
-                            .nm
-                            .delete_snapshot(&self.inner.store, parent, &snap);
-                    }
+                    discard_checkpoint();
                     return Err(e);
                 }
             }
@@ -226,17 +230,9 @@ impl Node {
             }
         });
         let results = futures::future::join_all(work).await;
-        if transient {
-            // The children's disks are reflinks and their memory is loaded: the saved state
-            // is no longer needed.
-            if let Err(e) = self
-                .inner
-                .nm
-                .delete_snapshot(&self.inner.store, parent, &snap)
-            {
-                tracing::warn!(%parent, snapshot = %snap, error = %e, "cannot remove fork checkpoint");
-            }
-        }
+        // The children's disks are reflinks and their memory is loaded: the saved state is
+        // no longer needed.
+        discard_checkpoint();
         let mut out = Vec::new();
         for (r, (child, _)) in results.into_iter().zip(&admitted) {
             match r {

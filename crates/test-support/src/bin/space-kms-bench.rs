@@ -13,6 +13,7 @@ use space_kms::kmip::KmipService;
 use space_kms::local::LocalService;
 use space_kms::pkcs11::Pkcs11Service;
 use space_kms::{check_round_trip, DataKey, KeyAccess, KeyCredentials, KeyService};
+use test_support::bench::ms;
 use test_support::kms::{KmipServer, SoftHsm, SOFTHSM_MODULE};
 use test_support::percentile as pct;
 use zeroize::Zeroizing;
@@ -23,10 +24,6 @@ fn report(name: &str, samples: &mut [f64]) {
         "{name:<34} n={:<4} p50={p50:>8.2}ms p90={p90:>8.2}ms p99={p99:>8.2}ms",
         samples.len()
     );
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn measure(kind: &str, service: &dyn KeyService, access: &KeyAccess, samples: usize) {

@@ -26,6 +26,7 @@ const FORK_CHILDREN: usize = 10;
 const IDLE_VMS: usize = 20;
 const CRASHES: usize = 5;
 
+use test_support::bench::{exec_ok, ms};
 use test_support::percentile as pct;
 
 fn report(name: &str, samples: &mut [f64], unit: &str, target: &str) {
@@ -35,10 +36,6 @@ fn report(name: &str, samples: &mut [f64], unit: &str, target: &str) {
         "{name:<44} n={:<4} p50={p50:>8.1}{unit} p90={p90:>8.1}{unit} max={max:>8.1}{unit}   target {target}",
         samples.len()
     );
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 fn request(memory_mib: Option<u32>, disk_mib: Option<u32>) -> CreateSandboxRequest {
@@ -60,15 +57,6 @@ async fn server(adjust: impl FnOnce(&mut space_control::ServerConfig)) -> TestSe
         adjust(c);
     })
     .await
-}
-
-async fn exec_ok(ts: &TestServer, id: &SandboxId) {
-    let out = ts
-        .client
-        .run(id, &ProcessSpec::shell("true"))
-        .await
-        .expect("exec");
-    assert_eq!(out.status.exit_code, Some(0));
 }
 
 /// Sum of the proportional set size of the VMM processes: shared pages count once.
@@ -175,7 +163,7 @@ async fn timed_create(ts: &TestServer) -> f64 {
         .await
         .expect("create");
     let took = ms(t.elapsed());
-    exec_ok(ts, &sb.id).await;
+    exec_ok(&ts.client, &sb.id).await;
     ts.client
         .delete_sandbox(sb.id.as_str())
         .await
@@ -364,7 +352,7 @@ async fn create_from_pool() {
                     node.sandbox(&sb.id).map(|r| r.origin),
                     Some(VmOrigin::TemplateImage { pooled: true })
                 );
-                exec_ok(ts, &sb.id).await;
+                exec_ok(&ts.client, &sb.id).await;
                 ts.client
                     .delete_sandbox(sb.id.as_str())
                     .await
@@ -599,7 +587,7 @@ async fn operations() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        exec_ok(&ts, &sb_id).await;
+        exec_ok(&ts.client, &sb_id).await;
         lat.push(ms(t.elapsed()));
     }
     report(

@@ -10,22 +10,18 @@
 //! Run with `sudo ./scripts/bench-sealing [samples]` (default 10). Prints percentiles and
 //! the sealed/plain ratio of each median; every figure is measured.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use space_control::service::customer_keys::CustomerKeyRequest;
-use space_core::process::ProcessSpec;
 use space_core::sandbox::{CreateSandboxRequest, CreateSnapshotRequest, ResourcesRequest};
 use space_core::{SandboxId, SnapshotKind};
 use space_kms::{KeyCredentials, KmsConfig};
+use test_support::bench::{exec_ok, ms, write_random};
 use test_support::{percentile as pct, TestServer, TEST_TEMPLATE};
 
 const MEMORY_MIB: u32 = 512;
 const DISK_MIB: u32 = 1024;
 const WRITTEN_MIB: u64 = 100;
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// One measured step, for both tenants.
 #[derive(Default)]
@@ -55,11 +51,6 @@ impl Pair {
     }
 }
 
-async fn exec_ok(c: &space_cli::client::SpaceClient, id: &SandboxId) {
-    let out = c.run(id, &ProcessSpec::shell("true")).await.expect("exec");
-    assert_eq!(out.status.exit_code, Some(0));
-}
-
 async fn sandbox(c: &space_cli::client::SpaceClient) -> SandboxId {
     let sb = c
         .create_sandbox(&CreateSandboxRequest {
@@ -73,15 +64,7 @@ async fn sandbox(c: &space_cli::client::SpaceClient) -> SandboxId {
         })
         .await
         .expect("create");
-    let cmd = format!(
-        "head -c {} /dev/urandom > /home/user/data && sync",
-        WRITTEN_MIB << 20
-    );
-    let out = c
-        .run(&sb.id, &ProcessSpec::shell(&cmd))
-        .await
-        .expect("write");
-    assert_eq!(out.status.exit_code, Some(0), "{out:?}");
+    write_random(c, &sb.id, WRITTEN_MIB).await;
     sb.id
 }
 

@@ -8,9 +8,8 @@
 //! Run with `sudo ./scripts/bench-suspend [samples]` (default 10). Prints percentiles;
 //! every figure is measured.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use space_core::process::ProcessSpec;
 use space_core::sandbox::{CreateSandboxRequest, ResourcesRequest};
 use space_core::{SandboxId, SandboxState};
 use space_node_proto::StoredSnapshot;
@@ -21,6 +20,7 @@ const MEMORY_MIB: u32 = 512;
 const DISK_MIB: u32 = 1024;
 const WRITTEN_MIB: u64 = 100;
 
+use test_support::bench::{exec_ok, ms, write_random};
 use test_support::percentile as pct;
 
 fn report(name: &str, samples: &mut [f64], unit: &str) {
@@ -30,10 +30,6 @@ fn report(name: &str, samples: &mut [f64], unit: &str) {
         "{name:<52} n={:<3} p50={p50:>9.1}{unit} p90={p90:>9.1}{unit} max={max:>9.1}{unit}",
         samples.len()
     );
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 fn request() -> CreateSandboxRequest {
@@ -46,21 +42,6 @@ fn request() -> CreateSandboxRequest {
         },
         ..Default::default()
     }
-}
-
-async fn exec_ok(c: &space_cli::client::SpaceClient, id: &SandboxId) {
-    let out = c.run(id, &ProcessSpec::shell("true")).await.expect("exec");
-    assert_eq!(out.status.exit_code, Some(0));
-}
-
-/// 100 MiB of incompressible data on the sandbox's disk (and in its page cache).
-async fn write_data(c: &space_cli::client::SpaceClient, id: &SandboxId) {
-    let cmd = format!(
-        "head -c {} /dev/urandom > /home/user/data && sync",
-        WRITTEN_MIB << 20
-    );
-    let out = c.run(id, &ProcessSpec::shell(&cmd)).await.expect("write");
-    assert_eq!(out.status.exit_code, Some(0), "{out:?}");
 }
 
 /// What the stored snapshot sandbox `id` is suspended in uploaded.
@@ -141,7 +122,7 @@ async fn across_nodes(samples: usize) {
     c.set_node_cordoned("node-b", false)
         .await
         .expect("uncordon");
-    write_data(&c, &sb.id).await;
+    write_random(&c, &sb.id, WRITTEN_MIB).await;
     let (mut suspend, mut resume) = (Vec::new(), Vec::new());
     let mut uploads = Uploads::default();
     let mut on = sb.node.clone();
@@ -178,7 +159,7 @@ async fn one_machine(samples: usize) {
     let c = &ts.client;
     let st = ts.server().state().clone();
     let sb = c.create_sandbox(&request()).await.expect("create");
-    write_data(c, &sb.id).await;
+    write_random(c, &sb.id, WRITTEN_MIB).await;
     let (mut suspend, mut resume, mut pause, mut unpause) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut uploads = Uploads::default();
@@ -231,8 +212,8 @@ async fn stored_snapshots(samples: usize) {
         .await
         .expect("create");
     let node_sb = c.create_sandbox(&request()).await.expect("create");
-    write_data(c, &stored_sb.id).await;
-    write_data(c, &node_sb.id).await;
+    write_random(c, &stored_sb.id, WRITTEN_MIB).await;
+    write_random(c, &node_sb.id, WRITTEN_MIB).await;
     let req = CreateSnapshotRequest {
         kind: space_core::SnapshotKind::Checkpoint,
         label: None,
