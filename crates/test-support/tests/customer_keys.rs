@@ -572,6 +572,33 @@ fn files_named(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// The sealed disk of snapshot `snap`, once sealed: a snapshot's disk is sealed moments
+/// after the call that took it returns, and its reflink removed at the same moment.
+async fn sealed_disk_of(
+    data_dir: &std::path::Path,
+    snap: &space_core::SnapshotId,
+) -> std::path::PathBuf {
+    let disk = test_support::wait_until(
+        Duration::from_secs(30),
+        "the snapshot's disk to be sealed",
+        || async {
+            let found: Vec<_> = files_named(data_dir, space_storage::SNAPSHOT_SEALED_DISK_FILE)
+                .into_iter()
+                .filter(|p| p.to_string_lossy().contains(snap.as_str()))
+                .collect();
+            let reflink =
+                |p: &std::path::Path| p.with_file_name(space_storage::SNAPSHOT_DISK_FILE).exists();
+            match found.as_slice() {
+                [one] if !reflink(one) => Some(one.clone()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert!(sealed(&disk), "{} is not sealed", disk.display());
+    disk
+}
+
 fn sealed(path: &std::path::Path) -> bool {
     space_envelope::is_sealed_file(path).unwrap_or(false)
 }
@@ -618,7 +645,17 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
     );
 
     // A marker on the disk, and one only in a process's memory.
-    let id = create(&a).await.expect("create");
+    // And one in its environment, which a persistent snapshot's source carries.
+    let in_env = format!("SPACE-ENV-MARKER-{unique}");
+    let id = a
+        .create_sandbox(&CreateSandboxRequest {
+            template: TEST_TEMPLATE.into(),
+            env: [("SEALED_ENV".to_owned(), in_env.clone())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create")
+        .id;
     test_support::shell(
         &a,
         &id,
@@ -652,21 +689,8 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
             assert!(sealed(state), "{} is not sealed", state.display());
         }
     }
-    // Its disk too: a sealed delta, no reflink.
-    let sealed_disk_of = |snap: &space_core::SnapshotId| {
-        let found: Vec<_> = files_named(&ts.data_dir, space_storage::SNAPSHOT_SEALED_DISK_FILE)
-            .into_iter()
-            .filter(|p| p.to_string_lossy().contains(snap.as_str()))
-            .collect();
-        assert_eq!(found.len(), 1, "the sealed disk of {snap}: {found:?}");
-        let disk = found[0].clone();
-        assert!(sealed(&disk), "{} is not sealed", disk.display());
-        assert!(!disk
-            .with_file_name(space_storage::SNAPSHOT_DISK_FILE)
-            .exists());
-        disk
-    };
-    sealed_disk_of(&first.id);
+    // Its disk too: a sealed delta, no reflink (sealed moments after the call returns).
+    sealed_disk_of(&ts.data_dir, &first.id).await;
     let hits = found_outside_disks(&ts.data_dir, in_memory.as_bytes());
     assert!(hits.is_empty(), "the memory marker at rest in {hits:?}");
     let hits = found_outside_disks(&ts.data_dir, on_disk.as_bytes());
@@ -708,7 +732,7 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
     }
     std::fs::write(&state2, &original).unwrap();
     // The same for its sealed disk: refused before anything is given up, nothing left over.
-    let disk2 = sealed_disk_of(&second.id);
+    let disk2 = sealed_disk_of(&ts.data_dir, &second.id).await;
     let original_disk = std::fs::read(&disk2).unwrap();
     let mut flipped = original_disk.clone();
     let middle = flipped.len() / 2;
@@ -743,7 +767,7 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
         .await
         .unwrap()
         .snapshot;
-    sealed_disk_of(&third.id);
+    sealed_disk_of(&ts.data_dir, &third.id).await;
     let diff = a
         .diff_snapshots(&id, &second.id, &third.id, None)
         .await
@@ -800,7 +824,7 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
         .await
         .unwrap()
         .snapshot;
-    sealed_disk_of(&kept.id);
+    sealed_disk_of(&ts.data_dir, &kept.id).await;
     let made = a
         .create_sandbox(&CreateSandboxRequest {
             snapshot: Some(kept.id.clone()),
@@ -811,6 +835,19 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
         .id;
     assert_eq!(disk_marker(&a, &made).await, on_disk);
     assert_eq!(memory_marker(&a, &made).await, in_memory);
+    // Its source's env is sealed at rest, and the new sandbox gets it.
+    let sources = files_named(&ts.data_dir, space_storage::SNAPSHOT_SOURCE_FILE);
+    assert!(!sources.is_empty());
+    for source in &sources {
+        let bytes = std::fs::read(source).unwrap();
+        assert!(
+            !bytes.windows(in_env.len()).any(|w| w == in_env.as_bytes()),
+            "the env marker in {}",
+            source.display()
+        );
+    }
+    let out = test_support::shell(&a, &made, "echo \"env:$SEALED_ENV\"", false).await;
+    assert!(out.contains(&format!("env:{in_env}")), "{out}");
     a.delete_sandbox(&made).await.unwrap();
     let forked = a
         .fork(
@@ -836,6 +873,35 @@ async fn a_tenants_artifacts_at_rest_are_sealed_under_its_key() {
             "{marker} at rest after the fork in {hits:?}"
         );
     }
+
+    // A crash between a snapshot's commit and its seal leaves its disk as a plaintext
+    // reflink: the node seals it as soon as it holds the tenant's key again (here: the
+    // restarted server's first loan, lent before the next operation).
+    let fourth = a
+        .create_snapshot(&id, &disk_snapshot)
+        .await
+        .unwrap()
+        .snapshot;
+    let fourth_sealed = sealed_disk_of(&ts.data_dir, &fourth.id).await;
+    std::fs::remove_file(&fourth_sealed).unwrap();
+    let live_disk = files_named(&ts.data_dir, space_storage::SANDBOX_DISK_FILE)
+        .into_iter()
+        .find(|p| p.parent().is_some_and(|d| d.ends_with(id.as_str())))
+        .expect("the sandbox's live disk");
+    let leftover = fourth_sealed.with_file_name(space_storage::SNAPSHOT_DISK_FILE);
+    std::fs::copy(&live_disk, &leftover).unwrap();
+    let (data_dir, config) = ts.stop_keep_vms().await;
+    let ts = TestServer::start_on(data_dir, config).await;
+    let a = ts.client_with_key(Some(a.api_key().unwrap()));
+    a.create_snapshot(&id, &disk_snapshot)
+        .await
+        .expect("a snapshot after the restart");
+    sealed_disk_of(&ts.data_dir, &fourth.id).await;
+    let hits = found_outside_disks(&ts.data_dir, on_disk.as_bytes());
+    assert!(
+        hits.is_empty(),
+        "the disk marker at rest after the restart in {hits:?}"
+    );
 
     // The key service unreachable: a checkpoint fails clearly once this replica's copy of
     // the artifact key has expired, and nothing new is written at rest.

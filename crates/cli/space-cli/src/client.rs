@@ -228,6 +228,11 @@ impl SpaceClient {
         Self::with_http(http, base_url, api_key)
     }
 
+    /// The API key this client sends, if any.
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+
     /// A client using a preconfigured `reqwest::Client`.
     pub fn with_http(
         http: reqwest::Client,

@@ -16,5 +16,6 @@ pub mod sealed;
 
 pub use data_key::DataKey;
 pub use sealed::{
-    is_sealed_file, open, open_file, seal, seal_file, sealed_len, EnvelopeError, DEFAULT_CHUNK,
+    is_sealed_file, open, open_file, seal, seal_file, sealed_artifact_id, sealed_len,
+    EnvelopeError, DEFAULT_CHUNK,
 };

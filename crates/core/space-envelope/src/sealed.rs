@@ -151,6 +151,18 @@ impl Header {
 
     /// Reads a header, checking it names `artifact`.
     fn read(reader: &mut impl Read, artifact: &str) -> Result<Header, EnvelopeError> {
+        let (header, found) = Header::read_any(reader)?;
+        if found != artifact {
+            return Err(EnvelopeError::WrongArtifact {
+                expected: artifact.to_owned(),
+                found,
+            });
+        }
+        Ok(header)
+    }
+
+    /// Reads a header, whatever artifact it names; with that artifact's id.
+    fn read_any(reader: &mut impl Read) -> Result<(Header, String), EnvelopeError> {
         let mut fixed = [0u8; FIXED_LEN];
         match read_full(reader, &mut fixed)? {
             n if n < 8 || &fixed[..8] != MAGIC => return Err(EnvelopeError::NotSealed),
@@ -174,17 +186,12 @@ impl Header {
             return Err(EnvelopeError::BadHeader("cut short"));
         }
         let found = String::from_utf8(id).map_err(|_| EnvelopeError::BadHeader("artifact id"))?;
-        if found != artifact {
-            return Err(EnvelopeError::WrongArtifact {
-                expected: artifact.to_owned(),
-                found,
-            });
-        }
         let mut salt_bytes = [0u8; SALT_LEN];
         salt_bytes.copy_from_slice(salt);
         let mut prefix_bytes = [0u8; PREFIX_LEN];
         prefix_bytes.copy_from_slice(prefix);
-        Ok(Header::new(artifact, chunk, salt_bytes, prefix_bytes))
+        let header = Header::new(&found, chunk, salt_bytes, prefix_bytes);
+        Ok((header, found))
     }
 }
 
@@ -350,6 +357,17 @@ pub fn is_sealed_file(path: &Path) -> io::Result<bool> {
     }
 }
 
+/// The artifact id the sealed file at `path` names in its header (not authenticated here:
+/// [`open`] with the key of that id checks it), or `None` for a file that is not sealed.
+pub fn sealed_artifact_id(path: &Path) -> Result<Option<String>, EnvelopeError> {
+    let mut file = io::BufReader::new(std::fs::File::open(path)?);
+    match Header::read_any(&mut file) {
+        Ok((_, id)) => Ok(Some(id)),
+        Err(EnvelopeError::NotSealed) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The length of an artifact of `plain` bytes sealed in chunks of `chunk` with an id of
 /// `id_len` bytes.
 pub fn sealed_len(plain: u64, chunk: u32, id_len: usize) -> u64 {
@@ -449,6 +467,29 @@ mod tests {
     fn opened(key: &DataKey, artifact: &str, sealed: &[u8]) -> Result<Vec<u8>, EnvelopeError> {
         let mut out = Vec::new();
         open(key, artifact, sealed, &mut out).map(|_| out)
+    }
+
+    #[test]
+    fn a_sealed_file_names_its_artifact_and_a_plain_one_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sealed_path, plain, cut) = (
+            dir.path().join("sealed"),
+            dir.path().join("plain"),
+            dir.path().join("cut"),
+        );
+        let bytes = sealed(&DataKey::generate(), &data(100));
+        std::fs::write(&sealed_path, &bytes).unwrap();
+        std::fs::write(&plain, b"QEVM and more").unwrap();
+        std::fs::write(&cut, &bytes[..FIXED_LEN + 3]).unwrap();
+        assert_eq!(
+            sealed_artifact_id(&sealed_path).unwrap().as_deref(),
+            Some(ID)
+        );
+        assert_eq!(sealed_artifact_id(&plain).unwrap(), None);
+        assert!(matches!(
+            sealed_artifact_id(&cut),
+            Err(EnvelopeError::BadHeader(_))
+        ));
     }
 
     #[test]

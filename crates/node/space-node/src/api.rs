@@ -430,10 +430,17 @@ impl NodeApi for Node {
         key: &space_envelope::DataKey,
         valid_for: std::time::Duration,
     ) -> NodeResult<()> {
-        self.inner
+        let awaited = self
+            .inner
             .artifact_keys
             .lend(tenant.clone(), key.duplicate(), valid_for)
-            .map_err(call_error)
+            .map_err(call_error)?;
+        if awaited {
+            // The first moment this node can seal what a crash left in plaintext.
+            let (node, tenant) = (self.clone(), tenant.clone());
+            tokio::spawn(async move { node.seal_leftover_disks(&tenant).await });
+        }
+        Ok(())
     }
 
     async fn withdraw_artifact_key(&self, tenant: &TenantId) -> NodeResult<()> {

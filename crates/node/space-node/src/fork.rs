@@ -58,6 +58,26 @@ impl Drop for ForkImage {
 }
 
 impl Node {
+    /// Removes the checkpoints forks of sandbox `id` took for themselves and a restart
+    /// ended before they could (at node start: no fork runs then). Such a checkpoint is
+    /// needed by nobody, and is a plaintext reflink when the sandbox is sealed at rest.
+    pub(crate) fn remove_abandoned_fork_checkpoints(&self, id: &SandboxId) {
+        let store = &self.inner.store;
+        let Ok(listed) = store.list_snapshots(id, space_storage::SnapshotSizes::Stored) else {
+            return;
+        };
+        for info in listed.iter().filter(|i| i.trigger == SnapshotTrigger::Fork) {
+            match self.inner.nm.delete_snapshot(store, id, &info.id) {
+                Ok(_) => {
+                    tracing::info!(%id, snapshot = %info.id, "removed the checkpoint of a fork a restart ended")
+                }
+                Err(e) => {
+                    tracing::warn!(%id, snapshot = %info.id, error = %e, "cannot remove the checkpoint of a fork a restart ended")
+                }
+            }
+        }
+    }
+
     /// Forks `parent` into one new sandbox per id in `children`, from the parent as it is now
     /// (`from` = None: a checkpoint is taken and deleted once the children run) or from one
     /// of its checkpoints. Returns the children; those that could not start are failed.
@@ -100,9 +120,20 @@ impl Node {
                         state: parent_rec.state,
                     });
                 }
-                let taken = self
-                    .checkpoint_locked(parent, None, SnapshotTrigger::Fork, true, None)
+                // Its disk is not sealed: the checkpoint is removed once the children run
+                // (a crash meanwhile leaves it to `seal_leftover_disks`), and the children
+                // take the reflink as it is instead of a rebuilt copy.
+                let (taken, unsealed) = self
+                    .checkpoint_locked(
+                        parent,
+                        None,
+                        SnapshotTrigger::Fork,
+                        true,
+                        None,
+                        crate::sealed_disks::DiskSealing::AfterCommit,
+                    )
                     .await?;
+                drop(unsealed);
                 (taken.info.id, true)
             }
         };
@@ -360,6 +391,7 @@ impl Node {
             &vm,
             &image.state,
             None,
+            crate::sealing::StateForm::Raw,
             space_vmm::SaveOptions {
                 ignore_shared: true,
                 live: false,

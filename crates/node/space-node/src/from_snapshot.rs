@@ -59,6 +59,7 @@ impl Node {
         initial: SandboxState,
         started: Instant,
     ) -> Result<SandboxRecord, NodeError> {
+        let source = self.open_source(source, snapshot)?;
         let origin = match kind {
             SnapshotKind::Checkpoint => VmOrigin::Checkpoint {
                 sandbox: source.sandbox_id.clone(),

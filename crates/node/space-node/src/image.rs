@@ -381,6 +381,7 @@ impl OwnedBuild {
             vm,
             &staging.join(STATE_FILE),
             None,
+            crate::sealing::StateForm::Raw,
             SaveOptions {
                 ignore_shared: true,
                 live: false,

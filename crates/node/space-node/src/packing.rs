@@ -101,32 +101,6 @@ pub(crate) fn decompress_sparse_from(
     Ok(len)
 }
 
-/// Decompresses what `input` yields into `out` (a stream: no holes), at most `max` bytes;
-/// returns how many.
-pub(crate) fn decompress_bounded(
-    input: &mut dyn Read,
-    out: &mut dyn Write,
-    max: u64,
-) -> Result<u64, UnpackError> {
-    let mut dec = zstd::Decoder::new(input)
-        .map_err(|e| UnpackError::Malformed(format!("not a zstd stream: {e}")))?;
-    let mut block = vec![0u8; SPARSE_BLOCK];
-    let mut len: u64 = 0;
-    loop {
-        let n = next_block(&mut dec, &mut block, len, max)?;
-        if n == 0 {
-            return Ok(len);
-        }
-        out.write_all(&block[..n])
-            .map_err(|source| UnpackError::Io {
-                what: "write",
-                path: "the unpacked stream".into(),
-                source,
-            })?;
-        len += n as u64;
-    }
-}
-
 /// The next block of a decompressing stream that has yielded `len` bytes so far, refused
 /// past `max`.
 fn next_block(

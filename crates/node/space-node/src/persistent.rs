@@ -15,7 +15,11 @@ use space_core::egress::EgressPolicy;
 use space_core::{Resources, SandboxId, SandboxState, SnapshotId, SnapshotInfo, TenantId};
 use space_storage::{SnapshotPaths, SnapshotSizes};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+
 use crate::sandbox_manager::{internal, Inner};
+use crate::sealing::{open_bytes, seal_bytes, ArtifactSeal};
 use crate::{Node, NodeError, ProjectId};
 
 pub use space_node_proto::SnapshotOwner;
@@ -51,6 +55,67 @@ pub struct SnapshotSource {
     /// its memory holds; `None` if it had none.
     #[serde(default)]
     pub sandbox_ca_pem: Option<String>,
+    /// The env values and the CA, sealed, when the sandbox is sealed at rest: then `env` and
+    /// `sandbox_ca_pem` are empty at rest, until [`Node::open_source`] fills them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_secrets: Option<SealedSecrets>,
+}
+
+/// A source's secrets (env values, the CA and its key) sealed under the tenant's key: what
+/// stays in the clear is what listing and ownership need (the tenant, the env's names).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedSecrets {
+    /// The env's names.
+    pub env_keys: Vec<String>,
+    /// [`SourceSecrets`] as JSON, sealed as [`secrets_artifact`], in base64.
+    pub sealed: String,
+}
+
+/// What [`SealedSecrets`] seals.
+#[derive(Serialize, Deserialize)]
+struct SourceSecrets {
+    env: BTreeMap<String, String>,
+    sandbox_ca_pem: Option<String>,
+}
+
+/// The id the secrets in snapshot `snap`'s source are sealed as.
+pub(crate) fn secrets_artifact(snap: &SnapshotId) -> String {
+    format!("snapshots/{snap}/source.secrets")
+}
+
+impl SnapshotSource {
+    /// This source with its secrets sealed under `seal` (see [`SealedSecrets`]).
+    fn sealed(mut self, seal: &ArtifactSeal) -> Result<SnapshotSource, NodeError> {
+        let secrets = SourceSecrets {
+            env: std::mem::take(&mut self.env),
+            sandbox_ca_pem: self.sandbox_ca_pem.take(),
+        };
+        let json = zeroize::Zeroizing::new(
+            serde_json::to_vec(&secrets).map_err(|e| internal("snapshot source", e))?,
+        );
+        self.sealed_secrets = Some(SealedSecrets {
+            env_keys: secrets.env.keys().cloned().collect(),
+            sealed: BASE64.encode(seal_bytes(seal, &json)?),
+        });
+        Ok(self)
+    }
+
+    /// This source with its sealed secrets opened with `open` (the mirror of `sealed`).
+    fn opened(mut self, open: &ArtifactSeal) -> Result<SnapshotSource, NodeError> {
+        let Some(sealed) = self.sealed_secrets.take() else {
+            return Ok(self);
+        };
+        let corrupt = |what: &str| NodeError::SnapshotCorrupt(format!("its source: {what}"));
+        let bytes = BASE64
+            .decode(sealed.sealed.as_bytes())
+            .map_err(|_| corrupt("its sealed secrets are not base64"))?;
+        let json = zeroize::Zeroizing::new(open_bytes(open, &bytes)?);
+        let secrets: SourceSecrets =
+            serde_json::from_slice(&json).map_err(|_| corrupt("unreadable sealed secrets"))?;
+        self.env = secrets.env;
+        self.sandbox_ca_pem = secrets.sandbox_ca_pem;
+        Ok(self)
+    }
 }
 
 impl SnapshotSource {
@@ -62,7 +127,10 @@ impl SnapshotSource {
             template: self.template.clone(),
             template_digest: self.template_digest.clone(),
             resources: self.resources,
-            env_keys: self.env.keys().cloned().collect(),
+            env_keys: match &self.sealed_secrets {
+                Some(sealed) => sealed.env_keys.clone(),
+                None => self.env.keys().cloned().collect(),
+            },
             labels: self.labels.clone(),
         }
     }
@@ -80,6 +148,7 @@ impl fmt::Debug for SnapshotSource {
             .field("env_keys", &self.env.keys().collect::<Vec<_>>())
             .field("labels", &self.labels)
             .field("sandbox_ca", &self.sandbox_ca_pem.is_some())
+            .field("sealed_secrets", &self.sealed_secrets.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +178,7 @@ impl Inner {
             env: rec.env,
             labels: owner.map(|o| o.labels.clone()).unwrap_or_default(),
             sandbox_ca_pem: self.sandbox_cas.pem(id)?,
+            sealed_secrets: None,
         })
     }
 
@@ -142,6 +212,49 @@ fn read_source(paths: &SnapshotPaths) -> Result<Option<SnapshotSource>, NodeErro
 }
 
 impl Node {
+    /// The source of live sandbox `id` as snapshot `snap` keeps it at rest (`owner` as for
+    /// [`Inner::snapshot_source`]), as JSON: its secrets sealed when the sandbox is sealed at
+    /// rest (without its tenant's key, none).
+    pub(crate) fn source_json(
+        &self,
+        id: &SandboxId,
+        snap: &SnapshotId,
+        owner: Option<&SnapshotOwner>,
+    ) -> Result<Vec<u8>, NodeError> {
+        let rec = self
+            .sandbox(id)
+            .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
+        let mut source = self.inner.snapshot_source(id, owner)?;
+        if let Some(seal) = self
+            .inner
+            .artifact_keys
+            .seal_for(&rec, secrets_artifact(snap))?
+        {
+            source = source.sealed(&seal)?;
+        }
+        serde_json::to_vec(&source).map_err(|e| internal("snapshot source", e))
+    }
+
+    /// Source `source` of snapshot `snap` with its secrets opened, if sealed (the tenant it
+    /// names has the key): what a sandbox made from the snapshot gets.
+    pub(crate) fn open_source(
+        &self,
+        source: SnapshotSource,
+        snap: &SnapshotId,
+    ) -> Result<SnapshotSource, NodeError> {
+        if source.sealed_secrets.is_none() {
+            return Ok(source);
+        }
+        let tenant = source.tenant.as_ref().ok_or_else(|| {
+            NodeError::SnapshotCorrupt("its source: sealed secrets without a tenant".into())
+        })?;
+        let open = self
+            .inner
+            .artifact_keys
+            .seal_of(tenant, secrets_artifact(snap))?;
+        source.opened(&open)
+    }
+
     /// Snapshot `snap` of live sandbox `sandbox`, with its source: its own (persistent
     /// snapshots) or the sandbox as it is now. `None` if the sandbox has no such snapshot.
     pub async fn snapshot_source(
@@ -236,4 +349,61 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| internal("snapshot store task", e))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use space_envelope::DataKey;
+
+    fn source() -> SnapshotSource {
+        SnapshotSource {
+            sandbox_id: SandboxId::generate(),
+            tenant: Some(TenantId::generate()),
+            project: None,
+            template: "base".into(),
+            template_digest: "d".repeat(64),
+            resources: Resources::default(),
+            egress: EgressPolicy::default(),
+            env: [("TOKEN".to_owned(), "s3cr3t-env-value".to_owned())].into(),
+            labels: BTreeMap::new(),
+            sandbox_ca_pem: Some("-----BEGIN PRIVATE KEY----- ca-key".into()),
+            sealed_secrets: None,
+        }
+    }
+
+    #[test]
+    fn sealed_secrets_leave_names_in_the_clear_and_open_only_as_their_snapshot() {
+        let key = DataKey::generate();
+        let snap = SnapshotId::generate();
+        let seal = |snap: &SnapshotId| ArtifactSeal {
+            key: key.derive(&secrets_artifact(snap)),
+            artifact: secrets_artifact(snap),
+        };
+        let plain = source();
+        let sealed = plain.clone().sealed(&seal(&snap)).unwrap();
+        let json = String::from_utf8(serde_json::to_vec(&sealed).unwrap()).unwrap();
+        assert!(
+            !json.contains("s3cr3t-env-value") && !json.contains("ca-key"),
+            "{json}"
+        );
+        assert_eq!(sealed.origin().env_keys, vec!["TOKEN".to_owned()]);
+        assert_eq!(sealed.origin(), plain.origin());
+        let read: SnapshotSource = serde_json::from_str(&json).unwrap();
+        assert_eq!(read.clone().opened(&seal(&snap)).unwrap(), plain);
+        // Another snapshot's key, or a damaged seal: refused, never half-opened.
+        let other = SnapshotId::generate();
+        assert!(matches!(
+            read.clone().opened(&seal(&other)),
+            Err(NodeError::SnapshotCorrupt(_))
+        ));
+        let mut damaged = read;
+        if let Some(s) = damaged.sealed_secrets.as_mut() {
+            s.sealed.replace_range(10..12, "AA");
+        }
+        assert!(matches!(
+            damaged.opened(&seal(&snap)),
+            Err(NodeError::SnapshotCorrupt(_))
+        ));
+    }
 }

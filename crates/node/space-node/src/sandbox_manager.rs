@@ -572,6 +572,8 @@ impl Node {
         // Snapshot disks rebuilt for an operation the restart ended: plaintext of a disk
         // sealed at rest, needed by nobody now.
         self.sweep_rebuilt_disks(id);
+        self.remove_abandoned_fork_checkpoints(id);
+        self.note_leftover_disks(id);
         match state {
             SandboxState::Running => match self.readopt(id, &run_dir).await {
                 Ok(()) => tracing::info!(%id, "re-adopted running sandbox"),

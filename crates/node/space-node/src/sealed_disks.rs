@@ -17,10 +17,11 @@
 
 use std::path::{Path, PathBuf};
 
-use space_core::SnapshotId;
+use space_core::{SnapshotId, TenantId};
 use space_node_proto::snapshot::artifacts;
 use space_storage::delta::{apply_delta, write_delta, DeltaStats};
 use space_storage::{ExistingDisk, PendingSnapshot, SnapshotDisk};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::packing::ZSTD_LEVEL;
 use crate::sandbox_manager::internal;
@@ -29,6 +30,27 @@ use crate::{Node, NodeError, SandboxRecord};
 
 /// What an image rebuilt in a sandbox's directory is named after (and swept by).
 const REBUILT_PREFIX: &str = ".rebuilt-";
+/// A committed snapshot's sealed disk while it is written (renamed in once whole).
+const PARTIAL_SEALED_DISK: &str = ".disk.delta.zst.partial";
+
+/// When the disk of a new snapshot of a sandbox sealed at rest is sealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiskSealing {
+    /// Before the snapshot is committed: it is never listed with a plaintext disk (a
+    /// persistent snapshot, a suspend's upload).
+    BeforeCommit,
+    /// By the caller, once the snapshot is committed ([`DiskToSeal`]): the call returns
+    /// sooner, at the price of a plaintext reflink for as long as the seal takes.
+    AfterCommit,
+}
+
+/// A committed snapshot of a sandbox sealed at rest whose disk is still the reflink.
+#[must_use = "a snapshot disk not sealed stays in plaintext"]
+pub(crate) struct DiskToSeal {
+    rec: SandboxRecord,
+    snap: SnapshotId,
+    seal: ArtifactSeal,
+}
 
 /// The id a snapshot's sealed disk is sealed as: the same on the node's store and in
 /// object storage (one artifact, moved as it is).
@@ -107,17 +129,27 @@ impl Node {
         self.inner.artifact_keys.seal_for(rec, disk_artifact(snap))
     }
 
-    /// Replaces the disk reflinked into `pending` (a snapshot of `rec`) by its sealed delta,
-    /// when `seal` is given (see the module docs); else leaves it.
-    pub(crate) async fn seal_pending_disk(
+    /// Seals the disk reflinked into `pending` (a new snapshot `snap` of `rec`) when `seal`
+    /// is given (see the module docs): now, before the commit, or by the caller after it
+    /// (the [`DiskToSeal`] returned).
+    pub(crate) async fn seal_new_disk(
         &self,
         rec: &SandboxRecord,
         pending: &PendingSnapshot,
+        snap: &SnapshotId,
         seal: Option<ArtifactSeal>,
-    ) -> Result<(), NodeError> {
+        when: DiskSealing,
+    ) -> Result<Option<DiskToSeal>, NodeError> {
         let Some(seal) = seal else {
-            return Ok(());
+            return Ok(None);
         };
+        if when == DiskSealing::AfterCommit {
+            return Ok(Some(DiskToSeal {
+                rec: rec.clone(),
+                snap: snap.clone(),
+                seal,
+            }));
+        }
         let template = self.delta_base(rec).await?;
         let (disk, out) = (pending.disk_path(), pending.sealed_disk_path());
         tokio::task::spawn_blocking(move || {
@@ -130,7 +162,150 @@ impl Node {
                 .map_err(|e| internal(&format!("remove {}", disk.display()), e))
         })
         .await
+        .map_err(|e| internal("sealing a snapshot's disk", e))??;
+        Ok(None)
+    }
+
+    /// Seals the disk of committed snapshot `d` in place (with the sandbox's operation lock
+    /// held by the caller): the sealed delta is written under a hidden name, renamed in (a
+    /// reader from then on takes it), and the reflink removed. A snapshot gone, or sealed
+    /// already, is left as it is.
+    pub(crate) async fn seal_committed_disk(&self, d: DiskToSeal) -> Result<(), NodeError> {
+        let Some((_, paths)) = self.inner.store.snapshot(&d.rec.id, &d.snap)? else {
+            return Ok(());
+        };
+        let SnapshotDisk::Image(disk) = paths.disk else {
+            return Ok(());
+        };
+        let template = self.delta_base(&d.rec).await?;
+        let dir = paths.dir;
+        tokio::task::spawn_blocking(move || {
+            let partial = dir.join(PARTIAL_SEALED_DISK);
+            let _ = std::fs::remove_file(&partial);
+            let written = write_disk_delta(&template, &disk, &partial, Some(&d.seal));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            written?;
+            let sealed = dir.join(space_storage::SNAPSHOT_SEALED_DISK_FILE);
+            let io = |what: &str, e| internal(&format!("{what} in {}", dir.display()), e);
+            std::fs::rename(&partial, &sealed).map_err(|e| io("rename the sealed disk", e))?;
+            std::fs::File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io("sync", e))?;
+            std::fs::remove_file(&disk).map_err(|e| io("remove the disk's reflink", e))
+        })
+        .await
         .map_err(|e| internal("sealing a snapshot's disk", e))?
+    }
+
+    /// Seals committed snapshot `d`'s disk on a task of its own, holding `guard` (the
+    /// sandbox's operation lock) until done: the call that took the snapshot returns at
+    /// once, and the sandbox's next operation waits for the seal. A disk that cannot be
+    /// sealed is not kept in plaintext: its snapshot is removed.
+    pub(crate) fn seal_in_background(&self, d: DiskToSeal, guard: OwnedMutexGuard<()>) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let (id, snap) = (d.rec.id.clone(), d.snap.clone());
+            let started = std::time::Instant::now();
+            match node.seal_committed_disk(d).await {
+                Ok(()) => {
+                    tracing::debug!(%id, snapshot = %snap, ms = started.elapsed().as_millis() as u64, "snapshot disk sealed")
+                }
+                Err(e) => {
+                    tracing::error!(%id, snapshot = %snap, error = %e, "cannot seal a snapshot's disk; the snapshot is removed rather than kept in plaintext");
+                    if let Err(e) = node.inner.nm.delete_snapshot(&node.inner.store, &id, &snap) {
+                        tracing::error!(%id, snapshot = %snap, error = %e, "cannot remove a snapshot whose disk is not sealed");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Notes (at node start) whether sandbox `id`, sealed at rest, has snapshot disks a
+    /// crash left as reflinks: its tenant's next key loan seals them
+    /// ([`Node::seal_leftover_disks`]).
+    pub(crate) fn note_leftover_disks(&self, id: &space_core::SandboxId) {
+        let Some(rec) = self.sandbox(id) else {
+            return;
+        };
+        let Some(tenant) = rec.tenant.as_ref().filter(|_| rec.seal_at_rest) else {
+            return;
+        };
+        if !self.has_leftover_disks(id) {
+            return;
+        }
+        tracing::warn!(%id, "snapshot disks left in plaintext by a crash; sealed once the tenant's key is lent");
+        self.inner.artifact_keys.await_key(tenant);
+    }
+
+    /// Whether sandbox `id` has committed snapshots whose disk is a reflink, and their ids.
+    fn leftover_disks(&self, id: &space_core::SandboxId) -> Vec<SnapshotId> {
+        let store = &self.inner.store;
+        let Ok(listed) = store.list_snapshots(id, space_storage::SnapshotSizes::Stored) else {
+            return Vec::new();
+        };
+        listed
+            .into_iter()
+            // A fork's own checkpoint is in use, reflink and all, until the fork is done.
+            .filter(|info| info.trigger != space_core::SnapshotTrigger::Fork)
+            .filter(|info| {
+                matches!(
+                    store.snapshot(id, &info.id),
+                    Ok(Some((_, p))) if matches!(p.disk, SnapshotDisk::Image(_))
+                )
+            })
+            .map(|info| info.id)
+            .collect()
+    }
+
+    fn has_leftover_disks(&self, id: &space_core::SandboxId) -> bool {
+        !self.leftover_disks(id).is_empty()
+    }
+
+    /// Seals the snapshot disks of `tenant`'s sandboxes sealed at rest that a crash (or a
+    /// node stopped mid-seal) left as reflinks: run when the tenant's key is lent, the
+    /// first moment this node can. Each sandbox's operation lock is taken in turn.
+    pub(crate) async fn seal_leftover_disks(&self, tenant: &TenantId) {
+        let sandboxes: Vec<SandboxRecord> = self
+            .sandboxes()
+            .into_iter()
+            .filter(|r| {
+                r.state != space_core::SandboxState::Deleted
+                    && r.seal_at_rest
+                    && r.tenant.as_ref() == Some(tenant)
+            })
+            .collect();
+        for rec in sandboxes {
+            let Ok(op) = self.op_lock(&rec.id) else {
+                continue;
+            };
+            let _guard = op.lock().await;
+            for snap in self.leftover_disks(&rec.id) {
+                let sealed = match self.disk_seal(&rec, &snap) {
+                    Ok(Some(seal)) => {
+                        self.seal_committed_disk(DiskToSeal {
+                            rec: rec.clone(),
+                            snap: snap.clone(),
+                            seal,
+                        })
+                        .await
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                match sealed {
+                    Ok(()) => {
+                        tracing::info!(id = %rec.id, snapshot = %snap, "sealed a snapshot disk left in plaintext")
+                    }
+                    Err(e) => {
+                        tracing::warn!(id = %rec.id, snapshot = %snap, error = %e, "cannot seal a snapshot disk left in plaintext; tried again at the next loan");
+                        self.inner.artifact_keys.await_key(tenant);
+                    }
+                }
+            }
+        }
     }
 
     /// Snapshot `snap`'s disk as an image, for sandbox `rec` (its tenant's key opens a

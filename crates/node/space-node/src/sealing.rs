@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use space_core::{SnapshotId, TenantId};
 use space_envelope::{DataKey, EnvelopeError, DEFAULT_CHUNK};
+use space_node_proto::snapshot::artifacts;
 use space_vmm::{SaveOptions, SaveReport, Vm};
 
 use crate::sandbox_manager::internal;
@@ -42,6 +43,9 @@ const PIPE_DRAIN: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub(crate) struct ArtifactKeys {
     lent: Mutex<HashMap<TenantId, Loan>>,
+    /// Tenants with snapshot disks left in plaintext (a crash between a snapshot's commit
+    /// and its seal) that wait for the key to be sealed.
+    awaited: Mutex<std::collections::HashSet<TenantId>>,
 }
 
 struct Loan {
@@ -50,13 +54,14 @@ struct Loan {
 }
 
 impl ArtifactKeys {
-    /// Holds `tenant`'s artifact key for `valid_for` (at most [`MAX_LOAN`]).
+    /// Holds `tenant`'s artifact key for `valid_for` (at most [`MAX_LOAN`]); whether work
+    /// was waiting for it ([`ArtifactKeys::await_key`]), which the caller now does.
     pub(crate) fn lend(
         &self,
         tenant: TenantId,
         key: DataKey,
         valid_for: Duration,
-    ) -> Result<(), NodeError> {
+    ) -> Result<bool, NodeError> {
         if valid_for.is_zero() || valid_for > MAX_LOAN {
             return Err(NodeError::Invalid(format!(
                 "an artifact key is lent for 1 ms to {} s",
@@ -67,8 +72,21 @@ impl ArtifactKeys {
             key,
             until: Instant::now() + valid_for,
         };
+        let awaited = self
+            .awaited
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&tenant);
         self.held().insert(tenant, loan);
-        Ok(())
+        Ok(awaited)
+    }
+
+    /// Notes that work waits for `tenant`'s key: the next [`ArtifactKeys::lend`] says so.
+    pub(crate) fn await_key(&self, tenant: &TenantId) {
+        self.awaited
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(tenant.clone());
     }
 
     /// Drops `tenant`'s artifact key; whether one was held.
@@ -109,9 +127,53 @@ pub(crate) struct ArtifactSeal {
     pub artifact: String,
 }
 
-/// The id a checkpoint's saved state is sealed as.
+/// The id a checkpoint's saved state is sealed as ([`StateForm::Raw`]).
 pub(crate) fn state_artifact(snap: &SnapshotId) -> String {
     format!("snapshots/{snap}/{}", space_storage::SNAPSHOT_STATE_FILE)
+}
+
+/// The id a compressed saved state is sealed as: the stored snapshot's memory artifact,
+/// which it is (a suspend uploads it as it is, a resume keeps it as it was downloaded).
+pub(crate) fn compressed_state_artifact(snap: &SnapshotId) -> String {
+    crate::stored::stored_artifact_id(snap, artifacts::MEMORY)
+}
+
+/// The form a snapshot's saved state is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateForm {
+    /// QEMU's stream as it is: a checkpoint's (its save is live, and the guest's pause must
+    /// not wait on a compressor).
+    Raw,
+    /// zstd-compressed on the way: a suspend's (one pass from QEMU to the artifact object
+    /// storage keeps), and a resumed snapshot's (kept as downloaded).
+    Compressed,
+}
+
+/// The first bytes of a zstd frame.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+impl StateForm {
+    /// The form of saved state `path`: a sealed one's says its artifact id (`open`, from
+    /// [`ArtifactKeys::opener_of_state`]), a plain one's its first bytes.
+    pub(crate) fn of(path: &Path, open: Option<&ArtifactSeal>) -> Result<StateForm, NodeError> {
+        if let Some(open) = open {
+            let compressed = open.artifact.ends_with(&format!("/{}", artifacts::MEMORY));
+            return Ok(if compressed {
+                Self::Compressed
+            } else {
+                Self::Raw
+            });
+        }
+        let mut head = [0u8; ZSTD_MAGIC.len()];
+        let read = std::fs::File::open(path)
+            .and_then(|f| std::os::unix::fs::FileExt::read_at(&f, &mut head, 0));
+        let n = read.map_err(|e| internal(&format!("read {}", path.display()), e))?;
+        Ok(if n == head.len() && head == ZSTD_MAGIC {
+            Self::Compressed
+        } else {
+            Self::Raw
+        })
+    }
 }
 
 impl ArtifactKeys {
@@ -161,7 +223,20 @@ impl ArtifactKeys {
         let tenant = tenant.ok_or_else(|| {
             NodeError::SnapshotCorrupt("a sealed state of a snapshot without a tenant".into())
         })?;
-        self.seal_of(tenant, state_artifact(&snap)).map(Some)
+        // Raw or compressed (the stored snapshot's memory artifact, moved as it is): the
+        // header says which, and only these two of this very snapshot are accepted.
+        let named = space_envelope::sealed_artifact_id(path)
+            .map_err(|e| envelope_error("its saved state", e))?;
+        let artifact = [state_artifact(&snap), compressed_state_artifact(&snap)]
+            .into_iter()
+            .find(|a| named.as_deref() == Some(a.as_str()))
+            .ok_or_else(|| {
+                NodeError::SnapshotCorrupt(format!(
+                    "its saved state is sealed as another artifact ({})",
+                    named.unwrap_or_default()
+                ))
+            })?;
+        self.seal_of(tenant, artifact).map(Some)
     }
 
     /// `tenant`'s artifact `artifact` with its key, to seal or open it.
@@ -175,20 +250,22 @@ impl ArtifactKeys {
     }
 }
 
-/// Saves `vm`'s state into a new file `path`, sealed when `seal` says so (see the module
-/// docs). As [`Vm::save_state`]: on success the VM is paused; on failure it runs on. A sealed
-/// save may still be writing the file when this returns (the tail of QEMU's stream goes
-/// through the sealer): the caller resumes the VM first, so sealing never lengthens the
-/// guest's pause, then calls [`StateSaved::finish`].
+/// Saves `vm`'s state into a new file `path` in `form`, sealed when `seal` says so (see the
+/// module docs; `seal` names the artifact of that form). As [`Vm::save_state`]: on success
+/// the VM is paused; on failure it runs on. A sealed or compressed save may still be writing
+/// the file when this returns (the tail of QEMU's stream goes through this process): the
+/// caller resumes the VM first, so sealing never lengthens the guest's pause, then calls
+/// [`StateSaved::finish`].
 pub(crate) async fn save_state(
     vm: &Vm,
     path: &Path,
     seal: Option<ArtifactSeal>,
+    form: StateForm,
     opts: SaveOptions,
 ) -> Result<StateSaved, NodeError> {
     let file = std::fs::File::create(path)
         .map_err(|e| internal(&format!("create {}", path.display()), e))?;
-    let Some(seal) = seal else {
+    if seal.is_none() && form == StateForm::Raw {
         let mut report = vm.save_state(file.as_fd(), opts).await?;
         report.bytes = file
             .metadata()
@@ -196,27 +273,38 @@ pub(crate) async fn save_state(
             .len();
         return Ok(StateSaved {
             report,
-            sealer: None,
+            writer: None,
         });
-    };
+    }
     let (reader, writer) = chunk_pipe()?;
-    let sealer = tokio::task::spawn_blocking(move || {
-        let mut out = BufWriter::with_capacity(DEFAULT_CHUNK as usize, file);
-        let n = space_envelope::seal(&seal.key, &seal.artifact, DEFAULT_CHUNK, reader, &mut out)?;
-        out.into_inner()
-            .map_err(|e| EnvelopeError::Io(e.into_error()))?;
-        Ok::<_, EnvelopeError>(n)
+    let written = tokio::task::spawn_blocking(move || match (seal, form) {
+        (Some(seal), StateForm::Raw) => {
+            let mut out = BufWriter::with_capacity(DEFAULT_CHUNK as usize, file);
+            let n =
+                space_envelope::seal(&seal.key, &seal.artifact, DEFAULT_CHUNK, reader, &mut out)
+                    .map_err(|e| envelope_error("sealing the saved state", e))?;
+            out.into_inner()
+                .map_err(|e| internal("write the saved state", e.into_error()))?;
+            Ok(n)
+        }
+        // The bytes of QEMU's stream, as for the other forms.
+        (seal, _) => {
+            let mut reader = reader;
+            write_sealed(seal.as_ref(), file, |w| {
+                crate::packing::compress(&mut reader, w)
+            })
+        }
     });
     let saved = vm.save_state(writer.as_fd(), opts).await;
-    // QEMU closes its copy when the migration ends; with ours gone the sealer sees the end.
+    // QEMU closes its copy when the migration ends; with ours gone the writer sees the end.
     drop(writer);
     match saved {
         Ok(report) => Ok(StateSaved {
             report,
-            sealer: Some((sealer, path.to_owned())),
+            writer: Some((written, path.to_owned())),
         }),
         Err(e) => {
-            let _ = drain(sealer, "sealing the saved state").await;
+            let _ = drain(written, "writing the saved state").await;
             let _ = std::fs::remove_file(path);
             Err(e.into())
         }
@@ -226,8 +314,9 @@ pub(crate) async fn save_state(
 /// A save QEMU has completed; a sealed one may still be on its way into its file.
 pub(crate) struct StateSaved {
     report: SaveReport,
-    sealer: Option<(
-        tokio::task::JoinHandle<Result<u64, EnvelopeError>>,
+    /// The thread writing the file, and the file.
+    writer: Option<(
+        tokio::task::JoinHandle<Result<u64, NodeError>>,
         std::path::PathBuf,
     )>,
 }
@@ -236,10 +325,10 @@ impl StateSaved {
     /// Waits until the state is whole in its file; on a failure the file is removed (the
     /// VM is as the caller left it).
     pub(crate) async fn finish(self) -> Result<SaveReport, NodeError> {
-        let Some((sealer, path)) = self.sealer else {
+        let Some((writer, path)) = self.writer else {
             return Ok(self.report);
         };
-        match drain(sealer, "sealing the saved state").await {
+        match drain(writer, "writing the saved state").await {
             Ok(n) => Ok(SaveReport {
                 bytes: n,
                 ..self.report
@@ -253,8 +342,9 @@ impl StateSaved {
 }
 
 /// Feeds saved state `path` into `vm` (launched to restore), opening it first when it is
-/// sealed (`open`, from [`ArtifactKeys::opener_of_state`]). The VM is left paused; a state
-/// that does not open whole (a changed, swapped, dropped or cut chunk) is refused with
+/// sealed (`open`, from [`ArtifactKeys::opener_of_state`]) and decompressing it when it is
+/// kept compressed ([`StateForm`]). The VM is left paused; a state that does not open whole
+/// (a changed, swapped, dropped or cut chunk) or does not decompress is refused with
 /// [`NodeError::SnapshotCorrupt`], and the caller discards the VM.
 pub(crate) async fn feed_state(
     vm: &Vm,
@@ -263,20 +353,38 @@ pub(crate) async fn feed_state(
     open: Option<ArtifactSeal>,
     timeout: Duration,
 ) -> Result<(), NodeError> {
+    let form = StateForm::of(path, open.as_ref())?;
     let file =
         std::fs::File::open(path).map_err(|e| internal(&format!("open {}", path.display()), e))?;
-    let Some(open) = open else {
+    if open.is_none() && form == StateForm::Raw {
         return Ok(vm.load_state(file.as_fd(), ignore_shared, timeout).await?);
-    };
+    }
     let (reader, writer) = chunk_pipe()?;
-    let opener = tokio::task::spawn_blocking(move || {
-        let input = std::io::BufReader::with_capacity(DEFAULT_CHUNK as usize, file);
-        space_envelope::open(&open.key, &open.artifact, input, writer)
+    let feeder = tokio::task::spawn_blocking(move || match (open, form) {
+        (Some(open), StateForm::Raw) => {
+            let input = std::io::BufReader::with_capacity(DEFAULT_CHUNK as usize, file);
+            space_envelope::open(&open.key, &open.artifact, input, writer)
+                .map_err(|e| envelope_error("its saved state", e))
+        }
+        (open, _) => read_opened(open.as_ref(), file, |compressed| {
+            let mut writer = writer;
+            let mut dec = zstd::Decoder::new(compressed).map_err(|e| {
+                NodeError::SnapshotCorrupt(format!("its saved state does not decompress: {e}"))
+            })?;
+            match std::io::copy(&mut dec, &mut writer) {
+                Ok(n) => Ok(n),
+                // QEMU gave up reading: its own error says why.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+                Err(e) => Err(NodeError::SnapshotCorrupt(format!(
+                    "its saved state does not decompress: {e}"
+                ))),
+            }
+        }),
     });
     let loaded = vm.load_state(reader.as_fd(), ignore_shared, timeout).await;
     drop(reader);
-    let opened = drain(opener, "opening the saved state").await;
-    match (loaded, opened) {
+    let fed = drain(feeder, "feeding the saved state").await;
+    match (loaded, fed) {
         (_, Err(NodeError::SnapshotCorrupt(m))) => Err(NodeError::SnapshotCorrupt(m)),
         (Err(e), _) => Err(e.into()),
         (Ok(()), Err(e)) => Err(e),
@@ -314,14 +422,13 @@ fn chunk_pipe() -> Result<(std::io::PipeReader, std::io::PipeWriter), NodeError>
 
 /// Waits (bounded) for the thread on the far end of a state pipe.
 async fn drain(
-    task: tokio::task::JoinHandle<Result<u64, EnvelopeError>>,
+    task: tokio::task::JoinHandle<Result<u64, NodeError>>,
     what: &str,
 ) -> Result<u64, NodeError> {
     match tokio::time::timeout(PIPE_DRAIN, task).await {
         Err(_) => Err(NodeError::Internal(format!("{what} did not finish"))),
         Ok(Err(e)) => Err(internal(what, e)),
-        Ok(Ok(Ok(n))) => Ok(n),
-        Ok(Ok(Err(e))) => Err(envelope_error(what, e)),
+        Ok(Ok(result)) => result,
     }
 }
 
@@ -438,4 +545,36 @@ pub(crate) fn open_bytes(open: &ArtifactSeal, sealed: &[u8]) -> Result<Vec<u8>, 
     space_envelope::open(&open.key, &open.artifact, sealed, &mut out)
         .map_err(|e| envelope_error("opening", e))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_says_its_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let (raw, compressed) = (dir.path().join("raw"), dir.path().join("compressed"));
+        std::fs::write(&raw, b"QEVM\0\0\0\x03 the rest of a migration stream").unwrap();
+        std::fs::write(&compressed, zstd::encode_all(&b"QEVM"[..], 3).unwrap()).unwrap();
+        assert_eq!(StateForm::of(&raw, None).unwrap(), StateForm::Raw);
+        assert_eq!(
+            StateForm::of(&compressed, None).unwrap(),
+            StateForm::Compressed
+        );
+        // A sealed one's form is the artifact it is sealed as.
+        let snap = SnapshotId::generate();
+        let seal = |artifact: String| ArtifactSeal {
+            key: DataKey::generate(),
+            artifact,
+        };
+        assert_eq!(
+            StateForm::of(&raw, Some(&seal(state_artifact(&snap)))).unwrap(),
+            StateForm::Raw
+        );
+        assert_eq!(
+            StateForm::of(&raw, Some(&seal(compressed_state_artifact(&snap)))).unwrap(),
+            StateForm::Compressed
+        );
+    }
 }

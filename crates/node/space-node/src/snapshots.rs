@@ -17,7 +17,8 @@ use space_storage::{ExistingDisk, SnapshotSizes, SANDBOX_DISK_FILE};
 use space_vmm::{GuestMemory, SaveOptions, Vm, VmConfig};
 
 use crate::sandbox_manager::{internal, now_ms};
-use crate::sealed_disks::DiskImage;
+use crate::sealed_disks::{DiskImage, DiskSealing, DiskToSeal};
+use crate::sealing::StateForm;
 use crate::vm_start::{connect_restored, identity, load_saved_state, SavedState};
 use crate::{Node, NodeError, SandboxRecord, SnapshotOwner, VmOrigin};
 
@@ -41,6 +42,16 @@ pub struct CheckpointTaken {
     pub guest_pause: Option<Duration>,
 }
 
+/// When a new snapshot's disk is sealed (a sandbox sealed at rest): a persistent one, which
+/// outlives its sandbox and may be used by others, before it is listed; any other once the
+/// call has returned, under the sandbox's operation lock (see [`crate::sealed_disks`]).
+fn disk_sealing(persistent: &Option<SnapshotOwner>) -> DiskSealing {
+    match persistent {
+        Some(_) => DiskSealing::BeforeCommit,
+        None => DiskSealing::AfterCommit,
+    }
+}
+
 impl Node {
     /// A persistent snapshot's source goes into it before it is committed.
     fn write_source(
@@ -52,8 +63,7 @@ impl Node {
         let Some(owner) = persistent else {
             return Ok(());
         };
-        let source = self.inner.snapshot_source(id, Some(owner))?;
-        let json = serde_json::to_vec(&source).map_err(|e| internal("snapshot source", e))?;
+        let json = self.source_json(id, pending.id(), Some(owner))?;
         Ok(pending.write_source(&json)?)
     }
 
@@ -78,7 +88,7 @@ impl Node {
     ) -> Result<SnapshotInfo, NodeError> {
         Self::check_label(&label)?;
         let op = self.op_lock(id)?;
-        let _guard = op.lock().await;
+        let guard = op.lock_owned().await;
         let rec = self
             .sandbox(id)
             .ok_or_else(|| NodeError::SandboxNotFound(id.clone()))?;
@@ -121,7 +131,9 @@ impl Node {
             }
         }
         copied?;
-        self.seal_pending_disk(&rec, &pending, disk_seal).await?;
+        let unsealed = self
+            .seal_new_disk(&rec, &pending, &snap, disk_seal, disk_sealing(&persistent))
+            .await?;
         let info = pending.commit(new_info(
             &snap,
             id,
@@ -130,6 +142,9 @@ impl Node {
             label,
             persistent.is_some(),
         ))?;
+        if let Some(disk) = unsealed {
+            self.seal_in_background(disk, guard);
+        }
         tracing::info!(%id, snapshot = %snap, persistent = info.persistent, "disk snapshot taken");
         Ok(info)
     }
@@ -148,16 +163,23 @@ impl Node {
     ) -> Result<CheckpointTaken, NodeError> {
         Self::check_label(&label)?;
         let op = self.op_lock(id)?;
-        let _guard = op.lock().await;
+        let guard = op.lock_owned().await;
         let freeze_workload = persistent.is_some();
-        self.checkpoint_locked(id, label, trigger, freeze_workload, persistent)
-            .await
+        let sealing = disk_sealing(&persistent);
+        let (taken, unsealed) = self
+            .checkpoint_locked(id, label, trigger, freeze_workload, persistent, sealing)
+            .await?;
+        if let Some(disk) = unsealed {
+            self.seal_in_background(disk, guard);
+        }
+        Ok(taken)
     }
 
     /// A checkpoint with the operation lock held. With `freeze_workload`, the guest's
     /// workload processes are frozen across the save and stay frozen in the saved state,
     /// so VMs restored from it run no workload code before they are made unique (forks,
-    /// persistent checkpoints).
+    /// persistent checkpoints). A sandbox sealed at rest has its checkpoint's disk sealed
+    /// as `disk_sealing` says: after the commit, by the caller, with what is returned.
     pub(crate) async fn checkpoint_locked(
         &self,
         id: &SandboxId,
@@ -165,7 +187,8 @@ impl Node {
         trigger: SnapshotTrigger,
         freeze_workload: bool,
         persistent: Option<SnapshotOwner>,
-    ) -> Result<CheckpointTaken, NodeError> {
+        disk_sealing: DiskSealing,
+    ) -> Result<(CheckpointTaken, Option<DiskToSeal>), NodeError> {
         self.inner
             .transition(id, SandboxEvent::Checkpoint, |_| {})?;
         let vm = self.vm_of(id)?;
@@ -211,7 +234,9 @@ impl Node {
             }
             let guest_pause = saved?;
             // The guest runs again: a disk sealed at rest is sealed in its own time.
-            self.seal_pending_disk(&rec, &pending, disk_seal).await?;
+            let unsealed = self
+                .seal_new_disk(&rec, &pending, &snap, disk_seal, disk_sealing)
+                .await?;
             let info = pending.commit(new_info(
                 &snap,
                 id,
@@ -220,14 +245,14 @@ impl Node {
                 label,
                 persistent.is_some(),
             ))?;
-            Ok::<_, NodeError>(CheckpointTaken { info, guest_pause })
+            Ok::<_, NodeError>((CheckpointTaken { info, guest_pause }, unsealed))
         }
         .await;
         match result {
-            Ok(taken) => {
+            Ok((taken, unsealed)) => {
                 self.inner.transition(id, SandboxEvent::Done, |_| {})?;
                 tracing::info!(%id, snapshot = %snap, pause = ?taken.guest_pause, bytes = taken.info.total_bytes, "checkpoint taken");
-                Ok(taken)
+                Ok((taken, unsealed))
             }
             Err(e) => {
                 if let Some(exit) = vm.exit_now() {
@@ -268,7 +293,7 @@ impl Node {
             max_downtime: CHECKPOINT_MAX_DOWNTIME,
             timeout: CHECKPOINT_TIMEOUT,
         };
-        let saved = crate::sealing::save_state(vm, state, seal, opts).await?;
+        let saved = crate::sealing::save_state(vm, state, seal, StateForm::Raw, opts).await?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         let copied = snapshot_disk(&disk);
         // Resume whatever happened to the copy: the sandbox must keep running. A sealed

@@ -31,18 +31,14 @@ use space_node_proto::{
 use space_objects::{Artifact, ObjectKey, Objects, ObjectsError};
 use space_storage::{ExistingDisk, PendingSnapshot, SnapshotDisk};
 
-use crate::packing::{compress, decompress_bounded, decompress_sparse_from, UnpackError};
+use crate::packing::compress;
 use crate::sandbox_manager::internal;
 use crate::sealed_disks::{apply_disk_delta, write_disk_delta};
-use crate::sealing::{
-    open_bytes, read_opened, seal_bytes, state_artifact, write_sealed, ArtifactSeal,
-};
+use crate::sealing::{open_bytes, read_opened, seal_bytes, write_sealed, ArtifactSeal, StateForm};
 use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
 
 /// Largest `source.json` or `meta.json` read back (sealed: a header and a tag more).
 const MAX_SEALED_JSON_ARTIFACT: u64 = 1024 * 1024 + 1024;
-/// Device state beside guest RAM a state file may hold, at most.
-const STATE_OVERHEAD: u64 = 64 << 20;
 
 /// A stored snapshot, downloaded and committed on this node.
 pub(crate) struct Downloaded {
@@ -77,8 +73,7 @@ impl Node {
         }
         let source_json = match space_storage::read_snapshot_source(&paths)? {
             Some(bytes) => bytes,
-            None => serde_json::to_vec(&self.inner.snapshot_source(id, Some(owner))?)
-                .map_err(|e| internal("snapshot source", e))?,
+            None => self.source_json(id, snap, Some(owner))?,
         };
         let meta_json = serde_json::to_vec(&info).map_err(|e| internal("snapshot meta", e))?;
         // A sandbox sealed at rest stores every artifact sealed; without its key, nothing.
@@ -253,17 +248,13 @@ impl Node {
             .get_to_file(&artifact(artifacts::DISK)?, &delta_file)
             .await?;
         // A sealed disk is kept as it was stored: the snapshot's disk sealed at rest (see
-        // `crate::sealed_disks`), checked to open whole; a plain one is rebuilt here.
+        // `crate::sealed_disks`), opened whole when it is rebuilt, before any VM uses it (the
+        // download itself is checked against the manifest's SHA-256); a plain one is
+        // rebuilt here.
         let disk = match opener(artifacts::DISK)? {
-            Some(open) => {
-                let kept = pending.sealed_disk_path();
-                std::fs::rename(&delta_file, &kept)
+            Some(_) => {
+                std::fs::rename(&delta_file, pending.sealed_disk_path())
                     .map_err(|e| internal("keep the sealed disk", e))?;
-                tokio::task::spawn_blocking(move || {
-                    crate::sealing::verify(&open, &kept, "its disk")
-                })
-                .await
-                .map_err(|e| internal("checking the sealed disk", e))??;
                 None
             }
             None => {
@@ -277,39 +268,19 @@ impl Node {
                 Some((delta_file, pending.disk_path()))
             }
         };
-        let max_disk = u64::from(s.resources.disk_mib) << 20;
-        let max_state = (u64::from(s.resources.memory_mib) << 20) + STATE_OVERHEAD;
-        let state = pending.state_path();
-        let memory = memory.is_some().then_some(memory_file);
-        // The state is kept here sealed as it was stored (as this snapshot's saved state).
-        let memory_open = opener(artifacts::MEMORY)?;
-        let state_seal = match memory_open {
-            Some(_) => Some(
-                self.inner
-                    .artifact_keys
-                    .seal_of(tenant, state_artifact(&s.snapshot))?,
-            ),
-            None => None,
-        };
-        let seals = UnpackSeals {
-            memory: memory_open,
-            state: state_seal,
-        };
-        tokio::task::spawn_blocking(move || {
-            unpack(
-                memory.as_deref(),
-                disk.as_ref()
-                    .map(|(delta, disk)| (delta.as_path(), disk.as_path())),
-                &state,
-                Bounds {
-                    state: max_state,
-                    disk: max_disk,
-                },
-                seals,
-            )
-        })
-        .await
-        .map_err(|e| internal("unpacking task", e))??;
+        // The memory artifact is kept as it was stored, as the snapshot's saved state
+        // (compressed, sealed as it was: see `crate::sealing::StateForm`), checked whole when
+        // a VM is fed from it.
+        if memory.is_some() {
+            std::fs::rename(&memory_file, pending.state_path())
+                .map_err(|e| internal("keep the saved state", e))?;
+        }
+        if let Some((delta, disk)) = disk {
+            let max_disk = u64::from(s.resources.disk_mib) << 20;
+            tokio::task::spawn_blocking(move || apply_disk_delta(&delta, None, &disk, max_disk))
+                .await
+                .map_err(|e| internal("unpacking task", e))??;
+        }
         let _ = std::fs::remove_dir_all(&scratch);
         pending.write_source(&source_bytes)?;
         info.persistent = persistent;
@@ -404,7 +375,8 @@ fn opened_json(open: Option<ArtifactSeal>, bytes: bytes::Bytes) -> Result<Vec<u8
 
 /// What packing measured.
 struct Packed {
-    /// Bytes of device state and RAM before compression (checkpoints only).
+    /// Bytes of device state and RAM before compression (checkpoints only; 0 for a state
+    /// kept compressed, measured when it was saved).
     memory_bytes: Option<u64>,
     disk_changed_blocks: u64,
 }
@@ -432,6 +404,19 @@ fn pack(
     let _ = std::fs::remove_dir_all(scratch);
     std::fs::create_dir_all(scratch).map_err(io("create", scratch))?;
     let memory_bytes = match state {
+        // Kept compressed (a suspend's, or a resumed snapshot's): already the artifact, and
+        // sealed as it (see `crate::sealing::StateForm`); its size was reported when saved.
+        Some((state, open)) if StateForm::of(&state, open.as_ref())? == StateForm::Compressed => {
+            if open.is_some() != seals.memory.is_some() {
+                return Err(NodeError::Internal(
+                    "a saved state sealed at rest, of a sandbox that is not (or the reverse)"
+                        .into(),
+                ));
+            }
+            let out = scratch.join(artifacts::MEMORY);
+            space_storage::reflink_or_copy(&state, &out)?;
+            Some(0)
+        }
         Some((state, open)) => {
             let out = scratch.join(artifacts::MEMORY);
             let file = std::fs::File::create(&out).map_err(io("create", &out))?;
@@ -464,61 +449,6 @@ fn pack(
         memory_bytes,
         disk_changed_blocks,
     })
-}
-
-/// How large unpacked artifacts may be.
-struct Bounds {
-    state: u64,
-    disk: u64,
-}
-
-/// The key of the memory to unpack (`None`: plaintext), and of the state written here.
-struct UnpackSeals {
-    memory: Option<ArtifactSeal>,
-    state: Option<ArtifactSeal>,
-}
-
-/// Decompresses `memory.zst` (if any) into `state`, opening it if sealed and sealing the
-/// state again as the snapshot's saved state when it was, and applies a plain
-/// `disk.delta.zst` (`(delta, disk)`, `disk` a reflink of the template's image), within
-/// `bounds`.
-fn unpack(
-    memory: Option<&Path>,
-    delta: Option<(&Path, &Path)>,
-    state: &Path,
-    bounds: Bounds,
-    seals: UnpackSeals,
-) -> Result<(), NodeError> {
-    let bad = |what: &str, e: &dyn std::fmt::Display| {
-        NodeError::SnapshotCorrupt(format!("its {what}: {e}"))
-    };
-    let unpacked = |what: &str, e: UnpackError| match e {
-        UnpackError::Malformed(m) => bad(what, &m),
-        e => internal(&format!("unpack {what}"), e),
-    };
-    if let Some(memory) = memory {
-        let input = std::fs::File::open(memory).map_err(|e| internal("open memory", e))?;
-        read_opened(seals.memory.as_ref(), input, |packed| match &seals.state {
-            None => decompress_sparse_from(packed, state, bounds.state, false)
-                .map_err(|e| unpacked("memory", e)),
-            Some(seal) => {
-                let out = std::fs::File::create_new(state)
-                    .map_err(|e| internal("create the saved state", e))?;
-                // The stream's failures come back as I/O errors of the writer; the bound is
-                // checked where it is known.
-                let mut outcome = Ok(0);
-                write_sealed(Some(seal), out, |w| {
-                    outcome = decompress_bounded(packed, w, bounds.state);
-                    Ok(())
-                })?;
-                outcome.map_err(|e| unpacked("memory", e))
-            }
-        })?;
-    }
-    if let Some((delta, disk)) = delta {
-        apply_disk_delta(delta, None, disk, bounds.disk)?;
-    }
-    Ok(())
 }
 
 impl From<ObjectsError> for NodeError {

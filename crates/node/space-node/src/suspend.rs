@@ -82,10 +82,10 @@ impl Node {
         let id = &req.id;
         let vm = self.vm_of(id)?;
         // A sandbox sealed at rest whose key this node lacks is not suspended at all.
-        let seal = self
-            .inner
-            .artifact_keys
-            .seal_for(before, crate::sealing::state_artifact(&req.snapshot))?;
+        let seal = self.inner.artifact_keys.seal_for(
+            before,
+            crate::sealing::compressed_state_artifact(&req.snapshot),
+        )?;
         let disk_seal = self.disk_seal(before, &req.snapshot)?;
         if before.state == SandboxState::Running {
             self.detach_guest(id);
@@ -96,9 +96,7 @@ impl Node {
             .inner
             .nm
             .begin_snapshot(&self.inner.store, id, &req.snapshot)?;
-        let source = self.inner.snapshot_source(id, Some(&req.owner))?;
-        let source_json =
-            serde_json::to_vec(&source).map_err(|e| internal("snapshot source", e))?;
+        let source_json = self.source_json(id, &req.snapshot, Some(&req.owner))?;
         pending.write_source(&source_json)?;
         let opts = SaveOptions {
             ignore_shared: false,
@@ -106,14 +104,21 @@ impl Node {
             max_downtime: Duration::from_secs(1),
             timeout: SUSPEND_SAVE_TIMEOUT,
         };
-        crate::sealing::save_state(&vm, &pending.state_path(), seal, opts)
+        // One pass: QEMU's stream is compressed (and sealed) on its way into the file, which
+        // is uploaded as it is.
+        let form = crate::sealing::StateForm::Compressed;
+        let saved = crate::sealing::save_state(&vm, &pending.state_path(), seal, form, opts)
             .await?
             .finish()
             .await?;
         let disk = self.inner.store.sandbox_dir(id).join(SANDBOX_DISK_FILE);
         self.inner.nm.snapshot_disk(&pending, &disk)?;
         // Sealed here, it is uploaded as it is.
-        self.seal_pending_disk(before, &pending, disk_seal).await?;
+        let sealed_now = crate::sealed_disks::DiskSealing::BeforeCommit;
+        let unsealed = self
+            .seal_new_disk(before, &pending, &req.snapshot, disk_seal, sealed_now)
+            .await?;
+        debug_assert!(unsealed.is_none());
         // Not persistent: the snapshot goes with the sandbox when the node frees it; the
         // stored copy is the one that counts.
         let info = pending.commit(SnapshotInfo {
@@ -132,6 +137,7 @@ impl Node {
         let mut stored = self
             .upload_snapshot(objects, before, &req.snapshot, &req.owner)
             .await?;
+        stored.memory_bytes = saved.bytes;
         let mut history = self.inner.events.read(id);
         let cut = history
             .len()

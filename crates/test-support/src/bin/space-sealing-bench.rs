@@ -87,22 +87,46 @@ fn envelope_throughput(state: &std::path::Path, samples: usize) -> (Vec<f64>, Ve
     (seal, open)
 }
 
-/// The saved state of snapshot `snap` somewhere under `dir`.
-fn saved_state(dir: &std::path::Path, snap: &str) -> Option<std::path::PathBuf> {
+/// The directory of snapshot `snap` somewhere under `dir`.
+fn snapshot_dir(dir: &std::path::Path, snap: &str) -> Option<std::path::PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        let state = path.join(space_storage::SNAPSHOT_STATE_FILE);
-        if entry.file_name() == snap && state.is_file() {
-            return Some(state);
+        if entry.file_name() == snap && path.join(space_storage::SNAPSHOT_META_FILE).is_file() {
+            return Some(path);
         }
-        if let Some(found) = saved_state(&path, snap) {
+        if let Some(found) = snapshot_dir(&path, snap) {
             return Some(found);
         }
     }
     None
+}
+
+/// The saved state of snapshot `snap` somewhere under `dir`.
+fn saved_state(dir: &std::path::Path, snap: &str) -> Option<std::path::PathBuf> {
+    snapshot_dir(dir, snap)
+        .map(|d| d.join(space_storage::SNAPSHOT_STATE_FILE))
+        .filter(|s| s.is_file())
+}
+
+/// Waits until snapshot `snap`'s disk is as it stays at rest: sealed (its reflink gone) for
+/// a sandbox sealed at rest, at once for another.
+async fn until_at_rest(dir: &std::path::Path, snap: &str, is_sealed: bool) {
+    if !is_sealed {
+        return;
+    }
+    loop {
+        if let Some(d) = snapshot_dir(dir, snap) {
+            if d.join(space_storage::SNAPSHOT_SEALED_DISK_FILE).is_file()
+                && !d.join(space_storage::SNAPSHOT_DISK_FILE).exists()
+            {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -138,6 +162,7 @@ async fn main() {
         kind: SnapshotKind::Disk,
         ..Default::default()
     };
+    let (mut taken_at_rest, mut disk_at_rest) = (Pair::default(), Pair::default());
     let (mut taken, mut paused, mut rollback, mut disk, mut suspend, mut resume) = (
         Pair::default(),
         Pair::default(),
@@ -155,6 +180,8 @@ async fn main() {
                 .expect("checkpoint");
             taken.push(is_sealed, ms(t.elapsed()));
             paused.push(is_sealed, snap.guest_pause_ms.unwrap_or(0) as f64);
+            until_at_rest(&ts.data_dir, snap.snapshot.id.as_str(), is_sealed).await;
+            taken_at_rest.push(is_sealed, ms(t.elapsed()));
             let t = Instant::now();
             c.rollback(id, &snap.snapshot.id).await.expect("rollback");
             exec_ok(c, id).await;
@@ -168,6 +195,8 @@ async fn main() {
                 .await
                 .expect("disk snapshot");
             disk.push(is_sealed, ms(t.elapsed()));
+            until_at_rest(&ts.data_dir, snap.snapshot.id.as_str(), is_sealed).await;
+            disk_at_rest.push(is_sealed, ms(t.elapsed()));
             c.delete_snapshot(id, &snap.snapshot.id)
                 .await
                 .expect("delete");
@@ -182,8 +211,10 @@ async fn main() {
     }
     taken.report("checkpoint (call)");
     paused.report("checkpoint (guest paused)");
+    taken_at_rest.report("checkpoint, until its disk is sealed at rest");
     rollback.report("rollback to the checkpoint, to exec-ready");
     disk.report("disk snapshot (call)");
+    disk_at_rest.report("disk snapshot, until sealed at rest");
     suspend.report("suspend to the local store");
     resume.report("resume to exec-ready");
 
