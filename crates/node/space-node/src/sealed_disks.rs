@@ -2,18 +2,25 @@
 //!
 //! A snapshot's disk is normally a reflink of the sandbox's disk: O(1), and plaintext. For a
 //! sandbox sealed at rest the reflink is only a moment's step: once the guest runs again,
-//! [`Node::seal_pending_disk`] writes what differs from the template's image (blocks the
-//! extent maps prove shared are skipped unread), compressed and sealed as
-//! `disk.delta.zst`, and removes the reflink before the snapshot is committed. It is the
-//! very artifact object storage keeps (same format, same artifact id), so a suspend uploads
-//! it and a resume downloads it as they are.
+//! what differs from the template's image (blocks the extent maps prove shared are skipped
+//! unread) is written compressed and sealed as `disk.delta.zst`, and the reflink removed.
+//! It is the very artifact object storage keeps (same format, same artifact id), so a
+//! suspend uploads it and a resume downloads it as they are.
+//!
+//! When ([`DiskSealing`]): before the commit ([`Node::seal_new_disk`]) for a snapshot that
+//! must never be listed in plaintext (persistent, a suspend's); else after it, on a task
+//! holding the sandbox's operation lock ([`Node::seal_in_background`]), so the call returns
+//! as fast as a plain one and the sandbox's next operation waits for the seal. A seal a
+//! crash interrupted is done when the tenant's key is next lent
+//! ([`Node::seal_leftover_disks`]).
 //!
 //! Whatever uses such a disk (rollback, fork, a sandbox made from the snapshot, a crash
 //! restore, a diff) asks [`Node::snapshot_disk_image`] for an image: the reflink as it is,
 //! or one rebuilt from the sealed delta on a reflink of the template's image, in the
 //! directory of the sandbox it is for. A rebuilt image is as plaintext as that sandbox's
 //! live disk, and is removed as soon as its user is done (at drop; a node restart sweeps
-//! any a crash left). A delta that does not open whole is refused before anything uses it.
+//! any a crash left). A delta that does not open whole, or was taken against another base,
+//! is refused before anything uses it.
 
 use std::path::{Path, PathBuf};
 
@@ -58,10 +65,17 @@ pub(crate) fn disk_artifact(snap: &SnapshotId) -> String {
     crate::stored::stored_artifact_id(snap, artifacts::DISK)
 }
 
-/// Writes what `disk` changed against `template` into new file `out`: a disk delta,
+/// The image a disk delta is taken against and applied onto, and what it is known as in
+/// the delta (its template's digest).
+pub(crate) struct DeltaBase {
+    pub image: PathBuf,
+    pub id: String,
+}
+
+/// Writes what `disk` changed against `base` into new file `out`: a disk delta,
 /// compressed, sealed when `seal` says so. Blocking.
 pub(crate) fn write_disk_delta(
-    template: &Path,
+    base: &DeltaBase,
     disk: &Path,
     out: &Path,
     seal: Option<&ArtifactSeal>,
@@ -70,18 +84,21 @@ pub(crate) fn write_disk_delta(
         .map_err(|e| internal(&format!("create {}", out.display()), e))?;
     write_sealed(seal, file, |w| {
         let mut enc = zstd::Encoder::new(w, ZSTD_LEVEL)?;
-        let stats = write_delta(template, disk, &mut enc).map_err(std::io::Error::other)?;
+        let stats =
+            write_delta(&base.image, &base.id, disk, &mut enc).map_err(std::io::Error::other)?;
         std::io::Write::flush(&mut enc.finish()?)?;
         Ok(stats)
     })
 }
 
 /// Applies compressed disk delta `delta` (opened on the way when `open` says so) onto
-/// `disk`, a reflink of the template's image, growing it to at most `max` bytes. A delta
-/// that is damaged, or does not open whole, is [`NodeError::SnapshotCorrupt`]. Blocking.
+/// `disk`, a reflink of the image known as `base_id`, growing it to at most `max` bytes. A
+/// delta that is damaged, does not open whole, or was taken against another base is
+/// [`NodeError::SnapshotCorrupt`]. Blocking.
 pub(crate) fn apply_disk_delta(
     delta: &Path,
     open: Option<&ArtifactSeal>,
+    base_id: &str,
     disk: &Path,
     max: u64,
 ) -> Result<DeltaStats, NodeError> {
@@ -90,7 +107,7 @@ pub(crate) fn apply_disk_delta(
         .map_err(|e| internal(&format!("open {}", delta.display()), e))?;
     read_opened(open, input, |packed| {
         let mut dec = zstd::Decoder::new(packed).map_err(|e| bad(&e))?;
-        apply_delta(&mut dec, disk, max).map_err(|e| bad(&e))
+        apply_delta(&mut dec, base_id, disk, max).map_err(|e| bad(&e))
     })
 }
 
@@ -150,10 +167,10 @@ impl Node {
                 seal,
             }));
         }
-        let template = self.delta_base(rec).await?;
+        let base = self.delta_base(rec).await?;
         let (disk, out) = (pending.disk_path(), pending.sealed_disk_path());
         tokio::task::spawn_blocking(move || {
-            let written = write_disk_delta(&template, &disk, &out, Some(&seal));
+            let written = write_disk_delta(&base, &disk, &out, Some(&seal));
             if written.is_err() {
                 let _ = std::fs::remove_file(&out);
             }
@@ -177,12 +194,12 @@ impl Node {
         let SnapshotDisk::Image(disk) = paths.disk else {
             return Ok(());
         };
-        let template = self.delta_base(&d.rec).await?;
+        let base = self.delta_base(&d.rec).await?;
         let dir = paths.dir;
         tokio::task::spawn_blocking(move || {
             let partial = dir.join(PARTIAL_SEALED_DISK);
             let _ = std::fs::remove_file(&partial);
-            let written = write_disk_delta(&template, &disk, &partial, Some(&d.seal));
+            let written = write_disk_delta(&base, &disk, &partial, Some(&d.seal));
             if written.is_err() {
                 let _ = std::fs::remove_file(&partial);
             }
@@ -334,7 +351,7 @@ impl Node {
             .artifact_keys
             .seal_of(tenant, disk_artifact(snap))?;
         let store = &self.inner.store;
-        let template = self.delta_base(rec).await?;
+        let base = self.delta_base(rec).await?;
         let image = DiskImage {
             path: store.sandbox_dir(&rec.id).join(format!(
                 "{REBUILT_PREFIX}{snap}-{:016x}.raw",
@@ -344,26 +361,31 @@ impl Node {
         };
         self.inner
             .nm
-            .clone_disk(store, &template, &image.path, 0, ExistingDisk::Refuse)?;
-        let max = std::fs::metadata(&template)
-            .map_err(|e| internal(&format!("stat {}", template.display()), e))?
+            .clone_disk(store, &base.image, &image.path, 0, ExistingDisk::Refuse)?;
+        let max = std::fs::metadata(&base.image)
+            .map_err(|e| internal(&format!("stat {}", base.image.display()), e))?
             .len()
             .max(u64::from(rec.resources.disk_mib) << 20);
         let path = image.path.clone();
-        tokio::task::spawn_blocking(move || apply_disk_delta(&delta, Some(&open), &path, max))
-            .await
-            .map_err(|e| internal("rebuilding a snapshot's disk", e))??;
+        tokio::task::spawn_blocking(move || {
+            apply_disk_delta(&delta, Some(&open), &base.id, &path, max)
+        })
+        .await
+        .map_err(|e| internal("rebuilding a snapshot's disk", e))??;
         Ok(image)
     }
 
     /// The image a disk delta of sandbox `rec` is taken against and applied onto: its
     /// template's, by digest (fetched if this node lacks it). Never the template its name
     /// points at now: a delta applied onto another image than its own is a corrupt disk.
-    pub(crate) async fn delta_base(&self, rec: &SandboxRecord) -> Result<PathBuf, NodeError> {
+    pub(crate) async fn delta_base(&self, rec: &SandboxRecord) -> Result<DeltaBase, NodeError> {
         let tpl = self
             .ensure_template(&rec.template_digest, &rec.template)
             .await?;
-        Ok(self.inner.store.templates().image_path(&tpl))
+        Ok(DeltaBase {
+            image: self.inner.store.templates().image_path(&tpl),
+            id: rec.template_digest.clone(),
+        })
     }
 
     /// Removes the images rebuilt in sandbox `id`'s directory that a crash left behind.

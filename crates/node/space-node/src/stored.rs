@@ -33,7 +33,7 @@ use space_storage::{ExistingDisk, PendingSnapshot, SnapshotDisk};
 
 use crate::packing::compress;
 use crate::sandbox_manager::internal;
-use crate::sealed_disks::{apply_disk_delta, write_disk_delta};
+use crate::sealed_disks::{apply_disk_delta, write_disk_delta, DeltaBase};
 use crate::sealing::{open_bytes, read_opened, seal_bytes, write_sealed, ArtifactSeal, StateForm};
 use crate::{Node, NodeError, SandboxRecord, SnapshotSource};
 
@@ -92,7 +92,7 @@ impl Node {
             None => None,
         };
         // The manifest names the template by digest: the delta is taken against that one.
-        let template = self.delta_base(rec).await?;
+        let base = self.delta_base(rec).await?;
         // Packed (compressed, diffed) in a scratch directory of the sandbox's, then uploaded.
         let scratch = self
             .inner
@@ -105,7 +105,7 @@ impl Node {
                 memory: memory_seal,
                 disk: disk_seal,
             };
-            tokio::task::spawn_blocking(move || pack(&scratch, state, &template, &disk, seals))
+            tokio::task::spawn_blocking(move || pack(&scratch, state, &base, &disk, seals))
                 .await
                 .map_err(|e| internal("packing task", e))?
         };
@@ -277,9 +277,12 @@ impl Node {
         }
         if let Some((delta, disk)) = disk {
             let max_disk = u64::from(s.resources.disk_mib) << 20;
-            tokio::task::spawn_blocking(move || apply_disk_delta(&delta, None, &disk, max_disk))
-                .await
-                .map_err(|e| internal("unpacking task", e))??;
+            let base_id = s.template_digest.clone();
+            tokio::task::spawn_blocking(move || {
+                apply_disk_delta(&delta, None, &base_id, &disk, max_disk)
+            })
+            .await
+            .map_err(|e| internal("unpacking task", e))??;
         }
         let _ = std::fs::remove_dir_all(&scratch);
         pending.write_source(&source_bytes)?;
@@ -387,13 +390,13 @@ struct PackSeals {
     disk: Option<ArtifactSeal>,
 }
 
-/// Writes `disk.delta.zst` (the disk's changes against `template`, compressed) and, for a
+/// Writes `disk.delta.zst` (the disk's changes against `base`, compressed) and, for a
 /// checkpoint, `memory.zst` (the state, opened if sealed, compressed) into `scratch`, each
 /// sealed when `seals` says so.
 fn pack(
     scratch: &Path,
     state: Option<(std::path::PathBuf, Option<ArtifactSeal>)>,
-    template: &Path,
+    base: &DeltaBase,
     disk: &SnapshotDisk,
     seals: PackSeals,
 ) -> Result<Packed, NodeError> {
@@ -431,7 +434,7 @@ fn pack(
     let delta_out = scratch.join(artifacts::DISK);
     let disk_changed_blocks = match disk {
         SnapshotDisk::Image(disk) => {
-            write_disk_delta(template, disk, &delta_out, seals.disk.as_ref())?.changed_blocks
+            write_disk_delta(base, disk, &delta_out, seals.disk.as_ref())?.changed_blocks
         }
         // Already the artifact, sealed under its id there too (see `crate::sealed_disks`);
         // its blocks were counted when it was taken.

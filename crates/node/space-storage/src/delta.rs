@@ -5,7 +5,9 @@
 //! The format (the caller compresses it as a whole; every integer little-endian):
 //!
 //! ```text
-//! "SPACE-DISK-DELTA-1\n"          magic
+//! "SPACE-DISK-DELTA-2\n"          magic
+//! u16 length, base id              the base image's identity (the template's digest)
+//! u64 base size                    its length
 //! u64 disk size, u32 block size    the disk's length; DELTA_BLOCK
 //! { u64 index, block bytes }*      each changed block, indices strictly increasing; the
 //!                                  last block may be short (the disk's end)
@@ -17,8 +19,11 @@
 //! the two files' extent maps show to be the same (the disk is a reflink of the template:
 //! extents it never wrote are the template's own; holes on both sides) are not read at all,
 //! so making a delta reads what the sandbox wrote, not its whole disk.
-//! Applying trusts nothing it reads: the size is bounded by the caller's maximum, indices
-//! must increase and stay inside the disk, the count must match, and nothing may follow.
+//! Applying trusts nothing it reads: the base must be the one the caller applies it onto
+//! (its id and length: a delta on another image is a corrupt disk that nothing would
+//! notice), the size is bounded by the caller's maximum, indices must increase and stay
+//! inside the disk, the count must match, and nothing may follow. Deltas of the first
+//! version, which named no base, are still read.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -27,7 +32,11 @@ use std::path::{Path, PathBuf};
 
 /// Size of a compared and stored block.
 pub const DELTA_BLOCK: usize = 64 * 1024;
-const MAGIC: &[u8] = b"SPACE-DISK-DELTA-1\n";
+const MAGIC: &[u8] = b"SPACE-DISK-DELTA-2\n";
+/// The first version: no base identity.
+const MAGIC_V1: &[u8] = b"SPACE-DISK-DELTA-1\n";
+/// Longest base id.
+pub const MAX_BASE_ID: usize = 256;
 const END: u64 = u64::MAX;
 
 /// What a delta held.
@@ -54,6 +63,14 @@ pub enum DeltaError {
     /// The delta is not one this version wrote, or is damaged.
     #[error("disk delta: {0}")]
     Malformed(String),
+    /// The delta was taken against another base image than the one it is applied onto.
+    #[error("disk delta taken against {found}, not {expected}")]
+    WrongBase {
+        /// The base it is applied onto (id, length).
+        expected: String,
+        /// The base it names.
+        found: String,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DeltaError + '_ {
@@ -83,14 +100,20 @@ fn read_block(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<(
     Ok(())
 }
 
-/// Writes the delta of `disk` against `base` (the template image it was reflinked from)
-/// to `out`.
+/// Writes the delta of `disk` against `base` (the template image it was reflinked from,
+/// known as `base_id`: at most [`MAX_BASE_ID`] bytes) to `out`.
 pub fn write_delta(
     base: &Path,
+    base_id: &str,
     disk: &Path,
     out: &mut impl Write,
 ) -> Result<DeltaStats, DeltaError> {
+    let id_len = u16::try_from(base_id.len())
+        .ok()
+        .filter(|&n| usize::from(n) <= MAX_BASE_ID)
+        .ok_or_else(|| malformed(format!("a base id of {} bytes", base_id.len())))?;
     let base_file = File::open(base).map_err(io(base))?;
+    let base_size = base_file.metadata().map_err(io(base))?.len();
     let disk_file = File::open(disk).map_err(io(disk))?;
     let disk_size = disk_file.metadata().map_err(io(disk))?.len();
     let out_err = |e: std::io::Error| DeltaError::Io {
@@ -98,6 +121,9 @@ pub fn write_delta(
         source: e,
     };
     out.write_all(MAGIC).map_err(out_err)?;
+    out.write_all(&id_len.to_le_bytes()).map_err(out_err)?;
+    out.write_all(base_id.as_bytes()).map_err(out_err)?;
+    out.write_all(&base_size.to_le_bytes()).map_err(out_err)?;
     out.write_all(&disk_size.to_le_bytes()).map_err(out_err)?;
     out.write_all(&(DELTA_BLOCK as u32).to_le_bytes())
         .map_err(out_err)?;
@@ -148,18 +174,41 @@ fn read_u64(input: &mut impl Read, what: &str) -> Result<u64, DeltaError> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// Applies the delta read from `input` to `disk`, which holds the template image already
-/// (a reflink of it): the disk takes the delta's length and every changed block. A delta
-/// claiming a disk larger than `max_size` is refused before anything is written.
+/// Applies the delta read from `input` to `disk`, which holds the template image known as
+/// `base_id` already (a reflink of it): the disk takes the delta's length and every changed
+/// block. A delta taken against another base, or claiming a disk larger than `max_size`,
+/// is refused before anything is written.
 pub fn apply_delta(
     input: &mut impl Read,
+    base_id: &str,
     disk: &Path,
     max_size: u64,
 ) -> Result<DeltaStats, DeltaError> {
     let mut magic = [0u8; MAGIC.len()];
     read_exact(input, &mut magic, "header")?;
-    if magic != MAGIC {
-        return Err(malformed("not a disk delta of this version"));
+    let file = OpenOptions::new()
+        .write(true)
+        .open(disk)
+        .map_err(io(disk))?;
+    if magic == MAGIC {
+        let mut len = [0u8; 2];
+        read_exact(input, &mut len, "base id")?;
+        let len = usize::from(u16::from_le_bytes(len));
+        if len > MAX_BASE_ID {
+            return Err(malformed("base id too long"));
+        }
+        let mut id = vec![0u8; len];
+        read_exact(input, &mut id, "base id")?;
+        let found_size = read_u64(input, "base size")?;
+        let base_size = file.metadata().map_err(io(disk))?.len();
+        if id != base_id.as_bytes() || found_size != base_size {
+            return Err(DeltaError::WrongBase {
+                expected: format!("{base_id} ({base_size} bytes)"),
+                found: format!("{} ({found_size} bytes)", String::from_utf8_lossy(&id)),
+            });
+        }
+    } else if magic != MAGIC_V1 {
+        return Err(malformed("not a disk delta of a known version"));
     }
     let disk_size = read_u64(input, "disk size")?;
     let mut bs = [0u8; 4];
@@ -172,10 +221,6 @@ pub fn apply_delta(
             "a disk of {disk_size} bytes, more than the {max_size} allowed"
         )));
     }
-    let file = OpenOptions::new()
-        .write(true)
-        .open(disk)
-        .map_err(io(disk))?;
     file.set_len(disk_size).map_err(io(disk))?;
     let blocks = disk_size.div_ceil(DELTA_BLOCK as u64);
     let mut buf = vec![0u8; DELTA_BLOCK];
@@ -218,6 +263,8 @@ pub fn apply_delta(
 mod tests {
     use super::*;
 
+    const BASE: &str = "sha256:base-template";
+
     fn setup(dir: &Path) -> (PathBuf, PathBuf) {
         let base = dir.join("base");
         let data: Vec<u8> = (0..DELTA_BLOCK * 5 + 100)
@@ -242,14 +289,14 @@ mod tests {
         f.set_len(grown).unwrap();
         f.write_all_at(b"tail", grown - 4).unwrap();
         let mut delta = Vec::new();
-        let stats = write_delta(&base, &disk, &mut delta).unwrap();
+        let stats = write_delta(&base, BASE, &disk, &mut delta).unwrap();
         assert_eq!(stats.disk_size, grown);
         // Blocks 1, 3 and the new last; the old short last block reads the same as the
         // template padded with zeros.
         assert_eq!(stats.changed_blocks, 3);
         let restored = dir.path().join("restored");
         std::fs::copy(&base, &restored).unwrap();
-        let applied = apply_delta(&mut &delta[..], &restored, 1 << 30).unwrap();
+        let applied = apply_delta(&mut &delta[..], BASE, &restored, 1 << 30).unwrap();
         assert_eq!(applied, stats);
         assert_eq!(
             std::fs::read(&restored).unwrap(),
@@ -258,7 +305,7 @@ mod tests {
         // An unchanged disk is a delta of no block.
         let mut empty = Vec::new();
         assert_eq!(
-            write_delta(&base, &base, &mut empty)
+            write_delta(&base, BASE, &base, &mut empty)
                 .unwrap()
                 .changed_blocks,
             0
@@ -273,12 +320,12 @@ mod tests {
         f.write_all_at(b"x", 0).unwrap();
         f.write_all_at(b"y", 2 * DELTA_BLOCK as u64).unwrap();
         let mut good = Vec::new();
-        write_delta(&base, &disk, &mut good).unwrap();
-        let header = MAGIC.len() + 12;
+        write_delta(&base, BASE, &disk, &mut good).unwrap();
+        let header = MAGIC.len() + 2 + BASE.len() + 8 + 12;
         let target = dir.path().join("t");
         let try_apply = |bytes: &[u8], max: u64| {
             std::fs::copy(&base, &target).unwrap();
-            apply_delta(&mut &bytes[..], &target, max)
+            apply_delta(&mut &bytes[..], BASE, &target, max)
         };
         assert!(try_apply(&good, 1 << 30).is_ok());
         // Too large a disk for the limit.
@@ -307,5 +354,42 @@ mod tests {
         assert!(try_apply(&count, 1 << 30).is_err());
         // Not a delta.
         assert!(try_apply(b"GARBAGE", 1 << 30).is_err());
+        // Onto another base: another id, or the same id at another length.
+        std::fs::copy(&base, &target).unwrap();
+        assert!(matches!(
+            apply_delta(&mut &good[..], "sha256:another", &target, 1 << 30),
+            Err(DeltaError::WrongBase { .. })
+        ));
+        std::fs::copy(&base, &target).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap()
+            .set_len(DELTA_BLOCK as u64)
+            .unwrap();
+        assert!(matches!(
+            apply_delta(&mut &good[..], BASE, &target, 1 << 30),
+            Err(DeltaError::WrongBase { .. })
+        ));
+    }
+
+    #[test]
+    fn a_first_version_delta_still_applies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, disk) = setup(dir.path());
+        let f = OpenOptions::new().write(true).open(&disk).unwrap();
+        f.write_all_at(b"changed", 10).unwrap();
+        let mut v2 = Vec::new();
+        write_delta(&base, BASE, &disk, &mut v2).unwrap();
+        // The same delta as version 1 wrote it: no base id, no base size.
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&v2[MAGIC.len() + 2 + BASE.len() + 8..]);
+        let target = dir.path().join("t");
+        std::fs::copy(&base, &target).unwrap();
+        apply_delta(&mut &v1[..], "any base", &target, 1 << 30).unwrap();
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            std::fs::read(&disk).unwrap()
+        );
     }
 }

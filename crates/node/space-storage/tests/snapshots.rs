@@ -132,18 +132,21 @@ fn a_delta_of_a_reflink_reads_only_what_was_written() {
 
     // The delta holds exactly the changed blocks, and rebuilds the disk.
     let mut delta = Vec::new();
-    let stats = write_delta(&base, &disk, &mut delta).unwrap();
+    let stats = write_delta(&base, "base", &disk, &mut delta).unwrap();
     assert_eq!(stats.disk_size, 48 * MIB);
     assert_eq!(stats.changed_blocks, MIB / DELTA_BLOCK as u64 + 2);
     let rebuilt = store.root().join("rebuilt");
     space_storage::reflink(&base, &rebuilt).unwrap();
-    apply_delta(&mut &delta[..], &rebuilt, 64 * MIB).unwrap();
+    apply_delta(&mut &delta[..], "base", &rebuilt, 64 * MIB).unwrap();
     assert!(std::fs::read(&rebuilt).unwrap() == std::fs::read(&disk).unwrap());
     // A copy that shares nothing with its base gives the same delta, read the long way.
     let copy = store.root().join("copy");
     std::fs::write(&copy, std::fs::read(&disk).unwrap()).unwrap();
     let mut long_way = Vec::new();
-    assert_eq!(write_delta(&base, &copy, &mut long_way).unwrap(), stats);
+    assert_eq!(
+        write_delta(&base, "base", &copy, &mut long_way).unwrap(),
+        stats
+    );
     assert!(long_way == delta);
 }
 
