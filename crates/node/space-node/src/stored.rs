@@ -12,9 +12,10 @@
 //! **Down** ([`Node::download_snapshot`]): the source and description first (small, checked
 //! to describe the expected snapshot of the expected tenant before anything large moves),
 //! then the template if this node lacks it, the disk rebuilt on a reflink of the template's
-//! image (a sealed one is kept as it is stored, the snapshot's disk sealed at rest: see
-//! [`crate::sealed_disks`]) and the state decompressed, both bounded by the snapshot's
-//! resources; a digest or
+//! image, bounded by the snapshot's resources (a sealed one is kept as it is stored, the
+//! snapshot's disk sealed at rest: see [`crate::sealed_disks`]), and the memory kept as it
+//! is stored as the snapshot's saved state (compressed, and sealed if it was: a restore
+//! feeds it to QEMU opened and decompressed, see [`crate::sealing::StateForm`]); a digest or
 //! size that does not match refuses the snapshot ([`NodeError::SnapshotCorrupt`]). It is
 //! committed into a pending snapshot the caller chose: a resumed sandbox's own directory,
 //! or ([`Node::fetch_snapshot`]) the persistent snapshots whose sandbox is gone.
@@ -272,6 +273,19 @@ impl Node {
         // (compressed, sealed as it was: see `crate::sealing::StateForm`), checked whole when
         // a VM is fed from it.
         if memory.is_some() {
+            // Stored sealed, it must be sealed as this very artifact (its chunks open when
+            // a VM is fed from it): a plaintext one in its place is refused here.
+            if opener(artifacts::MEMORY)?.is_some() {
+                let named = space_envelope::sealed_artifact_id(&memory_file)
+                    .map_err(|e| crate::sealing::envelope_error("its memory", e))?;
+                if named.as_deref()
+                    != Some(stored_artifact_id(&s.snapshot, artifacts::MEMORY).as_str())
+                {
+                    return Err(NodeError::SnapshotCorrupt(
+                        "its memory is not sealed as the artifact it is stored as".into(),
+                    ));
+                }
+            }
             std::fs::rename(&memory_file, pending.state_path())
                 .map_err(|e| internal("keep the saved state", e))?;
         }
