@@ -138,6 +138,45 @@ async fn a_suspended_sandbox_comes_back_under_its_id_with_its_files_and_processe
             .exists(),
         "nothing of it is left"
     );
+    // Cut short past what the manifest can tell (its digest made to match): the download
+    // passes, the restore refuses it, and again nothing is left; the intact one then
+    // resumes under the same id.
+    bytes[mid] ^= 0xff;
+    let cut = &bytes[..mid];
+    std::fs::write(&file, cut).expect("cut it");
+    let mut forged = damaged.clone();
+    for a in forged
+        .artifacts
+        .iter_mut()
+        .filter(|a| a.name == MEMORY_ARTIFACT)
+    {
+        use sha2::Digest;
+        a.sha256 = hex::encode(sha2::Sha256::digest(cut));
+        a.size = cut.len() as u64;
+    }
+    n.resume_suspended(ResumeSandbox {
+        suspended: forged,
+        tenant: tenant.clone(),
+        seal_at_rest: false,
+    })
+    .await
+    .expect_err("a damaged state");
+    assert!(n
+        .sandbox(&id)
+        .is_none_or(|r| r.state == SandboxState::Deleted));
+    std::fs::write(&file, &bytes).expect("mend it");
+    n.resume_suspended(ResumeSandbox {
+        suspended: damaged.clone(),
+        tenant: tenant.clone(),
+        seal_at_rest: false,
+    })
+    .await
+    .expect("the intact snapshot resumes after a failed resume");
+    assert_eq!(
+        shell(c, &id, "cat /home/user/kept.txt", false).await.trim(),
+        "before-suspend"
+    );
+    n.delete(&id).await.expect("free");
     // Another tenant cannot resume it.
     let foreign = n
         .resume_suspended(ResumeSandbox {

@@ -251,7 +251,7 @@ impl Node {
         // on). On another node, the log goes on from the one the suspend carried.
         self.inner.forget_deleted(id);
         self.inner.events.seed(id, &s.history);
-        let rec = self
+        let created = self
             .create_from_found(
                 id,
                 &s.snapshot,
@@ -263,7 +263,19 @@ impl Node {
                 SandboxState::Resuming,
                 started,
             )
-            .await?;
+            .await;
+        let rec = match created {
+            Ok(rec) => rec,
+            Err(e) => {
+                // A resume that failed leaves nothing here: the sandbox stays suspended (its
+                // stored snapshot is the one that counts), and resuming it again, here or
+                // elsewhere, finds its id free.
+                if let Err(again) = self.delete_sandbox(id).await {
+                    tracing::warn!(%id, error = %again, "cannot remove a sandbox whose resume failed");
+                }
+                return Err(e);
+            }
+        };
         tracing::info!(%id, snapshot = %s.snapshot, ms = started.elapsed().as_millis() as u64, "suspended sandbox resumed on this node");
         Ok(rec)
     }
