@@ -121,7 +121,8 @@ impl Node {
                     });
                 }
                 // Its disk is not sealed: the checkpoint is removed once the children run
-                // (a crash meanwhile leaves it to `seal_leftover_disks`), and the children
+                // (a node start removes one a crash left: `remove_abandoned_fork_checkpoints`,
+                // which `seal_leftover_disks` leaves alone for that reason), and the children
                 // take the reflink as it is instead of a rebuilt copy.
                 let (taken, unsealed) = self
                     .checkpoint_locked(

@@ -245,13 +245,11 @@ impl Node {
         if source.sealed_secrets.is_none() {
             return Ok(source);
         }
-        let tenant = source.tenant.as_ref().ok_or_else(|| {
-            NodeError::SnapshotCorrupt("its source: sealed secrets without a tenant".into())
-        })?;
-        let open = self
-            .inner
-            .artifact_keys
-            .seal_of(tenant, secrets_artifact(snap))?;
+        let open = self.inner.artifact_keys.opener(
+            source.tenant.as_ref(),
+            secrets_artifact(snap),
+            "the sealed secrets of its source",
+        )?;
         source.opened(&open)
     }
 

@@ -111,6 +111,31 @@ pub(crate) fn apply_disk_delta(
     })
 }
 
+/// Replaces reflink `disk` in snapshot directory `dir` (pending or committed) by its
+/// delta against `base`, sealed: written under a hidden name, renamed in once whole (a
+/// reader from then on takes it), then the reflink removed. Blocking.
+fn replace_by_sealed_delta(
+    base: &DeltaBase,
+    dir: &Path,
+    disk: &Path,
+    seal: &ArtifactSeal,
+) -> Result<(), NodeError> {
+    let partial = dir.join(PARTIAL_SEALED_DISK);
+    let _ = std::fs::remove_file(&partial);
+    let written = write_disk_delta(base, disk, &partial, Some(seal));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written?;
+    let sealed = dir.join(space_storage::SNAPSHOT_SEALED_DISK_FILE);
+    let io = |what: &str, e| internal(&format!("{what} in {}", dir.display()), e);
+    std::fs::rename(&partial, &sealed).map_err(|e| io("rename the sealed disk", e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("sync", e))?;
+    std::fs::remove_file(disk).map_err(|e| io("remove the disk's reflink", e))
+}
+
 /// A snapshot's disk as an image, for as long as this lives (see the module docs).
 pub(crate) struct DiskImage {
     path: PathBuf,
@@ -168,18 +193,10 @@ impl Node {
             }));
         }
         let base = self.delta_base(rec).await?;
-        let (disk, out) = (pending.disk_path(), pending.sealed_disk_path());
-        tokio::task::spawn_blocking(move || {
-            let written = write_disk_delta(&base, &disk, &out, Some(&seal));
-            if written.is_err() {
-                let _ = std::fs::remove_file(&out);
-            }
-            written?;
-            std::fs::remove_file(&disk)
-                .map_err(|e| internal(&format!("remove {}", disk.display()), e))
-        })
-        .await
-        .map_err(|e| internal("sealing a snapshot's disk", e))??;
+        let (dir, disk) = (pending.dir().to_owned(), pending.disk_path());
+        tokio::task::spawn_blocking(move || replace_by_sealed_delta(&base, &dir, &disk, &seal))
+            .await
+            .map_err(|e| internal("sealing a snapshot's disk", e))??;
         Ok(None)
     }
 
@@ -196,24 +213,9 @@ impl Node {
         };
         let base = self.delta_base(&d.rec).await?;
         let dir = paths.dir;
-        tokio::task::spawn_blocking(move || {
-            let partial = dir.join(PARTIAL_SEALED_DISK);
-            let _ = std::fs::remove_file(&partial);
-            let written = write_disk_delta(&base, &disk, &partial, Some(&d.seal));
-            if written.is_err() {
-                let _ = std::fs::remove_file(&partial);
-            }
-            written?;
-            let sealed = dir.join(space_storage::SNAPSHOT_SEALED_DISK_FILE);
-            let io = |what: &str, e| internal(&format!("{what} in {}", dir.display()), e);
-            std::fs::rename(&partial, &sealed).map_err(|e| io("rename the sealed disk", e))?;
-            std::fs::File::open(&dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io("sync", e))?;
-            std::fs::remove_file(&disk).map_err(|e| io("remove the disk's reflink", e))
-        })
-        .await
-        .map_err(|e| internal("sealing a snapshot's disk", e))?
+        tokio::task::spawn_blocking(move || replace_by_sealed_delta(&base, &dir, &disk, &d.seal))
+            .await
+            .map_err(|e| internal("sealing a snapshot's disk", e))?
     }
 
     /// Seals committed snapshot `d`'s disk on a task of its own, holding `guard` (the
@@ -250,14 +252,14 @@ impl Node {
         let Some(tenant) = rec.tenant.as_ref().filter(|_| rec.seal_at_rest) else {
             return;
         };
-        if !self.has_leftover_disks(id) {
+        if self.leftover_disks(id).is_empty() {
             return;
         }
         tracing::warn!(%id, "snapshot disks left in plaintext by a crash; sealed once the tenant's key is lent");
         self.inner.artifact_keys.await_key(tenant);
     }
 
-    /// Whether sandbox `id` has committed snapshots whose disk is a reflink, and their ids.
+    /// The committed snapshots of sandbox `id` whose disk is a reflink.
     fn leftover_disks(&self, id: &space_core::SandboxId) -> Vec<SnapshotId> {
         let store = &self.inner.store;
         let Ok(listed) = store.list_snapshots(id, space_storage::SnapshotSizes::Stored) else {
@@ -275,10 +277,6 @@ impl Node {
             })
             .map(|info| info.id)
             .collect()
-    }
-
-    fn has_leftover_disks(&self, id: &space_core::SandboxId) -> bool {
-        !self.leftover_disks(id).is_empty()
     }
 
     /// Seals the snapshot disks of `tenant`'s sandboxes sealed at rest that a crash (or a
@@ -343,13 +341,11 @@ impl Node {
             }
             SnapshotDisk::SealedDelta(delta) => delta.clone(),
         };
-        let tenant = rec.tenant.as_ref().ok_or_else(|| {
-            NodeError::SnapshotCorrupt("a sealed disk of a snapshot without a tenant".into())
-        })?;
-        let open = self
-            .inner
-            .artifact_keys
-            .seal_of(tenant, disk_artifact(snap))?;
+        let open = self.inner.artifact_keys.opener(
+            rec.tenant.as_ref(),
+            disk_artifact(snap),
+            "a sealed disk",
+        )?;
         let store = &self.inner.store;
         let base = self.delta_base(rec).await?;
         let image = DiskImage {

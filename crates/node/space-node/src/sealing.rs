@@ -220,9 +220,6 @@ impl ArtifactKeys {
                     path.display()
                 ))
             })?;
-        let tenant = tenant.ok_or_else(|| {
-            NodeError::SnapshotCorrupt("a sealed state of a snapshot without a tenant".into())
-        })?;
         // Raw or compressed (the stored snapshot's memory artifact, moved as it is): the
         // header says which, and only these two of this very snapshot are accepted.
         let named = space_envelope::sealed_artifact_id(path)
@@ -236,7 +233,21 @@ impl ArtifactKeys {
                     named.unwrap_or_default()
                 ))
             })?;
-        self.seal_of(tenant, artifact).map(Some)
+        self.opener(tenant, artifact, "a sealed state").map(Some)
+    }
+
+    /// The key that opens `what`, sealed as `artifact`, of a snapshot of `tenant`: a sealed
+    /// artifact of a snapshot that names no tenant is damaged.
+    pub(crate) fn opener(
+        &self,
+        tenant: Option<&TenantId>,
+        artifact: String,
+        what: &str,
+    ) -> Result<ArtifactSeal, NodeError> {
+        let tenant = tenant.ok_or_else(|| {
+            NodeError::SnapshotCorrupt(format!("{what} of a snapshot without a tenant"))
+        })?;
+        self.seal_of(tenant, artifact)
     }
 
     /// `tenant`'s artifact `artifact` with its key, to seal or open it.
